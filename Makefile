@@ -1,0 +1,45 @@
+# Every command a user needs. `make run` and `make test` do all the set-up on a fresh machine.
+PYTHON ?= python3.11
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: install run test lint typecheck pytest bench bench-smoke reliability azurite clean
+
+$(STAMP): requirements.txt requirements-dev.txt package.json package-lock.json
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
+	npm ci --no-audit --no-fund --loglevel=error
+	@touch $(STAMP)
+
+install: $(STAMP) ## Create .venv and install Python and npm dependencies (once).
+
+run: $(STAMP) ## Run Settle locally on :7071 against Azurite (func start if installed, else the dev host).
+	$(PY) -m devtools.run
+
+test: $(STAMP) lint typecheck pytest ## Lint, type-check and run the whole test suite (starts Azurite itself).
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy .
+
+pytest: $(STAMP)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+bench: $(STAMP) ## Side-by-side benchmark (own Azurite); writes bench/results.json.
+	$(PY) -m bench $(BENCH_ARGS)
+
+bench-smoke: $(STAMP)
+	$(PY) -m bench --smoke
+
+reliability: $(STAMP) ## Faults, races, fuzzing: prints the violations table (must be 0).
+	$(PY) -m pytest -m slow -p no:cacheprovider $(PYTEST_ARGS)
+
+azurite: $(STAMP) ## Start Azurite on the standard ports, data in .azurite/ (Ctrl-C stops it).
+	$(PY) -m devtools.azurite --standard-ports --location .azurite
+
+clean:
+	rm -rf $(VENV) node_modules .pytest_cache .mypy_cache .ruff_cache .azurite

@@ -1,0 +1,1 @@
+"""Pieces both halves of Settle share: settings, Table clients, the HTTP layer, the clock, errors."""

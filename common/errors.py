@@ -1,0 +1,95 @@
+"""Typed errors a caller can act on.
+
+Inside the code they are exceptions; at the HTTP edge each becomes an ``application/problem+json``
+answer whose ``type`` is stable (``urn:settle:problem:<slug>``) and, for bad input, names the field.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class SettleError(Exception):
+    """Base of every error Settle raises on purpose."""
+
+    status: ClassVar[int] = 500
+    slug: ClassVar[str] = "internal-error"
+    title: ClassVar[str] = "Internal error"
+
+    def __init__(self, detail: str, *, field: str | None = None, **extra: Any) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.field = field
+        self.extra = extra
+
+    @property
+    def type_uri(self) -> str:
+        return f"urn:settle:problem:{self.slug}"
+
+    def to_problem(self) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "type": self.type_uri,
+            "title": self.title,
+            "status": self.status,
+            "detail": self.detail,
+        }
+        if self.field is not None:
+            body["field"] = self.field
+        body.update(self.extra)
+        return body
+
+
+class InvalidInput(SettleError):
+    """The request is not what the operation accepts (400)."""
+
+    status = 400
+    slug = "invalid-input"
+    title = "Invalid input"
+
+
+class InvalidJson(InvalidInput):
+    slug = "invalid-json"
+    title = "The body is not valid JSON"
+
+
+class KeyTooLong(InvalidInput):
+    slug = "key-too-long"
+    title = "Key too long for Table Storage"
+
+
+class UnknownHandler(InvalidInput):
+    slug = "unknown-handler"
+    title = "Unknown handler"
+
+
+class NotFound(SettleError):
+    status = 404
+    slug = "not-found"
+    title = "Not found"
+
+
+class Conflict(SettleError):
+    """The request is valid but the current state does not allow it (409)."""
+
+    status = 409
+    slug = "conflict"
+    title = "Conflict"
+
+
+class LockLost(Conflict):
+    slug = "lock-lost"
+    title = "The lock is no longer held by this token"
+
+
+class PayloadTooLarge(SettleError):
+    status = 413
+    slug = "payload-too-large"
+    title = "Payload too large"
+
+
+class Unavailable(SettleError):
+    """A dependency (storage, Service Bus) is unreachable or throttling; retry later (503)."""
+
+    status = 503
+    slug = "unavailable"
+    title = "A dependency is unavailable"

@@ -1,0 +1,179 @@
+"""The thin HTTP layer: parse and validate, call one service method, map the result or error.
+
+``operation(bp, ...)`` registers an HTTP function on a blueprint and documents it in the OpenAPI
+document. The wrapped function receives the ``func.HttpRequest`` and returns a pydantic model (200, or
+the status given), ``None`` (204) or a ready ``func.HttpResponse``. Errors become problem+json:
+:class:`~common.errors.SettleError` with its own status, pydantic validation errors 400 naming the
+field, storage/network faults 503; anything else is logged and answered 500 without internals.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import azure.functions as func
+from pydantic import BaseModel, ValidationError
+
+from common import openapi
+from common.errors import InvalidInput, InvalidJson, SettleError, Unavailable
+
+log = logging.getLogger("settle.http")
+
+ROUTE_PREFIX = "api"  # host.json extensions.http.routePrefix
+M = TypeVar("M", bound=BaseModel)
+Handler = Callable[[func.HttpRequest], Any]
+
+PROBLEM_CONTENT_TYPE = "application/problem+json"
+
+
+def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> func.HttpResponse:
+    if isinstance(body, BaseModel):
+        text = body.model_dump_json(by_alias=True)
+    else:
+        text = json.dumps(body, separators=(",", ":"), ensure_ascii=False)
+    return func.HttpResponse(
+        text, status_code=status, mimetype="application/json", charset="utf-8", headers=headers
+    )
+
+
+def problem_response(error: SettleError) -> func.HttpResponse:
+    return func.HttpResponse(
+        json.dumps(error.to_problem(), ensure_ascii=False),
+        status_code=error.status,
+        mimetype=PROBLEM_CONTENT_TYPE,
+        charset="utf-8",
+    )
+
+
+def _field_path(loc: tuple[int | str, ...]) -> str:
+    parts: list[str] = []
+    for item in loc:
+        if isinstance(item, int):
+            parts.append(f"[{item}]")
+        else:
+            # Union/function validators add tags such as "function-after[...]"; keep field names only.
+            if "[" in item or item.startswith(("function-", "json-or-python")):
+                continue
+            parts.append(("." if parts else "") + item)
+    return "".join(parts) or "body"
+
+
+def validation_problem(exc: ValidationError, *, prefix: str = "") -> InvalidInput:
+    errors = []
+    for err in exc.errors(include_url=False):
+        path = _field_path(tuple(err["loc"]))
+        if prefix:
+            path = f"{prefix}.{path}" if path != "body" else prefix
+        errors.append({"field": path, "message": err["msg"]})
+    first = errors[0] if errors else {"field": prefix or "body", "message": "invalid"}
+    detail = f"{first['field']}: {first['message']}"
+    if len(errors) > 1:
+        detail += f" (and {len(errors) - 1} more)"
+    return InvalidInput(detail, field=first["field"], errors=errors)
+
+
+def parse_body(req: func.HttpRequest, model: type[M]) -> M:
+    """Validate the JSON body against ``model`` or raise a 400 naming the field."""
+    raw = req.get_body() or b""
+    if not raw.strip():
+        raise InvalidJson("The request needs a JSON body.", field="body")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidJson("The body is not UTF-8.", field="body") from exc
+    try:
+        return model.model_validate_json(text)
+    except ValidationError as exc:
+        if any(e["type"] == "json_invalid" for e in exc.errors()):
+            raise InvalidJson("The body is not valid JSON.", field="body") from exc
+        if any(e["type"] == "model_type" and not e["loc"] for e in exc.errors()):
+            raise InvalidInput("The body must be a JSON object.", field="body") from exc
+        raise validation_problem(exc) from exc
+
+
+def parse_model(data: Any, model: type[M], *, field: str) -> M:
+    """Validate already-parsed data (query parameters, route parameters) against ``model``."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise validation_problem(exc, prefix="" if field == "query" else field) from exc
+
+
+def _transient_storage_error(exc: Exception) -> bool:
+    from azure.core.exceptions import HttpResponseError, ServiceRequestError, ServiceResponseError
+
+    if isinstance(exc, ServiceRequestError | ServiceResponseError):
+        return True
+    return isinstance(exc, HttpResponseError) and (exc.status_code or 0) >= 500
+
+
+def guard(handler: Handler, *, ok_status: int = 200) -> Callable[[func.HttpRequest], func.HttpResponse]:
+    """Wrap ``handler`` so every outcome is an HTTP answer (problem+json for errors)."""
+
+    @functools.wraps(handler)
+    def wrapper(req: func.HttpRequest) -> func.HttpResponse:
+        try:
+            result = handler(req)
+        except SettleError as exc:
+            return problem_response(exc)
+        except ValidationError as exc:  # a model built inside the handler from request data
+            return problem_response(validation_problem(exc))
+        except Exception as exc:
+            if _transient_storage_error(exc):
+                log.warning("dependency unavailable: %s", exc)
+                return problem_response(
+                    Unavailable("Storage is unavailable or throttling; retry with backoff.")
+                )
+            log.exception("unhandled error in %s", getattr(handler, "__name__", "handler"))
+            return problem_response(SettleError("An unexpected error occurred; it was logged."))
+        if isinstance(result, func.HttpResponse):
+            return result
+        if result is None:
+            return func.HttpResponse(status_code=204)
+        return json_response(result, status=ok_status)
+
+    return wrapper
+
+
+def operation(
+    bp: func.Blueprint,
+    *,
+    route: str,
+    method: str,
+    summary: str,
+    request: type[BaseModel] | None = None,
+    response: type[BaseModel] | None = None,
+    responses: dict[int, str] | None = None,
+    parameters: tuple[dict[str, Any], ...] = (),
+    anonymous: bool = False,
+    ok_status: int = 200,
+    tag: str = "settle",
+) -> Callable[[Handler], Any]:
+    """Register an HTTP function (route under ``/api``) and document it in the OpenAPI document."""
+
+    def decorate(handler: Handler) -> Any:
+        name = handler.__name__
+        openapi.register(
+            openapi.Operation(
+                path=f"/{ROUTE_PREFIX}/{route}",
+                method=method,
+                operation_id=name,
+                summary=summary,
+                request=request,
+                response=response,
+                responses={ok_status: "OK", **(responses or {})},
+                parameters=parameters,
+                anonymous=anonymous,
+                tag=tag,
+            )
+        )
+        wrapped = guard(handler, ok_status=ok_status)
+        auth = func.AuthLevel.ANONYMOUS if anonymous else func.AuthLevel.FUNCTION
+        routed = bp.route(route=route, methods=[method], auth_level=auth)(wrapped)
+        return bp.function_name(name)(routed)
+
+    return decorate

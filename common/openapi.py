@@ -1,0 +1,119 @@
+"""The OpenAPI document, generated from the pydantic models the HTTP functions use.
+
+Each HTTP operation registers itself (at import, no I/O) through :func:`register`; ``document()``
+builds the OpenAPI 3.1 document once and caches it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic.json_schema import JsonSchemaMode, models_json_schema
+
+PROBLEM_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "RFC 9457 problem details. `field` names the offending request field, when there is one.",
+    "properties": {
+        "type": {"type": "string", "examples": ["urn:settle:problem:invalid-input"]},
+        "title": {"type": "string"},
+        "status": {"type": "integer"},
+        "detail": {"type": "string"},
+        "field": {"type": "string"},
+        "errors": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {"field": {"type": "string"}, "message": {"type": "string"}},
+            },
+        },
+    },
+    "required": ["type", "title", "status"],
+}
+
+
+@dataclass(frozen=True)
+class Operation:
+    path: str  # as served, e.g. /api/v1/state/lock
+    method: str
+    operation_id: str
+    summary: str
+    request: type[BaseModel] | None = None
+    response: type[BaseModel] | None = None
+    responses: dict[int, str] = field(default_factory=dict)
+    parameters: tuple[dict[str, Any], ...] = ()
+    anonymous: bool = False
+    tag: str = "settle"
+
+
+_OPERATIONS: list[Operation] = []
+
+
+def register(operation: Operation) -> None:
+    _OPERATIONS.append(operation)
+    document.cache_clear()
+
+
+def operations() -> list[Operation]:
+    return list(_OPERATIONS)
+
+
+@lru_cache(maxsize=1)
+def document() -> dict[str, Any]:
+    models: list[type[BaseModel]] = []
+    for op in _OPERATIONS:
+        for model in (op.request, op.response):
+            if model is not None and model not in models:
+                models.append(model)
+    keyed: list[tuple[type[BaseModel], JsonSchemaMode]] = [(m, "validation") for m in models]
+    keyed += [(m, "serialization") for m in models]
+    refs, schema = models_json_schema(keyed, ref_template="#/components/schemas/{model}", by_alias=True)
+    schemas: dict[str, Any] = dict(schema.get("$defs", {}))
+    schemas["Problem"] = PROBLEM_SCHEMA
+    paths: dict[str, Any] = {}
+    for op in _OPERATIONS:
+        entry: dict[str, Any] = {
+            "operationId": op.operation_id,
+            "summary": op.summary,
+            "tags": [op.tag],
+            "responses": {},
+        }
+        if op.parameters:
+            entry["parameters"] = list(op.parameters)
+        if op.request is not None:
+            entry["requestBody"] = {
+                "required": True,
+                "content": {"application/json": {"schema": refs[(op.request, "validation")]}},
+            }
+        ok = 200 if op.method.lower() != "post" or 202 not in op.responses else 202
+        for status, text in sorted({ok: "OK", **op.responses}.items()):
+            response: dict[str, Any] = {"description": text}
+            if status < 300 and status != 204 and op.response is not None:
+                response["content"] = {"application/json": {"schema": refs[(op.response, "serialization")]}}
+            elif status >= 400:
+                response["content"] = {
+                    "application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}
+                }
+            entry["responses"][str(status)] = response
+        if not op.anonymous:
+            entry["security"] = [{"functionKey": []}, {"functionKeyQuery": []}]
+        paths.setdefault(op.path, {})[op.method.lower()] = entry
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "Settle",
+            "version": "1.0.0",
+            "description": "Idempotent node state and hand-off settlement for Azure Functions.",
+        },
+        "servers": [{"url": "/"}],
+        "paths": paths,
+        "components": {
+            "schemas": schemas,
+            "securitySchemes": {
+                "functionKey": {"type": "apiKey", "in": "header", "name": "x-functions-key"},
+                "functionKeyQuery": {"type": "apiKey", "in": "query", "name": "code"},
+            },
+        },
+    }

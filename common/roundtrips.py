@@ -1,0 +1,53 @@
+"""Counting storage round trips: an azure-core policy that every Table client carries.
+
+The counter is per thread, so a test or the benchmark can measure one operation while other threads
+run. ``RoundTrips.measure()`` yields a tally of the requests sent inside the block (retries included,
+since the policy sits per retry).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from azure.core.pipeline.policies import SansIOHTTPPolicy
+
+
+@dataclass
+class Tally:
+    requests: int = 0
+    methods: list[str] = field(default_factory=list)
+
+
+class RoundTrips(SansIOHTTPPolicy[Any, Any]):
+    """Counts HTTP requests per thread while a ``measure()`` block is open on that thread."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self.total = 0
+
+    def on_request(self, request: Any) -> None:
+        with self._lock:
+            self.total += 1
+        tallies: list[Tally] = getattr(self._local, "tallies", [])
+        for tally in tallies:
+            tally.requests += 1
+            tally.methods.append(request.http_request.method)
+
+    @contextmanager
+    def measure(self) -> Iterator[Tally]:
+        tally = Tally()
+        if not hasattr(self._local, "tallies"):
+            self._local.tallies = []
+        self._local.tallies.append(tally)
+        try:
+            yield tally
+        finally:
+            self._local.tallies.remove(tally)
+
+
+ROUND_TRIPS = RoundTrips()

@@ -1,0 +1,82 @@
+"""Table Storage clients, created once per process and reused.
+
+``Tables`` hands out a ``TableClient`` per logical table name (the prefix from settings is applied
+here and nowhere else) and makes sure each table exists the first time it is used in this process.
+Every client carries the round-trip counter and the server-clock policy, plus any extra policies a test
+or the benchmark passes (fault injection).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from common.clock import SERVER_CLOCK, ServerClockPolicy
+from common.roundtrips import ROUND_TRIPS
+from common.settings import TableSettings
+
+if TYPE_CHECKING:
+    from azure.data.tables import TableClient, TableServiceClient
+
+# A storage call that hangs must not hold a Function invocation for minutes.
+_TIMEOUTS = {"connection_timeout": 10, "read_timeout": 30}
+
+
+class Tables:
+    """Process-wide access to Settle's tables."""
+
+    def __init__(self, settings: TableSettings, *, policies: Sequence[Any] = ()) -> None:
+        self.settings = settings
+        self._policies = list(policies)
+        self._lock = threading.Lock()
+        self._service: TableServiceClient | None = None
+        self._clients: dict[str, TableClient] = {}
+
+    def _service_client(self) -> TableServiceClient:
+        if self._service is None:
+            from azure.data.tables import TableServiceClient
+
+            per_retry = [ROUND_TRIPS, ServerClockPolicy(SERVER_CLOCK), *self._policies]
+            kwargs: dict[str, Any] = {"per_retry_policies": per_retry, **_TIMEOUTS}
+            if self.settings.connection_string:
+                self._service = TableServiceClient.from_connection_string(
+                    self.settings.connection_string, **kwargs
+                )
+            else:
+                from azure.identity import DefaultAzureCredential, ManagedIdentityCredential
+
+                credential: Any = (
+                    ManagedIdentityCredential(client_id=self.settings.client_id)
+                    if self.settings.client_id
+                    else DefaultAzureCredential()
+                )
+                assert self.settings.service_uri is not None
+                self._service = TableServiceClient(
+                    endpoint=self.settings.service_uri, credential=credential, **kwargs
+                )
+        return self._service
+
+    def table(self, name: str) -> TableClient:
+        """The client of logical table ``name`` (created on first use in this process)."""
+        client = self._clients.get(name)
+        if client is not None:
+            return client
+        with self._lock:
+            client = self._clients.get(name)
+            if client is None:
+                service = self._service_client()
+                full = self.settings.table_name(name)
+                service.create_table_if_not_exists(full)
+                client = service.get_table_client(full)
+                self._clients[name] = client
+        return client
+
+    def close(self) -> None:
+        with self._lock:
+            for client in self._clients.values():
+                client.close()
+            self._clients.clear()
+            if self._service is not None:
+                self._service.close()
+                self._service = None

@@ -1,0 +1,11 @@
+"""The Settle function app: builds the one ``FunctionApp`` and registers the blueprints.
+
+No I/O happens here; storage and Service Bus clients are created on first use.
+"""
+
+import azure.functions as func
+
+from common.api import bp as meta_bp
+
+app = func.FunctionApp(http_auth_level=func.AuthLevel.FUNCTION)
+app.register_functions(meta_bp)

@@ -1,0 +1,1 @@
+"""Hand-off settlement and the NimBus-compatible resolver."""

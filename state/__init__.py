@@ -1,0 +1,1 @@
+"""The data state machine: idempotent node state on Table Storage."""

@@ -1,0 +1,32 @@
+"""The function app as the host indexes it: health, OpenAPI, auth levels."""
+
+from __future__ import annotations
+
+
+def test_health_is_anonymous_and_answers_ok(call, functions):
+    result = call("health", method="GET")
+    assert result.status == 200
+    assert result.json["status"] == "ok"
+    assert functions["health"].get_trigger().auth_level.value == "anonymous"
+
+
+def test_openapi_document_lists_every_http_function(call, functions):
+    doc = call("openapi_document", method="GET").json
+    assert doc["openapi"].startswith("3.")
+    served = {
+        (f"/api/{f.get_trigger().route}", m.value.lower())
+        for f in functions.values()
+        if f.get_trigger().type == "httpTrigger"
+        for m in f.get_trigger().methods
+    }
+    documented = {(path, verb) for path, ops in doc["paths"].items() for verb in ops}
+    assert served == documented
+
+
+def test_only_health_and_openapi_are_anonymous(functions):
+    anonymous = {
+        name
+        for name, f in functions.items()
+        if f.get_trigger().type == "httpTrigger" and f.get_trigger().auth_level.value == "anonymous"
+    }
+    assert anonymous == {"health", "openapi_document"}
