@@ -62,9 +62,15 @@ class Azurite:
     standard_ports: bool = False
     ports: dict[str, int] = field(default_factory=dict)
     process: subprocess.Popen[bytes] | None = None
+    requested_ports: dict[str, int] | None = None  # explicit ports (wins over standard_ports)
 
     def start(self, timeout: float = 30.0) -> Azurite:
-        self.ports = {s: (STANDARD_PORTS[s] if self.standard_ports else free_port()) for s in self.services}
+        if self.requested_ports is not None:
+            self.ports = {s: self.requested_ports[s] for s in self.services}
+        else:
+            self.ports = {
+                s: (STANDARD_PORTS[s] if self.standard_ports else free_port()) for s in self.services
+            }
         args = [_binary(self.services), "--disableTelemetry", "--skipApiVersionCheck", "--loose"]
         for service, port in self.ports.items():
             args += [f"--{service}Host", "127.0.0.1", f"--{service}Port", str(port)]
@@ -117,6 +123,40 @@ class Azurite:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def port_open(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether something accepts TCP connections on ``port``."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(0.3)
+        return sock.connect_ex((host, port)) == 0
+
+
+def azurite_answers(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether the server on ``port`` is Azurite (its ``Server`` header names it)."""
+    import http.client
+
+    connection = http.client.HTTPConnection(host, port, timeout=2)
+    try:
+        connection.request("GET", "/devstoreaccount1?comp=properties")
+        server = connection.getresponse().getheader("Server") or ""
+    except (OSError, http.client.HTTPException):
+        return False
+    finally:
+        connection.close()
+    return server.lower().startswith("azurite")
+
+
+def connection_string_for(ports: dict[str, int]) -> str:
+    """The development connection string for Azurite services on ``ports``."""
+    parts = [
+        "DefaultEndpointsProtocol=http",
+        "AccountName=devstoreaccount1",
+        f"AccountKey={AZURITE_ACCOUNT_KEY}",
+    ]
+    for service, port in ports.items():
+        parts.append(f"{service.capitalize()}Endpoint=http://127.0.0.1:{port}/devstoreaccount1")
+    return ";".join(parts) + ";"
 
 
 def main() -> int:
