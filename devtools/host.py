@@ -32,6 +32,7 @@ import argparse
 import asyncio
 import calendar
 import contextlib
+import importlib
 import inspect
 import json
 import logging
@@ -778,6 +779,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=7071)
     parser.add_argument("--settings", type=Path, default=ROOT / "local.settings.json")
     parser.add_argument("--no-timers", action="store_true", help="do not run timers on their schedules")
+    parser.add_argument("--app", default="function_app:app", help="module:attribute of the FunctionApp")
     args = parser.parse_args(argv)
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s [dev-host] %(message)s", stream=sys.stdout)
@@ -785,9 +787,9 @@ def main(argv: list[str] | None = None) -> int:
     applied = apply_settings(read_settings(args.settings))
     log.info("settings: %d values from %s (environment variables win)", len(applied), args.settings)
     sys.path.insert(0, str(ROOT))
-    import function_app
-
-    devhost = DevHost.from_app(function_app.app, host_json=ROOT / "host.json")
+    module_name, _, attribute = args.app.partition(":")
+    app = getattr(importlib.import_module(module_name), attribute or "app")
+    devhost = DevHost.from_app(app, host_json=ROOT / "host.json")
     if devhost.function_key is None:
         log.warning(
             "%s is not set: function-level HTTP functions are open (no key needed). "

@@ -1,0 +1,199 @@
+"""The development host's mechanics over real HTTP, against a small sample app in another process.
+
+Given a development host serving ``tests/devhost/sample_app.py`` (a function key set, timers every
+second), when a client talks HTTP to it, then routing, methods, auth, query/route/header/body passing,
+timers and the admin endpoint behave as documented in ``docs/local-development.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.devhost.conftest import HostProcess, StartHost
+
+KEY = "dev-key-" + uuid.uuid4().hex[:8]
+ITEM = "3f2504e0-4f89-11d3-9a0c-0305e82c3301"
+
+
+@pytest.fixture(scope="module")
+def out_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("sample-out")
+
+
+@pytest.fixture(scope="module")
+def host(start_host: StartHost, out_dir: Path) -> HostProcess:
+    return start_host(
+        app="tests.devhost.sample_app:app",
+        env={
+            "SETTLE_DEV_FUNCTION_KEY": KEY,
+            "DEVHOST_SAMPLE_OUT": str(out_dir),
+            "SAMPLE_SCHEDULE": "*/1 * * * * *",
+        },
+    )
+
+
+def records(out_dir: Path, kind: str) -> list[dict[str, Any]]:
+    return [json.loads(p.read_text()) for p in sorted(out_dir.glob(f"{kind}-*.json"))]
+
+
+def test_route_parameters_query_headers_and_body_reach_the_function(host: HostProcess) -> None:
+    response = httpx.put(
+        f"{host.base_url}/api/v1/items/{ITEM}/widget?eventTypeId=A&eventTypeId=B&single=1",
+        headers={"x-functions-key": KEY, "X-Sample": "yes", "Content-Type": "application/json"},
+        content=b'{"hello":"world"}',
+    )
+    assert response.status_code == 200
+    assert response.headers["x-echo"] == "1"
+    echo = response.json()
+    assert echo["method"] == "PUT"
+    assert echo["routeParams"] == {"itemId": ITEM, "name": "widget"}
+    # Repeated parameters are joined with "," (as the Functions host does); req.url keeps every value.
+    assert echo["params"] == {"eventTypeId": "A,B", "single": "1"}
+    assert echo["url"].endswith(f"/api/v1/items/{ITEM}/widget?eventTypeId=A&eventTypeId=B&single=1")
+    assert echo["headers"] == {"x-sample": "yes", "content-type": "application/json"}
+    assert echo["body"] == '{"hello":"world"}'
+
+
+def test_optional_parameter_may_be_left_out_and_constraints_are_enforced(host: HostProcess) -> None:
+    headers = {"x-functions-key": KEY}
+    without_name = httpx.get(f"{host.base_url}/api/v1/items/{ITEM}", headers=headers)
+    assert without_name.status_code == 200
+    assert without_name.json()["routeParams"] == {"itemId": ITEM}
+
+    not_a_guid = httpx.get(f"{host.base_url}/api/v1/items/not-a-guid", headers=headers)
+    assert not_a_guid.status_code == 404
+    assert not_a_guid.headers["content-type"].startswith("application/problem+json")
+
+
+def test_a_literal_route_wins_over_a_parameterised_one(host: HostProcess) -> None:
+    response = httpx.get(f"{host.base_url}/api/v1/items/special", headers={"x-functions-key": KEY})
+    assert response.status_code == 200
+    assert response.text == "special"
+
+
+def test_unknown_route_is_404_problem_json(host: HostProcess) -> None:
+    response = httpx.get(f"{host.base_url}/api/v1/nothing-here")
+    assert response.status_code == 404
+    assert response.headers["content-type"].startswith("application/problem+json")
+    assert response.json()["status"] == 404
+
+
+def test_wrong_method_is_405_with_allow(host: HostProcess) -> None:
+    response = httpx.delete(f"{host.base_url}/api/v1/items/{ITEM}", headers={"x-functions-key": KEY})
+    assert response.status_code == 405
+    assert response.headers["allow"] == "GET, PUT"
+    assert response.headers["content-type"].startswith("application/problem+json")
+
+
+def test_function_level_needs_the_key_from_header_or_code(host: HostProcess) -> None:
+    url = f"{host.base_url}/api/v1/items/{ITEM}"
+    assert httpx.get(url).status_code == 401
+    assert httpx.get(url, headers={"x-functions-key": "wrong"}).status_code == 401
+    assert httpx.get(url, headers={"x-functions-key": KEY}).status_code == 200
+    assert httpx.get(url, params={"code": KEY}).status_code == 200
+
+
+def test_anonymous_functions_are_open_even_with_a_key_set(host: HostProcess) -> None:
+    response = httpx.post(f"{host.base_url}/api/v1/open/7", content=b"x")
+    assert response.status_code == 200
+    assert response.json()["routeParams"] == {"count": "7"}
+
+
+def test_an_exception_in_a_function_is_a_500_problem_naming_it(host: HostProcess) -> None:
+    response = httpx.get(f"{host.base_url}/api/v1/boom")
+    assert response.status_code == 500
+    assert "the sample function failed on purpose" in response.json()["detail"]
+    assert "RuntimeError" in host.output()  # the traceback is in the host's log
+
+
+def test_every_request_is_logged_on_one_line(host: HostProcess) -> None:
+    httpx.get(f"{host.base_url}/api/v1/open-log-probe")
+    assert any("GET /api/v1/open-log-probe -> 404" in line for line in host.output().splitlines())
+
+
+def test_the_host_says_it_is_a_development_tool(host: HostProcess) -> None:
+    assert "development tool" in host.output().splitlines()[0]
+
+
+def test_timer_runs_on_its_schedule(host: HostProcess, out_dir: Path) -> None:
+    deadline = time.monotonic() + 10
+    while len(records(out_dir, "timer")) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert len(records(out_dir, "timer")) >= 2, host.output()
+
+
+def test_admin_endpoint_invokes_a_timer(host: HostProcess, out_dir: Path) -> None:
+    before = len(records(out_dir, "timer"))
+    response = httpx.post(
+        f"{host.base_url}/admin/functions/sample_timer", json={}, headers={"x-functions-key": KEY}
+    )
+    assert response.status_code == 202
+    assert len(records(out_dir, "timer")) > before
+
+
+def test_admin_endpoint_needs_the_key_when_one_is_set(host: HostProcess) -> None:
+    response = httpx.post(f"{host.base_url}/admin/functions/sample_timer", json={})
+    assert response.status_code == 401
+
+
+def test_admin_endpoint_builds_a_service_bus_message_from_json(host: HostProcess, out_dir: Path) -> None:
+    message_id = uuid.uuid4().hex
+    response = httpx.post(
+        f"{host.base_url}/admin/functions/sample_bus",
+        headers={"x-functions-key": KEY},
+        json={
+            "body": {"EventContent": {"EventTypeId": "InvoiceCreated", "EventJson": "{}"}},
+            "messageId": message_id,
+            "sessionId": "invoice-42",
+            "correlationId": "corr-1",
+            "applicationProperties": {"MessageType": "EventRequest", "RetryCount": 0},
+            "enqueuedTimeUtc": "2026-11-30T12:00:00Z",
+            "deliveryCount": 2,
+        },
+    )
+    assert response.status_code == 202
+    received = next(r for r in records(out_dir, "bus") if r["messageId"] == message_id)
+    assert json.loads(received["body"]) == {
+        "EventContent": {"EventTypeId": "InvoiceCreated", "EventJson": "{}"}
+    }
+    assert received["sessionId"] == "invoice-42"
+    assert received["correlationId"] == "corr-1"
+    assert received["applicationProperties"] == {"MessageType": "EventRequest", "RetryCount": 0}
+    assert received["deliveryCount"] == 2
+    assert received["enqueuedTimeUtc"].startswith("2026-11-30T12:00:00")
+
+
+def test_admin_endpoint_takes_the_hosts_input_shape(host: HostProcess, out_dir: Path) -> None:
+    response = httpx.post(
+        f"{host.base_url}/admin/functions/sample_bus",
+        headers={"x-functions-key": KEY},
+        json={"input": "plain text body"},
+    )
+    assert response.status_code == 202
+    assert any(r["body"] == "plain text body" and r["deliveryCount"] == 1 for r in records(out_dir, "bus"))
+
+
+def test_admin_endpoint_reports_the_functions_exception(host: HostProcess) -> None:
+    response = httpx.post(
+        f"{host.base_url}/admin/functions/sample_bus",
+        headers={"x-functions-key": KEY},
+        json={"body": "x", "applicationProperties": {"Fail": "yes"}},
+    )
+    assert response.status_code == 500
+    assert response.json()["detail"] == "ValueError: poison message"
+
+
+def test_admin_endpoint_rejects_unknown_functions_and_fields(host: HostProcess) -> None:
+    headers = {"x-functions-key": KEY}
+    missing = httpx.post(f"{host.base_url}/admin/functions/nope", json={}, headers=headers)
+    assert missing.status_code == 404
+    bad = httpx.post(f"{host.base_url}/admin/functions/sample_bus", json={"sesionId": "x"}, headers=headers)
+    assert bad.status_code == 400
+    assert bad.json()["field"] == "sesionId"
