@@ -82,8 +82,17 @@ def start_host(azurite_connection: str, tmp_path_factory: pytest.TempPathFactory
         log_path = folder / "host.log"
         with log_path.open("wb") as log:
             process = subprocess.Popen(
-                [sys.executable, "-m", "devtools.host", "--port", str(port), "--settings", str(settings)]
-                + ["--app", app],
+                [
+                    sys.executable,
+                    "-m",
+                    "devtools.host",
+                    "--port",
+                    str(port),
+                    "--settings",
+                    str(settings),
+                    "--app",
+                    app,
+                ],
                 cwd=ROOT,
                 env=environ,
                 stdout=log,

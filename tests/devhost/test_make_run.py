@@ -1,0 +1,176 @@
+"""``make run`` (``python -m devtools.run``): one command to a serving app, and Ctrl-C stops it all.
+
+The tests move every port (``--port``, ``--azurite-ports``) and the data folder so they never touch a
+developer's 7071 / 10000-10002 or ``.azurite/``; the code path is the one ``make run`` takes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from devtools.azurite import SERVICES, Azurite, free_port, port_open
+
+ROOT = Path(__file__).resolve().parents[2]
+HEALTH_DEADLINE_SECONDS = 60.0
+
+
+def start_run(
+    tmp_path: Path, *extra: str, env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[bytes], Path]:
+    log_path = tmp_path / "run.log"
+    environ = {k: v for k, v in os.environ.items() if k not in {"SETTLE_TABLES", "SETTLE_TABLE_PREFIX"}}
+    environ.update(PYTHONUNBUFFERED="1", **(env or {}))
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "devtools.run", *extra],
+            cwd=ROOT,
+            env=environ,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    return process, log_path
+
+
+def stop_with_sigint(process: subprocess.Popen[bytes]) -> int:
+    process.send_signal(signal.SIGINT)
+    try:
+        return process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        raise
+
+
+def wait_for_health(process: subprocess.Popen[bytes], port: int, log_path: Path) -> float:
+    started = time.monotonic()
+    while time.monotonic() - started < HEALTH_DEADLINE_SECONDS:
+        assert process.poll() is None, log_path.read_text()
+        try:
+            response = httpx.get(f"http://127.0.0.1:{port}/api/v1/health", timeout=1.0)
+            if response.status_code == 200:
+                return time.monotonic() - started
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"no health answer within {HEALTH_DEADLINE_SECONDS:.0f}s:\n{log_path.read_text()}")
+
+
+def azurite_args(ports: dict[str, int]) -> str:
+    return ",".join(str(ports[s]) for s in SERVICES)
+
+
+def test_make_run_answers_health_and_ctrl_c_stops_azurite_too(tmp_path: Path) -> None:
+    # Given no local.settings.json and free ports for the app and Azurite
+    port = free_port()
+    ports = {s: free_port() for s in SERVICES}
+    settings = tmp_path / "local.settings.json"
+    data = tmp_path / "azurite-data"
+
+    # When `make run`'s entry starts (the dev host, as on a machine without Core Tools)
+    process, log_path = start_run(
+        tmp_path,
+        "--port", str(port),
+        "--azurite-ports", azurite_args(ports),
+        "--azurite-location", str(data),
+        "--settings", str(settings),
+        "--host", "dev",
+    )  # fmt: skip
+    try:
+        elapsed = wait_for_health(process, port, log_path)
+    finally:
+        code = stop_with_sigint(process)
+
+    # Then health answered in bounded time, settings were written, Azurite kept its data in the folder
+    assert elapsed < HEALTH_DEADLINE_SECONDS
+    assert settings.read_text() == (ROOT / "local.settings.json.example").read_text()
+    assert any(data.iterdir())
+    output = log_path.read_text()
+    assert "development tool" in output
+    # And Ctrl-C stopped the app and Azurite: nothing listens any more
+    assert code == 0, output
+    assert "Azurite stopped" in output
+    assert not port_open(port)
+    assert not any(port_open(p) for p in ports.values())
+
+
+def test_a_running_azurite_is_reused_and_left_running(tmp_path: Path) -> None:
+    ports = {s: free_port() for s in SERVICES}
+    with Azurite(services=SERVICES, requested_ports=ports) as azurite:
+        port = free_port()
+        process, log_path = start_run(
+            tmp_path,
+            "--port", str(port),
+            "--azurite-ports", azurite_args(ports),
+            "--settings", str(tmp_path / "local.settings.json"),
+            "--host", "dev",
+        )  # fmt: skip
+        try:
+            wait_for_health(process, port, log_path)
+        finally:
+            code = stop_with_sigint(process)
+        assert code == 0
+        assert "reusing it" in log_path.read_text()
+        assert azurite.process is not None and azurite.process.poll() is None
+        assert all(port_open(p) for p in ports.values())
+
+
+def test_ports_taken_by_something_else_are_a_clear_error(tmp_path: Path) -> None:
+    import socket
+
+    ports = {s: free_port() for s in SERVICES}
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", ports["table"]))
+        squatter.listen()
+        process, log_path = start_run(
+            tmp_path,
+            "--port", str(free_port()),
+            "--azurite-ports", azurite_args(ports),
+            "--settings", str(tmp_path / "local.settings.json"),
+            "--host", "dev",
+        )  # fmt: skip
+        code = process.wait(timeout=30)
+    assert code != 0
+    assert f"{ports['table']} are taken by something that is not a complete Azurite" in log_path.read_text()
+
+
+def test_core_tools_is_used_when_func_is_on_the_path(tmp_path: Path) -> None:
+    # Given a stand-in `func` on the PATH that records how it was called
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "func-calls.txt"
+    fake = bin_dir / "func"
+    fake.write_text(
+        f'#!/bin/sh\necho "$@" > {calls}\ntrap "exit 0" INT TERM\nwhile true; do sleep 0.1; done\n'
+    )
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    port = free_port()
+    ports = {s: free_port() for s in SERVICES}
+
+    process, log_path = start_run(
+        tmp_path,
+        "--port", str(port),
+        "--azurite-ports", azurite_args(ports),
+        "--azurite-location", str(tmp_path / "data"),
+        "--settings", str(tmp_path / "local.settings.json"),
+        env={"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "SETTLE_RUN_HOST": "auto"},
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while not calls.exists() and time.monotonic() < deadline:
+            assert process.poll() is None, log_path.read_text()
+            time.sleep(0.1)
+    finally:
+        code = stop_with_sigint(process)
+
+    # Then `make run` started `func start --port <port>` and stopped it and Azurite on Ctrl-C
+    assert calls.read_text().split() == ["start", "--port", str(port)]
+    assert "Azure Functions Core Tools" in log_path.read_text()
+    assert code == 0
+    assert not any(port_open(p) for p in ports.values())
