@@ -1,7 +1,199 @@
-"""The handoff blueprint: its Azure Functions (HTTP, timers, the resolver trigger). Thin: parse, call one service, answer."""
+"""The handoff blueprint: its Functions (HTTP, timer, resolver). Thin: parse, call a service, answer."""
 
 from __future__ import annotations
 
+import logging
+
 import azure.functions as func
 
+from common.errors import InvalidInput
+from common.http import operation, parse_body
+from common.settings import env_flag
+from handoff import service
+from handoff.contract import MessageType
+from handoff.models import (
+    MAX_EVENT_TYPE_FILTERS,
+    MAX_WAIT_SECONDS,
+    CompleteHandoffRequest,
+    EventView,
+    FailHandoffRequest,
+    PendingHandoffView,
+    SettlementAccepted,
+)
+from handoff.settlement import Settlement
+
+log = logging.getLogger("settle.handoff")
+
 bp = func.Blueprint()
+
+_SETTLE_RESPONSES = {
+    400: "Invalid request (the problem names the field)",
+    404: "Unknown event",
+    409: "Not a pending hand-off, coordinates do not match, or a settlement is already in flight",
+    503: "Service Bus or storage unavailable (the claim was released; retry)",
+}
+_DEFAULT_SETTLER = "api"
+
+
+@bp.function_name("resolver")
+@bp.service_bus_topic_trigger(
+    arg_name="msg",
+    topic_name="%RESOLVER_TOPIC%",
+    subscription_name="%RESOLVER_SUBSCRIPTION%",
+    connection="ServiceBusConnection",
+    is_sessions_enabled=True,
+)
+def resolver(msg: func.ServiceBusMessage) -> None:
+    """Project one NimBus message; returning completes it, raising lets the host retry it (ADR 0002)."""
+    service.resolver_service().handle(msg)
+
+
+def _settled_by(req: func.HttpRequest, given: str | None) -> str:
+    return given or req.headers.get("x-agent-id") or _DEFAULT_SETTLER
+
+
+@operation(
+    bp,
+    route="v1/handoffs/complete",
+    method="POST",
+    summary="Complete a parked hand-off (sends one HandoffCompletedRequest)",
+    request=CompleteHandoffRequest,
+    response=SettlementAccepted,
+    responses=_SETTLE_RESPONSES,
+    ok_status=202,
+)
+def handoff_complete(req: func.HttpRequest) -> SettlementAccepted:
+    body = parse_body(req, CompleteHandoffRequest)
+    return service.settlement_service().settle(
+        Settlement(
+            kind=MessageType.HandoffCompletedRequest,
+            endpoint_id=body.endpoint_id,
+            coordinates=body.coordinates.to_contract(),
+            settled_by=_settled_by(req, body.settled_by),
+            result=body.result,
+        )
+    )
+
+
+@operation(
+    bp,
+    route="v1/handoffs/fail",
+    method="POST",
+    summary="Fail a parked hand-off (sends one HandoffFailedRequest)",
+    request=FailHandoffRequest,
+    response=SettlementAccepted,
+    responses=_SETTLE_RESPONSES,
+    ok_status=202,
+)
+def handoff_fail(req: func.HttpRequest) -> SettlementAccepted:
+    body = parse_body(req, FailHandoffRequest)
+    return service.settlement_service().settle(
+        Settlement(
+            kind=MessageType.HandoffFailedRequest,
+            endpoint_id=body.endpoint_id,
+            coordinates=body.coordinates.to_contract(),
+            settled_by=_settled_by(req, body.settled_by),
+            error_text=body.error_text,
+            error_type=body.error_type,
+        )
+    )
+
+
+def _wait_seconds(req: func.HttpRequest) -> float:
+    raw = req.params.get("waitSeconds")
+    if raw is None or raw == "":
+        return 0.0
+    try:
+        value = float(raw)
+    except ValueError as exc:
+        raise InvalidInput("waitSeconds must be a number of seconds.", field="waitSeconds") from exc
+    if value != value or value < 0:  # NaN or negative
+        raise InvalidInput("waitSeconds must be 0 or more.", field="waitSeconds")
+    return min(value, float(MAX_WAIT_SECONDS))
+
+
+def _event_types(req: func.HttpRequest) -> list[str]:
+    # The worker joins a repeated query parameter with commas; accept both forms.
+    raw = req.params.get("eventTypeId") or ""
+    types = [t.strip() for t in raw.split(",") if t.strip()]
+    if len(types) > MAX_EVENT_TYPE_FILTERS:
+        raise InvalidInput(f"At most {MAX_EVENT_TYPE_FILTERS} eventTypeId filters.", field="eventTypeId")
+    return types
+
+
+def _route(req: func.HttpRequest, name: str) -> str:
+    value = req.route_params.get(name) or ""
+    if not value:
+        raise InvalidInput(f"{name} is required.", field=name)
+    return value
+
+
+@operation(
+    bp,
+    route="v1/handoffs/{endpointId}/next",
+    method="GET",
+    summary=f"Oldest parked hand-off of an endpoint (non-claiming; waits up to {MAX_WAIT_SECONDS} s), or 204",
+    response=PendingHandoffView,
+    responses={204: "No parked hand-off within the wait", 400: "Invalid parameter"},
+    parameters=(
+        {"name": "endpointId", "in": "path", "required": True, "schema": {"type": "string"}},
+        {
+            "name": "eventTypeId",
+            "in": "query",
+            "required": False,
+            "schema": {"type": "string"},
+            "description": "Filter; repeat or comma-separate for several.",
+        },
+        {
+            "name": "waitSeconds",
+            "in": "query",
+            "required": False,
+            "schema": {"type": "number", "minimum": 0, "maximum": MAX_WAIT_SECONDS},
+            "description": f"Long-poll up to this many seconds (clamped to {MAX_WAIT_SECONDS}).",
+        },
+    ),
+)
+def handoff_next(req: func.HttpRequest) -> PendingHandoffView | None:
+    return service.receive_service().next(_route(req, "endpointId"), _event_types(req), _wait_seconds(req))
+
+
+@operation(
+    bp,
+    route="v1/handoffs/{endpointId}/jobs/{externalJobId}",
+    method="GET",
+    summary="The parked hand-off carrying an external job id",
+    response=PendingHandoffView,
+    responses={404: "No parked hand-off with that job id"},
+    parameters=(
+        {"name": "endpointId", "in": "path", "required": True, "schema": {"type": "string"}},
+        {"name": "externalJobId", "in": "path", "required": True, "schema": {"type": "string"}},
+    ),
+)
+def handoff_job(req: func.HttpRequest) -> PendingHandoffView:
+    return service.receive_service().job(_route(req, "endpointId"), _route(req, "externalJobId"))
+
+
+@operation(
+    bp,
+    route="v1/events/{endpointId}/{eventId}",
+    method="GET",
+    summary="An event row with its message history and audits",
+    response=EventView,
+    responses={404: "Unknown event"},
+    parameters=(
+        {"name": "endpointId", "in": "path", "required": True, "schema": {"type": "string"}},
+        {"name": "eventId", "in": "path", "required": True, "schema": {"type": "string"}},
+    ),
+)
+def event_get(req: func.HttpRequest) -> EventView:
+    return service.receive_service().event(_route(req, "endpointId"), _route(req, "eventId"))
+
+
+@bp.function_name("handoff_sweeper")
+@bp.timer_trigger(arg_name="timer", schedule="%HANDOFF_SWEEPER_SCHEDULE%", run_on_startup=False)
+def handoff_sweeper(timer: func.TimerRequest) -> None:
+    """Fail parked hand-offs past ExpectedBy (opt-in: ``HANDOFF_SWEEPER_ENABLED``)."""
+    if not env_flag("HANDOFF_SWEEPER_ENABLED"):
+        return
+    report = service.sweeper().sweep()
+    log.info("sweeper: %d timed out, %d skipped", len(report.failed), len(report.skipped))

@@ -1,0 +1,144 @@
+"""Hand-off table names and key layout: the one place that says how every row is keyed, and why.
+
+Table ``hoevents`` (PartitionKey = the endpoint id, encoded). One endpoint's whole hand-off world lives in
+one partition so that the resolver writes the history row, the event row and every index row of a message
+in **one** entity-group transaction (transactions are single-partition), and so that ``next`` and the job
+lookup read a short, ordered key range instead of scanning:
+
+=================================  =====================================================================
+RowKey                             row
+=================================  =====================================================================
+``ev|{eventId}|e``                 the event row (NimBus ``UnresolvedEvent``; one per endpoint + event)
+``ev|{eventId}|m|{messageId}``     history: one per projected message (insert-only = idempotent)
+``ev|{eventId}|a|{stamp}|{id}``    audit rows (CompleteHandoff / FailHandoff / Resolver Comment)
+``ev|{eventId}|c|{parkedMsgId}``   the settlement claim of one parked message
+``hq|{parkedAt}|{eventId}``        pending hand-off queue, oldest first (agent ``next``)
+``jb|{externalJobId}|{eventId}``   parked row by external job id
+``ex|{expectedBy}|{eventId}``      parked rows by ExpectedBy (timeout sweeper)
+=================================  =====================================================================
+
+Every row of one event shares the prefix ``ev|{eventId}|``, so the event read (row + history + audits)
+is one range query. Table ``hoendpoints`` lists endpoints that ever parked (the sweeper's only
+cross-partition need); table ``hopoison`` keeps poison messages by day for operators.
+
+Encoding: Table keys forbid ``/ \\ # ?`` and control characters, and ``|`` / ``~`` separate our parts, so
+those (and ``%``) are written ``%XX``: injective, readable, and it keeps the range queries exact.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import UTC, datetime
+
+from common.errors import KeyTooLong
+
+EVENTS_TABLE = "hoevents"
+ENDPOINTS_TABLE = "hoendpoints"
+POISON_TABLE = "hopoison"
+
+ENDPOINTS_PARTITION = "endpoint"
+# Azure's limit is 1 KiB per key; counted as UTF-16 (how the service stores strings) to be safe.
+MAX_KEY_BYTES = 1024
+
+_ESCAPE = frozenset("%/\\#?|~")
+
+
+def encode(value: str) -> str:
+    """Injective key-safe form of ``value`` (``%`` escapes; see module docstring)."""
+    out: list[str] = []
+    for ch in value:
+        code = ord(ch)
+        if ch in _ESCAPE or code < 0x20 or 0x7F <= code <= 0x9F:
+            out.append(f"%{code:02X}")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def decode(value: str) -> str:
+    """Inverse of :func:`encode`."""
+    out: list[str] = []
+    i = 0
+    while i < len(value):
+        if value[i] == "%":
+            out.append(chr(int(value[i + 1 : i + 3], 16)))
+            i += 3
+        else:
+            out.append(value[i])
+            i += 1
+    return "".join(out)
+
+
+def checked(key: str, *, field: str) -> str:
+    """``key`` if within Azure's 1 KiB key limit, else a 400 naming ``field``."""
+    if len(key.encode("utf-16-le")) > MAX_KEY_BYTES:
+        raise KeyTooLong(f"{field} is too long for a Table Storage key (1 KiB).", field=field)
+    return key
+
+
+def stamp(value: datetime) -> str:
+    """Fixed-width, sortable UTC time for keys (``20261130T170457123456Z``)."""
+    return value.astimezone(UTC).strftime("%Y%m%dT%H%M%S%fZ")
+
+
+def partition(endpoint_id: str) -> str:
+    return checked(encode(endpoint_id), field="endpointId")
+
+
+def event_prefix(event_id: str) -> str:
+    return f"ev|{encode(event_id)}|"
+
+
+def event_range(event_id: str) -> tuple[str, str]:
+    """``[low, high)`` of every row of one event (``}`` sorts right after ``|``)."""
+    prefix = event_prefix(event_id)
+    return prefix, prefix[:-1] + "}"
+
+
+def event_row(event_id: str) -> str:
+    return checked(event_prefix(event_id) + "e", field="eventId")
+
+
+def history_row(event_id: str, message_id: str) -> str:
+    return checked(f"{event_prefix(event_id)}m|{encode(message_id)}", field="messageId")
+
+
+def audit_row(event_id: str, at: datetime, audit_id: str) -> str:
+    return checked(f"{event_prefix(event_id)}a|{stamp(at)}|{audit_id}", field="eventId")
+
+
+def claim_row(event_id: str, parked_message_id: str) -> str:
+    return checked(f"{event_prefix(event_id)}c|{encode(parked_message_id)}", field="messageId")
+
+
+QUEUE_RANGE = ("hq|", "hq}")
+
+
+def queue_row(parked_at: datetime, event_id: str) -> str:
+    return checked(f"hq|{stamp(parked_at)}|{encode(event_id)}", field="eventId")
+
+
+def job_range(external_job_id: str) -> tuple[str, str]:
+    prefix = checked(f"jb|{encode(external_job_id)}|", field="externalJobId")
+    return prefix, prefix[:-1] + "}"
+
+
+def job_row(external_job_id: str, event_id: str) -> str:
+    return checked(f"jb|{encode(external_job_id)}|{encode(event_id)}", field="externalJobId")
+
+
+def expiry_row(expected_by: datetime, event_id: str) -> str:
+    return checked(f"ex|{stamp(expected_by)}|{encode(event_id)}", field="eventId")
+
+
+def expiry_range_until(now: datetime) -> tuple[str, str]:
+    """Rows whose ExpectedBy is at or before ``now``."""
+    return "ex|", f"ex|{stamp(now)}}}"
+
+
+def poison_keys(enqueued: datetime, message_id: str | None) -> tuple[str, str]:
+    """Poison rows by UTC day; the RowKey is stable across redeliveries of one message (insert-only)."""
+    ident = encode(message_id or "")
+    if not ident or len(ident) > 200:
+        ident = "h-" + hashlib.sha256((message_id or "").encode()).hexdigest()
+    return enqueued.astimezone(UTC).strftime("%Y%m%d"), f"{stamp(enqueued)}|{ident}"

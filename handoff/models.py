@@ -1,0 +1,270 @@
+"""HTTP models of the hand-off API (camelCase JSON; NimBus field names where NimBus has one)."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Annotated, Any
+
+from pydantic import Field, StringConstraints
+
+from common.models import ApiModel, RequestModel
+from handoff.contract import Coordinates
+from handoff.records import AuditRow, EventRow, HistoryRow
+
+Text = Annotated[str, StringConstraints(min_length=1, max_length=1000)]
+NonBlank = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=32_000)]
+Name = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=256)]
+
+# ``next`` long-polls at most this long: far below the 230 s HTTP limit of the Functions front end.
+MAX_WAIT_SECONDS = 20
+MAX_EVENT_TYPE_FILTERS = 32
+
+
+class HandoffCoordinates(RequestModel):
+    """The six coordinates of a parked event (NimBus ``HandoffSettlement``)."""
+
+    event_id: Text
+    session_id: Text
+    message_id: Text = Field(
+        description="The parked message: the row's lastMessageId (or the request it answers)."
+    )
+    event_type_id: Text | None = None
+    correlation_id: Text | None = None
+    originating_message_id: Text | None = None
+
+    def to_contract(self) -> Coordinates:
+        return Coordinates.model_validate(self.model_dump())
+
+
+class CompleteHandoffRequest(RequestModel):
+    """Complete a parked hand-off: exactly one ``HandoffCompletedRequest`` is sent."""
+
+    endpoint_id: Text
+    coordinates: HandoffCoordinates
+    result: Any = Field(default=None, description="Any JSON; a string is sent verbatim as EventJson.")
+    settled_by: Name | None = None
+
+
+class FailHandoffRequest(RequestModel):
+    """Fail a parked hand-off: exactly one ``HandoffFailedRequest`` is sent."""
+
+    endpoint_id: Text
+    coordinates: HandoffCoordinates
+    error_text: NonBlank
+    error_type: Text | None = None
+    settled_by: Name | None = None
+
+
+class CoordinatesView(ApiModel):
+    event_id: str
+    session_id: str | None
+    message_id: str | None
+    event_type_id: str | None
+    correlation_id: str | None
+    originating_message_id: str | None
+
+    @classmethod
+    def of(cls, row: EventRow) -> CoordinatesView:
+        return cls(
+            event_id=row.event_id,
+            session_id=row.session_id,
+            message_id=row.last_message_id,
+            event_type_id=row.event_type_id,
+            correlation_id=row.correlation_id,
+            originating_message_id=row.originating_message_id,
+        )
+
+
+class SettlementAccepted(ApiModel):
+    """202: the control message was sent; the resolver will project it."""
+
+    endpoint_id: str
+    event_id: str
+    message_type: str
+    control_message_id: str
+    parked_message_id: str
+    settled_by: str
+    transport: str
+    claim_expires_at: datetime
+
+
+class PendingHandoffView(ApiModel):
+    """A parked event, for an agent (``next``) or a job lookup."""
+
+    endpoint_id: str
+    event_type_id: str | None
+    payload: str | None = Field(description="The parked event's EventJson (the original event body).")
+    coordinates: CoordinatesView
+    handoff_reason: str | None
+    external_job_id: str | None
+    expected_by: datetime | None
+    parked_at: datetime
+
+    @classmethod
+    def of(cls, row: EventRow) -> PendingHandoffView:
+        return cls(
+            endpoint_id=row.endpoint_id,
+            event_type_id=row.event_type_id,
+            payload=event_json(row.message_content),
+            coordinates=CoordinatesView.of(row),
+            handoff_reason=row.handoff_reason,
+            external_job_id=row.external_job_id,
+            expected_by=row.expected_by,
+            parked_at=row.enqueued_time_utc,
+        )
+
+
+def event_json(message_content: str | None) -> str | None:
+    content = _json(message_content)
+    if isinstance(content, dict) and isinstance(content.get("EventContent"), dict):
+        value = content["EventContent"].get("EventJson")
+        return value if isinstance(value, str) else None
+    return None
+
+
+def _json(text: str | None) -> Any:
+    if not text:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+class HistoryEntry(ApiModel):
+    """One projected message (NimBus ``MessageEntity``)."""
+
+    message_id: str
+    message_type: str
+    event_type_id: str | None
+    from_: str | None = Field(alias="from")
+    to: str | None
+    session_id: str | None
+    correlation_id: str | None
+    parent_message_id: str | None
+    originating_message_id: str | None
+    enqueued_time_utc: datetime
+    message_content: Any
+    dead_letter_reason: str | None
+    dead_letter_error_description: str | None
+    queue_time_ms: int | None
+    processing_time_ms: int | None
+    pending_sub_status: str | None
+    handoff_reason: str | None
+    external_job_id: str | None
+    expected_by: datetime | None
+
+    @classmethod
+    def of(cls, row: HistoryRow) -> HistoryEntry:
+        return cls(
+            message_id=row.message_id,
+            message_type=row.message_type.name,
+            event_type_id=row.event_type_id,
+            from_=row.from_,
+            to=row.to,
+            session_id=row.session_id,
+            correlation_id=row.correlation_id,
+            parent_message_id=row.parent_message_id,
+            originating_message_id=row.originating_message_id,
+            enqueued_time_utc=row.enqueued_time_utc,
+            message_content=_json(row.message_content),
+            dead_letter_reason=row.dead_letter_reason,
+            dead_letter_error_description=row.dead_letter_error_description,
+            queue_time_ms=row.queue_time_ms,
+            processing_time_ms=row.processing_time_ms,
+            pending_sub_status=row.pending_sub_status,
+            handoff_reason=row.handoff_reason,
+            external_job_id=row.external_job_id,
+            expected_by=row.expected_by,
+        )
+
+
+class AuditEntry(ApiModel):
+    """One audit row (NimBus ``MessageAuditEntity``)."""
+
+    auditor_name: str
+    audit_timestamp: datetime
+    audit_type: str
+    comment: str | None
+    data: str | None
+
+    @classmethod
+    def of(cls, row: AuditRow) -> AuditEntry:
+        return cls(
+            auditor_name=row.auditor_name,
+            audit_timestamp=row.audit_timestamp,
+            audit_type=row.audit_type,
+            comment=row.comment,
+            data=row.data,
+        )
+
+
+class EventView(ApiModel):
+    """The event row (NimBus ``UnresolvedEvent``) with its history and audits."""
+
+    endpoint_id: str
+    event_id: str
+    session_id: str | None
+    correlation_id: str | None
+    resolution_status: str
+    pending_sub_status: str | None
+    message_type: str
+    last_message_id: str | None
+    parent_message_id: str | None
+    originating_message_id: str | None
+    originating_from: str | None
+    event_type_id: str | None
+    to: str | None
+    from_: str | None = Field(alias="from")
+    endpoint_role: str
+    reason: str | None
+    dead_letter_reason: str | None
+    dead_letter_error_description: str | None
+    handoff_reason: str | None
+    external_job_id: str | None
+    expected_by: datetime | None
+    retry_count: int | None
+    retry_limit: int | None
+    queue_time_ms: int | None
+    processing_time_ms: int | None
+    enqueued_time_utc: datetime
+    updated_at: datetime
+    message_content: Any
+    history: list[HistoryEntry]
+    audits: list[AuditEntry]
+
+    @classmethod
+    def of(cls, row: EventRow, history: list[HistoryRow], audits: list[AuditRow]) -> EventView:
+        return cls(
+            endpoint_id=row.endpoint_id,
+            event_id=row.event_id,
+            session_id=row.session_id,
+            correlation_id=row.correlation_id,
+            resolution_status=row.resolution_status.name,
+            pending_sub_status=row.pending_sub_status,
+            message_type=row.message_type.name,
+            last_message_id=row.last_message_id,
+            parent_message_id=row.parent_message_id,
+            originating_message_id=row.originating_message_id,
+            originating_from=row.originating_from,
+            event_type_id=row.event_type_id,
+            to=row.to,
+            from_=row.from_,
+            endpoint_role=row.endpoint_role,
+            reason=row.reason,
+            dead_letter_reason=row.dead_letter_reason,
+            dead_letter_error_description=row.dead_letter_error_description,
+            handoff_reason=row.handoff_reason,
+            external_job_id=row.external_job_id,
+            expected_by=row.expected_by,
+            retry_count=row.retry_count,
+            retry_limit=row.retry_limit,
+            queue_time_ms=row.queue_time_ms,
+            processing_time_ms=row.processing_time_ms,
+            enqueued_time_utc=row.enqueued_time_utc,
+            updated_at=row.updated_at,
+            message_content=_json(row.message_content),
+            history=[HistoryEntry.of(h) for h in history],
+            audits=[AuditEntry.of(a) for a in audits],
+        )

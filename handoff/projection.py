@@ -1,0 +1,141 @@
+"""What one resolver message does to the event row: NimBus's ``UpdateState`` as a pure function.
+
+Given the typed message and the current event row (or none), decide: the new row (applied) or a refusal
+(Spec 030), and the bookkeeping the next projection needs. No I/O; :mod:`handoff.resolver` writes it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from handoff import guard, keys
+from handoff.contract import InboundMessage, MessageType, ResolutionStatus
+from handoff.records import EventRow, HistoryRow
+from handoff.status_map import overrides_processing_time, pending_sub_status, status_for
+
+RESOLVER_AUDITOR = "Resolver"
+
+
+@dataclass(frozen=True)
+class Projection:
+    """The decision for one message: ``row`` is the new event row when applied, else None (refused)."""
+
+    status: ResolutionStatus
+    applied: bool
+    row: EventRow | None
+    request_enqueued_at: datetime | None
+    handoff_seen: bool
+
+    def bookkeeping_changed(self, current: EventRow | None) -> bool:
+        return current is not None and (
+            current.request_enqueued_at != self.request_enqueued_at
+            or current.handoff_seen != self.handoff_seen
+        )
+
+
+def history_row(m: InboundMessage) -> HistoryRow:
+    """The per-message history row (``MessageEntity``), as received."""
+    return HistoryRow(
+        event_id=m.event_id,
+        message_id=m.message_id,
+        message_type=m.message_type,
+        endpoint_id=m.endpoint_id,
+        event_type_id=m.event_type_id,
+        originating_message_id=m.originating_message_id,
+        parent_message_id=m.parent_message_id,
+        from_=m.from_,
+        to=m.to,
+        originating_from=m.originating_from,
+        session_id=m.session_id,
+        correlation_id=m.correlation_id,
+        enqueued_time_utc=m.enqueued_time_utc,
+        message_content=m.body_text or None,
+        dead_letter_reason=m.dead_letter_reason,
+        dead_letter_error_description=m.dead_letter_error_description,
+        queue_time_ms=m.queue_time_ms,
+        processing_time_ms=m.processing_time_ms,
+        pending_sub_status=pending_sub_status(m.message_type),
+        handoff_reason=m.handoff_reason,
+        external_job_id=m.external_job_id,
+        expected_by=m.expected_by,
+        delivery_count=m.delivery_count,
+        throttle_retry_count=m.throttle_retry_count or None,
+    )
+
+
+def project(m: InboundMessage, current: EventRow | None, *, now: datetime) -> Projection:
+    """Decide the projection of ``m`` over ``current`` (status map, guard, override, index keys)."""
+    status = status_for(m.message_type, dead_letter_error_description=m.dead_letter_error_description)
+    # Bookkeeping stands in for NimBus's history read: it is updated even when the write is refused,
+    # because NimBus's history keeps refused messages too.
+    request_at = current.request_enqueued_at if current else None
+    if m.message_type is MessageType.EventRequest and (
+        request_at is None or m.enqueued_time_utc < request_at
+    ):
+        request_at = m.enqueued_time_utc
+    handoff_seen = (
+        bool(current and current.handoff_seen) or m.message_type is MessageType.PendingHandoffResponse
+    )
+
+    current_view = (
+        guard.CurrentRow(
+            resolution_status=current.resolution_status,
+            message_type=current.message_type,
+            parent_message_id=current.parent_message_id,
+            last_message_id=current.last_message_id,
+        )
+        if current
+        else None
+    )
+    if not guard.allows(status, m.message_type, m.message_id, current_view):
+        return Projection(status, False, None, request_at, handoff_seen)
+
+    processing_time = m.processing_time_ms
+    if overrides_processing_time(m.message_type) and handoff_seen and request_at is not None:
+        processing_time = max(0, int((now - request_at).total_seconds() * 1000))
+    sub_status = pending_sub_status(m.message_type)
+    parked = status is ResolutionStatus.Pending and sub_status is not None
+    error = m.content.ErrorContent
+    row = EventRow(
+        updated_at=now,
+        enqueued_time_utc=m.enqueued_time_utc,
+        event_id=m.event_id,
+        session_id=m.session_id,
+        correlation_id=m.correlation_id,
+        resolution_status=status,
+        endpoint_id=m.endpoint_id,
+        retry_count=m.retry_count,
+        retry_limit=m.retry_limit,
+        message_type=m.message_type,
+        dead_letter_reason=m.dead_letter_reason,
+        dead_letter_error_description=m.dead_letter_error_description,
+        last_message_id=m.message_id,
+        originating_message_id=m.originating_message_id,
+        parent_message_id=m.parent_message_id,
+        reason=(error.ErrorText if error else None)
+        if m.message_type is MessageType.SkipResponse
+        else m.dead_letter_error_description,
+        originating_from=m.originating_from,
+        event_type_id=m.event_type_id,
+        to=m.to,
+        from_=m.from_,
+        message_content=m.body_text or None,
+        queue_time_ms=m.queue_time_ms,
+        processing_time_ms=processing_time,
+        pending_sub_status=sub_status,
+        handoff_reason=m.handoff_reason,
+        external_job_id=m.external_job_id,
+        expected_by=m.expected_by,
+        request_enqueued_at=request_at,
+        handoff_seen=handoff_seen,
+        queue_key=keys.queue_row(m.enqueued_time_utc, m.event_id) if parked else None,
+        job_key=keys.job_row(m.external_job_id, m.event_id) if parked and m.external_job_id else None,
+        expiry_key=keys.expiry_row(m.expected_by, m.event_id) if parked and m.expected_by else None,
+    )
+    return Projection(status, True, row, request_at, handoff_seen)
+
+
+def stale_comment(m: InboundMessage) -> str:
+    """The Comment NimBus's Resolver audits when Spec 030 refuses a write."""
+    return f"Ignored stale {m.message_type.name} {m.message_id}: the audit row already holds a later outcome."

@@ -1,0 +1,272 @@
+"""The resolver: project each NimBus message into the endpoint's event row, history and index rows.
+
+One message costs one read (the event row) and one write (an entity-group transaction holding the
+history row, the event row and its index rows), because all of them live in the endpoint's partition.
+The history insert comes first in the transaction: if it already exists the message was projected
+before (the transaction is atomic), so a duplicate changes nothing. A lost ETag race is retried; the
+failure policy (poison vs transient) is in ``docs/adr/0002-resolver-poison-and-retry.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from datetime import datetime
+from enum import Enum
+from typing import TYPE_CHECKING, Any, Protocol
+
+from common.clock import utcnow
+from handoff import keys, store
+from handoff.contract import (
+    HEARTBEAT_EVENT_TYPE,
+    InboundMessage,
+    PoisonMessage,
+    Prop,
+    event_type_of,
+    parse_message,
+    properties_of,
+)
+from handoff.projection import RESOLVER_AUDITOR, history_row, project, stale_comment
+from handoff.records import AuditRow, EventRow, ExpiryRow, JobRow, PoisonRow, QueueRow
+from handoff.store import HandoffStore, Operation
+
+if TYPE_CHECKING:
+    import azure.functions as func
+
+log = logging.getLogger("settle.resolver")
+
+# Logical attempts (scheduled copies + broker deliveries) before the resolver stops rescheduling and lets
+# the broker dead-letter (NimBus's budget). 5 s doubling, capped at 300 s: about 21 minutes in all.
+RETRY_BUDGET = 10
+_BASE_DELAY_S = 5.0
+_MAX_DELAY_S = 300.0
+# When no copy can be scheduled, back off inside the invocation before the host abandons the message
+# (Service Bus redelivers an abandoned message at once); the session lock is renewed meanwhile.
+_MAX_INLINE_DELAY_S = 60.0
+_ETAG_ATTEMPTS = 4
+
+
+class Outcome(Enum):
+    """What the resolver did with one message (logged; returned for tests and the benchmark)."""
+
+    APPLIED = "applied"
+    REFUSED = "refused"
+    DUPLICATE = "duplicate"
+    HEARTBEAT = "heartbeat"
+    POISONED = "poisoned"
+    RESCHEDULED = "rescheduled"
+
+
+class TransientProjectionError(Exception):
+    """Storage failed or kept racing; the message must be delivered again later."""
+
+
+class Redelivery(Protocol):
+    """Schedules a copy of a resolver message on the Resolver topic (NimBus ``ScheduleRedelivery``)."""
+
+    def schedule_copy(
+        self, msg: func.ServiceBusMessage, *, delay_s: float, throttle_retry_count: int
+    ) -> None: ...
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Storage unreachable, throttling or failing server-side: worth trying again later."""
+    from azure.core.exceptions import HttpResponseError, ServiceRequestError, ServiceResponseError
+
+    if isinstance(exc, TransientProjectionError | ServiceRequestError | ServiceResponseError | TimeoutError):
+        return True
+    if isinstance(exc, HttpResponseError):
+        code = exc.status_code or 0
+        return code >= 500 or code in (408, 429)
+    return isinstance(exc, ConnectionError)
+
+
+def retry_delay(attempt: int) -> float:
+    """5 s, 10 s, 20 s, ... capped at 300 s, for logical attempt ``attempt`` (1-based)."""
+    return float(min(_BASE_DELAY_S * 2 ** max(0, attempt - 1), _MAX_DELAY_S))
+
+
+class ResolverService:
+    """Projects resolver messages (``handle``) into the hand-off tables."""
+
+    def __init__(
+        self,
+        store_: HandoffStore,
+        *,
+        redelivery: Redelivery | None = None,
+        clock: Callable[[], datetime] = utcnow,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.store = store_
+        self.redelivery = redelivery
+        self.clock = clock
+        self.sleep = sleep
+        self._registered: set[str] = set()
+
+    # -- entry point -------------------------------------------------------------------------------
+
+    def handle(self, msg: func.ServiceBusMessage) -> Outcome:
+        """Project one message. Returns normally to complete it; raises to have the host retry it."""
+        props = properties_of(msg)
+        if event_type_of(props, msg.get_body()) == HEARTBEAT_EVENT_TYPE:
+            log.debug("heartbeat %s bypassed", msg.message_id)
+            return Outcome.HEARTBEAT
+        try:
+            try:
+                inbound = parse_message(msg, now=self.clock())
+                return self.project(inbound)
+            except PoisonMessage as poison:
+                self._store_poison(msg, props, poison.reason)
+                return Outcome.POISONED
+            except Exception as exc:
+                from common.errors import KeyTooLong
+
+                if isinstance(exc, KeyTooLong):
+                    self._store_poison(msg, props, exc.detail)
+                    return Outcome.POISONED
+                raise
+        except Exception as exc:
+            if not is_transient(exc):
+                raise
+            return self._retry_later(msg, props, exc)
+
+    # -- projection --------------------------------------------------------------------------------
+
+    def project(self, m: InboundMessage) -> Outcome:
+        """Read the event row once, write everything in one transaction; retry a lost ETag race."""
+        from azure.data.tables import TableTransactionError
+
+        endpoint = m.endpoint_id
+        pk = keys.partition(endpoint)
+        for _ in range(_ETAG_ATTEMPTS):
+            current = self.store.get_event(endpoint, m.event_id)
+            decision = project(m, current, now=self.clock())
+            ops: list[Operation] = [
+                store.insert(history_row(m).to_entity(pk, keys.history_row(m.event_id, m.message_id)))
+            ]
+            if decision.applied:
+                assert decision.row is not None
+                if decision.row.queue_key and endpoint not in self._registered:
+                    self.store.register_endpoint(endpoint)
+                    self._registered.add(endpoint)
+                ops += self._applied_ops(pk, decision.row, current)
+            else:
+                ops += self._refused_ops(pk, m, current, decision.request_enqueued_at, decision.handoff_seen)
+            try:
+                self.store.submit(ops)
+            except TableTransactionError as exc:
+                if exc.index == 0 and exc.status_code == 409:
+                    log.info("duplicate %s %s ignored", m.message_type.name, m.message_id)
+                    return Outcome.DUPLICATE
+                if exc.status_code in (404, 409, 412):
+                    continue  # another writer changed the row between our read and write: re-decide
+                raise
+            if decision.applied:
+                log.info("projected %s %s on %s/%s", m.message_type.name, m.message_id, endpoint, m.event_id)
+                return Outcome.APPLIED
+            log.warning(
+                "refused stale %s %s on %s/%s (delivery %s, throttle retries %s)",
+                m.message_type.name,
+                m.message_id,
+                endpoint,
+                m.event_id,
+                m.delivery_count,
+                m.throttle_retry_count,
+            )
+            return Outcome.REFUSED
+        raise TransientProjectionError(f"event {m.event_id} kept changing during projection")
+
+    def _applied_ops(self, pk: str, row: EventRow, current: EventRow | None) -> list[Operation]:
+        entity = row.to_entity(pk, keys.event_row(row.event_id))
+        ops = [store.insert(entity) if current is None else store.replace(entity, current.etag or "*")]
+        # Index rows follow the event row in the same transaction; the event row's ETag check makes the
+        # index keys read from it current, so deleting them by key (If-Match *) cannot miss.
+        old = current or None
+        for attr, build in (
+            (
+                "queue_key",
+                lambda: QueueRow(
+                    event_id=row.event_id,
+                    event_type_id=row.event_type_id,
+                    parked_message_id=row.last_message_id or "",
+                ),
+            ),
+            ("job_key", lambda: JobRow(event_id=row.event_id, external_job_id=row.external_job_id or "")),
+            ("expiry_key", lambda: ExpiryRow(event_id=row.event_id, expected_by=row.expected_by)),
+        ):
+            before = getattr(old, attr) if old else None
+            after = getattr(row, attr)
+            if before == after:
+                continue
+            if before:
+                ops.append(store.delete(pk, before))
+            if after:
+                ops.append(store.insert(build().to_entity(pk, after)))
+        return ops
+
+    def _refused_ops(
+        self, pk: str, m: InboundMessage, current: EventRow | None, request_at: datetime | None, seen: bool
+    ) -> list[Operation]:
+        assert current is not None  # only an existing row can refuse
+        now = self.clock()
+        audit = AuditRow(
+            auditor_name=RESOLVER_AUDITOR,
+            audit_timestamp=now,
+            audit_type="Comment",
+            data=stale_comment(m),
+            event_id=m.event_id,
+            endpoint_id=m.endpoint_id,
+            event_type_id=m.event_type_id,
+        )
+        ops = [store.insert(audit.to_entity(pk, keys.audit_row(m.event_id, now, uuid.uuid4().hex)))]
+        if current.request_enqueued_at != request_at or current.handoff_seen != seen:
+            bookkeeping: dict[str, Any] = {
+                "PartitionKey": pk,
+                "RowKey": keys.event_row(m.event_id),
+                "HandoffSeen": seen,
+            }
+            if request_at is not None:
+                bookkeeping["RequestEnqueuedAt"] = request_at
+            ops.append(store.merge(bookkeeping, current.etag))
+        return ops
+
+    # -- failure paths -----------------------------------------------------------------------------
+
+    def _store_poison(self, msg: func.ServiceBusMessage, props: dict[str, Any], reason: str) -> None:
+        now = self.clock()
+        body = msg.get_body() or b""
+        row = PoisonRow(
+            reason=reason,
+            message_id=msg.message_id,
+            session_id=msg.session_id,
+            correlation_id=msg.correlation_id,
+            delivery_count=msg.delivery_count,
+            enqueued_time_utc=msg.enqueued_time_utc or now,
+            recorded_at=now,
+            application_properties=json.dumps(props, default=str, ensure_ascii=False)[:30_000],
+            message_content=body.decode("utf-8", errors="replace")[:30_000] or None,
+        )
+        self.store.store_poison(row, msg.message_id)
+        log.error("poison resolver message %s stored for operators: %s", msg.message_id, reason)
+
+    def _retry_later(self, msg: func.ServiceBusMessage, props: dict[str, Any], exc: BaseException) -> Outcome:
+        throttle = int(str(props.get(Prop.THROTTLE_RETRY_COUNT) or 0) or 0)
+        attempt = throttle + max(1, int(msg.delivery_count or 1))
+        if self.redelivery is not None and attempt < RETRY_BUDGET:
+            delay = retry_delay(attempt)
+            try:
+                self.redelivery.schedule_copy(msg, delay_s=delay, throttle_retry_count=throttle + 1)
+            except Exception:
+                log.warning(
+                    "could not schedule a copy of %s; abandoning it instead", msg.message_id, exc_info=True
+                )
+            else:
+                log.warning("storage unavailable (%s); %s rescheduled in %.0f s", exc, msg.message_id, delay)
+                return Outcome.RESCHEDULED
+        delay = min(retry_delay(attempt), _MAX_INLINE_DELAY_S)
+        log.warning("storage unavailable (%s); retrying %s after %.0f s", exc, msg.message_id, delay)
+        self.sleep(delay)
+        raise TransientProjectionError(f"projection of {msg.message_id} failed transiently: {exc}") from exc

@@ -1,0 +1,200 @@
+"""Table Storage I/O of the hand-off tables. Speaks only to the database; the decisions are elsewhere.
+
+Every write is insert-only or conditional (``If-Match`` an ETag, or ``*`` where the row must still exist
+and a concurrent change of it is harmless); rows of one endpoint partition that change together are
+submitted as one entity-group transaction (``submit``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from common.tables import Tables
+from handoff import keys
+from handoff.records import AuditRow, ClaimRow, EndpointRow, EventRow, HistoryRow, JobRow, PoisonRow, QueueRow
+
+if TYPE_CHECKING:
+    from azure.data.tables import TableClient
+
+Operation = tuple[Any, ...]
+# Azure's limit; Azurite breaks the connection beyond it instead of answering.
+MAX_TRANSACTION_OPS = 100
+
+
+def insert(entity: dict[str, Any]) -> Operation:
+    return ("create", entity)
+
+
+def replace(entity: dict[str, Any], etag: str) -> Operation:
+    from azure.core import MatchConditions
+    from azure.data.tables import UpdateMode
+
+    return (
+        "update",
+        entity,
+        {"mode": UpdateMode.REPLACE, "etag": etag, "match_condition": MatchConditions.IfNotModified},
+    )
+
+
+def merge(entity: dict[str, Any], etag: str | None = None) -> Operation:
+    """Merge columns; with no ETag the row must exist (``If-Match: *``)."""
+    from azure.core import MatchConditions
+    from azure.data.tables import UpdateMode
+
+    if etag is None:
+        return ("update", entity, {"mode": UpdateMode.MERGE})
+    return (
+        "update",
+        entity,
+        {"mode": UpdateMode.MERGE, "etag": etag, "match_condition": MatchConditions.IfNotModified},
+    )
+
+
+def delete(partition_key: str, row_key: str, etag: str | None = None) -> Operation:
+    """Delete; with no ETag the row must exist (``If-Match: *``)."""
+    from azure.core import MatchConditions
+
+    entity = {"PartitionKey": partition_key, "RowKey": row_key}
+    if etag is None:
+        return ("delete", entity)
+    return ("delete", entity, {"etag": etag, "match_condition": MatchConditions.IfNotModified})
+
+
+def _quote(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+class HandoffStore:
+    """The hand-off tables of one storage account (see :mod:`handoff.keys` for the layout)."""
+
+    def __init__(self, tables: Tables) -> None:
+        self._tables = tables
+
+    def _events(self) -> TableClient:
+        return self._tables.table(keys.EVENTS_TABLE)
+
+    # -- events partition ---------------------------------------------------------------------------
+
+    def get_event(self, endpoint_id: str, event_id: str) -> EventRow | None:
+        """Point read of the event row (one round trip)."""
+        from azure.core.exceptions import ResourceNotFoundError
+
+        try:
+            entity = self._events().get_entity(keys.partition(endpoint_id), keys.event_row(event_id))
+        except ResourceNotFoundError:
+            return None
+        row: EventRow = EventRow.from_entity(entity)
+        return row
+
+    def event_rows(self, endpoint_id: str, event_id: str) -> Iterator[Any]:
+        """Every row of one event (event row, history, audits, claims): one range query."""
+        low, high = keys.event_range(event_id)
+        pk = keys.partition(endpoint_id)
+        keys.checked(high, field="eventId")
+        query = f"PartitionKey eq {_quote(pk)} and RowKey ge {_quote(low)} and RowKey lt {_quote(high)}"
+        return iter(self._events().query_entities(query))
+
+    def get_claim(self, endpoint_id: str, event_id: str, parked_message_id: str) -> ClaimRow | None:
+        from azure.core.exceptions import ResourceNotFoundError
+
+        try:
+            entity = self._events().get_entity(
+                keys.partition(endpoint_id), keys.claim_row(event_id, parked_message_id)
+            )
+        except ResourceNotFoundError:
+            return None
+        row: ClaimRow = ClaimRow.from_entity(entity)
+        return row
+
+    def submit(self, operations: Sequence[Operation]) -> list[dict[str, Any]]:
+        """One entity-group transaction (all operations in one partition, at most 100)."""
+        if not operations:
+            return []
+        if len(operations) > MAX_TRANSACTION_OPS:
+            raise ValueError(f"A transaction holds at most {MAX_TRANSACTION_OPS} operations.")
+        return [dict(r) for r in self._events().submit_transaction(list(operations))]
+
+    def queued(
+        self, endpoint_id: str, *, claimed_before: str, event_type_ids: Sequence[str] = (), limit: int = 5
+    ) -> list[QueueRow]:
+        """The oldest parked events not claimed at ``claimed_before`` (first page only: never a scan)."""
+        low, high = keys.QUEUE_RANGE
+        clauses = [
+            f"PartitionKey eq {_quote(keys.partition(endpoint_id))}",
+            f"RowKey ge {_quote(low)}",
+            f"RowKey lt {_quote(high)}",
+            f"ClaimedUntil lt {_quote(claimed_before)}",
+        ]
+        if event_type_ids:
+            clauses.append("(" + " or ".join(f"EventTypeId eq {_quote(t)}" for t in event_type_ids) + ")")
+        pages = self._events().query_entities(" and ".join(clauses), results_per_page=limit).by_page()
+        first: Any = next(pages, [])
+        return [QueueRow.from_entity(e) for e in first][:limit]
+
+    def jobs(self, endpoint_id: str, external_job_id: str, *, limit: int = 5) -> list[JobRow]:
+        low, high = keys.job_range(external_job_id)
+        query = (
+            f"PartitionKey eq {_quote(keys.partition(endpoint_id))} and RowKey ge {_quote(low)}"
+            f" and RowKey lt {_quote(high)}"
+        )
+        pages = self._events().query_entities(query, results_per_page=limit).by_page()
+        return [JobRow.from_entity(e) for e in next(pages, [])][:limit]
+
+    def expired(self, endpoint_id: str, now: datetime, *, limit: int = 100) -> list[dict[str, Any]]:
+        low, high = keys.expiry_range_until(now)
+        query = (
+            f"PartitionKey eq {_quote(keys.partition(endpoint_id))} and RowKey ge {_quote(low)}"
+            f" and RowKey lt {_quote(high)}"
+        )
+        pages = self._events().query_entities(query, results_per_page=limit).by_page()
+        return [dict(e) for e in next(pages, [])][:limit]
+
+    # -- endpoints and poison -----------------------------------------------------------------------
+
+    def register_endpoint(self, endpoint_id: str) -> None:
+        """Insert-only; an endpoint already listed is fine."""
+        from azure.core.exceptions import ResourceExistsError
+
+        row = EndpointRow(endpoint_id=endpoint_id)
+        with contextlib.suppress(ResourceExistsError):
+            self._tables.table(keys.ENDPOINTS_TABLE).create_entity(
+                row.to_entity(keys.ENDPOINTS_PARTITION, keys.partition(endpoint_id))
+            )
+
+    def endpoints(self) -> list[str]:
+        query = f"PartitionKey eq {_quote(keys.ENDPOINTS_PARTITION)}"
+        return [str(e["EndpointId"]) for e in self._tables.table(keys.ENDPOINTS_TABLE).query_entities(query)]
+
+    def store_poison(self, row: PoisonRow, message_id: str | None) -> None:
+        """Insert-only (a redelivered poison message lands on the same key)."""
+        from azure.core.exceptions import ResourceExistsError
+
+        pk, rk = keys.poison_keys(row.enqueued_time_utc, message_id)
+        with contextlib.suppress(ResourceExistsError):
+            self._tables.table(keys.POISON_TABLE).create_entity(row.to_entity(pk, rk))
+
+    def poison_rows(self, day: str) -> list[PoisonRow]:
+        query = f"PartitionKey eq {_quote(day)}"
+        return [PoisonRow.from_entity(e) for e in self._tables.table(keys.POISON_TABLE).query_entities(query)]
+
+
+def classify_event_rows(entities: Iterator[Any]) -> tuple[EventRow | None, list[HistoryRow], list[AuditRow]]:
+    """Split one event's range query into its event row, history (by enqueue time) and audits (by time)."""
+    event: EventRow | None = None
+    history: list[HistoryRow] = []
+    audits: list[AuditRow] = []
+    for entity in entities:
+        row_key = str(entity["RowKey"])
+        parts = row_key.split("|")
+        kind = parts[2] if len(parts) > 2 else None
+        if kind == "e":
+            event = EventRow.from_entity(entity)
+        elif kind == "m":
+            history.append(HistoryRow.from_entity(entity))
+        elif kind == "a":
+            audits.append(AuditRow.from_entity(entity))
+    history.sort(key=lambda h: h.enqueued_time_utc)
+    return event, history, audits
