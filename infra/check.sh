@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Static security checks of infra/ with checkov (no Bicep compiler exists on this machine; the syntax and
+# policy tests are in tests/infra and run with pytest).
+#
+# checkov pins pycep-parser==0.5.1, so it lives in its own virtualenv (.venv-checkov/, or $CHECKOV_VENV)
+# that this script creates on first use. checkov runs offline (--skip-download) and writes JSON;
+# infra/checkov_gate.py then fails on parsing errors, on failed checks not accepted in
+# infra/checkov-skips.txt (each with its reason), and on accepted entries that no longer fail.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+venv=${CHECKOV_VENV:-.venv-checkov}
+checkov_version=3.3.30
+if [ ! -x "$venv/bin/checkov" ] || ! "$venv/bin/checkov" --version 2>/dev/null | grep -qx "$checkov_version"; then
+  "${PYTHON:-python3.11}" -m venv "$venv" 2>/dev/null || python3 -m venv "$venv"
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "checkov==$checkov_version"
+fi
+
+report=$(mktemp)
+trap 'rm -f "$report"' EXIT
+# Exit status ignored on purpose: checkov exits 1 on any failed check (accepted ones included) and 0 on a
+# syntax error; the gate below reads the report instead.
+"$venv/bin/checkov" --directory infra --framework bicep --skip-download --output json >"$report" 2>/dev/null || true
+"$venv/bin/python" infra/checkov_gate.py "$report" infra/checkov-skips.txt

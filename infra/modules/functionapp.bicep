@@ -1,0 +1,195 @@
+// The Flex Consumption (FC1) Linux plan and the Python function app.
+//
+// Flex specifics (shared/reference/azure-practice.md §1, §6):
+// - runtime, scaling and the deployment package live in `functionAppConfig`, not in app settings, so
+//   FUNCTIONS_WORKER_RUNTIME, WEBSITE_RUN_FROM_PACKAGE, WEBSITE_CONTENT*, SCM_DO_BUILD_DURING_DEPLOYMENT,
+//   ENABLE_ORYX_BUILD and FUNCTIONS_EXTENSION_VERSION are not set (Flex rejects or ignores them), nor are
+//   the siteConfig properties Flex does not support (alwaysOn, ftpsState, linuxFxVersion, ...);
+// - FTP and basic-auth publishing are switched off with basicPublishingCredentialsPolicies; code is
+//   deployed with an Entra token (`az functionapp deployment source config-zip` / `func ... publish`);
+// - WEBSITE_TIME_ZONE is not supported: every NCRONTAB schedule below runs in UTC.
+//
+// Every connection is identity-based through the one user-assigned identity; no app setting holds a key.
+
+@description('Name of the function app.')
+param name string
+
+@description('Name of the Flex Consumption plan.')
+param planName string
+
+@description('Azure region.')
+param location string
+
+@description('Tags applied to the plan and the app.')
+param tags object = {}
+
+@description('Resource id of the user-assigned identity.')
+param identityId string
+
+@description('Client id of the user-assigned identity.')
+param identityClientId string
+
+@description('Blob endpoint of the host storage account (https://<account>.blob.core.windows.net/).')
+param hostBlobEndpoint string
+
+@description('Blob container that holds the deployment package.')
+param deploymentContainerName string
+
+@description('Table endpoint of the data storage account (https://<account>.table.core.windows.net/).')
+param tableEndpoint string
+
+@description('Prefix of Settle\'s table names (SETTLE_TABLE_PREFIX).')
+param tablePrefix string
+
+@description('Host name of the Service Bus namespace.')
+param serviceBusFullyQualifiedNamespace string
+
+@description('Resolver topic name (RESOLVER_TOPIC).')
+param resolverTopicName string
+
+@description('Resolver subscription name (RESOLVER_SUBSCRIPTION).')
+param resolverSubscriptionName string
+
+@description('Application Insights connection string (no secret: local auth is disabled).')
+param applicationInsightsConnectionString string
+
+@description('NCRONTAB (6 fields, UTC) of the state catch-up timer.')
+param stateCatchupSchedule string
+
+@description('Whether the hand-off timeout sweeper runs.')
+param handoffSweeperEnabled bool
+
+@description('NCRONTAB (6 fields, UTC) of the hand-off timeout sweeper.')
+param handoffSweeperSchedule string
+
+@description('Upper bound of instances the app scales out to.')
+@minValue(1)
+@maxValue(1000)
+param maximumInstanceCount int
+
+@description('Memory per instance (MB).')
+@allowed([
+  512
+  2048
+  4096
+])
+param instanceMemoryMB int
+
+@description('Zone-redundant plan (only in regions that support it for Flex Consumption).')
+param zoneRedundant bool
+
+// The complete set of app settings (siteConfig.appSettings replaces the whole collection on every
+// deployment). tests/infra/test_app_settings.py checks that every setting the code reads is here.
+var appSettings = {
+  // Host storage (leases, timer schedule monitor) through the identity; blob is the only service used.
+  AzureWebJobsStorage__credential: 'managedidentity'
+  AzureWebJobsStorage__clientId: identityClientId
+  AzureWebJobsStorage__blobServiceUri: hostBlobEndpoint
+  // Telemetry, authenticated with Entra (Monitoring Metrics Publisher on the component).
+  APPLICATIONINSIGHTS_CONNECTION_STRING: applicationInsightsConnectionString
+  APPLICATIONINSIGHTS_AUTHENTICATION_STRING: 'ClientId=${identityClientId};Authorization=AAD'
+  // SDK clients in code (DefaultAzureCredential / ManagedIdentityCredential) use this identity.
+  AZURE_CLIENT_ID: identityClientId
+  // Settle's tables (common/settings.py): endpoint + identity, never a connection string.
+  SETTLE_TABLES__tableServiceUri: tableEndpoint
+  SETTLE_TABLES__clientId: identityClientId
+  SETTLE_TABLE_PREFIX: tablePrefix
+  // Service Bus: the trigger's connection="ServiceBusConnection" and the settlement sender.
+  // __credential and __clientId are needed for the scale controller to wake the app from zero.
+  ServiceBusConnection__fullyQualifiedNamespace: serviceBusFullyQualifiedNamespace
+  ServiceBusConnection__credential: 'managedidentity'
+  ServiceBusConnection__clientId: identityClientId
+  RESOLVER_TOPIC: resolverTopicName
+  RESOLVER_SUBSCRIPTION: resolverSubscriptionName
+  // Settlement sends control messages to Service Bus (loopback is a local-development shortcut).
+  SETTLE_LOOPBACK: 'false'
+  STATE_CATCHUP_SCHEDULE: stateCatchupSchedule
+  HANDOFF_SWEEPER_ENABLED: handoffSweeperEnabled ? 'true' : 'false'
+  HANDOFF_SWEEPER_SCHEDULE: handoffSweeperSchedule
+}
+
+resource plan 'Microsoft.Web/serverfarms@2024-04-01' = {
+  name: planName
+  location: location
+  tags: tags
+  kind: 'functionapp'
+  sku: {
+    tier: 'FlexConsumption'
+    name: 'FC1'
+  }
+  properties: {
+    reserved: true
+    zoneRedundant: zoneRedundant
+  }
+}
+
+resource site 'Microsoft.Web/sites@2024-04-01' = {
+  name: name
+  location: location
+  tags: tags
+  kind: 'functionapp,linux'
+  identity: {
+    type: 'UserAssigned'
+    userAssignedIdentities: {
+      '${identityId}': {}
+    }
+  }
+  properties: {
+    serverFarmId: plan.id
+    httpsOnly: true
+    publicNetworkAccess: 'Enabled'
+    siteConfig: {
+      minTlsVersion: '1.2'
+      scmMinTlsVersion: '1.2'
+      http20Enabled: true
+      remoteDebuggingEnabled: false
+      appSettings: [
+        for setting in items(appSettings): {
+          name: setting.key
+          value: setting.value
+        }
+      ]
+    }
+    functionAppConfig: {
+      deployment: {
+        storage: {
+          type: 'blobContainer'
+          value: '${hostBlobEndpoint}${deploymentContainerName}'
+          authentication: {
+            type: 'UserAssignedIdentity'
+            userAssignedIdentityResourceId: identityId
+          }
+        }
+      }
+      scaleAndConcurrency: {
+        maximumInstanceCount: maximumInstanceCount
+        instanceMemoryMB: instanceMemoryMB
+      }
+      // Must equal the Python CI runs (pyproject requires-python); tests/infra asserts it.
+      runtime: {
+        name: 'python'
+        version: '3.11'
+      }
+    }
+  }
+}
+
+// FTP and basic-auth (SCM) publishing off: deployments authenticate with Entra ID only.
+resource ftpPublishing 'Microsoft.Web/sites/basicPublishingCredentialsPolicies@2024-04-01' = {
+  parent: site
+  name: 'ftp'
+  properties: {
+    allow: false
+  }
+}
+
+resource scmPublishing 'Microsoft.Web/sites/basicPublishingCredentialsPolicies@2024-04-01' = {
+  parent: site
+  name: 'scm'
+  properties: {
+    allow: false
+  }
+}
+
+output name string = site.name
+output defaultHostName string = site.properties.defaultHostName

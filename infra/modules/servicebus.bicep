@@ -1,0 +1,241 @@
+// Service Bus namespace with local (SAS) auth disabled, and the NimBus-compatible topology Settle needs
+// (docs: shared/reference/nimbus-contract.md §1.1, NimBus TopologyDescriptor):
+//
+//   Resolver topic
+//     └─ Resolver subscription (sessions ON, $Default true filter) ........ the resolver trigger reads here
+//   {ep} topic, for each endpoint in `endpoints`
+//     ├─ {ep} subscription (sessions ON) ................................... the NimBus endpoint's handler
+//     │    rules: to-{ep}, continuation (+ action), retry (+ action)
+//     └─ Resolver subscription (sessions OFF, forwardTo Resolver topic) .... fan-out to the resolver
+//          rules: from-{ep} (responses, action stamps From), to-{ep} (requests and control messages)
+//
+// Responses (To='Resolver') and Manager/hand-off control messages (To='{ep}', From='Manager'), which
+// Settle's settlement sends to the endpoint topic, therefore both reach the Resolver subscription.
+//
+// Left out on purpose (they never carry traffic to the resolver, and NimBus's own provisioning creates
+// them for an endpoint that uses the feature): `{ep}-reply` (request/reply), `Deferred` and
+// `DeferredProcessor` (session deferral), and the per-event-type producer->consumer forwarding
+// subscriptions, which depend on NimBus's event catalogue.
+//
+// Rules: a subscription created through ARM gets a `$Default` rule with a true filter, which would let
+// every message through next to the named rules. Where the contract has named rules, `$Default` is
+// redeclared with a filter that never matches (1=0), the ARM equivalent of NimBus deleting it.
+
+@description('Name of the Service Bus namespace.')
+param name string
+
+@description('Azure region.')
+param location string
+
+@description('Tags applied to the namespace.')
+param tags object = {}
+
+@description('NimBus endpoint ids whose endpoint topics (and fan-out to the resolver) are created here.')
+param endpoints array
+
+@description('Name of the resolver topic and of its session-enabled subscription (NimBus ResolverId).')
+param resolverName string = 'Resolver'
+
+@description('Peek-lock duration of every subscription (NimBus: 30 seconds; the host renews locks).')
+param lockDuration string = 'PT30S'
+
+@description('Deliveries before a message is dead-lettered (NimBus: 10).')
+@minValue(1)
+@maxValue(2000)
+param maxDeliveryCount int = 10
+
+resource namespace 'Microsoft.ServiceBus/namespaces@2022-10-01-preview' = {
+  name: name
+  location: location
+  tags: tags
+  sku: {
+    // Topics and subscriptions need Standard or Premium.
+    name: 'Standard'
+    tier: 'Standard'
+  }
+  properties: {
+    disableLocalAuth: true
+    minimumTlsVersion: '1.2'
+    publicNetworkAccess: 'Enabled'
+  }
+}
+
+// No duplicate detection on the Resolver topic: a rescheduled copy keeps its MessageId (contract §2.1).
+resource resolverTopic 'Microsoft.ServiceBus/namespaces/topics@2022-10-01-preview' = {
+  parent: namespace
+  name: resolverName
+  properties: {
+    enableBatchedOperations: true
+    requiresDuplicateDetection: false
+  }
+}
+
+// Keeps its $Default true filter: everything forwarded to the Resolver topic is projected.
+resource resolverSubscription 'Microsoft.ServiceBus/namespaces/topics/subscriptions@2022-10-01-preview' = {
+  parent: resolverTopic
+  name: resolverName
+  properties: {
+    requiresSession: true
+    lockDuration: lockDuration
+    maxDeliveryCount: maxDeliveryCount
+    deadLetteringOnMessageExpiration: true
+    enableBatchedOperations: true
+  }
+}
+
+resource endpointTopics 'Microsoft.ServiceBus/namespaces/topics@2022-10-01-preview' = [
+  for ep in endpoints: {
+    parent: namespace
+    name: ep
+    properties: {
+      enableBatchedOperations: true
+    }
+  }
+]
+
+// The endpoint's own subscription (read by the NimBus subscriber, not by Settle).
+resource endpointSubscriptions 'Microsoft.ServiceBus/namespaces/topics/subscriptions@2022-10-01-preview' = [
+  for (ep, i) in endpoints: {
+    parent: endpointTopics[i]
+    name: ep
+    properties: {
+      requiresSession: true
+      lockDuration: lockDuration
+      maxDeliveryCount: maxDeliveryCount
+      deadLetteringOnMessageExpiration: true
+      enableBatchedOperations: true
+    }
+  }
+]
+
+resource endpointDefaultRules 'Microsoft.ServiceBus/namespaces/topics/subscriptions/rules@2022-10-01-preview' = [
+  for (ep, i) in endpoints: {
+    parent: endpointSubscriptions[i]
+    name: '$Default'
+    properties: {
+      filterType: 'SqlFilter'
+      sqlFilter: {
+        sqlExpression: '1=0'
+      }
+    }
+  }
+]
+
+resource endpointToRules 'Microsoft.ServiceBus/namespaces/topics/subscriptions/rules@2022-10-01-preview' = [
+  for (ep, i) in endpoints: {
+    parent: endpointSubscriptions[i]
+    name: 'to-${ep}'
+    properties: {
+      filterType: 'SqlFilter'
+      sqlFilter: {
+        sqlExpression: 'user.To = \'${ep}\''
+      }
+    }
+  }
+]
+
+resource endpointContinuationRules 'Microsoft.ServiceBus/namespaces/topics/subscriptions/rules@2022-10-01-preview' = [
+  for (ep, i) in endpoints: {
+    parent: endpointSubscriptions[i]
+    name: 'continuation'
+    properties: {
+      filterType: 'SqlFilter'
+      sqlFilter: {
+        sqlExpression: 'user.To = \'Continuation\''
+      }
+      action: {
+        sqlExpression: 'SET user.To = \'${ep}\'; SET user.From = \'Continuation\';'
+      }
+    }
+  }
+]
+
+resource endpointRetryRules 'Microsoft.ServiceBus/namespaces/topics/subscriptions/rules@2022-10-01-preview' = [
+  for (ep, i) in endpoints: {
+    parent: endpointSubscriptions[i]
+    name: 'retry'
+    properties: {
+      filterType: 'SqlFilter'
+      sqlFilter: {
+        sqlExpression: 'user.To = \'Retry\''
+      }
+      action: {
+        sqlExpression: 'SET user.To = \'${ep}\'; SET user.From = \'Retry\';'
+      }
+    }
+  }
+]
+
+// The fan-out copy to the resolver. Sessions stay off here (forwarding keeps SessionId, and the Resolver
+// subscription is the one that is session-enabled).
+resource fanoutSubscriptions 'Microsoft.ServiceBus/namespaces/topics/subscriptions@2022-10-01-preview' = [
+  for (ep, i) in endpoints: {
+    parent: endpointTopics[i]
+    name: resolverName
+    properties: {
+      requiresSession: false
+      forwardTo: resolverName
+      lockDuration: lockDuration
+      maxDeliveryCount: maxDeliveryCount
+      deadLetteringOnMessageExpiration: true
+      enableBatchedOperations: true
+    }
+    dependsOn: [
+      resolverTopic
+    ]
+  }
+]
+
+resource fanoutDefaultRules 'Microsoft.ServiceBus/namespaces/topics/subscriptions/rules@2022-10-01-preview' = [
+  for (ep, i) in endpoints: {
+    parent: fanoutSubscriptions[i]
+    name: '$Default'
+    properties: {
+      filterType: 'SqlFilter'
+      sqlFilter: {
+        sqlExpression: '1=0'
+      }
+    }
+  }
+]
+
+// Responses: the subscriber sends them to its own topic with To='Resolver'; the action stamps From.
+resource fanoutFromRules 'Microsoft.ServiceBus/namespaces/topics/subscriptions/rules@2022-10-01-preview' = [
+  for (ep, i) in endpoints: {
+    parent: fanoutSubscriptions[i]
+    name: 'from-${ep}'
+    properties: {
+      filterType: 'SqlFilter'
+      sqlFilter: {
+        sqlExpression: 'user.To = \'${resolverName}\''
+      }
+      action: {
+        sqlExpression: 'SET user.From = \'${ep}\''
+      }
+    }
+  }
+]
+
+// Requests and control messages addressed to the endpoint (EventRequest, HandoffCompletedRequest, ...).
+resource fanoutToRules 'Microsoft.ServiceBus/namespaces/topics/subscriptions/rules@2022-10-01-preview' = [
+  for (ep, i) in endpoints: {
+    parent: fanoutSubscriptions[i]
+    name: 'to-${ep}'
+    properties: {
+      filterType: 'SqlFilter'
+      sqlFilter: {
+        sqlExpression: 'user.To = \'${ep}\''
+      }
+    }
+  }
+]
+
+output namespaceName string = namespace.name
+
+@description('Host name of the namespace (<name>.servicebus.windows.net in the public cloud).')
+// serviceBusEndpoint is https://<host>:443/ ; the setting wants the bare host (an Endpoint= form breaks it).
+output fullyQualifiedNamespace string = split(split(namespace.properties.serviceBusEndpoint, '/')[2], ':')[0]
+
+output resolverTopicName string = resolverTopic.name
+output resolverSubscriptionName string = resolverSubscription.name
+output endpointTopicNames array = [for (ep, i) in endpoints: endpointTopics[i].name]
