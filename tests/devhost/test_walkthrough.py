@@ -41,7 +41,7 @@ class Step:
 def walkthrough_steps(markdown: str) -> list[Step]:
     """The bash blocks of the walkthrough, each with the answer block that follows it."""
     blocks = [(m.group(1), m.group(2)) for m in FENCE.finditer(markdown)]
-    steps = []
+    steps: list[Step] = []
     for index, (kind, text) in enumerate(blocks):
         if kind != "bash":
             continue
