@@ -1,0 +1,218 @@
+"""The HTTP contract of the state functions: request and response models (camelCase JSON)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, JsonValue, model_validator
+
+from common.models import ApiModel, RequestModel
+from state.model import RecordKey, Scope
+
+Int32 = Annotated[int, Field(ge=0, le=2**31 - 1)]
+MAX_LOCK_SECONDS = 7 * 24 * 3600
+DEFAULT_LOCK_SECONDS = 1800
+MAX_PAGE_SIZE = 1000
+DEFAULT_PAGE_SIZE = 100
+MAX_TEXT = 32_000  # substatus/error text: well inside one 64 KB Table property
+
+
+class KeyIn(RequestModel):
+    """A record's key and the context the seeds' StateHandlerContext carries."""
+
+    tenant_id: Int32
+    scope_id: Annotated[int, Field(ge=1, le=7)] | None = None
+    scope: str | None = Field(default=None, description="Scope by name (App ... ElementExecution).")
+    entity_id: Int32
+    entity_execution_id: Int32 | None = Field(
+        default=None, description="Required for scopes 5-7 (part of the key); recorded otherwise."
+    )
+    source_app_id: Int32 | None = None
+    item_key: Annotated[str, Field(min_length=1)]
+    item_entity_key: Annotated[str, Field(min_length=1)]
+    sub_item_key: str = ""
+    sub_item_entity_key: str = ""
+
+    @model_validator(mode="after")
+    def _scope_and_execution(self) -> KeyIn:
+        if self.scope is not None:
+            try:
+                named = Scope.from_code(self.scope)
+            except ValueError as exc:
+                raise ValueError(str(exc)) from exc
+            if self.scope_id is not None and self.scope_id != int(named):
+                raise ValueError(f"scopeId {self.scope_id} and scope {self.scope!r} disagree")
+            self.scope_id = int(named)
+        if self.scope_id is None:
+            raise ValueError("scopeId (1-7) or scope (its name) is required")
+        if Scope(self.scope_id).is_execution and self.entity_execution_id is None:
+            raise ValueError("entityExecutionId is required for execution scopes (5-7)")
+        return self
+
+    def record_key(self) -> RecordKey:
+        assert self.scope_id is not None
+        scope = Scope(self.scope_id)
+        return RecordKey(
+            tenant_id=self.tenant_id,
+            scope=scope,
+            entity_id=self.entity_id,
+            item_entity_key=self.item_entity_key,
+            item_key=self.item_key,
+            sub_item_entity_key=self.sub_item_entity_key,
+            sub_item_key=self.sub_item_key,
+            entity_execution_id=self.entity_execution_id if scope.is_execution else None,
+        )
+
+
+class HandlerOptions(RequestModel):
+    lock_seconds: Annotated[int, Field(ge=1, le=MAX_LOCK_SECONDS)] | None = Field(
+        default=None, description=f"Default lock length for this handler (default {DEFAULT_LOCK_SECONDS})."
+    )
+    retention_seconds: Annotated[int, Field(ge=1)] | None = Field(
+        default=None, description="Opt-in: finished records older than this become Expired."
+    )
+    retention_days: Annotated[int, Field(ge=1, le=36500)] | None = None
+
+    @property
+    def retention(self) -> int | None:
+        if self.retention_seconds is not None:
+            return self.retention_seconds
+        return self.retention_days * 86400 if self.retention_days is not None else None
+
+
+class HandlerIn(RequestModel):
+    """Which handler serves the call: ``built-in`` (Table Storage, the default) or ``null`` (no-op)."""
+
+    key: Literal["built-in", "null"] = "built-in"
+    options: HandlerOptions = Field(default_factory=HandlerOptions)
+
+
+class KeyRequest(RequestModel):
+    key: KeyIn
+    handler: HandlerIn = Field(default_factory=HandlerIn)
+
+
+class LockRequest(KeyRequest):
+    lock_seconds: Annotated[int, Field(ge=1, le=MAX_LOCK_SECONDS)] | None = None
+
+
+class ExtendRequest(KeyRequest):
+    lock_token: Annotated[str, Field(min_length=1, max_length=4096)]
+    lock_seconds: Annotated[int, Field(ge=1, le=MAX_LOCK_SECONDS)] | None = None
+
+
+class MetadataIn(RequestModel):
+    """Envelope metadata the caller knows; Settle fills the rest."""
+
+    node_type: str | None = None
+    element_key: str | None = None
+    execution_id: int | str | None = None
+    run_at: str | None = None
+    version: str | None = None
+
+
+class _Outcome(KeyRequest):
+    data: JsonValue = None
+    metadata: MetadataIn | None = None
+    substatus: Annotated[str, Field(max_length=MAX_TEXT)] | None = None
+    lock_token: Annotated[str, Field(min_length=1, max_length=4096)] | None = None
+
+
+class SetRequest(_Outcome):
+    status: str | int = Field(description="Processed, Skipped or Failed (name or code 1, 4, 3).")
+    error: Annotated[str, Field(max_length=MAX_TEXT)] | None = None
+
+
+class UpsertRequest(_Outcome):
+    pass
+
+
+class ReleaseRequest(KeyRequest):
+    error: Annotated[str, Field(max_length=MAX_TEXT)] = Field(description="Why processing failed.")
+    lock_token: Annotated[str, Field(min_length=1, max_length=4096)] | None = None
+
+
+class HistoryRequest(KeyRequest):
+    page_size: Annotated[int, Field(ge=1, le=MAX_PAGE_SIZE)] = DEFAULT_PAGE_SIZE
+    continuation_token: str | None = None
+
+
+class QueryRequest(RequestModel):
+    tenant_id: Int32
+    scope_id: Annotated[int, Field(ge=1, le=7)] | None = None
+    scope: str | None = None
+    entity_id: Int32 | None = None
+    entity_execution_id: Int32 | None = None
+    item_entity_key: Annotated[str, Field(min_length=1)] | None = None
+    status: str | int | None = None
+    updated_from: datetime | None = None
+    updated_to: datetime | None = None
+    page_size: Annotated[int, Field(ge=1, le=MAX_PAGE_SIZE)] = DEFAULT_PAGE_SIZE
+    continuation_token: str | None = None
+    handler: HandlerIn = Field(default_factory=HandlerIn)
+
+    @model_validator(mode="after")
+    def _scope(self) -> QueryRequest:
+        if self.scope is not None:
+            named = int(Scope.from_code(self.scope))
+            if self.scope_id is not None and self.scope_id != named:
+                raise ValueError(f"scopeId {self.scope_id} and scope {self.scope!r} disagree")
+            self.scope_id = named
+        return self
+
+
+# -- responses ---------------------------------------------------------------------------------------
+class ExistsResponse(ApiModel):
+    exists: bool
+    status: str = Field(description="Current status name (None when there is no record).")
+
+
+class LockResponse(ApiModel):
+    acquired: bool
+    lock_token: str | None = None
+    locked_until: datetime | None = None
+    reason: str | None = Field(default=None, description="Why the lock was refused.")
+    status: str = Field(description="The record's status after the call.")
+    takeover: bool = Field(default=False, description="True when an expired lock was taken over.")
+
+
+class ExtendResponse(ApiModel):
+    lock_token: str
+    locked_until: datetime
+
+
+class Record(ApiModel):
+    """A record (the current version) or one version of its history."""
+
+    tenant_id: int
+    scope_id: int
+    scope: str
+    entity_id: int
+    entity_execution_id: int | None = None
+    source_app_id: int | None = None
+    item_key: str
+    item_entity_key: str
+    sub_item_key: str
+    sub_item_entity_key: str
+    status: str
+    status_code: int
+    original_status: str | None = Field(
+        default=None, description="For a Superseded history row: the status it had when it was current."
+    )
+    substatus: str | None = None
+    error: str | None = None
+    note: str | None = None
+    data: Any = None
+    version: int
+    handler_key: str | None = None
+    locked_at: datetime | None = None
+    locked_until: datetime | None = None
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+    superseded_at: datetime | None = None
+
+
+class RecordPage(ApiModel):
+    items: list[Record]
+    continuation_token: str | None = None
