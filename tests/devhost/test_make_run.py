@@ -174,3 +174,57 @@ def test_core_tools_is_used_when_func_is_on_the_path(tmp_path: Path) -> None:
     assert "Azure Functions Core Tools" in log_path.read_text()
     assert code == 0
     assert not any(port_open(p) for p in ports.values())
+
+
+def test_make_run_from_a_fresh_clone_answers_health(tmp_path: Path) -> None:
+    # Given a fresh clone of the committed tree. Installing is `make install`'s job (CI runs it from a
+    # clean clone); here the clone borrows this checkout's virtualenv and Azurite through an install
+    # stamp of its own, so the test neither downloads nor touches the shared virtualenv.
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "--quiet", "--local", str(ROOT), str(clone)], check=True)
+    stamp = tmp_path / "installed.stamp"
+    stamp.touch()
+    assert not (clone / "local.settings.json").exists()
+    port = free_port()
+    ports = {s: free_port() for s in SERVICES}
+    env = {
+        k: v for k, v in os.environ.items() if k not in {"SETTLE_TABLES", "SETTLE_TABLE_PREFIX", "MAKEFLAGS"}
+    }
+    env.update(
+        PATH=f"{ROOT / 'node_modules' / '.bin'}{os.pathsep}{env['PATH']}",
+        SETTLE_RUN_PORT=str(port),
+        SETTLE_RUN_AZURITE_PORTS=azurite_args(ports),
+        SETTLE_RUN_HOST="dev",
+        PYTHONUNBUFFERED="1",
+    )
+    log_path = tmp_path / "make.log"
+
+    # When the README's command runs there (in its own process group, like a terminal)
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            ["make", "run", f"VENV={ROOT / '.venv'}", f"STAMP={stamp}"],
+            cwd=clone,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        elapsed = wait_for_health(process, port, log_path)
+    finally:
+        os.killpg(process.pid, signal.SIGINT)  # Ctrl-C reaches the whole foreground group
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            raise
+
+    # Then health answered within the bound, settings were written, and Ctrl-C left nothing running
+    assert elapsed < HEALTH_DEADLINE_SECONDS
+    assert (clone / "local.settings.json").exists()
+    assert (clone / ".azurite").is_dir()
+    output = log_path.read_text()
+    assert "pip install" not in output and "npm ci" not in output  # the stamp was honoured
+    assert "Azurite stopped" in output
+    assert not port_open(port)
+    assert not any(port_open(p) for p in ports.values())
