@@ -55,6 +55,7 @@ class Tables:
                 self._service = TableServiceClient(
                     endpoint=self.settings.service_uri, credential=credential, **kwargs
                 )
+            _install_per_retry(self._service, per_retry)
         return self._service
 
     def table(self, name: str) -> TableClient:
@@ -80,3 +81,18 @@ class Tables:
             if self._service is not None:
                 self._service.close()
                 self._service = None
+
+
+def _install_per_retry(service: TableServiceClient, policies: list[Any]) -> None:
+    """Put ``policies`` right after the SDK's retry policy (so they run once per attempt).
+
+    azure-data-tables builds its own policy list and ignores ``per_retry_policies``; the table clients
+    that ``get_table_client`` hands out are built from ``service._policies``, so extend that list.
+    """
+    from azure.data.tables._policies import TablesRetryPolicy
+
+    installed: list[Any] = service._policies
+    if any(p is policies[0] for p in installed):
+        return
+    index = next((i for i, p in enumerate(installed) if isinstance(p, TablesRetryPolicy)), len(installed) - 1)
+    installed[index + 1 : index + 1] = policies
