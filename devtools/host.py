@@ -713,8 +713,7 @@ class DevHost:
 
             def _serve(self) -> None:
                 started = time.perf_counter()
-                length = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(length) if length else b""
+                body = self._body()
                 host_header = self.headers.get("Host") or f"{host}:{port}"
                 answer = devhost.handle(
                     self.command, self.path, dict(self.headers.items()), body, f"http://{host_header}"
@@ -736,6 +735,20 @@ class DevHost:
                     elapsed,
                     answer.function,
                 )
+
+            def _body(self) -> bytes:
+                if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
+                    chunks: list[bytes] = []
+                    while True:
+                        size = int(self.rfile.readline().split(b";", 1)[0].strip() or b"0", 16)
+                        if size == 0:
+                            while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                                pass  # trailers
+                            return b"".join(chunks)
+                        chunks.append(self.rfile.read(size))
+                        self.rfile.readline()  # the CRLF after each chunk
+                length = int(self.headers.get("Content-Length") or 0)
+                return self.rfile.read(length) if length else b""
 
             do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = do_HEAD = do_OPTIONS = _serve  # noqa: N815
 

@@ -197,3 +197,13 @@ def test_admin_endpoint_rejects_unknown_functions_and_fields(host: HostProcess) 
     bad = httpx.post(f"{host.base_url}/admin/functions/sample_bus", json={"sesionId": "x"}, headers=headers)
     assert bad.status_code == 400
     assert bad.json()["field"] == "sesionId"
+
+
+def test_a_chunked_body_is_read_whole(host: HostProcess) -> None:
+    def parts() -> Any:
+        yield b'{"part": '
+        yield b'"one and two"}'
+
+    response = httpx.post(f"{host.base_url}/api/v1/open/1", content=parts())
+    assert response.status_code == 200
+    assert response.json()["body"] == '{"part": "one and two"}'
