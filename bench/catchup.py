@@ -1,0 +1,196 @@
+"""Figure 4: catch-up cost against table size. Two tables (10,000 and 100,000 records in the real state
+layout, each with 100 expired Processing locks); the ``state_catchup`` timer runs on each, alternating,
+with 100 fresh expired locks before every run. Entities read are counted by an azure-core policy added to
+Settle's table clients (entities in every GET response), so the count does not rely on Settle's own word.
+
+Target: the same number of entities read at both sizes, and time(100k) ÷ time(10k) ≤ 1.5.
+
+Loading uses ``state.bench_support`` (the state package's bulk loader, 100-entity transactions in the real
+layout). Without it the benchmark falls back to the public HTTP functions at small sizes and says so.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from azure.core.pipeline.policies import SansIOHTTPPolicy
+
+from bench.harness import (
+    Environment,
+    Figure,
+    log,
+    median,
+    missing,
+    verdict_at_most,
+    verdict_equal,
+)
+from bench.workload import State, expect, new_key
+
+SECTION = "catch-up"
+TIME_TARGET = 1.5
+FALLBACK_SIZES = (200, 1_000)
+
+
+class EntityCounter(SansIOHTTPPolicy[Any, Any]):
+    """Counts entities in Table GET responses (a query's ``value`` list, or one entity) while enabled."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.enabled = False
+        self.entities = 0
+        self.requests = 0
+
+    def on_response(self, request: Any, response: Any) -> None:
+        if not self.enabled or request.http_request.method != "GET":
+            return
+        try:
+            payload = json.loads(response.http_response.text() or "null")
+        except ValueError:
+            return
+        found = 0
+        if isinstance(payload, dict):
+            value = payload.get("value")
+            if isinstance(value, list):
+                found = len(value)
+            elif "PartitionKey" in payload:
+                found = 1
+        with self._lock:
+            self.requests += 1
+            self.entities += found
+
+    def measure(self, call: Callable[[], Any]) -> tuple[int, float]:
+        """Run ``call``; return (entities read, seconds)."""
+        with self._lock:
+            self.entities = 0
+            self.requests = 0
+        self.enabled = True
+        start = time.perf_counter()
+        try:
+            call()
+        finally:
+            elapsed = time.perf_counter() - start
+            self.enabled = False
+        return self.entities, elapsed
+
+
+class Loader:
+    """Puts records into the current prefix's tables: bulk (``state.bench_support``) or via HTTP."""
+
+    def __init__(self, env: Environment) -> None:
+        self.env = env
+        self.state = State(env.app)
+        try:
+            self.support: Any = importlib.import_module("state.bench_support")
+        except ImportError:
+            self.support = None
+        self.bulk = self.support is not None and hasattr(self.support, "bulk_records")
+
+    def records(self, count: int, *, expired_locks: int) -> None:
+        if self.bulk:
+            self.support.bulk_records(count, expired_locks=expired_locks)
+            return
+        # Fallback: processed records through lock + set, expired locks through a 1-second lock.
+        for _ in range(count - expired_locks):
+            self.state.processed(new_key(prefix="cu"))
+        self.expired(expired_locks)
+
+    def expired(self, count: int) -> None:
+        if self.bulk:
+            self.support.bulk_records(count, expired_locks=count)
+            return
+        for _ in range(count):
+            key = new_key(prefix="cux")
+            answer = expect(
+                self.env.app.http("state_lock", {"key": key, "lockSeconds": 1}), 200, what="state_lock"
+            )
+            if not answer.json.get("acquired"):
+                raise RuntimeError(f"could not lock {key}")
+        time.sleep(2.2)  # let the 1-second locks expire (server clock has 1 s resolution)
+        flush = getattr(self.support, "flush_index", None)
+        if callable(flush):
+            flush()
+        else:
+            time.sleep(0.5)  # the expiry index is flushed in the background every 0.2 s
+
+
+def run(env: Environment) -> list[Figure]:
+    names = ("entities read, 100k / 10k", "time per run, 100k / 10k")
+    if not (env.app.has("state_catchup") and env.app.has("state_lock")):
+        return [missing(SECTION, n, "", "state_catchup or state_lock not registered") for n in names]
+    counter = EntityCounter()
+    probe = Loader(env)
+    sizes = env.sizes.catchup_sizes if probe.bulk else FALLBACK_SIZES
+    expired = env.sizes.catchup_expired
+    fallback_note = (
+        ""
+        if probe.bulk
+        else "state.bench_support.bulk_records is missing: loaded through HTTP at "
+        f"{sizes[0]:,} / {sizes[1]:,} records instead of the full sizes"
+    )
+    prefixes: list[str] = []
+    for size in sizes:
+        prefix = env.use_fresh_prefix(policies=[counter])
+        start = time.perf_counter()
+        Loader(env).records(size, expired_locks=expired)
+        log(f"catch-up: loaded {size:,} records in {time.perf_counter() - start:.1f} s")
+        prefixes.append(prefix)
+    timings: dict[int, list[float]] = {s: [] for s in sizes}
+    reads: dict[int, list[int]] = {s: [] for s in sizes}
+    for n in range(env.sizes.catchup_runs):
+        order = list(zip(sizes, prefixes, strict=True))
+        if n % 2:
+            order.reverse()
+        for size, prefix in order:
+            env.use_fresh_prefix(prefix=prefix, policies=[counter])
+            loader = Loader(env)
+            if n > 0:  # the first run finds the locks loaded with the table; later runs get fresh ones
+                loader.expired(expired)
+            entities, seconds = counter.measure(lambda: env.app.timer("state_catchup"))
+            timings[size].append(seconds)
+            reads[size].append(entities)
+    env.details["catchup"] = {
+        "sizes": list(sizes),
+        "expired_locks_per_run": expired,
+        "bulk_loader": probe.bulk,
+        "seconds": {str(s): v for s, v in timings.items()},
+        "entities_read": {str(s): v for s, v in reads.items()},
+    }
+    small, large = sizes
+    read_ratio = median(reads[large]) / median(reads[small]) if median(reads[small]) else None
+    time_ratio = median([b / a for a, b in zip(timings[small], timings[large], strict=True)])
+    label = f"{large // 1000}k / {small // 1000}k" if small >= 1000 else f"{large:,} / {small:,}"
+    return [
+        Figure(
+            section=SECTION,
+            name=f"entities read, {label}",
+            settle=median(reads[large]),
+            baseline=median(reads[small]),
+            ratio=read_ratio,
+            target="identical (1.00)",
+            verdict=verdict_equal(read_ratio, 1.0) if read_ratio is not None else "missing",
+            unit="entities",
+            note="; ".join(
+                x
+                for x in (
+                    f"{expired} expired locks per run; reads per run {reads[small]} vs {reads[large]}",
+                    fallback_note,
+                )
+                if x
+            ),
+        ),
+        Figure(
+            section=SECTION,
+            name=f"time per run, {label}",
+            settle=median(timings[large]),
+            baseline=median(timings[small]),
+            ratio=time_ratio,
+            target=f"<= {TIME_TARGET}x",
+            verdict=verdict_at_most(time_ratio, TIME_TARGET),
+            unit="s",
+        ),
+    ]

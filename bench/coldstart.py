@@ -1,0 +1,76 @@
+"""Figure 6: cold start. ``import function_app`` in a fresh interpreter ÷ importing the SDKs the app cannot
+avoid (``azure.functions``, ``azure.data.tables``, ``pydantic``), in fresh interpreters alternating one
+with the other; the median of each. Interpreter start-up itself is outside both timings.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from bench.harness import ROOT, Environment, Figure, median, verdict_at_most
+
+SECTION = "cold start"
+TARGET = 1.5
+HEAVY = ("azure.servicebus", "azure.identity", "azure.storage", "aiohttp", "cryptography")
+
+_PROBE = """
+import json, sys, time
+t = time.perf_counter()
+{imports}
+elapsed = time.perf_counter() - t
+heavy = [h for h in {heavy!r} if h in sys.modules]
+print(json.dumps({{"seconds": elapsed, "modules": len(sys.modules), "heavy": heavy}}))
+"""
+
+APP = "import function_app"
+SDKS = "import azure.functions, azure.data.tables, pydantic"
+
+
+def probe(imports: str) -> dict[str, object]:
+    """Run ``imports`` in a fresh interpreter (cwd = the repo) and return its timing."""
+    code = _PROBE.format(imports=imports, heavy=HEAVY)
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True, timeout=120
+    ).stdout
+    result: dict[str, object] = json.loads(out.strip().splitlines()[-1])
+    return result
+
+
+def run(env: Environment) -> list[Figure]:
+    app: list[float] = []
+    sdks: list[float] = []
+    last: dict[str, object] = {}
+    probe(APP)  # warm the file cache and bytecode for both sides alike
+    probe(SDKS)
+    for n in range(env.sizes.coldstart_processes):
+        # Alternate which side goes first, so neither always runs on a warmer machine.
+        order = (APP, SDKS) if n % 2 == 0 else (SDKS, APP)
+        for imports in order:
+            result = probe(imports)
+            seconds = result["seconds"]
+            assert isinstance(seconds, float)
+            (app if imports == APP else sdks).append(seconds)
+            if imports == APP:
+                last = result
+    value = median(app) / median(sdks)
+    env.details["coldstart"] = {"app_seconds": app, "sdk_seconds": sdks, "app_probe": last}
+    loaded = last.get("heavy")
+    heavy = [str(h) for h in loaded] if isinstance(loaded, list) else []
+    return [
+        Figure(
+            section=SECTION,
+            name="import function_app / import SDKs",
+            settle=median(app),
+            baseline=median(sdks),
+            ratio=value,
+            target=f"<= {TARGET}x",
+            verdict=verdict_at_most(value, TARGET),
+            unit="s",
+            note=(
+                f"{len(app)} fresh interpreters each; modules loaded by the app: {last.get('modules')}; "
+                f"heavy SDKs loaded at import: {', '.join(heavy) or 'none'}"
+            ),
+        )
+    ]

@@ -1,0 +1,171 @@
+"""Figure 2: latency of each state operation through its function entry point ÷ the raw Table operation it
+cannot beat, measured interleaved (call by call, rotating order) on the same Azurite.
+
+Pairs: ``get`` and ``exists`` ÷ one point read; ``lock`` on a new key ÷ one insert; a fenced ``set`` ÷ one
+2-entity transaction (update head + insert history row); ``lock/extend`` ÷ one conditional update.
+The raw rows carry the same fields and data as Settle's (``bench.workload.raw_entity``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from bench.harness import (
+    Environment,
+    Figure,
+    interleaved,
+    median,
+    missing,
+    verdict_at_most,
+)
+from bench.workload import State, Unexpected, expect, new_key, raw_entity, unique_row
+
+SECTION = "latency"
+TARGET = 1.3
+
+
+def _raw_ops(env: Environment) -> dict[str, Callable[[], Callable[[], Any]]]:
+    table = env.raw_table("lat")
+    partition = "p-bench"
+    table.create_entity(raw_entity(partition, "existing"))
+
+    def point_read() -> Callable[[], Any]:
+        return lambda: table.get_entity(partition, "existing")
+
+    def insert() -> Callable[[], Any]:
+        entity = raw_entity(partition, unique_row())
+        return lambda: table.create_entity(entity)
+
+    def transaction() -> Callable[[], Any]:
+        from azure.core import MatchConditions
+
+        head_key = unique_row()
+        head = raw_entity(partition, head_key)
+        meta = table.create_entity(head)
+        head["Status"] = "Processed"
+        history = raw_entity(partition, unique_row())
+        ops: list[Any] = [
+            (
+                "update",
+                head,
+                {"mode": "replace", "etag": meta["etag"], "match_condition": MatchConditions.IfNotModified},
+            ),
+            ("create", history),
+        ]
+        return lambda: table.submit_transaction(ops)
+
+    def conditional_update() -> Callable[[], Any]:
+        from azure.core import MatchConditions
+        from azure.data.tables import UpdateMode
+
+        entity = raw_entity(partition, unique_row())
+        meta = table.create_entity(entity)
+        return lambda: table.update_entity(
+            entity, mode=UpdateMode.MERGE, etag=meta["etag"], match_condition=MatchConditions.IfNotModified
+        )
+
+    return {
+        "point read": point_read,
+        "insert": insert,
+        "transaction": transaction,
+        "conditional update": conditional_update,
+    }
+
+
+def run(env: Environment) -> list[Figure]:
+    state = State(env.app)
+    raw = _raw_ops(env)
+    target = f"<= {TARGET}x"
+
+    def settled_key() -> dict[str, Any]:
+        key = new_key(prefix="lat")
+        state.processed(key)
+        return key
+
+    pairs: list[tuple[str, str, str, Callable[[], Callable[[], Any]]]] = []
+    if env.app.has("state_lock") and env.app.has("state_set"):
+        read_key = settled_key()
+        pairs.append(
+            ("get", "state_get", "point read", lambda: lambda: expect(state.get(read_key), 200, what="get"))
+        )
+        pairs.append(
+            (
+                "exists",
+                "state_exists",
+                "point read",
+                lambda: lambda: expect(state.exists(read_key), 200, what="exists"),
+            )
+        )
+
+    def lock_new() -> Callable[[], Any]:
+        key = new_key(prefix="lat")
+        return lambda: expect(state.lock(key), 200, what="lock")
+
+    def fenced_set() -> Callable[[], Any]:
+        key = new_key(prefix="lat")
+        token = state.acquire(key)
+        return lambda: expect(state.set(key, token), 200, 204, what="set")
+
+    def extend() -> Callable[[], Any]:
+        key = new_key(prefix="lat")
+        token = state.acquire(key)
+        return lambda: expect(state.extend(key, token), 200, 204, what="extend")
+
+    pairs += [
+        ("lock (new key)", "state_lock", "insert", lock_new),
+        ("set (fenced)", "state_set", "transaction", fenced_set),
+        ("lock/extend", "state_lock_extend", "conditional update", extend),
+    ]
+
+    figures: list[Figure] = []
+    ops: dict[str, Callable[[], Callable[[], Any]]] = {}
+    measured: list[tuple[str, str]] = []
+    for name, function, baseline, prepare in pairs:
+        if not env.app.has(function) or not env.app.has("state_lock"):
+            figures.append(missing(SECTION, f"{name} / raw {baseline}", target, f"{function} not registered"))
+            continue
+        ops[name] = prepare
+        ops[f"raw {baseline}"] = raw[baseline]
+        measured.append((name, baseline))
+    if not measured:
+        # Still time the raw operations, so the baselines are on record.
+        ops = {f"raw {b}": raw[b] for b in raw}
+    try:
+        # Warm-up round (connections, table creation) not recorded.
+        interleaved(ops, rounds=1, reps=2)
+        per_round = interleaved(ops, rounds=env.sizes.rounds, reps=env.sizes.latency_reps)
+    except Unexpected as exc:
+        return figures + [missing(SECTION, f"{n} / raw {b}", target, str(exc)) for n, b in measured]
+    env.details["latency_seconds_per_round"] = per_round
+    for name, baseline in measured:
+        # Ratio per round (both sides from the same round), then the median of the ratios.
+        ratios = [s / b for s, b in zip(per_round[name], per_round[f"raw {baseline}"], strict=True)]
+        value = median(ratios)
+        figures.append(
+            Figure(
+                section=SECTION,
+                name=f"{name} / raw {baseline}",
+                settle=median(per_round[name]),
+                baseline=median(per_round[f"raw {baseline}"]),
+                ratio=value,
+                target=target,
+                verdict=verdict_at_most(value, TARGET),
+                unit="s",
+            )
+        )
+    if not measured:
+        for baseline in raw:
+            figures.append(
+                Figure(
+                    section=SECTION,
+                    name=f"raw {baseline}",
+                    settle=None,
+                    baseline=median(per_round[f"raw {baseline}"]),
+                    ratio=None,
+                    target="(baseline only)",
+                    verdict="info",
+                    unit="s",
+                )
+            )
+    return figures
