@@ -293,7 +293,8 @@ class RouteTemplate:
                     else:
                         ranges.append((name, int(lo), int(hi)))
             regex += f"(?:/{pattern})?" if optional else f"/{pattern}"
-        return cls(template, re.compile(f"^{regex}/?$"), tuple(names), tuple(ranges))
+        # Literals match case-insensitively, as in ASP.NET routing; parameter values keep their case.
+        return cls(template, re.compile(f"^{regex}/?$", re.IGNORECASE), tuple(names), tuple(ranges))
 
     def match(self, path: str) -> dict[str, str] | None:
         """Route parameters (percent-decoded) when ``path`` matches, else ``None``."""

@@ -76,6 +76,7 @@ def test_setting_expressions_resolve_from_settings_and_a_missing_one_is_an_error
         ("v1/x/{name?}", "/api/v1/x", {}),
         ("v1/x", "/api/v1/x/", {}),
         ("v1/x", "/api/v1/xy", None),
+        ("v1/Handoffs/{id}", "/API/v1/handoffs/Abc", {"id": "Abc"}),  # literals ignore case; values keep it
     ],
 )
 def test_route_templates(template: str, path: str, expected: dict[str, str] | None) -> None:
