@@ -12,7 +12,7 @@ from datetime import datetime
 from enum import Enum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_pascal
 
 from handoff.contract import HANDOFF_SUB_STATUS, MessageType, PoisonMessage, ResolutionStatus
@@ -30,6 +30,20 @@ class TableRecord(BaseModel):
     model_config = ConfigDict(alias_generator=to_pascal, populate_by_name=True)
 
     etag: str | None = Field(default=None, exclude=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _enums_by_name(cls, data: Any) -> Any:
+        """Enums are stored by name (as NimBus does), so read them back by name."""
+        if isinstance(data, dict):
+            for name, info in cls.model_fields.items():
+                kind = info.annotation
+                key = info.alias or name
+                value = data.get(key)
+                if isinstance(kind, type) and issubclass(kind, Enum) and isinstance(value, str):
+                    if value in kind.__members__:
+                        data[key] = kind[value]
+        return data
 
     def to_entity(self, partition_key: str, row_key: str) -> dict[str, Any]:
         entity: dict[str, Any] = {"PartitionKey": partition_key, "RowKey": row_key}
