@@ -797,6 +797,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s [dev-host] %(message)s", stream=sys.stdout)
+    # host.json keeps Azure.Core at Warning; the SDKs' per-request INFO lines would drown ours.
+    logging.getLogger("azure").setLevel(logging.WARNING)
     print(BANNER, flush=True)
     applied = apply_settings(read_settings(args.settings))
     log.info("settings: %d values from %s (environment variables win)", len(applied), args.settings)

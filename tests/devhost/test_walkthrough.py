@@ -78,7 +78,7 @@ class Shell:
     def run(self, script: str, timeout: float = 60.0) -> tuple[int, str]:
         marker = f"__settle_walkthrough_{uuid.uuid4().hex}__"
         assert self.process.stdin is not None
-        self.process.stdin.write(f"{script}\necho; echo {marker} $?\n")
+        self.process.stdin.write(f"{script}\n__rc=$?; echo; echo {marker} $__rc\n")
         self.process.stdin.flush()
         output: list[str] = []
         while True:
