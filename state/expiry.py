@@ -112,7 +112,7 @@ class ExpiryIndex:
         if self._thread is None or not self._thread.is_alive():
             self._thread = threading.Thread(target=self._run, name="settle-expiry-index", daemon=True)
             self._thread.start()
-            atexit.register(self.flush)
+            atexit.register(self._flush_at_exit)
 
     def _run(self) -> None:
         while not self._closed:
@@ -185,6 +185,14 @@ class ExpiryIndex:
                 log.error("giving up on expiry index row %s after %d attempts", row.row_key, attempts)
                 (self._pending if insert else self._deletes).pop(row.ident, None)
                 self._attempts.pop(row.ident, None)
+
+    def _flush_at_exit(self) -> None:
+        if self._closed:
+            return
+        try:
+            self.flush()
+        except Exception as exc:  # storage may be gone at interpreter exit; catch-up copes
+            log.warning("expiry index rows not written at exit: %s", exc)
 
     def close(self) -> None:
         self._closed = True
