@@ -33,7 +33,6 @@ from bench.workload import State, expect, new_key
 
 SECTION = "catch-up"
 TIME_TARGET = 1.5
-FALLBACK_SIZES = (200, 1_000)
 
 
 class EntityCounter(SansIOHTTPPolicy[Any, Any]):
@@ -124,7 +123,7 @@ def run(env: Environment) -> list[Figure]:
         return [missing(SECTION, n, "", "state_catchup or state_lock not registered") for n in names]
     counter = EntityCounter()
     probe = Loader(env)
-    sizes = env.sizes.catchup_sizes if probe.bulk else FALLBACK_SIZES
+    sizes = env.sizes.catchup_sizes if probe.bulk else env.sizes.catchup_fallback_sizes
     expired = env.sizes.catchup_expired
     fallback_note = (
         ""

@@ -38,6 +38,27 @@ def probe(imports: str) -> dict[str, object]:
     return result
 
 
+def own_import_costs(top: int = 8) -> dict[str, float]:
+    """Self time (ms) of Settle's own modules when ``function_app`` is imported (``-X importtime``)."""
+    stderr = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", APP],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    ).stderr
+    own: dict[str, float] = {}
+    for line in stderr.splitlines():
+        parts = line.removeprefix("import time:").split("|")
+        if len(parts) != 3 or not parts[0].strip().isdigit():
+            continue
+        module = parts[2].strip()
+        if module.split(".")[0] in ("function_app", "common", "state", "handoff"):
+            own[module] = int(parts[0]) / 1000
+    return dict(sorted(own.items(), key=lambda kv: -kv[1])[:top])
+
+
 def run(env: Environment) -> list[Figure]:
     app: list[float] = []
     sdks: list[float] = []
@@ -55,7 +76,13 @@ def run(env: Environment) -> list[Figure]:
             if imports == APP:
                 last = result
     value = median(app) / median(sdks)
-    env.details["coldstart"] = {"app_seconds": app, "sdk_seconds": sdks, "app_probe": last}
+    own = own_import_costs()
+    env.details["coldstart"] = {
+        "app_seconds": app,
+        "sdk_seconds": sdks,
+        "app_probe": last,
+        "own_modules_self_ms": own,
+    }
     loaded = last.get("heavy")
     heavy = [str(h) for h in loaded] if isinstance(loaded, list) else []
     return [
@@ -70,7 +97,10 @@ def run(env: Environment) -> list[Figure]:
             unit="s",
             note=(
                 f"{len(app)} fresh interpreters each; modules loaded by the app: {last.get('modules')}; "
-                f"heavy SDKs loaded at import: {', '.join(heavy) or 'none'}"
+                f"heavy SDKs loaded at import: {', '.join(heavy) or 'none'}; Settle's own modules "
+                f"cost {sum(own.values()):.0f} ms self time (largest: "
+                + ", ".join(f"{m} {ms:.0f} ms" for m, ms in list(own.items())[:3])
+                + ")"
             ),
         )
     ]

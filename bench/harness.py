@@ -42,6 +42,7 @@ class Sizes:
     contention_ks: tuple[int, ...]
     contention_repeats: int
     catchup_sizes: tuple[int, int]
+    catchup_fallback_sizes: tuple[int, int]  # through HTTP, when the bulk loader is missing
     catchup_expired: int
     catchup_runs: int
     resolver_events: int  # four messages per event
@@ -56,6 +57,7 @@ class Sizes:
             contention_ks=(2, 8, 32),
             contention_repeats=5,
             catchup_sizes=(10_000, 100_000),
+            catchup_fallback_sizes=(1_000, 5_000),
             catchup_expired=100,
             catchup_runs=5,
             resolver_events=500,
@@ -71,6 +73,7 @@ class Sizes:
             contention_ks=(2, 8),
             contention_repeats=1,
             catchup_sizes=(200, 1_000),
+            catchup_fallback_sizes=(50, 250),
             catchup_expired=10,
             catchup_runs=2,
             resolver_events=10,
@@ -311,10 +314,16 @@ def environment(
             azurite.stop()
 
 
-def count_requests(call: Callable[[], Any]) -> tuple[int, Any]:
+REQUEST_LOG: dict[str, list[list[str]]] = {}
+"""HTTP methods of every counted call, by label (written to the JSON details, to explain a count)."""
+
+
+def count_requests(call: Callable[[], Any], label: str = "") -> tuple[int, Any]:
     """Run ``call`` and count the Table HTTP requests this thread sent meanwhile."""
     with ROUND_TRIPS.measure() as tally:
         result = call()
+    if label:
+        REQUEST_LOG.setdefault(label, []).append(list(tally.methods))
     return tally.requests, result
 
 
