@@ -86,8 +86,7 @@ class Shell:
             if line is None:
                 raise AssertionError("the shell exited:\n" + "".join(output))
             if line.startswith(marker):
-                text = "".join(output)
-                return int(line.split()[1]), text[:-1] if text.endswith("\n") else text
+                return int(line.split()[1]), "".join(output).rstrip("\n")
             output.append(line)
 
     def expand(self, text: str) -> str:
@@ -143,6 +142,16 @@ def test_subset_matching_is_strict_where_it_must_be() -> None:
     assert matches([{"s": "x"}], [{"s": "x", "t": 1}, {"s": "y"}])
     assert not matches([{"s": "x"}, {"s": "z"}], [{"s": "x"}, {"s": "y"}])
     assert not matches({"a": None}, {"a": "set"})
+
+
+def test_the_shell_reports_a_failing_command_and_keeps_variables() -> None:
+    shell = Shell()
+    try:
+        assert shell.run("A=1; false | cat") == (1, "")  # pipefail: the failing command's status
+        assert shell.run('echo "$A"') == (0, "1")
+        assert shell.expand('{"a": "$A", "b": "x\\"y"}\n') == '{"a": "1", "b": "x\\"y"}'
+    finally:
+        shell.close()
 
 
 @pytest.fixture(scope="module")
