@@ -82,7 +82,8 @@ def evaluate(report: Any, skips: list[Skip]) -> Verdict:
         verdict.passed += len(results.get("passed_checks", []))
         for check in results.get("failed_checks", []):
             verdict.failed += 1
-            label = f"{check['check_id']} {check['resource']} ({check.get('file_path', '?')}): {check['check_name']}"
+            where = check.get("file_path", "?")
+            label = f"{check['check_id']} {check['resource']} ({where}): {check['check_name']}"
             skip = next((s for s in skips if s.matches(check["check_id"], check["resource"])), None)
             if skip is None:
                 verdict.unaccepted.append(label)

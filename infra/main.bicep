@@ -51,26 +51,21 @@ param instanceMemoryMB int = 2048
 @description('Zone-redundant Flex plan (only where the region supports it).')
 param zoneRedundant bool = false
 
-@description('Grant the app Data Sender on the Resolver topic (only if the resolver re-sends scheduled copies to it).')
-param resolverSendsToResolverTopic bool = false
-
 @description('Optional object id of a developer (user) to grant table and Service Bus data access; empty for none.')
 param developerPrincipalId string = ''
 
 @description('Tags applied to every resource.')
 param tags object = {}
 
-// The tables Settle uses, as logical names; the code's Tables.table("<name>") maps each to
-// "{SETTLE_TABLE_PREFIX}<name>". This list must match the names in code (the code also creates a missing
-// table on first use, so a new name works before it is added here).
+// The tables Settle uses, as logical names: the code's Tables.table("<name>") maps each to
+// "{SETTLE_TABLE_PREFIX}<name>". This list must equal the *_TABLE constants in state/ and handoff/
+// (tests/infra/test_tables.py checks it); the code also creates a missing table on first use.
 var settleTables = [
   'state'
-  'statepartitions'
-  'events'
-  'messages'
-  'audits'
-  'claims'
-  'poison'
+  'statelocks'
+  'hoevents'
+  'hoendpoints'
+  'hopoison'
 ]
 
 var resolverName = 'Resolver'
@@ -135,7 +130,6 @@ module rbac 'modules/rbac.bicep' = {
     resolverTopicName: serviceBus.outputs.resolverTopicName
     resolverSubscriptionName: serviceBus.outputs.resolverSubscriptionName
     endpointTopicNames: serviceBus.outputs.endpointTopicNames
-    resolverSendsToResolverTopic: resolverSendsToResolverTopic
     applicationInsightsName: monitoring.outputs.applicationInsightsName
     developerPrincipalId: developerPrincipalId
   }

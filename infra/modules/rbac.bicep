@@ -10,6 +10,7 @@
 // |                                   |                                              | tables on first use (account scope)    |
 // | Azure Service Bus Data Receiver   | Resolver topic / Resolver subscription       | the resolver trigger                   |
 // | Azure Service Bus Data Sender     | each endpoint topic                          | settlement control messages            |
+// | Azure Service Bus Data Sender     | Resolver topic                               | the resolver's scheduled redelivery    |
 // | Monitoring Metrics Publisher      | Application Insights component               | Entra-authenticated telemetry          |
 
 @description('Object id of the app\'s user-assigned identity.')
@@ -32,9 +33,6 @@ param resolverSubscriptionName string
 
 @description('Endpoint topics that settlement sends control messages to.')
 param endpointTopicNames array
-
-@description('Grant Data Sender on the Resolver topic too (only if the resolver re-sends scheduled copies of a message to its own topic, NimBus-style throttling; contract §2.1).')
-param resolverSendsToResolverTopic bool = false
 
 @description('Name of the Application Insights component.')
 param applicationInsightsName string
@@ -127,7 +125,9 @@ resource endpointSenders 'Microsoft.Authorization/roleAssignments@2022-04-01' = 
   }
 ]
 
-resource resolverSender 'Microsoft.Authorization/roleAssignments@2022-04-01' = if (resolverSendsToResolverTopic) {
+// The resolver re-sends a scheduled copy of a message it could not store yet to its own topic (NimBus
+// ScheduleRedelivery, contract §2.1; handoff/transport.py), so it also sends to the Resolver topic.
+resource resolverSender 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
   scope: resolverTopic
   name: guid(resolverTopic.id, principalId, roles.serviceBusDataSender)
   properties: {

@@ -1,0 +1,138 @@
+"""Find every app setting the Python code reads, by reading its syntax tree (no import, no I/O).
+
+Reads: ``env("NAME")`` / ``env_flag("NAME")`` (common/settings.py), ``os.environ.get/[...]``,
+``os.getenv``; the name may be a literal, a module-level string constant, or an f-string of constants.
+Binding expressions: any string that is exactly ``%NAME%`` (``topic_name="%RESOLVER_TOPIC%"``).
+Binding connections: ``connection="Prefix"`` in a trigger/binding decorator (an app-setting prefix).
+A read whose name cannot be resolved statically is reported as unresolved, so nothing slips through.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.infra.bicep import REPO
+
+_BINDING = re.compile(r"^%([A-Za-z_][A-Za-z0-9_]*)%$")
+_READERS = {"env", "env_flag", "getenv"}
+
+
+@dataclass
+class Scan:
+    reads: dict[str, set[str]] = field(default_factory=dict)  # setting -> files
+    connections: dict[str, set[str]] = field(default_factory=dict)  # connection prefix -> files
+    unresolved: list[str] = field(default_factory=list)
+
+    def add(self, bucket: dict[str, set[str]], name: str, where: str) -> None:
+        bucket.setdefault(name, set()).add(where)
+
+
+def sources() -> list[Path]:
+    """function_app.py and every module of the app's packages."""
+    files = [REPO / "function_app.py"]
+    for package in ("common", "state", "handoff"):
+        files.extend(sorted((REPO / package).rglob("*.py")))
+    return [f for f in files if f.is_file()]
+
+
+def _constants(tree: ast.Module) -> dict[str, str]:
+    found: dict[str, str] = {}
+    for node in tree.body:
+        target: ast.expr | None = None
+        value: ast.expr | None = None
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, value = node.targets[0], node.value
+        elif isinstance(node, ast.AnnAssign):
+            target, value = node.target, node.value
+        if isinstance(target, ast.Name) and isinstance(value, ast.Constant) and isinstance(value.value, str):
+            found[target.id] = value.value
+    return found
+
+
+def _resolve(node: ast.expr, constants: dict[str, str]) -> str | None:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.Name):
+        return constants.get(node.id)
+    if isinstance(node, ast.JoinedStr):
+        parts: list[str] = []
+        for part in node.values:
+            if isinstance(part, ast.Constant) and isinstance(part.value, str):
+                parts.append(part.value)
+            elif isinstance(part, ast.FormattedValue) and not part.format_spec:
+                inner = _resolve(part.value, constants)
+                if inner is None:
+                    return None
+                parts.append(inner)
+            else:
+                return None
+        return "".join(parts)
+    return None
+
+
+def _is_environ(node: ast.expr) -> bool:
+    return isinstance(node, ast.Attribute) and node.attr == "environ"
+
+
+def _accessor_params(tree: ast.Module) -> set[int]:
+    """ids of the Name nodes that are an accessor's own parameter (inside ``def env(name, ...)``)."""
+    ids: set[int] = set()
+    for fn in ast.walk(tree):
+        if isinstance(fn, ast.FunctionDef) and fn.name in _READERS:
+            params = {a.arg for a in fn.args.args}
+            ids |= {id(n) for n in ast.walk(fn) if isinstance(n, ast.Name) and n.id in params}
+    return ids
+
+
+def scan_source(text: str, where: str, scan: Scan, shared: dict[str, str] | None = None) -> Scan:
+    """Add the settings read by one module's source ``text`` to ``scan``."""
+    tree = ast.parse(text)
+    constants = {**(shared or {}), **_constants(tree)}
+    # The accessors themselves (common/settings.py: env(name) reads os.environ.get(name)) pass a name through.
+    passthrough = _accessor_params(tree)
+
+    def read(arg: ast.expr, node: ast.expr) -> None:
+        resolved = _resolve(arg, constants)
+        if resolved is not None:
+            scan.add(scan.reads, resolved, where)
+        elif id(arg) not in passthrough:
+            scan.unresolved.append(f"{where}:{node.lineno} {ast.unparse(node)}")
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            match = _BINDING.match(node.value)
+            if match:
+                scan.add(scan.reads, match.group(1), where)
+        elif isinstance(node, ast.Call):
+            func = node.func
+            if node.args and (
+                (isinstance(func, ast.Name) and func.id in _READERS)
+                or (isinstance(func, ast.Attribute) and func.attr == "getenv")
+                or (isinstance(func, ast.Attribute) and func.attr == "get" and _is_environ(func.value))
+            ):
+                read(node.args[0], node)
+            for kw in node.keywords:
+                if kw.arg == "connection":
+                    conn = _resolve(kw.value, constants)
+                    if conn is None:
+                        scan.unresolved.append(f"{where}:{node.lineno} connection={ast.unparse(kw.value)}")
+                    else:
+                        scan.add(scan.connections, conn, where)
+        elif isinstance(node, ast.Subscript) and _is_environ(node.value):
+            read(node.slice, node)
+    return scan
+
+
+def scan_code() -> Scan:
+    """Scan every source of the app; constants of one module are also known to the others."""
+    texts = {path: path.read_text() for path in sources()}
+    shared: dict[str, str] = {}
+    for text in texts.values():
+        shared.update(_constants(ast.parse(text)))
+    scan = Scan()
+    for path, text in texts.items():
+        scan_source(text, path.relative_to(REPO).as_posix(), scan, shared)
+    return scan

@@ -1,0 +1,104 @@
+"""Every app setting the code reads is set by the Bicep (found by scanning the code, not from a list)."""
+
+from __future__ import annotations
+
+from tests.infra.bicep import load_infra
+from tests.infra.codescan import Scan, scan_code, scan_source
+
+# Settings the code reads that are deliberately NOT set in Azure, each with the reason.
+LOCAL_ONLY = {
+    "SETTLE_TABLES": "connection-string form for Azurite/local runs; Azure uses "
+    "SETTLE_TABLES__tableServiceUri + __clientId, and the data account has shared-key access disabled",
+    "ServiceBusConnection": "connection-string form for the emulator/local runs; Azure uses "
+    "ServiceBusConnection__fullyQualifiedNamespace + __credential + __clientId, and SAS is disabled",
+}
+# Settings the Functions host (not our code) needs in Azure.
+HOST_SETTINGS = {
+    "AzureWebJobsStorage__credential",
+    "AzureWebJobsStorage__clientId",
+    "AzureWebJobsStorage__blobServiceUri",
+    "APPLICATIONINSIGHTS_CONNECTION_STRING",
+    "APPLICATIONINSIGHTS_AUTHENTICATION_STRING",
+}
+
+
+def bicep_settings() -> set[str]:
+    settings = load_infra("modules/functionapp.bicep").variables["appSettings"]
+    assert isinstance(settings, dict)
+    return set(settings)
+
+
+def test_the_scan_finds_the_reads_we_know_of() -> None:
+    # Guards the scanner itself: each of these is read in a different way (env, f-string constant, %..%).
+    reads = scan_code().reads
+    for name in (
+        "SETTLE_TABLES__tableServiceUri",
+        "SETTLE_TABLE_PREFIX",
+        "ServiceBusConnection__fullyQualifiedNamespace",
+        "RESOLVER_TOPIC",
+        "RESOLVER_SUBSCRIPTION",
+        "HANDOFF_SWEEPER_SCHEDULE",
+        "HANDOFF_SWEEPER_ENABLED",
+        "SETTLE_LOOPBACK",
+    ):
+        assert name in reads, name
+
+
+def test_every_setting_the_code_reads_is_set_by_the_bicep() -> None:
+    scan = scan_code()
+    assert scan.unresolved == [], "setting names must be literals or module constants"
+    missing = {
+        name: sorted(files)
+        for name, files in scan.reads.items()
+        if name not in bicep_settings() and name not in LOCAL_ONLY
+    }
+    assert missing == {}
+
+
+def test_every_binding_connection_has_its_identity_settings() -> None:
+    scan = scan_code()
+    assert "ServiceBusConnection" in scan.connections
+    for prefix in scan.connections:
+        for suffix in ("__fullyQualifiedNamespace", "__credential", "__clientId"):
+            assert f"{prefix}{suffix}" in bicep_settings(), f"{prefix}{suffix}"
+
+
+def test_local_only_settings_are_not_set_in_azure() -> None:
+    assert set(LOCAL_ONLY) & bicep_settings() == set()
+
+
+def test_the_host_settings_and_the_sdk_identity_are_set() -> None:
+    assert HOST_SETTINGS | {"AZURE_CLIENT_ID"} <= bicep_settings()
+
+
+def test_a_new_setting_in_code_would_be_found() -> None:
+    # Given a module that reads settings in every supported way
+    source = (
+        "import os\n"
+        "PREFIX = 'NEW_CONN'\n"
+        "a = env('NEW_PLAIN')\n"
+        'b = env_flag("NEW_FLAG")\n'
+        "c = os.environ.get('NEW_ENVIRON')\n"
+        "d = os.environ['NEW_SUBSCRIPT']\n"
+        "e = env(f'{PREFIX}__clientId')\n"
+        "@bp.timer_trigger(arg_name='t', schedule='%NEW_SCHEDULE%')\n"
+        "@bp.service_bus_queue_trigger(arg_name='m', queue_name='q', connection=PREFIX)\n"
+        "def f(t): ...\n"
+        "g = env(compute_name())\n"
+        "when = now.strftime('%Y%m%dT%H%M%S%fZ')\n"
+    )
+    # When it is scanned
+    scan = scan_source(source, "new.py", Scan())
+    # Then every read is found, the dynamic one is reported, and strftime is not taken for a setting
+    assert set(scan.reads) == {
+        "NEW_PLAIN",
+        "NEW_FLAG",
+        "NEW_ENVIRON",
+        "NEW_SUBSCRIPT",
+        "NEW_CONN__clientId",
+        "NEW_SCHEDULE",
+    }
+    assert set(scan.connections) == {"NEW_CONN"}
+    assert len(scan.unresolved) == 1 and "compute_name" in scan.unresolved[0]
+    # and none of them is in the Bicep, so the main test would fail for such a module
+    assert set(scan.reads) & bicep_settings() == set()

@@ -1,0 +1,386 @@
+"""Policy tests on the parsed templates: what the issue and shared/reference/azure-practice.md require.
+
+No Bicep compiler exists here, so these read the templates through tests/infra/bicep.py and assert the
+properties that matter (shared key off, local auth off, TLS 1.2, https only, FTP/basic publishing off,
+Python version, Flex settings, role assignments), plus the cross-file checks a compiler would make
+(module parameters, parameter file).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tomllib
+from typing import Any
+
+import pytest
+
+from tests.infra.bicep import REPO, Expr, Interp, Loop, bicep_files, load_infra, walk_values
+
+ROLE_IDS = {
+    "b7e6dc6d-f1e8-4753-8033-0f276bb0955b": "Storage Blob Data Owner",
+    "0a9a7e1f-b9d0-4cc4-a60d-0319b160aaa3": "Storage Table Data Contributor",
+    "4f6d3b9b-027b-4f4c-9142-0e5a2a2247e0": "Azure Service Bus Data Receiver",
+    "69a216fc-b8fb-44d8-bc22-1f3c2552ae39": "Azure Service Bus Data Sender",
+    "3913510d-42f4-4e42-8a64-420c390055eb": "Monitoring Metrics Publisher",
+}
+BROAD_ROLES = {
+    "8e3af657-a8ff-443c-a75c-2fe8c4bcb635": "Owner",
+    "b24988ac-6180-42a0-ab88-20f7382dd24c": "Contributor",
+    "090c5cfd-751d-490a-894a-3ce6f1109419": "Azure Service Bus Data Owner",
+    "ba92f5b4-2d11-453d-a403-e96b0029c9fe": "Storage Blob Data Contributor",
+    "17d1049b-9a84-46fb-8f53-869881c3d3ab": "Storage Account Contributor",
+}
+
+# App settings Flex Consumption rejects or ignores (its runtime, scale and package live in
+# functionAppConfig); FUNCTIONS_EXTENSION_VERSION is deliberately not set either (ADR 0010).
+FLEX_DEPRECATED_SETTINGS = {
+    "FUNCTIONS_WORKER_RUNTIME",
+    "FUNCTIONS_WORKER_RUNTIME_VERSION",
+    "FUNCTIONS_EXTENSION_VERSION",
+    "FUNCTIONS_MAX_HTTP_CONCURRENCY",
+    "FUNCTIONS_WORKER_PROCESS_COUNT",
+    "FUNCTIONS_WORKER_DYNAMIC_CONCURRENCY_ENABLED",
+    "WEBSITE_RUN_FROM_PACKAGE",
+    "SCM_DO_BUILD_DURING_DEPLOYMENT",
+    "ENABLE_ORYX_BUILD",
+    "WEBSITE_TIME_ZONE",
+    "TZ",
+    "WEBSITE_NODE_DEFAULT_VERSION",
+    "WEBSITE_MAX_DYNAMIC_APPLICATION_SCALE_OUT",
+    "WEBSITE_VNET_ROUTE_ALL",
+    "WEBSITE_DNS_SERVER",
+    "WEBSITE_SKIP_CONTENTSHARE_VALIDATION",
+    "AzureWebJobsStorage",  # the connection-string form
+}
+FLEX_DEPRECATED_PREFIXES = ("WEBSITE_CONTENT",)
+FLEX_DEPRECATED_SITE_CONFIG = {
+    "alwaysOn",
+    "ftpsState",
+    "linuxFxVersion",
+    "windowsFxVersion",
+    "netFrameworkVersion",
+    "javaVersion",
+    "powerShellVersion",
+    "use32BitWorkerProcess",
+    "functionAppScaleLimit",
+    "preWarmedInstanceCount",
+}
+SECRET_MARKERS = (
+    "accountkey",
+    "sharedaccesskey",
+    "listkeys(",
+    "listconnectionstrings",
+    "defaultendpointsprotocol",
+    "endpoint=sb:",
+    "primarykey",
+    "secondarykey",
+    "instrumentationkey=",
+    "password",
+    "secret",
+)
+
+
+def ci_python() -> str:
+    """The Python minor version CI runs, from pyproject's requires-python (e.g. '>=3.11,<3.12')."""
+    spec = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["requires-python"]
+    match = re.search(r">=\s*(\d+)\.(\d+)", spec)
+    assert match, spec
+    return f"{match.group(1)}.{match.group(2)}"
+
+
+def text_of(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (Expr, Interp)):
+        return value.text
+    return json.dumps(value, default=str)
+
+
+def app_settings() -> dict[str, Any]:
+    settings = load_infra("modules/functionapp.bicep").variables["appSettings"]
+    assert isinstance(settings, dict)
+    return settings
+
+
+# ---- storage ---------------------------------------------------------------------------------------
+
+
+def test_every_storage_account_is_entra_only_tls12_and_https_only() -> None:
+    accounts = load_infra("modules/storage.bicep").of_type("Microsoft.Storage/storageAccounts")
+    assert {a.symbol for a in accounts} == {"hostStorage", "dataStorage"}
+    for account in accounts:
+        props = account.body["properties"]
+        assert props["allowSharedKeyAccess"] is False, account.symbol
+        assert props["allowBlobPublicAccess"] is False, account.symbol
+        assert props["minimumTlsVersion"] == "TLS1_2", account.symbol
+        assert props["supportsHttpsTrafficOnly"] is True, account.symbol
+        assert props["defaultToOAuthAuthentication"] is True, account.symbol
+
+
+def test_deployment_container_is_private_and_tables_are_created_on_the_data_account() -> None:
+    storage = load_infra("modules/storage.bicep")
+    container = storage.resource("deploymentContainer")
+    assert container.body["properties"]["publicAccess"] == "None"
+    tables = storage.resource("tables")
+    assert tables.loop is not None and tables.loop.iterable.text == "tableNames"
+    assert tables.body["parent"].text == "dataTableService"
+    assert storage.resource("dataTableService").body["parent"].text == "dataStorage"
+
+
+# ---- Service Bus -----------------------------------------------------------------------------------
+
+
+def test_service_bus_namespace_has_local_auth_disabled_and_tls12() -> None:
+    namespace = load_infra("modules/servicebus.bicep").resource("namespace")
+    assert namespace.body["properties"]["disableLocalAuth"] is True
+    assert namespace.body["properties"]["minimumTlsVersion"] == "1.2"
+    assert namespace.body["sku"]["name"] in ("Standard", "Premium")  # topics need Standard or Premium
+
+
+def test_no_sas_rule_and_no_key_lookup_anywhere_in_infra() -> None:
+    for path in bicep_files():
+        text = path.read_text().lower()
+        assert "authorizationrules" not in text, path.name
+        for marker in ("listkeys(", "listconnectionstrings(", "sharedaccesskey", "accountkey"):
+            assert marker not in text, f"{path.name}: {marker}"
+
+
+# ---- monitoring ------------------------------------------------------------------------------------
+
+
+def test_log_analytics_and_application_insights_have_local_auth_disabled() -> None:
+    monitoring = load_infra("modules/monitoring.bicep")
+    assert monitoring.resource("appInsights").body["properties"]["DisableLocalAuth"] is True
+    assert monitoring.resource("appInsights").body["properties"]["WorkspaceResourceId"].text == "workspace.id"
+    assert monitoring.resource("workspace").body["properties"]["features"]["disableLocalAuth"] is True
+
+
+# ---- function app ----------------------------------------------------------------------------------
+
+
+def test_plan_is_flex_consumption_linux() -> None:
+    plan = load_infra("modules/functionapp.bicep").resource("plan")
+    assert plan.body["sku"] == {"tier": "FlexConsumption", "name": "FC1"}
+    assert plan.body["properties"]["reserved"] is True
+
+
+def test_site_is_https_only_tls12_with_user_assigned_identity() -> None:
+    site = load_infra("modules/functionapp.bicep").resource("site")
+    assert site.body["kind"] == "functionapp,linux"
+    assert site.body["identity"]["type"] == "UserAssigned"
+    props = site.body["properties"]
+    assert props["httpsOnly"] is True
+    assert props["siteConfig"]["minTlsVersion"] == "1.2"
+    assert props["siteConfig"]["scmMinTlsVersion"] == "1.2"
+    assert props["siteConfig"]["remoteDebuggingEnabled"] is False
+
+
+def test_ftp_and_basic_auth_publishing_are_off() -> None:
+    app = load_infra("modules/functionapp.bicep")
+    policies = app.of_type("Microsoft.Web/sites/basicPublishingCredentialsPolicies")
+    assert {p.body["name"]: p.body["properties"]["allow"] for p in policies} == {"ftp": False, "scm": False}
+    assert all(p.body["parent"].text == "site" for p in policies)
+
+
+def test_runtime_is_python_at_the_version_ci_runs() -> None:
+    config = load_infra("modules/functionapp.bicep").resource("site").body["properties"]["functionAppConfig"]
+    assert config["runtime"] == {"name": "python", "version": ci_python()}
+    assert ci_python() == "3.11"  # SPEC: Python 3.11 is what CI and Flex Consumption both run
+
+
+def test_deployment_package_uses_the_user_assigned_identity() -> None:
+    config = load_infra("modules/functionapp.bicep").resource("site").body["properties"]["functionAppConfig"]
+    storage = config["deployment"]["storage"]
+    assert storage["type"] == "blobContainer"
+    assert storage["authentication"]["type"] == "UserAssignedIdentity"
+    assert storage["authentication"]["userAssignedIdentityResourceId"].text == "identityId"
+    assert set(config["scaleAndConcurrency"]) == {"maximumInstanceCount", "instanceMemoryMB"}
+
+
+def test_no_siteconfig_property_flex_rejects() -> None:
+    site_config = load_infra("modules/functionapp.bicep").resource("site").body["properties"]["siteConfig"]
+    assert set(site_config) & FLEX_DEPRECATED_SITE_CONFIG == set()
+
+
+def test_app_settings_are_all_of_the_site_and_come_from_one_object() -> None:
+    site_config = load_infra("modules/functionapp.bicep").resource("site").body["properties"]["siteConfig"]
+    loop = site_config["appSettings"]
+    assert isinstance(loop, Loop) and loop.iterable.text == "items(appSettings)"
+    assert {k: v.text for k, v in loop.body.items()} == {"name": "setting.key", "value": "setting.value"}
+    # No second place sets app settings (a sites/config 'appsettings' resource would replace them).
+    for path in bicep_files():
+        assert "'Microsoft.Web/sites/config" not in path.read_text(), path.name
+
+
+def test_no_flex_deprecated_app_setting() -> None:
+    names = set(app_settings())
+    assert names & FLEX_DEPRECATED_SETTINGS == set()
+    assert [n for n in names if n.startswith(FLEX_DEPRECATED_PREFIXES)] == []
+
+
+def test_no_connection_string_or_key_in_any_app_setting() -> None:
+    settings = app_settings()
+    for name, value in settings.items():
+        text = text_of(value).lower()
+        assert not any(marker in text for marker in SECRET_MARKERS), f"{name} = {text_of(value)}"
+        looks_secret = re.search(r"(connection_?string|_key|key)$", name, re.IGNORECASE)
+        if name == "APPLICATIONINSIGHTS_CONNECTION_STRING":
+            # Exempt on purpose: with DisableLocalAuth the instrumentation key is an identifier, and
+            # ingestion needs the Entra token named by APPLICATIONINSIGHTS_AUTHENTICATION_STRING.
+            assert (
+                load_infra("modules/monitoring.bicep")
+                .resource("appInsights")
+                .body["properties"]["DisableLocalAuth"]
+            )
+            assert "Authorization=AAD" in text_of(settings["APPLICATIONINSIGHTS_AUTHENTICATION_STRING"])
+            continue
+        assert not looks_secret, name
+    # The plain names are the connection-string forms; only the identity forms may be set.
+    assert {"AzureWebJobsStorage", "ServiceBusConnection", "SETTLE_TABLES"} & set(settings) == set()
+
+
+@pytest.mark.parametrize("prefix", ["AzureWebJobsStorage", "ServiceBusConnection"])
+def test_host_connections_are_identity_based(prefix: str) -> None:
+    settings = app_settings()
+    assert settings[f"{prefix}__credential"] == "managedidentity"
+    assert settings[f"{prefix}__clientId"].text == "identityClientId"
+
+
+def test_settle_and_sdk_clients_use_the_same_identity() -> None:
+    settings = app_settings()
+    assert settings["SETTLE_TABLES__tableServiceUri"].text == "tableEndpoint"
+    assert settings["SETTLE_TABLES__clientId"].text == "identityClientId"
+    assert settings["AZURE_CLIENT_ID"].text == "identityClientId"
+    assert settings["AzureWebJobsStorage__blobServiceUri"].text == "hostBlobEndpoint"
+    assert (
+        settings["ServiceBusConnection__fullyQualifiedNamespace"].text == "serviceBusFullyQualifiedNamespace"
+    )
+    assert settings["APPLICATIONINSIGHTS_AUTHENTICATION_STRING"].text == (
+        "ClientId=${identityClientId};Authorization=AAD"
+    )
+    assert settings["SETTLE_LOOPBACK"] == "false"  # in Azure, settlement sends to Service Bus
+
+
+# ---- role assignments ------------------------------------------------------------------------------
+
+
+def role_assignments() -> list[Any]:
+    return load_infra("modules/rbac.bicep").of_type("Microsoft.Authorization/roleAssignments")
+
+
+def role_of(assignment: Any) -> str:
+    roles = load_infra("modules/rbac.bicep").variables["roles"]
+    match = re.search(r"roles\.(\w+)\)$", assignment.body["properties"]["roleDefinitionId"].text)
+    assert match, assignment.symbol
+    return ROLE_IDS[roles[match.group(1)]]
+
+
+def test_every_role_assignment_is_named_by_guid_of_its_scope_and_has_a_principal_type() -> None:
+    assignments = role_assignments()
+    assert assignments
+    for a in assignments:
+        name = a.body["name"]
+        assert isinstance(name, Expr) and name.text.startswith("guid("), a.symbol
+        scope = a.body["scope"].text
+        assert name.text.startswith(f"guid({scope}.id,"), f"{a.symbol}: name must include its scope"
+        assert a.body["properties"]["principalType"] in ("ServicePrincipal", "User"), a.symbol
+        expected_type = (
+            "ServicePrincipal" if a.body["properties"]["principalId"].text == "principalId" else "User"
+        )
+        assert a.body["properties"]["principalType"] == expected_type, a.symbol
+
+
+def test_the_app_identity_holds_exactly_the_narrow_roles() -> None:
+    rbac = load_infra("modules/rbac.bicep")
+    scopes = {r.symbol: r.type for r in rbac.resources if r.existing}
+    granted = {
+        (role_of(a), scopes[a.body["scope"].text.split("[")[0]], a.body["scope"].text.split("[")[0])
+        for a in role_assignments()
+        if a.body["properties"]["principalId"].text == "principalId"
+    }
+    assert granted == {
+        ("Storage Blob Data Owner", "Microsoft.Storage/storageAccounts", "hostStorage"),
+        ("Storage Table Data Contributor", "Microsoft.Storage/storageAccounts", "dataStorage"),
+        (
+            "Azure Service Bus Data Receiver",
+            "Microsoft.ServiceBus/namespaces/topics/subscriptions",
+            "resolverSubscription",
+        ),
+        ("Azure Service Bus Data Sender", "Microsoft.ServiceBus/namespaces/topics", "endpointTopics"),
+        ("Azure Service Bus Data Sender", "Microsoft.ServiceBus/namespaces/topics", "resolverTopic"),
+        ("Monitoring Metrics Publisher", "Microsoft.Insights/components", "appInsights"),
+    }
+    # The storage scopes are the right accounts, and the Receiver scope is the resolver's subscription.
+    assert rbac.resource("resolverSubscription").body["parent"].text == "resolverTopic"
+    assert rbac.resource("endpointTopics").loop is not None
+
+
+def test_no_broad_role_is_granted_anywhere() -> None:
+    for path in bicep_files():
+        text = path.read_text()
+        for role_id, role in BROAD_ROLES.items():
+            assert role_id not in text, f"{path.name} grants {role}"
+
+
+def test_developer_access_is_optional_and_off_by_default() -> None:
+    rbac = load_infra("modules/rbac.bicep")
+    developer = [a for a in role_assignments() if a.body["properties"]["principalId"].text != "principalId"]
+    assert developer and all(
+        a.condition is not None and "developerPrincipalId" in a.condition.text for a in developer
+    )
+    assert rbac.params["developerPrincipalId"].default == ""
+    assert load_infra("main.bicep").params["developerPrincipalId"].default == ""
+
+
+# ---- main: scope, outputs, modules, parameters file ------------------------------------------------
+
+
+def test_main_is_resource_group_scoped_with_the_required_outputs() -> None:
+    main = load_infra("main.bicep")
+    assert main.target_scope == "resourceGroup"
+    assert {
+        "functionAppName",
+        "functionAppUrl",
+        "tableEndpoint",
+        "serviceBusNamespace",
+        "identityClientId",
+    } <= set(main.outputs)
+
+
+def test_every_module_call_passes_exactly_the_parameters_the_module_declares() -> None:
+    main = load_infra("main.bicep")
+    for module in main.modules:
+        declared = load_infra(module.path).params
+        passed = set(module.body["params"])
+        required = {name for name, p in declared.items() if not p.has_default}
+        assert passed <= set(declared), f"{module.path}: unknown {passed - set(declared)}"
+        assert required <= passed, f"{module.path}: missing {required - passed}"
+
+
+def test_module_outputs_used_by_main_exist() -> None:
+    main = load_infra("main.bicep")
+    symbols = {m.symbol: m.path for m in main.modules}
+    used: set[tuple[str, str]] = set()
+    for value in walk_values([m.body for m in main.modules] + list(main.outputs.values())):
+        text = value.text if isinstance(value, (Expr, Interp)) else ""
+        used |= set(re.findall(r"\b(\w+)\.outputs\.(\w+)", text))
+    assert used
+    for symbol, output in used:
+        assert output in load_infra(symbols[symbol]).outputs, f"{symbol}.outputs.{output}"
+
+
+def test_parameters_file_sets_known_parameters_and_every_required_one() -> None:
+    data = json.loads((REPO / "infra" / "main.parameters.json").read_text())
+    assert data["$schema"].endswith("deploymentParameters.json#")
+    main = load_infra("main.bicep")
+    given = set(data["parameters"])
+    assert given <= set(main.params)
+    assert {n for n, p in main.params.items() if not p.has_default} <= given
+    assert data["parameters"]["endpoints"]["value"] == ["Billing"]
+
+
+def test_resources_are_declared_raw_so_checkov_and_these_tests_see_inside() -> None:
+    # AVM registry modules would hide their resources from checkov and from this reader.
+    for path in bicep_files():
+        assert "br/public:" not in path.read_text() and "br:" not in path.read_text(), path.name
