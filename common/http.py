@@ -49,15 +49,23 @@ def problem_response(error: SettleError) -> func.HttpResponse:
     )
 
 
+# Tags pydantic puts in an error location for union members and validators, not field names.
+_SCHEMA_TAGS = frozenset(
+    "str int float bool bytes none list dict tuple set frozenset datetime date time timedelta decimal "
+    "uuid url json any model dataclass enum literal nullable union default chain callable "
+    "is-instance lax-or-strict json-or-python tagged-union constrained-str constrained-int "
+    "constrained-float constrained-bytes".split()
+)
+
+
 def _field_path(loc: tuple[int | str, ...]) -> str:
     parts: list[str] = []
     for item in loc:
         if isinstance(item, int):
             parts.append(f"[{item}]")
+        elif "[" in item or item in _SCHEMA_TAGS or item.startswith("function-"):
+            continue
         else:
-            # Union/function validators add tags such as "function-after[...]"; keep field names only.
-            if "[" in item or item.startswith(("function-", "json-or-python")):
-                continue
             parts.append(("." if parts else "") + item)
     return "".join(parts) or "body"
 
