@@ -22,6 +22,9 @@ needs no change here:
   JSON: ``{"input": ...}`` (the Functions host's shape: the body) or ``{"body": ..., "messageId": ...,
   "sessionId": ..., "correlationId": ..., "applicationProperties": {...}, "enqueuedTimeUtc": ...,
   "deliveryCount": ...}``. Answers 202 like the host, or 500 problem+json with the exception message.
+* Service Bus triggers also receive from their topic/subscription when their connection setting
+  (``ServiceBusConnection`` or ``ServiceBusConnection__fullyQualifiedNamespace``) is set: a real
+  namespace or the emulator. Unset (the loopback default), the admin endpoint is their only input.
 * ``local.settings.json`` ``Values`` become environment variables (never overriding ones already set);
   ``AzureWebJobs.<name>.Disabled=true`` disables a function as on Azure.
 """
