@@ -8,7 +8,7 @@
 //   functionapp.bicep  Flex Consumption plan + Python 3.11 function app + app settings
 targetScope = 'resourceGroup'
 
-@description('Short name of this environment (dev, test, prod, ...); part of every resource name.')
+@description('Short name of this environment (dev, test, prod, ...): lowercase letters, digits and hyphens; part of every resource name.')
 @minLength(1)
 @maxLength(16)
 param environmentName string
@@ -104,7 +104,7 @@ module storage 'modules/storage.bicep' = {
     location: location
     tags: allTags
     // One container per app: two apps sharing one would overwrite each other's package.
-    deploymentContainerName: 'app-package-${take(functionAppName, 32)}-${take(resourceToken, 7)}'
+    deploymentContainerName: toLower('app-package-${take(functionAppName, 32)}-${take(resourceToken, 7)}')
     tableNames: [for t in settleTables: '${tablePrefix}${t}']
   }
 }

@@ -3,7 +3,7 @@
 //   container that holds the app package;
 // - data: Settle's tables and nothing else.
 // Keeping them apart lets the identity hold Table Data Contributor on the data account only and Blob
-// Data Owner on the host account only (docs/adr/0010-infra-two-storage-accounts.md).
+// Data Owner on the host account only (docs/adr/0010-infra-flex-identity-two-storage-accounts.md).
 
 @description('Name of the host storage account (3-24 lowercase letters and digits).')
 @minLength(3)
