@@ -14,20 +14,23 @@ from tree_sitter import Node
 
 from tests.infra.bicep import INFRA, bicep_files, parse
 
-BICEP_FUNCTIONS = set(
-    """
-    resourceGroup subscription tenant managementGroup deployment environment deployer resourceId
-    subscriptionResourceId tenantResourceId extensionResourceId reference list pickZones providers
-    base64 base64ToString concat contains dataUri empty endsWith first format guid indexOf join last
-    lastIndexOf length newGuid padLeft replace skip split startsWith string substring take toLower toUpper
-    trim uniqueString uri uriComponent uriComponentToString array filter flatten intersection items map
-    reduce sort toObject union range min max json bool int coalesce objectKeys shallowMerge any
-    loadTextContent loadJsonContent loadFileAsBase64
-    """.split()
-)
-DECORATORS = set(
-    "description allowed minLength maxLength minValue maxValue secure metadata batchSize sealed export".split()
-)
+# fmt: off
+BICEP_FUNCTIONS = {
+    "resourceGroup", "subscription", "tenant", "managementGroup", "deployment", "environment", "deployer",
+    "resourceId", "subscriptionResourceId", "tenantResourceId", "extensionResourceId", "reference", "list",
+    "pickZones", "providers", "base64", "base64ToString", "concat", "contains", "dataUri", "empty",
+    "endsWith", "first", "format", "guid", "indexOf", "join", "last", "lastIndexOf", "length", "newGuid",
+    "padLeft", "replace", "skip", "split", "startsWith", "string", "substring", "take", "toLower",
+    "toUpper", "trim", "uniqueString", "uri", "uriComponent", "uriComponentToString", "array", "filter",
+    "flatten", "intersection", "items", "map", "reduce", "sort", "toObject", "union", "range", "min", "max",
+    "json", "bool", "int", "coalesce", "objectKeys", "shallowMerge", "any", "loadTextContent",
+    "loadJsonContent", "loadFileAsBase64",
+}
+DECORATORS = {
+    "description", "allowed", "minLength", "maxLength", "minValue", "maxValue", "secure", "metadata",
+    "batchSize", "sealed", "export",
+}
+# fmt: on
 DECLARATIONS = {"parameter_declaration", "variable_declaration", "resource_declaration", "module_declaration"}
 
 
