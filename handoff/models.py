@@ -145,6 +145,8 @@ class HistoryEntry(ApiModel):
     parent_message_id: str | None
     originating_message_id: str | None
     enqueued_time_utc: datetime
+    recorded_at: datetime | None
+    sequence: int | None
     message_content: Any
     dead_letter_reason: str | None
     dead_letter_error_description: str | None
@@ -168,6 +170,8 @@ class HistoryEntry(ApiModel):
             parent_message_id=row.parent_message_id,
             originating_message_id=row.originating_message_id,
             enqueued_time_utc=row.enqueued_time_utc,
+            recorded_at=row.recorded_at,
+            sequence=row.sequence,
             message_content=_json(row.message_content),
             dead_letter_reason=row.dead_letter_reason,
             dead_letter_error_description=row.dead_letter_error_description,

@@ -27,14 +27,8 @@ class Projection:
     request_enqueued_at: datetime | None
     handoff_seen: bool
 
-    def bookkeeping_changed(self, current: EventRow | None) -> bool:
-        return current is not None and (
-            current.request_enqueued_at != self.request_enqueued_at
-            or current.handoff_seen != self.handoff_seen
-        )
 
-
-def history_row(m: InboundMessage) -> HistoryRow:
+def history_row(m: InboundMessage, *, now: datetime, sequence: int) -> HistoryRow:
     """The per-message history row (``MessageEntity``), as received."""
     return HistoryRow(
         event_id=m.event_id,
@@ -61,6 +55,8 @@ def history_row(m: InboundMessage) -> HistoryRow:
         expected_by=m.expected_by,
         delivery_count=m.delivery_count,
         throttle_retry_count=m.throttle_retry_count or None,
+        recorded_at=now,
+        sequence=sequence,
     )
 
 
@@ -129,6 +125,7 @@ def project(m: InboundMessage, current: EventRow | None, *, now: datetime) -> Pr
         expected_by=m.expected_by,
         request_enqueued_at=request_at,
         handoff_seen=handoff_seen,
+        history_count=(current.history_count if current else 0) + 1,
         queue_key=keys.queue_row(m.enqueued_time_utc, m.event_id) if parked else None,
         job_key=keys.job_row(m.external_job_id, m.event_id) if parked and m.external_job_id else None,
         expiry_key=keys.expiry_row(m.expected_by, m.event_id) if parked and m.expected_by else None,

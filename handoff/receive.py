@@ -23,19 +23,21 @@ class ReceiveService:
         *,
         clock: Callable[[], datetime] = utcnow,
         sleep: Callable[[float], None] = time.sleep,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.store = store_
         self.clock = clock
         self.sleep = sleep
+        self.monotonic = monotonic
 
     def next(
         self, endpoint_id: str, event_type_ids: Sequence[str] = (), wait_seconds: float = 0
     ) -> PendingHandoffView | None:
         """The oldest Pending + Handoff event not being settled, polling up to ``wait_seconds``; else None."""
-        deadline = time.monotonic() + max(0.0, wait_seconds)
+        deadline = self.monotonic() + max(0.0, wait_seconds)
         while True:
             found = self._next_once(endpoint_id, event_type_ids)
-            if found is not None or time.monotonic() + _POLL_INTERVAL_S > deadline:
+            if found is not None or self.monotonic() + _POLL_INTERVAL_S > deadline:
                 return found
             self.sleep(_POLL_INTERVAL_S)
 

@@ -40,9 +40,9 @@ class TableRecord(BaseModel):
                 kind = info.annotation
                 key = info.alias or name
                 value = data.get(key)
-                if isinstance(kind, type) and issubclass(kind, Enum) and isinstance(value, str):
-                    if value in kind.__members__:
-                        data[key] = kind[value]
+                is_enum = isinstance(kind, type) and issubclass(kind, Enum)
+                if is_enum and isinstance(value, str) and value in kind.__members__:  # type: ignore[union-attr]
+                    data[key] = kind[value]  # type: ignore[index]
         return data
 
     def to_entity(self, partition_key: str, row_key: str) -> dict[str, Any]:
@@ -124,6 +124,7 @@ class EventRow(TableRecord):
     # whether a PendingHandoffResponse was ever seen (the processing-time override), and the index keys.
     request_enqueued_at: datetime | None = None
     handoff_seen: bool = False
+    history_count: int = 0
     queue_key: str | None = None
     job_key: str | None = None
     expiry_key: str | None = None
@@ -164,6 +165,10 @@ class HistoryRow(TableRecord):
     expected_by: datetime | None = None
     delivery_count: int | None = None
     throttle_retry_count: int | None = None
+    recorded_at: datetime | None = None
+    # 1, 2, 3, ... per event: the order the resolver projected them in (enqueue times come from different
+    # topics, and clocks can step back, so neither orders the history reliably).
+    sequence: int | None = None
 
 
 class AuditRow(TableRecord):

@@ -143,9 +143,12 @@ class ResolverService:
         pk = keys.partition(endpoint)
         for _ in range(_ETAG_ATTEMPTS):
             current = self.store.get_event(endpoint, m.event_id)
-            decision = project(m, current, now=self.clock())
+            now = self.clock()
+            decision = project(m, current, now=now)
+            sequence = (current.history_count if current else 0) + 1
+            history = history_row(m, now=now, sequence=sequence)
             ops: list[Operation] = [
-                store.insert(history_row(m).to_entity(pk, keys.history_row(m.event_id, m.message_id)))
+                store.insert(history.to_entity(pk, keys.history_row(m.event_id, m.message_id)))
             ]
             if decision.applied:
                 assert decision.row is not None
@@ -154,7 +157,9 @@ class ResolverService:
                     self._registered.add(endpoint)
                 ops += self._applied_ops(pk, decision.row, current)
             else:
-                ops += self._refused_ops(pk, m, current, decision.request_enqueued_at, decision.handoff_seen)
+                ops += self._refused_ops(
+                    pk, m, current, decision.request_enqueued_at, decision.handoff_seen, sequence
+                )
             try:
                 self.store.submit(ops)
             except TableTransactionError as exc:
@@ -208,7 +213,13 @@ class ResolverService:
         return ops
 
     def _refused_ops(
-        self, pk: str, m: InboundMessage, current: EventRow | None, request_at: datetime | None, seen: bool
+        self,
+        pk: str,
+        m: InboundMessage,
+        current: EventRow | None,
+        request_at: datetime | None,
+        seen: bool,
+        sequence: int,
     ) -> list[Operation]:
         assert current is not None  # only an existing row can refuse
         now = self.clock()
@@ -221,17 +232,20 @@ class ResolverService:
             endpoint_id=m.endpoint_id,
             event_type_id=m.event_type_id,
         )
-        ops = [store.insert(audit.to_entity(pk, keys.audit_row(m.event_id, now, uuid.uuid4().hex)))]
-        if current.request_enqueued_at != request_at or current.handoff_seen != seen:
-            bookkeeping: dict[str, Any] = {
-                "PartitionKey": pk,
-                "RowKey": keys.event_row(m.event_id),
-                "HandoffSeen": seen,
-            }
-            if request_at is not None:
-                bookkeeping["RequestEnqueuedAt"] = request_at
-            ops.append(store.merge(bookkeeping, current.etag))
-        return ops
+        # The row's projection stays as it is; only the bookkeeping columns move (ETag-conditional, so a
+        # concurrent projection makes this transaction fail and re-decide).
+        bookkeeping: dict[str, Any] = {
+            "PartitionKey": pk,
+            "RowKey": keys.event_row(m.event_id),
+            "HandoffSeen": seen,
+            "HistoryCount": sequence,
+        }
+        if request_at is not None:
+            bookkeeping["RequestEnqueuedAt"] = request_at
+        return [
+            store.insert(audit.to_entity(pk, keys.audit_row(m.event_id, now, uuid.uuid4().hex))),
+            store.merge(bookkeeping, current.etag),
+        ]
 
     # -- failure paths -----------------------------------------------------------------------------
 

@@ -196,5 +196,5 @@ def classify_event_rows(entities: Iterator[Any]) -> tuple[EventRow | None, list[
             history.append(HistoryRow.from_entity(entity))
         elif kind == "a":
             audits.append(AuditRow.from_entity(entity))
-    history.sort(key=lambda h: h.enqueued_time_utc)
+    history.sort(key=lambda h: (h.sequence or 0, h.enqueued_time_utc))
     return event, history, audits

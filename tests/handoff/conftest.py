@@ -41,7 +41,11 @@ def nimbus(
     **props: Any,
 ) -> ServiceBusMessage:
     """A message as the resolver subscription delivers it (after NimBus's forwarding rules)."""
-    kind = MessageType[message_type] if isinstance(message_type, str) and message_type in MessageType.__members__ else message_type
+    kind = (
+        MessageType[message_type]
+        if isinstance(message_type, str) and message_type in MessageType.__members__
+        else message_type
+    )
     is_request = isinstance(kind, MessageType) and kind.is_request
     if to == "default":
         to = endpoint if is_request else "Resolver"
@@ -105,7 +109,14 @@ class Flow:
         kw.setdefault("correlation_id", self.request_id)
         return nimbus(kind, endpoint=self.endpoint, event_id=self.event_id, **kw)
 
-    def park(self, *, message_id: str = "park-1", job: str | None = "job-1", expected_by: str | None = None, **kw: Any) -> ServiceBusMessage:
+    def park(
+        self,
+        *,
+        message_id: str = "park-1",
+        job: str | None = "job-1",
+        expected_by: str | None = None,
+        **kw: Any,
+    ) -> ServiceBusMessage:
         return self.response(
             MessageType.PendingHandoffResponse,
             message_id=message_id,
@@ -171,7 +182,9 @@ def no_sleep() -> Iterator[list[float]]:
 
 
 def event_of(call: Any, flow: Flow) -> dict[str, Any]:
-    result = call("event_get", method="GET", route_params={"endpointId": flow.endpoint, "eventId": flow.event_id})
+    result = call(
+        "event_get", method="GET", route_params={"endpointId": flow.endpoint, "eventId": flow.event_id}
+    )
     assert result.status == 200, result.body
     data: dict[str, Any] = result.json
     return data

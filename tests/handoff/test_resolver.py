@@ -67,7 +67,11 @@ def test_each_request_type_projects_pending_attributed_by_to(call, resolve, flow
     # Given a failed event (so every control request is a legitimate transition)
     resolve(flow.request())
     resolve(flow.response(MessageType.ErrorResponse, message_id="err-1", error_text="boom"))
-    msg = flow.request() if kind is MessageType.EventRequest else flow.control(kind, message_id="ctl-1", parent="err-1")
+    msg = (
+        flow.request()
+        if kind is MessageType.EventRequest
+        else flow.control(kind, message_id="ctl-1", parent="err-1")
+    )
     resolve(msg)
     row = event_of(call, flow)
     expected = "Failed" if kind is MessageType.EventRequest else "Pending"  # a late request copy is stale
@@ -87,7 +91,9 @@ def test_a_dead_letter_description_makes_any_response_dead_lettered_with_the_rea
     resolve(flow.request())
     resolve(
         flow.response(
-            MessageType.ResolutionResponse, DeadLetterErrorDescription="poison payload", DeadLetterReason="Permanent"
+            MessageType.ResolutionResponse,
+            DeadLetterErrorDescription="poison payload",
+            DeadLetterReason="Permanent",
         )
     )
     row = event_of(call, flow)
@@ -121,7 +127,9 @@ def test_a_pending_handoff_response_parks_the_event_with_its_metadata(call, reso
     assert row["externalJobId"] == "job-1"
     assert row["expectedBy"].startswith("2026-12-01T09:00:00")
     assert row["lastMessageId"] == "park-1" and row["parentMessageId"] == "req-1"
-    job = call("handoff_job", method="GET", route_params={"endpointId": flow.endpoint, "externalJobId": "job-1"})
+    job = call(
+        "handoff_job", method="GET", route_params={"endpointId": flow.endpoint, "externalJobId": "job-1"}
+    )
     assert job.status == 200 and job.json["coordinates"]["messageId"] == "park-1"
 
 
@@ -138,7 +146,9 @@ def test_a_settlement_request_projects_a_plain_pending_row_and_leaves_the_queue(
     assert row["handoffReason"] is None and row["externalJobId"] is None
     nxt = call("handoff_next", method="GET", route_params={"endpointId": flow.endpoint})
     assert nxt.status == 204
-    job = call("handoff_job", method="GET", route_params={"endpointId": flow.endpoint, "externalJobId": "job-1"})
+    job = call(
+        "handoff_job", method="GET", route_params={"endpointId": flow.endpoint, "externalJobId": "job-1"}
+    )
     assert job.status == 404
 
 
@@ -151,7 +161,9 @@ def test_a_terminal_response_after_a_handoff_reports_wall_clock_processing_time(
     row = event_of(call, flow)
     assert row["resolutionStatus"] == "Completed"
     assert row["processingTimeMs"] >= 2 * 3600 * 1000 - 5000
-    assert [h["processingTimeMs"] for h in row["history"] if h["messageType"] == "ResolutionResponse"] == [250]
+    assert [h["processingTimeMs"] for h in row["history"] if h["messageType"] == "ResolutionResponse"] == [
+        250
+    ]
 
 
 def test_a_terminal_response_without_a_handoff_keeps_the_handler_processing_time(call, resolve, flow):
@@ -278,7 +290,9 @@ def test_a_rescheduled_control_request_arriving_after_its_own_response_is_refuse
     resolve(flow.response(MessageType.ErrorResponse, message_id="err-1", error_text="boom"))
     resolve(flow.control(MessageType.ResubmissionRequest, message_id="rs-1", parent="err-1"))
     resolve(flow.response(MessageType.ResolutionResponse, parent="rs-1"))
-    resolve(flow.control(MessageType.ResubmissionRequest, message_id="rs-1", parent="err-1", ThrottleRetryCount=1))
+    resolve(
+        flow.control(MessageType.ResubmissionRequest, message_id="rs-1", parent="err-1", ThrottleRetryCount=1)
+    )
     assert _statuses(call, flow)[0] == "Completed"
 
 

@@ -25,19 +25,40 @@ def _poison_reasons(msg) -> list[str]:
 @pytest.mark.parametrize(
     ("build", "reason"),
     [
-        (lambda f: nimbus("Bogus", endpoint=f.endpoint, event_id=f.event_id, to=f.endpoint), "Unknown MessageType 'Bogus'"),
+        (
+            lambda f: nimbus("Bogus", endpoint=f.endpoint, event_id=f.event_id, to=f.endpoint),
+            "Unknown MessageType 'Bogus'",
+        ),
         (lambda f: nimbus("eventrequest", endpoint=f.endpoint, event_id=f.event_id), "Unknown MessageType"),
-        (lambda f: nimbus(MessageType.ProcessDeferredRequest, endpoint=f.endpoint, event_id=f.event_id), "no projection"),
+        (
+            lambda f: nimbus(MessageType.ProcessDeferredRequest, endpoint=f.endpoint, event_id=f.event_id),
+            "no projection",
+        ),
         (lambda f: nimbus(MessageType.Unknown, endpoint=f.endpoint, event_id=f.event_id), "no projection"),
         (lambda f: f.response(MessageType.ResolutionResponse, from_=None), "without From"),
         (lambda f: f.request(body=b"{not json"), "Unreadable body"),
         (lambda f: f.request(body=b"[1, 2]"), "Unreadable body"),
         (lambda f: f.request(body=b"\xff\xfe\x00"), "Unreadable body"),
-        (lambda f: nimbus(MessageType.EventRequest, endpoint=f.endpoint, event_id=f.event_id, drop=("EventId",)), "no EventId"),
+        (
+            lambda f: nimbus(
+                MessageType.EventRequest, endpoint=f.endpoint, event_id=f.event_id, drop=("EventId",)
+            ),
+            "no EventId",
+        ),
         (lambda f: f.request(message_id="m" * 600), "too long"),
     ],
-    ids=["unknown-type", "wrong-case", "process-deferred", "unknown", "response-without-from", "bad-json",
-         "not-an-object", "not-utf8", "no-event-id", "key-too-long"],
+    ids=[
+        "unknown-type",
+        "wrong-case",
+        "process-deferred",
+        "unknown",
+        "response-without-from",
+        "bad-json",
+        "not-an-object",
+        "not-utf8",
+        "no-event-id",
+        "key-too-long",
+    ],
 )
 def test_poison_is_stored_with_its_reason_and_completed_without_retries(resolve, flow: Flow, build, reason):
     flow.request_id = f"req-{flow.event_id}"

@@ -52,10 +52,13 @@ def props(message) -> dict[str, object]:
 
 
 def body_of(message) -> dict[str, object]:
-    return json.loads(b"".join(message.body))
+    body: dict[str, object] = json.loads(b"".join(message.body))
+    return body
 
 
-def test_complete_sends_one_handoff_completed_request_with_the_pinned_wire_shape(call, resolve, flow, transport):
+def test_complete_sends_one_handoff_completed_request_with_the_pinned_wire_shape(
+    call, resolve, flow, transport
+):
     parked(resolve, flow)
     result = complete(call, flow, result={"rows": 3}, settledBy="erp-status-checker")
     assert result.status == 202, result.body
@@ -142,7 +145,9 @@ def test_a_row_that_is_not_a_pending_handoff_is_409(call, resolve, flow, transpo
     ("override", "field"),
     [({"sessionId": "other"}, "coordinates.sessionId"), ({"messageId": "park-0"}, "coordinates.messageId")],
 )
-def test_coordinates_that_do_not_address_the_parked_message_are_409(call, resolve, flow, transport, override, field):
+def test_coordinates_that_do_not_address_the_parked_message_are_409(
+    call, resolve, flow, transport, override, field
+):
     parked(resolve, flow)
     result = complete(call, flow, coordinates=coordinates(flow, **override))
     assert result.status == 409 and result.json["field"] == field
@@ -186,7 +191,11 @@ def test_twenty_threads_settling_one_handoff_send_exactly_one_message(call, reso
 
     def settle(i: int) -> None:
         barrier.wait()
-        result = complete(call, flow, settledBy=f"agent-{i}") if i % 2 else fail(call, flow, settledBy=f"agent-{i}")
+        result = (
+            complete(call, flow, settledBy=f"agent-{i}")
+            if i % 2
+            else fail(call, flow, settledBy=f"agent-{i}")
+        )
         statuses.append(result.status)
 
     threads = [threading.Thread(target=settle, args=(i,)) for i in range(20)]
@@ -199,7 +208,9 @@ def test_twenty_threads_settling_one_handoff_send_exactly_one_message(call, reso
     assert len(event_of(call, flow)["audits"]) == 1
 
 
-def test_a_failing_send_is_503_releases_the_claim_writes_no_audit_and_a_retry_succeeds(call, resolve, flow, transport):
+def test_a_failing_send_is_503_releases_the_claim_writes_no_audit_and_a_retry_succeeds(
+    call, resolve, flow, transport
+):
     parked(resolve, flow)
     transport.fail = True
     failed = complete(call, flow)
@@ -223,7 +234,9 @@ def test_an_expired_claim_is_taken_over(call, resolve, flow, transport):
     assert len(transport.sent) == 2
 
 
-def test_without_service_bus_or_loopback_settlement_is_503_saying_what_to_set(call, resolve, flow, monkeypatch):
+def test_without_service_bus_or_loopback_settlement_is_503_saying_what_to_set(
+    call, resolve, flow, monkeypatch
+):
     for name in ("ServiceBusConnection", "ServiceBusConnection__fullyQualifiedNamespace", "SETTLE_LOOPBACK"):
         monkeypatch.delenv(name, raising=False)
     service.reset()
@@ -245,7 +258,9 @@ def test_a_settlement_costs_two_table_round_trips(call, resolve, flow, transport
     assert tally.methods == ["GET", "POST"]  # read the event row; one $batch: claim + audit + queue mark
 
 
-def test_control_messages_projected_by_the_resolver_move_the_row_out_of_the_queue(call, resolve, flow, transport):
+def test_control_messages_projected_by_the_resolver_move_the_row_out_of_the_queue(
+    call, resolve, flow, transport
+):
     transport.forward = True
     parked(resolve, flow)
     assert complete(call, flow).status == 202
