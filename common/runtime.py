@@ -7,7 +7,7 @@ extra azure-core policies (fault injection).
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from common.settings import TableSettings
@@ -16,6 +16,7 @@ from common.tables import Tables
 _lock = threading.Lock()
 _tables: Tables | None = None
 _policies: list[Any] = []
+_client_options: dict[str, Any] = {}
 
 
 def tables() -> Tables:
@@ -23,18 +24,25 @@ def tables() -> Tables:
     if _tables is None:
         with _lock:
             if _tables is None:
-                _tables = Tables(TableSettings.from_env(), policies=_policies)
+                _tables = Tables(
+                    TableSettings.from_env(), policies=_policies, client_options=_client_options
+                )
     return _tables
 
 
-def reset(*, policies: Sequence[Any] = ()) -> None:
-    """Forget every cached client; the next use re-reads settings (and uses ``policies``)."""
-    global _tables, _policies
+def reset(*, policies: Sequence[Any] = (), client_options: Mapping[str, Any] | None = None) -> None:
+    """Forget every cached client; the next use re-reads settings (and uses ``policies``).
+
+    ``client_options`` are extra azure-core client keywords, e.g. ``{"retry_total": 0}`` to switch the
+    SDK's own retries off (fault-injection tests).
+    """
+    global _tables, _policies, _client_options
     with _lock:
         if _tables is not None:
             _tables.close()
         _tables = None
         _policies = list(policies)
+        _client_options = dict(client_options or {})
     for hook in list(_reset_hooks):
         hook()
 

@@ -9,7 +9,7 @@ or the benchmark passes (fault injection).
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from common.clock import SERVER_CLOCK, ServerClockPolicy
@@ -26,9 +26,18 @@ _TIMEOUTS = {"connection_timeout": 10, "read_timeout": 30}
 class Tables:
     """Process-wide access to Settle's tables."""
 
-    def __init__(self, settings: TableSettings, *, policies: Sequence[Any] = ()) -> None:
+    def __init__(
+        self,
+        settings: TableSettings,
+        *,
+        policies: Sequence[Any] = (),
+        client_options: Mapping[str, Any] | None = None,
+    ) -> None:
         self.settings = settings
         self._policies = list(policies)
+        # Extra azure-core client keywords (the reliability suite passes ``retry_total=0`` so an injected
+        # fault reaches the caller instead of being retried inside the SDK).
+        self._client_options = dict(client_options or {})
         self._lock = threading.Lock()
         self._service: TableServiceClient | None = None
         self._clients: dict[str, TableClient] = {}
@@ -38,7 +47,7 @@ class Tables:
             from azure.data.tables import TableServiceClient
 
             per_retry = [ROUND_TRIPS, ServerClockPolicy(SERVER_CLOCK), *self._policies]
-            kwargs: dict[str, Any] = {"per_retry_policies": per_retry, **_TIMEOUTS}
+            kwargs: dict[str, Any] = {"per_retry_policies": per_retry, **_TIMEOUTS, **self._client_options}
             if self.settings.connection_string:
                 self._service = TableServiceClient.from_connection_string(
                     self.settings.connection_string, **kwargs
