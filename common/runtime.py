@@ -24,9 +24,7 @@ def tables() -> Tables:
     if _tables is None:
         with _lock:
             if _tables is None:
-                _tables = Tables(
-                    TableSettings.from_env(), policies=_policies, client_options=_client_options
-                )
+                _tables = Tables(TableSettings.from_env(), policies=_policies, client_options=_client_options)
     return _tables
 
 
