@@ -19,6 +19,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any, Protocol
 
 from common.clock import utcnow
+from common.errors import KeyTooLong
 from handoff import keys, store
 from handoff.contract import (
     HEARTBEAT_EVENT_TYPE,
@@ -119,15 +120,18 @@ class ResolverService:
                 inbound = parse_message(msg, now=self.clock())
                 return self.project(inbound)
             except PoisonMessage as poison:
-                self._store_poison(msg, props, poison.reason)
-                return Outcome.POISONED
+                reason = poison.reason
+            except KeyTooLong as too_long:
+                reason = too_long.detail
             except Exception as exc:
-                from common.errors import KeyTooLong
-
-                if isinstance(exc, KeyTooLong):
-                    self._store_poison(msg, props, exc.detail)
-                    return Outcome.POISONED
-                raise
+                if is_transient(exc):
+                    raise
+                # NimBus dead-letters "Failed to handle message."; retrying a deterministic failure ten
+                # times helps no one, so it goes where the other poison goes, with the cause.
+                log.exception("resolver could not handle %s", msg.message_id)
+                reason = f"Failed to handle message: {type(exc).__name__}: {exc}"
+            self._store_poison(msg, props, reason)
+            return Outcome.POISONED
         except Exception as exc:
             if not is_transient(exc):
                 raise

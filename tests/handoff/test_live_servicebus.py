@@ -1,8 +1,9 @@
 """Against a real Service Bus namespace: a settlement sends the pinned wire shape to the endpoint topic.
 
 Runs only with ``pytest -m live`` and ``SETTLE_LIVE_SERVICEBUS`` holding a connection string whose
-namespace has a topic ``SETTLE_LIVE_TOPIC`` (default ``settle-live``) with a subscription
-``SETTLE_LIVE_SUBSCRIPTION`` (default ``settle-live``, sessions enabled).
+namespace has the endpoint topic ``SETTLE_LIVE_TOPIC`` (default ``Billing``) with a session-enabled
+subscription ``SETTLE_LIVE_SUBSCRIPTION`` (default ``Billing``) whose rule accepts ``To = topic`` (the
+NimBus topology that ``infra/`` and ``emulator/Config.json`` declare).
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ requires_namespace = pytest.mark.skipif(
 def test_a_control_message_arrives_with_the_pinned_wire_shape():
     from azure.servicebus import ServiceBusClient
 
-    topic = os.environ.get("SETTLE_LIVE_TOPIC", "settle-live")
-    subscription = os.environ.get("SETTLE_LIVE_SUBSCRIPTION", "settle-live")
+    topic = os.environ.get("SETTLE_LIVE_TOPIC", "Billing")
+    subscription = os.environ.get("SETTLE_LIVE_SUBSCRIPTION", "Billing")
     session = "live-" + uuid.uuid4().hex[:8]
     coords = Coordinates(
         event_id=str(uuid.uuid4()), session_id=session, message_id="park-1", event_type_id="Live.Test"

@@ -120,11 +120,27 @@ def test_wait_seconds_is_clamped_and_validated(call, flow):
         receive.sleep, receive.monotonic = time.sleep, time.monotonic
 
 
-def test_next_reads_the_index_not_the_table(call, resolve, flow):
-    park(resolve, flow.endpoint, "one", at=datetime.now(UTC))
-    with ROUND_TRIPS.measure() as tally:
+def test_reads_use_the_index_and_the_event_range_never_a_scan(call, resolve, flow):
+    park(resolve, flow.endpoint, "one", at=datetime.now(UTC), job="job-one")
+    with ROUND_TRIPS.measure() as receive:
         assert next_of(call, flow.endpoint).status == 200
-    assert tally.requests == 2  # one index range page + one event row read
+    with ROUND_TRIPS.measure() as job:
+        found = call(
+            "handoff_job",
+            method="GET",
+            route_params={"endpointId": flow.endpoint, "externalJobId": "job-one"},
+        )
+        assert found.status == 200
+    with ROUND_TRIPS.measure() as read:
+        assert (
+            call(
+                "event_get", method="GET", route_params={"endpointId": flow.endpoint, "eventId": "one"}
+            ).status
+            == 200
+        )
+    assert receive.requests == 2  # one index range page + one event row read
+    assert job.requests == 2  # one job index range page + one event row read
+    assert read.requests == 1  # one range query: the event row, its history and its audits
 
 
 def test_job_lookup_finds_the_parked_row_and_404s_otherwise(call, resolve, flow):

@@ -152,3 +152,18 @@ def test_a_poison_message_during_an_outage_is_retried_not_dropped(flow, outage, 
     resolver.redelivery = None
     with pytest.raises(TransientProjectionError):
         resolver.handle(nimbus("Bogus", endpoint=flow.endpoint, event_id=flow.event_id))
+
+
+def test_an_unexpected_storage_rejection_is_stored_as_poison_not_retried(flow, monkeypatch):
+    from azure.core.exceptions import HttpResponseError
+
+    resolver = service.resolver_service()
+
+    def reject(*_args, **_kwargs):
+        raise HttpResponseError(message="EntityTooLarge (test)")
+
+    monkeypatch.setattr(resolver.store, "submit", reject)
+    msg = flow.request(message_id=f"req-{flow.event_id}")
+    assert resolver.handle(msg) is Outcome.POISONED
+    [reason] = _poison_reasons(msg)
+    assert reason.startswith("Failed to handle message: HttpResponseError")
