@@ -2,7 +2,8 @@
 cannot beat, measured interleaved (call by call, rotating order) on the same Azurite.
 
 Pairs: ``get`` and ``exists`` ÷ one point read; ``lock`` on a new key ÷ one insert; a fenced ``set`` ÷ one
-2-entity transaction (update head + insert history row); ``lock/extend`` ÷ one conditional update.
+2-entity transaction (update head + insert history row); ``lock/extend`` ÷ the same transaction (Settle
+writes the extension to the history), and for context ÷ one conditional update.
 The raw rows carry the same fields and data as Settle's (``bench.workload.raw_entity``).
 """
 
@@ -115,8 +116,12 @@ def run(env: Environment) -> list[Figure]:
     pairs += [
         ("lock (new key)", "state_lock", "insert", lock_new),
         ("set (fenced)", "state_set", "transaction", fenced_set),
+        # Settle records an extension in the history (head + history row, one transaction), so its floor
+        # is a transaction; the single conditional update beside it shows what that choice costs.
+        ("lock/extend", "state_lock_extend", "transaction", extend),
         ("lock/extend", "state_lock_extend", "conditional update", extend),
     ]
+    informative = {("lock/extend", "conditional update")}
 
     figures: list[Figure] = []
     ops: dict[str, Callable[[], Callable[[], Any]]] = {}
@@ -127,7 +132,8 @@ def run(env: Environment) -> list[Figure]:
             continue
         ops[name] = prepare
         ops[f"raw {baseline}"] = raw[baseline]
-        measured.append((name, baseline))
+        if (name, baseline) not in measured:
+            measured.append((name, baseline))
     if not measured:
         # Still time the raw operations, so the baselines are on record.
         ops = {f"raw {b}": raw[b] for b in raw}
@@ -149,8 +155,8 @@ def run(env: Environment) -> list[Figure]:
                 settle=median(per_round[name]),
                 baseline=median(per_round[f"raw {baseline}"]),
                 ratio=value,
-                target=target,
-                verdict=verdict_at_most(value, TARGET),
+                target="(context)" if (name, baseline) in informative else target,
+                verdict="info" if (name, baseline) in informative else verdict_at_most(value, TARGET),
                 unit="s",
             )
         )
