@@ -60,3 +60,25 @@ def test_check_runs_checkov_offline_in_its_own_venv_and_gates_the_json() -> None
     assert "--framework bicep" in script and "--skip-download" in script and "--output json" in script
     assert ".venv-checkov" in script
     assert "infra/checkov_gate.py" in script and "infra/checkov-skips.txt" in script
+    assert "--external-checks-dir infra/checkov-checks" in script
+
+
+def test_settles_own_checkov_checks_cover_what_checkov_lacks() -> None:
+    # checkov has no Bicep check for these; infra/checkov-checks/ adds them (graph checks in YAML).
+    checks = {p.name: p.read_text() for p in (INFRA / "checkov-checks").glob("*.yaml")}
+    ids = [
+        line.split(":", 1)[1].strip()
+        for text in checks.values()
+        for line in text.splitlines()
+        if line.strip().startswith("id:")
+    ]
+    assert sorted(ids) == sorted(set(ids)) and all(i.startswith("CKV2_SETTLE_") for i in ids)
+    covered = "\n".join(checks.values())
+    for attribute in (
+        "properties.disableLocalAuth",
+        "properties.allowSharedKeyAccess",
+        "properties.DisableLocalAuth",
+        "properties.features.disableLocalAuth",
+        "properties.allow",
+    ):
+        assert f"attribute: {attribute}\n" in covered, attribute
