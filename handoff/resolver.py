@@ -31,7 +31,7 @@ from handoff.contract import (
     properties_of,
 )
 from handoff.projection import RESOLVER_AUDITOR, history_row, project, stale_comment
-from handoff.records import AuditRow, EventRow, ExpiryRow, JobRow, PoisonRow, QueueRow
+from handoff.records import AuditRow, EventRow, ExpiryRow, JobRow, PoisonRow, QueueRow, TableRecord
 from handoff.store import HandoffStore, Operation
 
 if TYPE_CHECKING:
@@ -191,29 +191,38 @@ class ResolverService:
     def _applied_ops(self, pk: str, row: EventRow, current: EventRow | None) -> list[Operation]:
         entity = row.to_entity(pk, keys.event_row(row.event_id))
         ops = [store.insert(entity) if current is None else store.replace(entity, current.etag or "*")]
-        # Index rows follow the event row in the same transaction; the event row's ETag check makes the
-        # index keys read from it current, so deleting them by key (If-Match *) cannot miss.
-        old = current or None
-        for attr, build in (
+        # Index rows change with the event row in the same transaction. The event row's ETag check makes
+        # the index keys read from it current, so deleting them by key (If-Match *) cannot miss.
+        wanted: list[tuple[str | None, str | None, TableRecord | None]] = [
             (
-                "queue_key",
-                lambda: QueueRow(
+                current.queue_key if current else None,
+                row.queue_key,
+                QueueRow(
                     event_id=row.event_id,
                     event_type_id=row.event_type_id,
                     parked_message_id=row.last_message_id or "",
                 ),
             ),
-            ("job_key", lambda: JobRow(event_id=row.event_id, external_job_id=row.external_job_id or "")),
-            ("expiry_key", lambda: ExpiryRow(event_id=row.event_id, expected_by=row.expected_by)),
-        ):
-            before = getattr(old, attr) if old else None
-            after = getattr(row, attr)
+            (
+                current.job_key if current else None,
+                row.job_key,
+                JobRow(event_id=row.event_id, external_job_id=row.external_job_id)
+                if row.external_job_id
+                else None,
+            ),
+            (
+                current.expiry_key if current else None,
+                row.expiry_key,
+                ExpiryRow(event_id=row.event_id, expected_by=row.expected_by) if row.expected_by else None,
+            ),
+        ]
+        for before, after, index_row in wanted:
             if before == after:
-                continue
+                continue  # same hand-off, same index row (it may carry a settlement's ClaimedUntil)
             if before:
                 ops.append(store.delete(pk, before))
-            if after:
-                ops.append(store.insert(build().to_entity(pk, after)))
+            if after and index_row is not None:
+                ops.append(store.insert(index_row.to_entity(pk, after)))
         return ops
 
     def _refused_ops(
