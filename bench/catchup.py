@@ -91,7 +91,7 @@ class Loader:
 
     def records(self, count: int, *, expired_locks: int) -> None:
         if self.bulk:
-            self.support.bulk_records(count, expired_locks=expired_locks)
+            self.support.bulk_records(count - expired_locks, expired_locks=expired_locks)
             return
         # Fallback: processed records through lock + set, expired locks through a 1-second lock.
         for _ in range(count - expired_locks):
@@ -100,7 +100,7 @@ class Loader:
 
     def expired(self, count: int) -> None:
         if self.bulk:
-            self.support.bulk_records(count, expired_locks=count)
+            self.support.bulk_records(0, expired_locks=count)
             return
         for _ in range(count):
             key = new_key(prefix="cux")
