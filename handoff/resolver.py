@@ -23,7 +23,9 @@ from common.errors import KeyTooLong
 from handoff import keys, store
 from handoff.contract import (
     HEARTBEAT_EVENT_TYPE,
+    MANAGER_ID,
     InboundMessage,
+    MessageType,
     PoisonMessage,
     Prop,
     event_type_of,
@@ -164,6 +166,8 @@ class ResolverService:
                 ops += self._refused_ops(
                     pk, m, current, decision.request_enqueued_at, decision.handoff_seen, sequence
                 )
+            if m.message_type is MessageType.RetryRequest:
+                ops.append(self._retry_audit(pk, m, now))
             try:
                 self.store.submit(ops)
             except TableTransactionError as exc:
@@ -224,6 +228,20 @@ class ResolverService:
             if after and index_row is not None:
                 ops.append(store.insert(index_row.to_entity(pk, after)))
         return ops
+
+    @staticmethod
+    def _retry_audit(pk: str, m: InboundMessage, now: datetime) -> Operation:
+        """NimBus audits a RetryRequest (Manager / Retry); in the transaction, so a copy cannot repeat it."""
+        audit = AuditRow(
+            auditor_name=MANAGER_ID,
+            audit_timestamp=now,
+            audit_type="Retry",
+            data=f"RetryRequest {m.message_id}",
+            event_id=m.event_id,
+            endpoint_id=m.endpoint_id,
+            event_type_id=m.event_type_id,
+        )
+        return store.insert(audit.to_entity(pk, keys.audit_row(m.event_id, now, uuid.uuid4().hex)))
 
     def _refused_ops(
         self,

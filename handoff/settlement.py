@@ -113,7 +113,7 @@ class SettlementService:
                 + f", last written by {row.message_type.name}).",
                 field="coordinates.eventId",
             )
-        if coords.session_id != row.session_id:
+        if coords.session_id != (row.session_id or ""):
             raise Conflict(
                 "coordinates.sessionId does not match the parked event.", field="coordinates.sessionId"
             )

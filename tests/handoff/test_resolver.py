@@ -382,3 +382,14 @@ def test_event_ids_with_key_forbidden_characters_round_trip(call, resolve):
     resolve(flow.request())
     assert event_of(call, flow)["eventId"] == "inv?42\\a|b~%"
     assert keys.partition("Billing/EU#1") == "Billing%2FEU%231"
+
+
+def test_a_retry_request_is_audited_once_by_manager(call, resolve, flow):
+    resolve(flow.request())
+    resolve(flow.response(MessageType.ErrorResponse, message_id="err-1", error_text="boom"))
+    retry = flow.control(MessageType.RetryRequest, message_id="retry-1", parent="err-1")
+    resolve(retry)
+    resolve(retry)  # a redelivered copy adds nothing
+    row = event_of(call, flow)
+    assert row["resolutionStatus"] == "Pending"
+    assert [(a["auditorName"], a["auditType"]) for a in row["audits"]] == [("Manager", "Retry")]
