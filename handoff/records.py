@@ -53,6 +53,8 @@ class TableRecord(BaseModel):
             if name in _CHUNKED and isinstance(value, str):
                 entity.update(_split(name, value))
                 continue
+            if isinstance(value, int) and not isinstance(value, bool):
+                value = int64(value)  # durations in ms outgrow 32 bits after ~25 days
             entity[name] = value
         return entity
 
@@ -64,6 +66,7 @@ class TableRecord(BaseModel):
                 "_" in name and name.split("_")[0] in _CHUNKED
             ):
                 continue
+            # Int64 columns come back wrapped (``EntityProperty``).
             data[name] = getattr(value, "value", value) if type(value).__name__ == "EntityProperty" else value
         for name in _CHUNKED:
             if name in data:
@@ -71,6 +74,13 @@ class TableRecord(BaseModel):
         record = cls.model_validate(data)
         record.etag = entity.metadata.get("etag") if hasattr(entity, "metadata") else None
         return record
+
+
+def int64(value: int) -> Any:
+    """An Int64 column value (the SDK sends a plain int as Int32 and refuses larger ones)."""
+    from azure.data.tables import EdmType, EntityProperty
+
+    return EntityProperty(value, EdmType.INT64)
 
 
 def _split(name: str, text: str) -> dict[str, str]:

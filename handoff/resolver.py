@@ -33,7 +33,16 @@ from handoff.contract import (
     properties_of,
 )
 from handoff.projection import RESOLVER_AUDITOR, history_row, project, stale_comment
-from handoff.records import AuditRow, EventRow, ExpiryRow, JobRow, PoisonRow, QueueRow, TableRecord
+from handoff.records import (
+    AuditRow,
+    EventRow,
+    ExpiryRow,
+    JobRow,
+    PoisonRow,
+    QueueRow,
+    TableRecord,
+    int64,
+)
 from handoff.store import HandoffStore, Operation
 
 if TYPE_CHECKING:
@@ -269,7 +278,7 @@ class ResolverService:
             "PartitionKey": pk,
             "RowKey": keys.event_row(m.event_id),
             "HandoffSeen": seen,
-            "HistoryCount": sequence,
+            "HistoryCount": int64(sequence),
         }
         if request_at is not None:
             bookkeeping["RequestEnqueuedAt"] = request_at

@@ -182,7 +182,7 @@ class HandoffStore:
 
 
 def classify_event_rows(entities: Iterator[Any]) -> tuple[EventRow | None, list[HistoryRow], list[AuditRow]]:
-    """Split one event's range query into its event row, history (by enqueue time) and audits (by time)."""
+    """Split one event's range query into its event row, history (projection order) and audits (by time)."""
     event: EventRow | None = None
     history: list[HistoryRow] = []
     audits: list[AuditRow] = []

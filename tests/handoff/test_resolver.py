@@ -393,3 +393,24 @@ def test_a_retry_request_is_audited_once_by_manager(call, resolve, flow):
     row = event_of(call, flow)
     assert row["resolutionStatus"] == "Pending"
     assert [(a["auditorName"], a["auditType"]) for a in row["audits"]] == [("Manager", "Retry")]
+
+
+def test_a_large_body_is_split_across_properties_and_read_back_whole(call, resolve, flow):
+    payload = '{"lines": "' + "x" * 200_000 + '"}'
+    resolve(flow.request(event_json=payload))
+    assert event_of(call, flow)["messageContent"]["EventContent"]["EventJson"] == payload
+
+
+def test_a_body_too_large_for_a_row_is_poison(resolve, flow):
+    msg = flow.request(message_id=f"big-{flow.event_id}", event_json="y" * 600_000)
+    assert service.resolver_service().handle(msg) is Outcome.POISONED
+    assert service.store().get_event(flow.endpoint, flow.event_id) is None
+
+
+def test_a_handoff_lasting_a_month_reports_its_processing_time(call, resolve, flow):
+    resolve(flow.request(enqueued=datetime.now(UTC) - timedelta(days=30)))
+    resolve(flow.park())
+    resolve(flow.response(MessageType.ResolutionResponse, QueueTimeMs=2**40))
+    row = event_of(call, flow)
+    assert row["processingTimeMs"] >= 30 * 86_400_000 - 5000  # beyond 32 bits
+    assert row["queueTimeMs"] == 2**40
