@@ -233,8 +233,8 @@ def parse_body(body: bytes) -> tuple[MessageContent, str]:
     try:
         text = body.decode("utf-8-sig")
         data = json.loads(text)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise PoisonMessage(f"Unreadable body: {exc}") from exc
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise PoisonMessage(f"Unreadable body: {type(exc).__name__}: {exc}") from exc
     if not isinstance(data, dict):
         raise PoisonMessage("Unreadable body: the MessageContent must be a JSON object.")
     try:

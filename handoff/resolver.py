@@ -300,8 +300,9 @@ class ResolverService:
             delivery_count=msg.delivery_count,
             enqueued_time_utc=msg.enqueued_time_utc or now,
             recorded_at=now,
-            application_properties=json.dumps(props, default=str, ensure_ascii=False)[:30_000],
-            message_content=body.decode("utf-8", errors="replace")[:30_000] or None,
+            # Within one 64 KiB property, and the body within a row, so storing poison never fails on size.
+            application_properties=json.dumps(props, default=str, ensure_ascii=False)[:15_000],
+            message_content=body.decode("utf-8", errors="replace")[:200_000] or None,
         )
         self.store.store_poison(row, msg.message_id)
         log.error("poison resolver message %s stored for operators: %s", msg.message_id, reason)

@@ -38,6 +38,8 @@ def _poison_reasons(msg) -> list[str]:
         (lambda f: f.response(MessageType.ResolutionResponse, from_=None), "without From"),
         (lambda f: f.request(body=b"{not json"), "Unreadable body"),
         (lambda f: f.request(body=b"[1, 2]"), "Unreadable body"),
+        (lambda f: f.request(body=b"{" * 1_000_000), "Unreadable body"),
+        (lambda f: f.request(body=b"[" * 100_000 + b"]" * 100_000), "Unreadable body"),
         (lambda f: f.request(body=b"\xff\xfe\x00"), "Unreadable body"),
         (
             lambda f: nimbus(
@@ -55,6 +57,8 @@ def _poison_reasons(msg) -> list[str]:
         "response-without-from",
         "bad-json",
         "not-an-object",
+        "huge-bad-json",
+        "too-deep",
         "not-utf8",
         "no-event-id",
         "key-too-long",
