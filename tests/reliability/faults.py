@@ -1,0 +1,88 @@
+"""Fault injection: an azure-core policy that fails a chosen storage request of the arming thread.
+
+``runtime.reset(policies=[FAULTS])`` puts the policy on every Table client, after the SDK's retry policy
+(once per attempt). A thread arms it with :meth:`FaultPolicy.plan`; other threads (the expiry index
+flusher) pass straight through, so request numbers are those of the operation under test.
+
+Two kinds of fault:
+
+* ``before``: ``ServiceRequestError`` before the request leaves (nothing reached storage);
+* ``after``: the request reached Azurite and was applied, then ``ServiceResponseError`` (the answer was
+  lost: the ambiguous case, where the caller cannot know whether its write happened).
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Literal
+from urllib.parse import unquote, urlparse
+
+from azure.core.exceptions import ServiceRequestError, ServiceResponseError
+from azure.core.pipeline.policies import HTTPPolicy
+
+When = Literal["before", "after"]
+WHENS: tuple[When, When] = ("before", "after")
+
+
+@dataclass
+class Plan:
+    """What to fail on this thread: request number ``index`` (1-based), or at random with ``rate``."""
+
+    index: int | None = None
+    when: When = "before"
+    rate: float = 0.0
+    rng: random.Random = field(default_factory=random.Random)
+    requests: list[str] = field(default_factory=list)
+    injected: list[str] = field(default_factory=list)
+
+    def _fires(self, number: int) -> bool:
+        if self.index is not None:
+            return number == self.index
+        return self.rate > 0 and self.rng.random() < self.rate
+
+
+class FaultPolicy(HTTPPolicy):  # type: ignore[type-arg]
+    """Fails storage requests according to the current thread's :class:`Plan` (none: pass through)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._local = threading.local()
+
+    @contextmanager
+    def plan(
+        self, index: int | None = None, when: When = "before", *, rate: float = 0.0, seed: int = 0
+    ) -> Iterator[Plan]:
+        plan = Plan(index=index, when=when, rate=rate, rng=random.Random(seed))
+        previous = getattr(self._local, "plan", None)
+        self._local.plan = plan
+        try:
+            yield plan
+        finally:
+            self._local.plan = previous
+
+    def send(self, request: Any) -> Any:
+        plan: Plan | None = getattr(self._local, "plan", None)
+        if plan is None:
+            return self.next.send(request)
+        http = request.http_request
+        label = f"{http.method} {unquote(urlparse(http.url).path)}"
+        plan.requests.append(label)
+        number = len(plan.requests)
+        fires = plan._fires(number)
+        if fires and plan.when == "before":
+            plan.injected.append(f"before #{number} {label}")
+            raise ServiceRequestError(f"injected fault: request #{number} ({label}) was not sent")
+        response = self.next.send(request)
+        if fires and plan.when == "after":
+            plan.injected.append(f"after #{number} {label}")
+            raise ServiceResponseError(
+                f"injected fault: request #{number} ({label}) was applied but its answer was lost"
+            )
+        return response
+
+
+FAULTS = FaultPolicy()
