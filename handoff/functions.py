@@ -29,6 +29,7 @@ bp = func.Blueprint()
 _SETTLE_RESPONSES = {
     400: "Invalid request (the problem names the field)",
     404: "Unknown event",
+    413: "result too large for a Service Bus message",
     409: "Not a pending hand-off, coordinates do not match, or a settlement is already in flight",
     503: "Service Bus or storage unavailable (the claim was released; retry)",
 }

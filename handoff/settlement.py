@@ -19,7 +19,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from common.clock import iso, utcnow
-from common.errors import Conflict, NotFound
+from common.errors import Conflict, NotFound, PayloadTooLarge
 from handoff import keys, store
 from handoff.contract import Coordinates, MessageType, build_control_message, settlement_content
 from handoff.models import SettlementAccepted
@@ -30,6 +30,8 @@ from handoff.transport import Transport
 log = logging.getLogger("settle.settlement")
 
 CLAIM_TTL = timedelta(minutes=5)
+# Service Bus Standard caps a message at 256 KB; leave room for the properties and the envelope.
+MAX_RESULT_BYTES = 192 * 1024
 UNCLAIMED = "0"
 
 
@@ -71,6 +73,9 @@ class SettlementService:
 
     def settle(self, s: Settlement, *, take_over_expired: bool = True) -> SettlementAccepted:
         """Send exactly one control message for a Pending + Handoff row; 404 / 409 / 503 otherwise."""
+        payload = result_json(s.result)
+        if payload is not None and len(payload.encode("utf-8")) > MAX_RESULT_BYTES:
+            raise PayloadTooLarge(f"result is larger than {MAX_RESULT_BYTES} bytes as JSON.", field="result")
         row = self.store.get_event(s.endpoint_id, s.coordinates.event_id)
         if row is None:
             raise NotFound(f"Event {s.coordinates.event_id!r} is unknown on endpoint {s.endpoint_id!r}.")
@@ -79,7 +84,7 @@ class SettlementService:
         content = settlement_content(
             s.kind,
             coords,
-            result_json=result_json(s.result),
+            result_json=payload,
             error_text=s.error_text,
             error_type=s.error_type,
         )

@@ -271,3 +271,10 @@ def test_control_messages_projected_by_the_resolver_move_the_row_out_of_the_queu
         MessageType.HandoffCompletedRequest.name,
     )
     assert complete(call, flow).status == 409
+
+
+def test_a_result_too_large_for_a_service_bus_message_is_413(call, resolve, flow, transport):
+    parked(resolve, flow)
+    result = complete(call, flow, result="x" * 300_000)
+    assert result.status == 413 and result.json["field"] == "result"
+    assert transport.sent == [] and event_of(call, flow)["audits"] == []
