@@ -52,17 +52,17 @@ class Sizes:
     @classmethod
     def full(cls) -> Sizes:
         return cls(
-            rounds=5,
-            latency_reps=30,
+            rounds=7,
+            latency_reps=40,
             contention_ks=(2, 8, 32),
-            contention_repeats=5,
+            contention_repeats=10,
             catchup_sizes=(10_000, 100_000),
             catchup_fallback_sizes=(1_000, 5_000),
             catchup_expired=100,
-            catchup_runs=5,
+            catchup_runs=7,
             resolver_events=500,
             resolver_blocks=10,
-            coldstart_processes=7,
+            coldstart_processes=11,
         )
 
     @classmethod
