@@ -51,10 +51,45 @@ def problem_response(error: SettleError) -> func.HttpResponse:
 
 # Tags pydantic puts in an error location for union members and validators, not field names.
 _SCHEMA_TAGS = frozenset(
-    "str int float bool bytes none list dict tuple set frozenset datetime date time timedelta decimal "
-    "uuid url json any model dataclass enum literal nullable union default chain callable "
-    "is-instance lax-or-strict json-or-python tagged-union constrained-str constrained-int "
-    "constrained-float constrained-bytes".split()
+    {
+        "str",
+        "int",
+        "float",
+        "bool",
+        "bytes",
+        "none",
+        "list",
+        "dict",
+        "tuple",
+        "set",
+        "frozenset",
+        "datetime",
+        "date",
+        "time",
+        "timedelta",
+        "decimal",
+        "uuid",
+        "url",
+        "json",
+        "any",
+        "model",
+        "dataclass",
+        "enum",
+        "literal",
+        "nullable",
+        "union",
+        "default",
+        "chain",
+        "callable",
+        "is-instance",
+        "lax-or-strict",
+        "json-or-python",
+        "tagged-union",
+        "constrained-str",
+        "constrained-int",
+        "constrained-float",
+        "constrained-bytes",
+    }
 )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -22,10 +23,10 @@ OPERATIONS = [
 ]
 
 
-def problem(result, status: int, field: str | None = None) -> dict:
+def problem(result, status: int, field: str | None = None) -> dict[str, Any]:
     assert result.status == status, result.body
     assert result.content_type.startswith("application/problem+json")
-    body = result.json
+    body: dict[str, Any] = result.json
     assert body["type"].startswith("urn:settle:problem:") and body["title"] and body["status"] == status
     if field is not None:
         assert body["field"] == field, body

@@ -48,10 +48,26 @@ def test_distinct_keys_never_share_a_row_key(a, b):
 
     table_a = (partition_key(a.tenant_id, a.scope, a.entity_id), head_row_key(a))
     table_b = (partition_key(b.tenant_id, b.scope, b.entity_id), head_row_key(b))
-    identity_a = (a.tenant_id, a.scope, a.entity_id, a.entity_execution_id if a.scope.is_execution else None,
-                  a.item_entity_key, a.item_key, a.sub_item_entity_key, a.sub_item_key)
-    identity_b = (b.tenant_id, b.scope, b.entity_id, b.entity_execution_id if b.scope.is_execution else None,
-                  b.item_entity_key, b.item_key, b.sub_item_entity_key, b.sub_item_key)
+    identity_a = (
+        a.tenant_id,
+        a.scope,
+        a.entity_id,
+        a.entity_execution_id if a.scope.is_execution else None,
+        a.item_entity_key,
+        a.item_key,
+        a.sub_item_entity_key,
+        a.sub_item_key,
+    )
+    identity_b = (
+        b.tenant_id,
+        b.scope,
+        b.entity_id,
+        b.entity_execution_id if b.scope.is_execution else None,
+        b.item_entity_key,
+        b.item_key,
+        b.sub_item_entity_key,
+        b.sub_item_key,
+    )
     assert (table_a == table_b) == (identity_a == identity_b)
 
 

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from tests.state.conftest import new_key
 
 
-def collect(call, body) -> list[dict]:
-    items, token = [], None
+def collect(call, body) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = []
+    token = None
     while True:
         page = call("state_query", {**body, **({"continuationToken": token} if token else {})}).json
         items += page["items"]

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 import pytest
 
 from tests.state.conftest import new_key
 
 
-def race(state, key, threads: int, **body) -> list[dict]:
+def race(state, key, threads: int, **body) -> list[dict[str, Any]]:
     barrier = threading.Barrier(threads)
-    results: list[dict] = []
+    results: list[dict[str, Any]] = []
     lock = threading.Lock()
 
     def contender() -> None:
