@@ -64,6 +64,15 @@ class FaultPolicy(HTTPPolicy):  # type: ignore[type-arg]
         finally:
             self._local.plan = previous
 
+    def arm(self, index: int = 1, when: When = "before") -> Plan:
+        """Arm this thread without a ``with`` block (a transport stub failing the request that follows)."""
+        plan = Plan(index=index, when=when)
+        self._local.plan = plan
+        return plan
+
+    def disarm(self) -> None:
+        self._local.plan = None
+
     def send(self, request: Any) -> Any:
         plan: Plan | None = getattr(self._local, "plan", None)
         if plan is None:
