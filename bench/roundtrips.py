@@ -23,6 +23,7 @@ from bench.harness import (
     verdict_at_most,
 )
 from bench.workload import State, Unexpected, event_messages, expect, new_key
+from common import runtime
 
 SECTION = "round trips"
 
@@ -32,6 +33,9 @@ STATE_MINIMUM: dict[str, int] = {
     "get": 1,
     "lock (new key)": 1,
     "lock (refused: held)": 2,
+    "lock (refused: held, other instance)": 2,
+    "lock (Failed key)": 2,
+    "lock (Failed key, other instance)": 2,
     "set (fenced, with token)": 1,
     "set (without token)": 2,
     "release (fenced, with token)": 1,
@@ -43,6 +47,13 @@ STATE_MINIMUM: dict[str, int] = {
 # The resolver reads the event row once and writes history + event row in one transaction.
 RESOLVER_MINIMUM = 2
 RESOLVER_TYPES = ("EventRequest", "PendingHandoffResponse", "HandoffCompletedRequest", "ResolutionResponse")
+
+
+def other_instance(state: State) -> None:
+    """Forget every process-local cache (as another Function instance would not have them), then warm
+    the table clients on an unrelated key so table creation is not counted."""
+    runtime.reset()
+    state.exists(new_key(prefix="warm"))
 
 
 def _state_cases(state: State) -> dict[str, Callable[[], Callable[[], Any]]]:
@@ -70,6 +81,19 @@ def _state_cases(state: State) -> dict[str, Callable[[], Callable[[], Any]]]:
         state.acquire(key)
         return lambda: expect(state.lock(key), 200, 409, 423, what="state_lock (held)")
 
+    def lock_held_elsewhere() -> Callable[[], Any]:
+        key = new_key(prefix="rt")
+        state.acquire(key)
+        other_instance(state)
+        return lambda: expect(state.lock(key), 200, 409, 423, what="state_lock (held)")
+
+    def lock_failed(elsewhere: bool) -> Callable[[], Any]:
+        key = new_key(prefix="rt")
+        expect(state.release(key, state.acquire(key)), 200, 204, what="state_release")
+        if elsewhere:
+            other_instance(state)
+        return lambda: expect(state.lock(key), 200, what="state_lock (Failed)")
+
     def fenced(op: Callable[[dict[str, Any], str | None], Any], with_token: bool) -> Callable[[], Any]:
         key = new_key(prefix="rt")
         token = state.acquire(key)
@@ -89,6 +113,9 @@ def _state_cases(state: State) -> dict[str, Callable[[], Callable[[], Any]]]:
         "get": get,
         "lock (new key)": lock_new,
         "lock (refused: held)": lock_held,
+        "lock (refused: held, other instance)": lock_held_elsewhere,
+        "lock (Failed key)": lambda: lock_failed(False),
+        "lock (Failed key, other instance)": lambda: lock_failed(True),
         "set (fenced, with token)": lambda: fenced(state.set, True),
         "set (without token)": lambda: fenced(state.set, False),
         "release (fenced, with token)": lambda: fenced(state.release, True),
@@ -103,6 +130,9 @@ _FUNCTION_OF = {
     "get": "state_get",
     "lock (new key)": "state_lock",
     "lock (refused: held)": "state_lock",
+    "lock (refused: held, other instance)": "state_lock",
+    "lock (Failed key)": "state_lock",
+    "lock (Failed key, other instance)": "state_lock",
     "set (fenced, with token)": "state_set",
     "set (without token)": "state_set",
     "release (fenced, with token)": "state_release",
@@ -191,7 +221,7 @@ def settlement_figure(env: Environment) -> list[Figure]:
     """``handoff_complete`` on a parked event: claim + send + audit (send goes through the loopback).
 
     With ``SETTLE_LOOPBACK=true`` the control message is projected in-process on the same thread, so its
-    projection (2 requests) is counted too. Documented minimum (docs/handoff-tables.md): read the event
+    projection (2 requests) is counted too. Documented minimum (docs/tables.md): read the event
     row 1 + one transaction holding claim + audit + queue mark 1, then the send; over the loopback the
     send is the projection's 2: in all 4.
     """
