@@ -696,6 +696,8 @@ class DevHost:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._server: ThreadingHTTPServer | None = None
+        # One invocation of a timer at a time (the host's singleton lock): schedule and admin endpoint wait.
+        self._timer_locks = {name: threading.Lock() for name in table.timers}
 
     @classmethod
     def from_app(
@@ -808,7 +810,8 @@ class DevHost:
         from azure.functions.timer import TimerRequest
 
         fn = self.table.timers[name]
-        invoke(fn.user_function, fn.arg_name, TimerRequest(past_due=past_due))
+        with self._timer_locks[name]:
+            invoke(fn.user_function, fn.arg_name, TimerRequest(past_due=past_due))
 
     def _timer_loop(self, fn: TimerFunction, schedule: Schedule) -> None:
         if fn.run_on_startup:
