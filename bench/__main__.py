@@ -28,6 +28,7 @@ from bench.harness import (
     environment,
     log,
     missing,
+    render_markdown,
     render_table,
     write_results,
 )
@@ -92,13 +93,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true", help="tiny sizes (seconds), to keep it working in CI")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON results (default: %(default)s)")
     parser.add_argument("--only", nargs="*", choices=list(SECTIONS), default=[], help="run these sections")
+    parser.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     args = parser.parse_args(argv)
     # Connection-pool and Settle warnings under 32 racing threads are expected; keep the table readable.
     logging.basicConfig(level=logging.ERROR)
     command = "python -m bench" + (" --smoke" if args.smoke else "")
     results = run(smoke=args.smoke, out=args.out, only=args.only, command=command)
     figures = [f for figs in results.sections.values() for f in figs]
-    sys.stdout.write(render_table(figures) + "\n")
+    sys.stdout.write((render_markdown(figures) if args.markdown else render_table(figures)) + "\n")
     missed = sum(f.verdict == "missed" for f in figures)
     absent = sum(f.verdict == "missing" for f in figures)
     sys.stdout.write(

@@ -371,6 +371,26 @@ def render_table(figures: Sequence[Figure]) -> str:
     return "\n".join(out)
 
 
+def render_markdown(figures: Sequence[Figure]) -> str:
+    """The same table as Markdown (for docs/benchmark.md)."""
+    out = [
+        "| section | figure | Settle | baseline | ratio | target | verdict |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for f in figures:
+        cells = (
+            f.section,
+            f.name,
+            _fmt(f.settle, f.unit),
+            _fmt(f.baseline, f.unit),
+            "-" if f.ratio is None else f"{f.ratio:.2f}",
+            f.target,
+            f"**{f.verdict}**" if f.verdict in ("missed", "missing") else f.verdict,
+        )
+        out.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(out)
+
+
 def write_results(results: Results, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(results.model_dump_json(indent=2) + "\n", encoding="utf-8")
