@@ -9,7 +9,10 @@ from pydantic.alias_generators import to_camel
 class ApiModel(BaseModel):
     """A response or nested model: camelCase on the wire, snake_case in Python."""
 
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, ser_json_timedelta="float")
+    # defer_build: schemas are built on first use, not at import (shorter cold start of the worker).
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, ser_json_timedelta="float", defer_build=True
+    )
 
 
 class RequestModel(ApiModel):

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
-from pydantic.json_schema import JsonSchemaMode, models_json_schema
+
+if TYPE_CHECKING:
+    from pydantic.json_schema import JsonSchemaMode
 
 PROBLEM_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -62,6 +64,8 @@ def operations() -> list[Operation]:
 
 @lru_cache(maxsize=1)
 def document() -> dict[str, Any]:
+    from pydantic.json_schema import models_json_schema  # only when the document is asked for
+
     models: list[type[BaseModel]] = []
     for op in _OPERATIONS:
         for model in (op.request, op.response):

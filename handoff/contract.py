@@ -117,7 +117,7 @@ class Prop:
 
 
 class _Pascal(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", defer_build=True)
 
 
 class EventPart(_Pascal):
@@ -158,7 +158,7 @@ class PoisonMessage(Exception):
 class InboundMessage(BaseModel):
     """A resolver input, typed: what NimBus's ``MessageEntity`` copies from the Service Bus message."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)
 
     message_id: str
     message_type: MessageType
@@ -327,7 +327,7 @@ def parse_message(msg: func.ServiceBusMessage, *, now: datetime) -> InboundMessa
 class Coordinates(BaseModel):
     """The six audit-row coordinates NimBus's ``HandoffSettlement`` carries."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)
 
     event_id: str
     session_id: str

@@ -27,7 +27,7 @@ _CHUNKED = ("MessageContent",)
 class TableRecord(BaseModel):
     """Base: PascalCase columns, ETag kept aside (it is not a column)."""
 
-    model_config = ConfigDict(alias_generator=to_pascal, populate_by_name=True)
+    model_config = ConfigDict(alias_generator=to_pascal, populate_by_name=True, defer_build=True)
 
     etag: str | None = Field(default=None, exclude=True)
 

@@ -79,10 +79,11 @@ class ExpiryIndex:
 
     def __init__(self, tables: Tables) -> None:
         self._tables = tables
-        self._lock = threading.Lock()
-        self._pending: dict[str, IndexRow] = {}  # ident -> row to insert
-        self._deletes: dict[str, IndexRow] = {}  # ident -> written row (with etag) to delete
-        self._written: OrderedDict[str, IndexRow] = OrderedDict()
+        self._lock = threading.Lock()  # guards the dictionaries below
+        self._flushing = threading.Lock()  # one flush at a time, so no row is written twice
+        self._pending: dict[str, IndexRow] = {}  # ident -> the row to insert
+        self._written: OrderedDict[str, IndexRow] = OrderedDict()  # ident -> the row in the table
+        self._deletes: dict[str, IndexRow] = {}  # row key -> a written row (with ETag) to delete
         self._attempts: dict[str, int] = {}
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -92,20 +93,23 @@ class ExpiryIndex:
     def track(
         self, kind: str, expires_at: datetime, ident: str, state_pk: str, state_rk: str, version: int
     ) -> None:
+        """Catch ``ident`` up at ``expires_at`` (replacing an earlier deadline of the same ident)."""
         pk, rk = index_keys(kind, expires_at, ident)
         row = IndexRow(kind, ident, pk, rk, state_pk, state_rk, version)
         with self._lock:
             self._pending[ident] = row
+            previous = self._written.pop(ident, None)
+            if previous is not None:
+                self._deletes[previous.row_key] = previous
             self._ensure_thread()
 
     def untrack(self, ident: str) -> None:
         """The lock (or retention version) ``ident`` no longer needs catching up."""
         with self._lock:
-            if self._pending.pop(ident, None) is not None:
-                return
+            self._pending.pop(ident, None)
             written = self._written.pop(ident, None)
             if written is not None:
-                self._deletes[ident] = written
+                self._deletes[written.row_key] = written
                 self._ensure_thread()
 
     def _ensure_thread(self) -> None:
@@ -125,16 +129,17 @@ class ExpiryIndex:
 
     def flush(self) -> None:
         """Write buffered rows now (catch-up calls this first, so a run sees this process's locks)."""
-        with self._lock:
-            inserts = list(self._pending.values())
-            deletes = list(self._deletes.values())
-        if not inserts and not deletes:
-            return
-        table = self._tables.table(EXPIRY_TABLE)
-        for group in _grouped(inserts):
-            self._submit(table, group, insert=True)
-        for group in _grouped(deletes):
-            self._submit(table, group, insert=False)
+        with self._flushing:
+            with self._lock:
+                inserts = list(self._pending.values())
+                deletes = list(self._deletes.values())
+            if not inserts and not deletes:
+                return
+            table = self._tables.table(EXPIRY_TABLE)
+            for group in _grouped(inserts):
+                self._submit(table, group, insert=True)
+            for group in _grouped(deletes):
+                self._submit(table, group, insert=False)
 
     def _submit(self, table: Any, rows: list[IndexRow], *, insert: bool) -> None:
         from azure.core import MatchConditions
@@ -152,7 +157,7 @@ class ExpiryIndex:
             try:
                 results = table.submit_transaction(ops)
             except TableTransactionError as exc:
-                # One row already written (insert) or already gone/changed (delete): drop it, retry rest.
+                # One row already there (insert) or already gone/changed (delete): drop it, retry the rest.
                 index = exc.index if exc.index is not None and 0 <= exc.index < len(remaining) else 0
                 self._done(remaining.pop(index), insert=insert, etag=None)
                 continue
@@ -166,25 +171,32 @@ class ExpiryIndex:
 
     def _done(self, row: IndexRow, *, insert: bool, etag: str | None) -> None:
         with self._lock:
-            self._attempts.pop(row.ident, None)
-            if insert:
-                if self._pending.get(row.ident) is row:
-                    del self._pending[row.ident]
-                if etag is not None:
-                    self._written[row.ident] = replace(row, etag=etag)
+            self._attempts.pop(row.row_key, None)
+            if not insert:
+                self._deletes.pop(row.row_key, None)
+                return
+            written = replace(row, etag=etag) if etag is not None else None
+            if self._pending.get(row.ident) is row:
+                del self._pending[row.ident]
+                if written is not None:
+                    self._written[row.ident] = written
                     while len(self._written) > _MAX_REMEMBERED:
                         self._written.popitem(last=False)
-            elif self._deletes.get(row.ident) is row:
-                del self._deletes[row.ident]
+            elif written is not None:
+                # Untracked or re-tracked while it was being written: it is stale already.
+                self._deletes[row.row_key] = written
 
     def _retry_later(self, row: IndexRow, *, insert: bool) -> None:
         with self._lock:
-            attempts = self._attempts.get(row.ident, 0) + 1
-            self._attempts[row.ident] = attempts
+            attempts = self._attempts.get(row.row_key, 0) + 1
+            self._attempts[row.row_key] = attempts
             if attempts >= _MAX_ATTEMPTS:
                 log.error("giving up on expiry index row %s after %d attempts", row.row_key, attempts)
-                (self._pending if insert else self._deletes).pop(row.ident, None)
-                self._attempts.pop(row.ident, None)
+                if insert and self._pending.get(row.ident) is row:
+                    del self._pending[row.ident]
+                if not insert:
+                    self._deletes.pop(row.row_key, None)
+                self._attempts.pop(row.row_key, None)
 
     def _flush_at_exit(self) -> None:
         if self._closed:
@@ -226,7 +238,8 @@ class ExpiryIndex:
         from azure.core.exceptions import ResourceModifiedError, ResourceNotFoundError
 
         with self._lock:
-            self._written.pop(row.ident, None)
+            if (known := self._written.get(row.ident)) is not None and known.row_key == row.row_key:
+                del self._written[row.ident]
         with contextlib.suppress(ResourceNotFoundError, ResourceModifiedError):
             self._tables.table(EXPIRY_TABLE).delete_entity(
                 row.partition_key, row.row_key, etag=row.etag, match_condition=MatchConditions.IfNotModified

@@ -126,3 +126,26 @@ def test_retention_catchup_marks_old_records_expired(state, fresh_tables):
     record = state.get(key).json
     assert record["status"] == "Expired" and record["data"]["data"] == {"x": 1}
     assert [i["originalStatus"] for i in state.history(key).json["items"]] == [None, "Processed"]
+
+
+def test_concurrent_flushes_write_each_index_row_once(state, fresh_tables):
+    # given 150 buffered lock rows that expired (written by the loader, as the benchmark does)
+    from state.bench_support import bulk_records
+    from state.keys import EXPIRY_TABLE
+
+    expiry = service.store().expiry
+    loaded = bulk_records(0, expired_locks=150)
+    # when several threads flush at once and catch-up runs while they do
+    workers = [threading.Thread(target=expiry.flush) for _ in range(4)]
+    for w in workers:
+        w.start()
+    result = service.catchup().run()
+    for w in workers:
+        w.join()
+    expiry.flush()
+    # then every expired lock was failed once and the index holds nothing any more
+    second = service.catchup().run()
+    assert result.locks_failed + second.locks_failed == len(loaded.expired_locks)
+    assert second.stale_index_rows == 0
+    table = service.store()._tables.table(EXPIRY_TABLE)
+    assert list(table.list_entities()) == []
