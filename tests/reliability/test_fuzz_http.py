@@ -173,7 +173,8 @@ def test_no_generated_body_or_parameter_gets_a_5xx_and_every_error_is_problem_js
         params: dict[str, str] = {}
         for parameter in op.get("parameters", []):
             value = data.draw(
-                st.one_of(url_text, st.from_regex(r"[A-Za-z0-9-]{1,20}", fullmatch=True)), label=parameter["name"]
+                st.one_of(url_text, st.from_regex(r"[A-Za-z0-9-]{1,20}", fullmatch=True)),
+                label=parameter["name"],
             )
             if parameter["name"] == "waitSeconds":  # long-polling is bounded separately; keep fuzzing fast
                 value = data.draw(st.sampled_from(["0", "-1", "nan", "-inf", "abc", "0.1", ""]))
