@@ -332,7 +332,8 @@ def test_a_fault_on_any_request_of_catch_up_converts_each_expired_lock_exactly_o
             expired, live = prepare()
             runs = 0
             with faulty_tables.plan(index, when) as plan:
-                for runs in range(1, 4):  # the timer simply runs again on its next schedule
+                while runs < 3:  # the timer simply runs again on its next schedule
+                    runs += 1
                     try:
                         service.catchup().run(now=later())
                         break

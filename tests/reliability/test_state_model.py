@@ -1,0 +1,213 @@
+"""A stateful property test: random sequences of state operations against Azurite and a small model.
+
+The model is the seeds' state machine as SPEC.md states it: statuses, ``exists``, lock acquire/refuse,
+fencing by lock token (a token holds while its lock is the record's current lock), release, upsert,
+and one version (one history row) per change. Every answer is compared with it, and after every step
+each record's history has exactly as many versions as the model says. Locks are long (10 min), so expiry
+is not modelled here (the fault and catch-up suites cover it).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
+
+from tests.conftest import Caller
+from tests.reliability.tally import TALLY, sized
+
+pytestmark = pytest.mark.slow
+
+AREA = "state model"
+KEYS = 3
+EXISTS = {"Processed", "Skipped"}
+
+
+def lock_id(token: str) -> str:
+    payload = token[3:]
+    return str(json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))["i"])
+
+
+@dataclass
+class Model:
+    status: str = "None"
+    version: int = 0
+    lock: str | None = None  # the lock id currently held (status Processing)
+    tokens: list[str] = field(default_factory=list)
+
+    def holds(self, token: str | None) -> bool:
+        return token is not None and self.status == "Processing" and lock_id(token) == self.lock
+
+    def change(self, status: str) -> None:
+        self.status, self.version = status, self.version + 1
+        if status != "Processing":
+            self.lock = None
+
+
+def make_machine(call: Caller) -> type[RuleBasedStateMachine]:
+    class StateMachine(RuleBasedStateMachine):
+        def __init__(self) -> None:
+            super().__init__()
+            tag = uuid.uuid4().hex[:8]
+            self.keys = [
+                {"tenantId": 77, "scopeId": 4, "entityId": 1, "itemEntityKey": "m", "itemKey": f"{tag}-{i}"}
+                for i in range(KEYS)
+            ]
+            self.models = [Model() for _ in range(KEYS)]
+            TALLY.add(AREA, fuzz_cases=1)
+
+        def _call(self, name: str, body: dict[str, Any]) -> Any:
+            TALLY.add(AREA, operations=1)
+            return call(name, body)
+
+        def _token(self, m: Model, pick: int, kind: str) -> str | None:
+            if kind == "none" or not m.tokens:
+                return None
+            return m.tokens[-1] if kind == "latest" else m.tokens[pick % len(m.tokens)]
+
+        @rule(k=st.integers(0, KEYS - 1))
+        def lock(self, k: int) -> None:
+            m, result = self.models[k], self._call("state_lock", {"key": self.keys[k], "lockSeconds": 600})
+            acquire = m.status in ("None", "Failed")
+            TALLY.check(
+                AREA,
+                result.status == 200 and result.json["acquired"] == acquire,
+                f"lock {m}: {result.body!r}",
+            )
+            if acquire:
+                token = result.json["lockToken"]
+                m.change("Processing")
+                m.lock = lock_id(token)
+                m.tokens.append(token)
+            else:
+                TALLY.check(
+                    AREA,
+                    result.json["status"] == m.status and result.json["reason"],
+                    f"refusal {result.body!r}",
+                )
+
+        @rule(
+            k=st.integers(0, KEYS - 1),
+            status=st.sampled_from(["Processed", "Skipped", "Failed"]),
+            kind=st.sampled_from(["latest", "any", "none"]),
+            pick=st.integers(0, 20),
+        )
+        def set(self, k: int, status: str, kind: str, pick: int) -> None:
+            m = self.models[k]
+            token = self._token(m, pick, kind)
+            body: dict[str, Any] = {"key": self.keys[k], "status": status, "data": {"v": m.version + 1}}
+            if token:
+                body["lockToken"] = token
+            result = self._call("state_set", body)
+            if token is not None and not m.holds(token):
+                TALLY.check(AREA, result.status == 409, f"set with a lost token on {m}: {result.status}")
+                return
+            TALLY.check(
+                AREA, result.status == 200 and result.json["status"] == status, f"set {m}: {result.body!r}"
+            )
+            m.change(status)
+
+        @rule(
+            k=st.integers(0, KEYS - 1),
+            kind=st.sampled_from(["latest", "any", "none"]),
+            pick=st.integers(0, 20),
+        )
+        def upsert(self, k: int, kind: str, pick: int) -> None:
+            m = self.models[k]
+            token = self._token(m, pick, kind)
+            body: dict[str, Any] = {"key": self.keys[k], "data": {"up": m.version + 1}}
+            if token:
+                body["lockToken"] = token
+            result = self._call("state_upsert", body)
+            if token is not None and not m.holds(token):
+                TALLY.check(AREA, result.status == 409, f"upsert with a lost token on {m}: {result.status}")
+                return
+            TALLY.check(
+                AREA, result.status == 200 and result.json["status"] == "Processed", f"upsert {result.body!r}"
+            )
+            m.change("Processed")
+
+        @rule(
+            k=st.integers(0, KEYS - 1),
+            kind=st.sampled_from(["latest", "any", "none"]),
+            pick=st.integers(0, 20),
+        )
+        def release(self, k: int, kind: str, pick: int) -> None:
+            m = self.models[k]
+            token = self._token(m, pick, kind)
+            body: dict[str, Any] = {"key": self.keys[k], "error": "gave up"}
+            if token:
+                body["lockToken"] = token
+            result = self._call("state_release", body)
+            allowed = m.holds(token) if token is not None else m.status == "Processing"
+            if not allowed:
+                TALLY.check(AREA, result.status == 409, f"release refused on {m}: {result.status}")
+                return
+            TALLY.check(
+                AREA, result.status == 200 and result.json["status"] == "Failed", f"release {result.body!r}"
+            )
+            m.change("Failed")
+
+        @rule(k=st.integers(0, KEYS - 1), pick=st.integers(0, 20))
+        def extend(self, k: int, pick: int) -> None:
+            m = self.models[k]
+            token = self._token(m, pick, "any")
+            if token is None:
+                return
+            result = self._call(
+                "state_lock_extend", {"key": self.keys[k], "lockToken": token, "lockSeconds": 900}
+            )
+            if not m.holds(token):
+                TALLY.check(AREA, result.status == 409, f"extend with a lost token on {m}: {result.status}")
+                return
+            TALLY.check(AREA, result.status == 200, f"extend {m}: {result.body!r}")
+            m.change("Processing")
+            m.tokens.append(result.json["lockToken"])
+
+        @rule(k=st.integers(0, KEYS - 1))
+        def exists_and_get(self, k: int) -> None:
+            m = self.models[k]
+            ex = self._call("state_exists", {"key": self.keys[k]})
+            TALLY.check(
+                AREA,
+                ex.status == 200 and ex.json == {"exists": m.status in EXISTS, "status": m.status},
+                f"exists {m}: {ex.body!r}",
+            )
+            got = self._call("state_get", {"key": self.keys[k]})
+            if m.version == 0:
+                TALLY.check(AREA, got.status == 404, f"get of nothing: {got.status}")
+            else:
+                TALLY.check(
+                    AREA,
+                    got.status == 200 and (got.json["status"], got.json["version"]) == (m.status, m.version),
+                    f"get {m}: {got.body!r}",
+                )
+
+        @invariant()
+        def history_has_one_version_per_change(self) -> None:
+            for k, m in enumerate(self.models):
+                hist = self._call("state_history", {"key": self.keys[k], "pageSize": 1000})
+                versions = [i["version"] for i in hist.json["items"]]
+                TALLY.check(AREA, versions == list(range(m.version, 0, -1)), f"history {versions} for {m}")
+
+    return StateMachine
+
+
+def test_random_operation_sequences_agree_with_the_model(faulty_tables, functions):
+    machine = make_machine(Caller(functions))
+    run_state_machine_as_test(
+        machine,
+        settings=settings(
+            max_examples=sized(40, 8),
+            stateful_step_count=sized(30, 15),
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow],
+        ),
+    )
