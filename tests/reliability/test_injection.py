@@ -40,7 +40,7 @@ FRAGMENTS = [
 ]
 crafted = st.one_of(
     st.sampled_from(FRAGMENTS),
-    st.lists(st.sampled_from(FRAGMENTS + ["'", " or ", " and ", "eq", "(", ")"]), min_size=1, max_size=5).map(
+    st.lists(st.sampled_from([*FRAGMENTS, "'", " or ", " and ", "eq", "(", ")"]), min_size=1, max_size=5).map(
         "".join
     ),
     st.text(min_size=1, max_size=20),
