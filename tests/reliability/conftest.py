@@ -26,8 +26,11 @@ _AREA_OF_MODULE = {
     "test_injection": "injection",
     "test_keys_scale": "key encoding",
     "test_auth_secrets": "auth & secrets",
+    "test_checkers": "self-checks",
 }
 _ran = {"count": 0}
+# Whether the SDK's own retry policy stays on for the current fault-injecting test (restarts keep it).
+_sdk = {"retries": False}
 
 
 def _use(connection: str, prefix: str, *, faults: bool) -> None:
@@ -35,8 +38,8 @@ def _use(connection: str, prefix: str, *, faults: bool) -> None:
     os.environ["SETTLE_TABLE_PREFIX"] = prefix
     os.environ.pop("SETTLE_TABLES__tableServiceUri", None)
     if faults:
-        # SDK retries off: an injected fault reaches Settle, which must cope as documented.
-        runtime.reset(policies=[FAULTS], client_options={"retry_total": 0})
+        # SDK retries off by default: an injected fault reaches Settle, which must cope as documented.
+        runtime.reset(policies=[FAULTS], client_options=None if _sdk["retries"] else {"retry_total": 0})
     else:
         runtime.reset()
         return
@@ -57,8 +60,19 @@ def _use(connection: str, prefix: str, *, faults: bool) -> None:
 @pytest.fixture
 def faulty_tables(azurite_connection: str, settle_tables: str) -> Iterator[FaultPolicy]:
     """Empty tables of this test's own, every client carrying the fault policy, SDK retries off."""
+    _sdk["retries"] = False
     _use(azurite_connection, new_prefix(), faults=True)
     yield FAULTS
+    _use(azurite_connection, settle_tables, faults=False)
+
+
+@pytest.fixture
+def faulty_tables_sdk_retries(azurite_connection: str, settle_tables: str) -> Iterator[FaultPolicy]:
+    """Like ``faulty_tables`` but with the SDK's default retry policy on (the production set-up)."""
+    _sdk["retries"] = True
+    _use(azurite_connection, new_prefix(), faults=True)
+    yield FAULTS
+    _sdk["retries"] = False
     _use(azurite_connection, settle_tables, faults=False)
 
 

@@ -308,6 +308,35 @@ def test_a_fault_on_any_request_of_a_state_operation_leaves_the_record_consisten
             check_head_and_history(AREA, call, key, f"{case.name}: takeover of an orphan")
 
 
+# CI runs one case (three requests, a read among them) with the SDK's retries on; full scale every one.
+COLD = [c for c in CASES if c.cold and (scale() == "full" or c.name.startswith("lock a Failed"))]
+
+
+@pytest.mark.parametrize("case", COLD, ids=[c.name for c in COLD])
+def test_with_the_sdks_own_retries_on_a_fault_still_leaves_the_record_consistent(
+    faulty_tables_sdk_retries, restart, call, case
+):
+    # Given the production client set-up (the SDK retries reads and deletes itself, never inserts/batches)
+    faults = faulty_tables_sdk_retries
+    requests = count_requests(faults, call, case, restart)
+    orphans = []
+    # When each request fails before/after and the caller retries 503s
+    for index in range(1, requests + 1):
+        for when in WHENS:
+            orphan = run_case(faults, call, case, index, when, restart)
+            if orphan is not None:
+                orphans.append(orphan)
+    # Then the same promises hold (an orphaned lock is taken over once it expires)
+    if orphans:
+        time.sleep(ORPHAN_LOCK_SECONDS + 0.5)
+        for key in orphans:
+            again = call("state_lock", {"key": key})
+            TALLY.add(AREA, operations=1)
+            TALLY.check(
+                AREA, again.status == 200 and again.json["takeover"], f"{case.name}: orphan {again.body!r}"
+            )
+
+
 def test_a_fault_on_any_request_of_catch_up_converts_each_expired_lock_exactly_once(
     faulty_tables, new_tables, call
 ):
