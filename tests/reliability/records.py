@@ -11,7 +11,7 @@ from state.keys import HISTORY_MARK, MAX_VERSION, STATE_TABLE, partition_key, re
 from state.model import Status
 from state.schemas import KeyIn
 from tests.conftest import Caller
-from tests.reliability.tally import TALLY
+from tests.reliability.tally import TALLY, Tally
 
 
 def new_key(tenant: int = 7, **overrides: Any) -> dict[str, Any]:
@@ -72,18 +72,21 @@ def read_rows(key: dict[str, Any]) -> Rows:
     return Rows(head, history, count)
 
 
-def check_head_and_history(area: str, call: Caller, key: dict[str, Any], where: str) -> Rows:
+def check_head_and_history(
+    area: str, call: Caller, key: dict[str, Any], where: str, *, tally: Tally = TALLY
+) -> Rows:
     """Head and history agree, in storage and through the API; versions contiguous, none lost or doubled."""
+    check = tally.check
     rows = read_rows(key)
     v = rows.version
-    TALLY.check(area, rows.head is not None, f"{where}: the record has no head")
-    TALLY.check(
+    check(area, rows.head is not None, f"{where}: the record has no head")
+    check(
         area,
         sorted(rows.history) == list(range(1, v)) and rows.history_row_count == v - 1,
         f"{where}: head v{v} but history versions {sorted(rows.history)} ({rows.history_row_count} rows)",
     )
     for version, entity in rows.history.items():
-        TALLY.check(
+        check(
             area,
             int(entity["Version"]) == version
             and int(entity["SupersededByVersion"]) == version + 1
@@ -93,17 +96,15 @@ def check_head_and_history(area: str, call: Caller, key: dict[str, Any], where: 
         )
     got = call("state_get", {"key": key})
     hist = call("state_history", {"key": key, "pageSize": 1000})
-    TALLY.check(
-        area, got.status == 200 and hist.status == 200, f"{where}: get/history {got.status}/{hist.status}"
-    )
+    check(area, got.status == 200 and hist.status == 200, f"{where}: get/history {got.status}/{hist.status}")
     items = hist.json["items"]
-    TALLY.check(
+    check(
         area,
         [i["version"] for i in items] == list(range(v, 0, -1)),
         f"{where}: history API versions {[i['version'] for i in items]}, head v{v}",
     )
     newest, head = items[0], got.json
-    TALLY.check(
+    check(
         area,
         (newest["version"], newest["status"], newest["data"])
         == (head["version"], head["status"], head["data"]),

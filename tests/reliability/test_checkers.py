@@ -58,14 +58,7 @@ def test_the_history_checker_sees_a_lost_or_doubled_history_row(faulty_tables, c
 
 
 def _check_with(probe: Tally, call, key) -> None:
-    import tests.reliability.records as records
-
-    saved = records.TALLY
-    records.TALLY = probe
-    try:
-        check_head_and_history(AREA, call, key, "damaged")
-    finally:
-        records.TALLY = saved
+    check_head_and_history(AREA, call, key, "damaged", tally=probe)
 
 
 def test_the_resolver_model_refuses_what_spec_030_refuses():
