@@ -152,7 +152,7 @@ def test_the_openapi_document_documents_every_http_function(openapi, functions):
 
 
 @settings(
-    max_examples=sized(300, 20),
+    max_examples=sized(500, 20),
     deadline=None,
     suppress_health_check=[
         HealthCheck.function_scoped_fixture,

@@ -108,7 +108,7 @@ def test_fixed_odata_payloads_stay_inside_the_tenant(tenants, call):
 
 
 @settings(
-    max_examples=sized(200, 30), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=sized(400, 30), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(text=crafted, field=st.sampled_from(["itemEntityKey", "itemKey", "subItemKey", "subItemEntityKey"]))
 def test_crafted_keys_never_reach_another_tenants_record(tenants, call, text, field):
