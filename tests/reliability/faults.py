@@ -35,6 +35,7 @@ class Plan:
     index: int | None = None
     when: When = "before"
     rate: float = 0.0
+    limit: int | None = None  # at most this many random faults (a caller's retries then get through)
     rng: random.Random = field(default_factory=random.Random)
     requests: list[str] = field(default_factory=list)
     injected: list[str] = field(default_factory=list)
@@ -42,6 +43,8 @@ class Plan:
     def _fires(self, number: int) -> bool:
         if self.index is not None:
             return number == self.index
+        if self.limit is not None and len(self.injected) >= self.limit:
+            return False
         return self.rate > 0 and self.rng.random() < self.rate
 
 
@@ -54,9 +57,15 @@ class FaultPolicy(HTTPPolicy):  # type: ignore[type-arg]
 
     @contextmanager
     def plan(
-        self, index: int | None = None, when: When = "before", *, rate: float = 0.0, seed: int = 0
+        self,
+        index: int | None = None,
+        when: When = "before",
+        *,
+        rate: float = 0.0,
+        limit: int | None = None,
+        seed: int = 0,
     ) -> Iterator[Plan]:
-        plan = Plan(index=index, when=when, rate=rate, rng=random.Random(seed))
+        plan = Plan(index=index, when=when, rate=rate, limit=limit, rng=random.Random(seed))
         previous = getattr(self._local, "plan", None)
         self._local.plan = plan
         try:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import json
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -30,7 +31,7 @@ from state import service
 from tests.conftest import Caller, HttpResult
 from tests.reliability.faults import WHENS, FaultPolicy, When
 from tests.reliability.records import check_head_and_history, new_key, read_rows
-from tests.reliability.tally import TALLY, scale
+from tests.reliability.tally import TALLY, scale, sized
 
 pytestmark = pytest.mark.slow
 
@@ -385,3 +386,55 @@ def test_a_fault_on_any_request_of_catch_up_converts_each_expired_lock_exactly_o
                 f"{where}: a later run converted again: {again}",
             )
             TALLY.check(AREA, again.locks_failed == 0, f"{where}: a later run failed another lock: {again}")
+
+
+def _race_lock(
+    faults: FaultPolicy, call: Caller, key: dict[str, Any], seeds: list[int]
+) -> tuple[list[dict[str, Any]], int, int]:
+    """Callers lock ``key`` at the same instant, each with random faults, retrying 503s."""
+    barrier = threading.Barrier(len(seeds))
+    answers: list[dict[str, Any]] = []
+    counts = {"attempts": 0, "faults": 0}
+    guard = threading.Lock()
+
+    def caller(seed: int) -> None:
+        with faults.plan(when=WHENS[seed % 2], rate=0.33, limit=3, seed=seed) as plan:
+            barrier.wait()
+            result, attempts = call_with_retries(call, "state_lock", {"key": key, "lockSeconds": 600}, "race")
+        with guard:
+            answers.append(result.json if result.status == 200 else {"status": result.status})
+            counts["attempts"] += attempts
+            counts["faults"] += len(plan.injected)
+
+    workers = [threading.Thread(target=caller, args=(seed,)) for seed in seeds]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(60)
+    return answers, counts["attempts"], counts["faults"]
+
+
+def test_racing_lock_callers_under_random_faults_never_both_hold_the_lock(faulty_tables, call):
+    # Given keys that eight callers lock at the same instant, a third of their storage requests failing
+    threads = 8
+    for round_no in range(sized(30, 6)):
+        key = new_key()
+        if round_no % 2:  # half the keys start as a Failed record (re-acquisition: conditional replace)
+            _failed(call, key)
+        seeds = [round_no * threads + i for i in range(threads)]
+        answers, attempts, injected = _race_lock(faulty_tables, call, key, seeds)
+        TALLY.add(AREA, operations=attempts, faults=injected, races=1)
+        # Then at most one caller holds the lock, and it is the lock the head holds
+        where = f"lock race {round_no}"
+        holders = [a for a in answers if a.get("acquired")]
+        TALLY.check(AREA, len(answers) == threads, f"{where}: {len(answers)} answers")
+        TALLY.check(AREA, len(holders) <= 1, f"{where}: {len(holders)} callers hold the lock")
+        rows = check_head_and_history(AREA, call, key, where)
+        assert rows.head is not None
+        if holders:
+            TALLY.check(
+                AREA, lock_id_of(holders[0]["lockToken"]) == rows.head["LockId"], f"{where}: wrong lock"
+            )
+        # and the record went to Processing exactly once in this round
+        expected = ["Processing"] if round_no % 2 == 0 else ["Processing", "Failed", "Processing"]
+        TALLY.check(AREA, rows.statuses == expected, f"{where}: statuses {rows.statuses}")
