@@ -224,3 +224,44 @@ def test_an_ambiguous_send_then_a_retry_still_sends_one_control_message(faulty_t
     # Then one control message reached the broker (or the same MessageId twice, which it deduplicates)
     assert (first.status, second.status) == (503, 202)
     assert len({str(m.message_id) for m in transport.sent}) == 1, [str(m.message_id) for m in transport.sent]
+
+
+def test_a_storage_fault_on_any_request_of_a_settlement_still_sends_one_message_eventually(
+    faulty_tables, functions, call
+):
+    # Given how many storage requests one settlement makes
+    endpoint = "Billing-" + uuid.uuid4().hex[:8]
+    transport = FlakyTransport(failure_rate=0.0, seed=0)
+    service.use_transport(transport)
+    p = park(functions, endpoint)
+    with FAULTS.plan() as plan:
+        assert call("handoff_complete", p.body()).status == 202
+    requests = len(plan.requests)
+    TALLY.add(AREA, operations=1)
+    later = SettlementService(
+        service.store(), transport, clock=lambda: datetime.now(UTC) + CLAIM_TTL + timedelta(seconds=5)
+    )
+    for index in range(1, requests + 1):
+        for when in ("before", "after"):
+            where = f"settlement, request #{index} fails {when}"
+            p = park(functions, endpoint)
+            before = len(transport.sent)
+            # When request N fails and the caller retries 503s
+            answers = []
+            with FAULTS.plan(index, when) as plan:
+                for _ in range(3):
+                    result = call("handoff_complete", p.body())
+                    answers.append(result.status)
+                    if result.status != 503:
+                        break
+            TALLY.add(AREA, operations=len(answers), faults=len(plan.injected))
+            sent = len(transport.sent) - before
+            # Then at most one message; if none, the claim frees itself when it expires
+            TALLY.check(AREA, sent <= 1 and answers.count(202) == sent, f"{where}: {answers}, {sent} sent")
+            if sent == 0:
+                TALLY.check(AREA, answers[-1] == 409, f"{where}: {answers}")
+                coords = Coordinates(event_id=p.event_id, session_id=p.event_id, message_id=p.park_id)
+                later.settle(Settlement(MessageType.HandoffCompletedRequest, endpoint, coords, "reliability"))
+                TALLY.add(AREA, operations=1)
+                sent = len(transport.sent) - before
+            TALLY.check(AREA, sent == 1, f"{where}: {sent} control messages in the end")
