@@ -438,3 +438,55 @@ def test_racing_lock_callers_under_random_faults_never_both_hold_the_lock(faulty
         # and the record went to Processing exactly once in this round
         expected = ["Processing"] if round_no % 2 == 0 else ["Processing", "Failed", "Processing"]
         TALLY.check(AREA, rows.statuses == expected, f"{where}: statuses {rows.statuses}")
+
+
+def test_catch_up_on_several_instances_at_once_converts_each_expired_lock_once(faulty_tables, call):
+    # Given expired and live locks, flushed to the expiry index
+    from common import runtime
+    from state.catchup import Catchup
+    from state.expiry import ExpiryIndex
+    from state.store import StateStore
+
+    expired = [new_key() for _ in range(sized(20, 6))]
+    live = [new_key() for _ in range(3)]
+    for key in expired:
+        _ok(call("state_lock", {"key": key, "lockSeconds": 60}), "prepare")
+    for key in live:
+        _ok(call("state_lock", {"key": key, "lockSeconds": 3600}), "prepare")
+    service.store().expiry.flush()
+    when = utcnow() + timedelta(seconds=600)
+    # When three instances run catch-up at the same instant, with random storage faults, each retrying
+    barrier = threading.Barrier(3)
+    runs = {"count": 0, "faults": 0}
+    guard = threading.Lock()
+
+    def instance(seed: int) -> None:
+        tables = runtime.tables()
+        store = StateStore(tables, ExpiryIndex(tables))
+        with faulty_tables.plan(when=WHENS[seed % 2], rate=0.1, limit=4, seed=seed) as plan:
+            barrier.wait()
+            for _ in range(6):  # the timer fires again after a failed run
+                with guard:
+                    runs["count"] += 1
+                try:
+                    Catchup(store, store.expiry).run(now=when)
+                    break
+                except Exception as exc:
+                    TALLY.check(AREA, "injected fault" in str(exc), f"catch-up raised {exc!r}")
+        with guard:
+            runs["faults"] += len(plan.injected)
+
+    workers = [threading.Thread(target=instance, args=(seed,)) for seed in range(3)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(120)
+    TALLY.add(AREA, operations=runs["count"], faults=runs["faults"], races=1)
+    # Then every expired lock became Failed exactly once, and the live ones were not touched
+    for key in expired:
+        rows = check_head_and_history(AREA, call, key, "concurrent catch-up")
+        TALLY.check(AREA, rows.statuses == ["Processing", "Failed"], f"concurrent catch-up: {rows.statuses}")
+    for key in live:
+        TALLY.check(
+            AREA, read_rows(key).statuses == ["Processing"], "concurrent catch-up touched a live lock"
+        )
