@@ -23,6 +23,7 @@ _AREA_OF_MODULE = {
     "test_resolver": "resolver",
     "test_settlement_races": "settlement races",
     "test_fuzz_http": "http fuzz",
+    "test_fuzz_resolver": "resolver fuzz",
     "test_injection": "injection",
     "test_keys_scale": "key encoding",
     "test_auth_secrets": "auth & secrets",

@@ -173,7 +173,7 @@ def deliveries(draw: st.DrawFn) -> tuple[str, list[int]]:
 
 
 @settings(
-    max_examples=sized(150, 15),
+    max_examples=sized(300, 15),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )

@@ -205,7 +205,7 @@ def test_random_operation_sequences_agree_with_the_model(faulty_tables, function
     run_state_machine_as_test(
         machine,
         settings=settings(
-            max_examples=sized(80, 8),
+            max_examples=sized(150, 8),
             stateful_step_count=sized(30, 15),
             deadline=None,
             suppress_health_check=[HealthCheck.too_slow],
