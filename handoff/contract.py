@@ -353,6 +353,20 @@ def settlement_content(
     return MessageContent()
 
 
+# Namespace of control-message ids (uuid5): one hand-off, one id, however often its settlement is retried.
+CONTROL_ID_NAMESPACE = uuid.UUID("5e771e00-0000-4000-8000-00000000c0de")
+
+
+def control_message_id(endpoint_id: str, event_id: str, parked_message_id: str) -> str:
+    """The MessageId of the one control message that settles a hand-off.
+
+    Derived from the claim's key, so a retry after an ambiguous send (the message reached the broker but
+    the send raised) carries the same id: the endpoint topic's duplicate detection drops the copy and the
+    resolver's history (EventId + MessageId) ignores it.
+    """
+    return str(uuid.uuid5(CONTROL_ID_NAMESPACE, f"{endpoint_id}\n{event_id}\n{parked_message_id}"))
+
+
 def build_control_message(
     message_type: MessageType,
     endpoint_id: str,

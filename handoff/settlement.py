@@ -21,7 +21,13 @@ from typing import Any
 from common.clock import iso, utcnow
 from common.errors import Conflict, NotFound, PayloadTooLarge
 from handoff import keys, store
-from handoff.contract import Coordinates, MessageType, build_control_message, settlement_content
+from handoff.contract import (
+    Coordinates,
+    MessageType,
+    build_control_message,
+    control_message_id,
+    settlement_content,
+)
 from handoff.models import SettlementAccepted
 from handoff.records import AuditRow, ClaimRow, EventRow
 from handoff.store import HandoffStore, Operation
@@ -88,7 +94,13 @@ class SettlementService:
             error_text=s.error_text,
             error_type=s.error_type,
         )
-        message = build_control_message(s.kind, s.endpoint_id, coords, content)
+        message = build_control_message(
+            s.kind,
+            s.endpoint_id,
+            coords,
+            content,
+            message_id=control_message_id(s.endpoint_id, row.event_id, parked),
+        )
         claim = self._claim(s, row, parked, str(message.message_id), take_over_expired=take_over_expired)
         try:
             self.transport.send(s.endpoint_id, message)

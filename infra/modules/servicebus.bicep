@@ -89,6 +89,10 @@ resource endpointTopics 'Microsoft.ServiceBus/namespaces/topics@2022-10-01-previ
     name: ep
     properties: {
       enableBatchedOperations: true
+      // Settle's control messages carry a MessageId derived from the hand-off (handoff/contract.py), so a
+      // settlement retried after an ambiguous send is dropped here instead of reaching the endpoint twice.
+      requiresDuplicateDetection: true
+      duplicateDetectionHistoryTimeWindow: 'PT10M'
     }
   }
 ]

@@ -205,13 +205,6 @@ class AmbiguousTransport:
             raise Unavailable("Service Bus send timed out (the broker had accepted it)")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "handoff.settlement releases the claim after any send error and builds a new MessageId per call, so "
-        "a send that reached the broker but raised is followed by a second control message on retry"
-    ),
-)
 def test_an_ambiguous_send_then_a_retry_still_sends_one_control_message(faulty_tables, functions, call):
     # Given a parked hand-off and a send that reaches the broker but reports a failure
     p = park(functions, "Billing-" + uuid.uuid4().hex[:8])
