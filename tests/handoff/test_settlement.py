@@ -234,7 +234,7 @@ def test_an_expired_claim_is_taken_over(call, resolve, flow, transport):
     assert len(transport.sent) == 2
     # Both carry the hand-off's one MessageId: the endpoint topic's duplicate detection (10 min, longer
     # than the 5-minute claim) drops the second copy if the first had reached the broker.
-    assert transport.sent[0].message_id == transport.sent[1].message_id
+    assert transport.sent[0][1].message_id == transport.sent[1][1].message_id
 
 
 def test_without_service_bus_or_loopback_settlement_is_503_saying_what_to_set(
