@@ -31,47 +31,28 @@ import hashlib
 from datetime import UTC, datetime
 
 from common.errors import KeyTooLong
+from common.keys import MAX_KEY_BYTES, escape, key_bytes, unescape
 
 EVENTS_TABLE = "hoevents"
 ENDPOINTS_TABLE = "hoendpoints"
 POISON_TABLE = "hopoison"
 
 ENDPOINTS_PARTITION = "endpoint"
-# Azure's limit is 1 KiB per key; counted as UTF-16 (how the service stores strings) to be safe.
-MAX_KEY_BYTES = 1024
-
-_ESCAPE = frozenset("%/\\#?|~")
 
 
 def encode(value: str) -> str:
-    """Injective key-safe form of ``value`` (``%`` escapes; see module docstring)."""
-    out: list[str] = []
-    for ch in value:
-        code = ord(ch)
-        if ch in _ESCAPE or code < 0x20 or 0x7F <= code <= 0x9F:
-            out.append(f"%{code:02X}")
-        else:
-            out.append(ch)
-    return "".join(out)
+    """Injective key-safe form of ``value`` (``common.keys.escape``)."""
+    return escape(value)
 
 
 def decode(value: str) -> str:
     """Inverse of :func:`encode`."""
-    out: list[str] = []
-    i = 0
-    while i < len(value):
-        if value[i] == "%":
-            out.append(chr(int(value[i + 1 : i + 3], 16)))
-            i += 3
-        else:
-            out.append(value[i])
-            i += 1
-    return "".join(out)
+    return unescape(value)
 
 
 def checked(key: str, *, field: str) -> str:
     """``key`` if within Azure's 1 KiB key limit, else a 400 naming ``field``."""
-    if len(key.encode("utf-16-le")) > MAX_KEY_BYTES:
+    if key_bytes(key) > MAX_KEY_BYTES:
         raise KeyTooLong(f"{field} is too long for a Table Storage key (1 KiB).", field=field)
     return key
 

@@ -15,16 +15,17 @@
     PartitionKey ``{kind}{epoch minute of expiry}``; RowKey ``{expiry epoch ms}|{token}``. Catch-up
     range-reads only rows whose expiry has passed, so its cost grows with expired locks, not the table.
 
-Table keys forbid ``/ \\ # ?`` and control characters and are at most 1 KiB. :func:`escape` is injective
-(``%`` itself is escaped, and the separator ``|`` never survives escaping), so distinct keys never
-collide and every key round-trips through :func:`unescape`.
+Text components are escaped by :func:`common.keys.escape` (injective, so distinct keys never collide
+and every key round-trips); keys are at most 1 KiB.
 """
 
 from __future__ import annotations
 
-import re
-
 from common.errors import KeyTooLong
+from common.keys import MAX_KEY_BYTES as MAX_KEY_BYTES
+from common.keys import escape as escape
+from common.keys import key_bytes
+from common.keys import unescape as unescape
 from state.model import RecordKey, Scope
 
 STATE_TABLE = "state"
@@ -37,30 +38,6 @@ HISTORY_MARK = "|h"
 PREFIX_END = chr(ord(SEPARATOR) + 1)
 VERSION_DIGITS = 19
 MAX_VERSION = 10**VERSION_DIGITS - 1
-
-# Azure counts key size in UTF-16 bytes; stay within 1 KiB there, whatever the real service tolerates.
-MAX_KEY_BYTES = 1024
-
-_NEEDS_ESCAPE = re.compile(r"[%|/\\#?\x00-\x1f\x7f-\x9f\ud800-\udfff]")
-
-
-def _escape_char(match: re.Match[str]) -> str:
-    char = match.group(0)
-    code = ord(char)
-    return f"%{code:02X}" if code <= 0xFF else f"%u{code:04X}"
-
-
-def escape(text: str) -> str:
-    """Make ``text`` safe inside a Table key (injective; see module docstring)."""
-    return _NEEDS_ESCAPE.sub(_escape_char, text)
-
-
-_ESCAPED = re.compile(r"%u([0-9A-F]{4})|%([0-9A-F]{2})")
-
-
-def unescape(text: str) -> str:
-    return _ESCAPED.sub(lambda m: chr(int(m.group(1) or m.group(2), 16)), text)
-
 
 def partition_key(tenant_id: int, scope: Scope | int, entity_id: int) -> str:
     return f"{tenant_id}{SEPARATOR}{int(scope)}{SEPARATOR}{entity_id}"
@@ -113,14 +90,10 @@ def item_entity_range(item_entity_key: str, execution_id: int | None = None) -> 
     return prefix + SEPARATOR, prefix + PREFIX_END
 
 
-def _utf16_bytes(text: str) -> int:
-    return len(text.encode("utf-16-le", "surrogatepass"))
-
-
 def check_key_size(key: RecordKey) -> None:
     """Raise a 400 naming the field when the longest RowKey of ``key`` exceeds the Table limit."""
     longest = history_row_key(key, MAX_VERSION)
-    if _utf16_bytes(longest) <= MAX_KEY_BYTES:
+    if key_bytes(longest) <= MAX_KEY_BYTES:
         return
     fields = {
         "key.itemKey": key.item_key,
@@ -128,9 +101,9 @@ def check_key_size(key: RecordKey) -> None:
         "key.subItemKey": key.sub_item_key,
         "key.subItemEntityKey": key.sub_item_entity_key,
     }
-    field = max(fields, key=lambda name: _utf16_bytes(escape(fields[name])))
+    field = max(fields, key=lambda name: key_bytes(escape(fields[name])))
     raise KeyTooLong(
-        f"The item fields together are too long for a Table Storage key: {_utf16_bytes(longest)} bytes "
+        f"The item fields together are too long for a Table Storage key: {key_bytes(longest)} bytes "
         f"encoded (UTF-16) against a limit of {MAX_KEY_BYTES}; shorten {field}.",
         field=field,
         limitBytes=MAX_KEY_BYTES,
