@@ -39,6 +39,7 @@ PREFIX_END = chr(ord(SEPARATOR) + 1)
 VERSION_DIGITS = 19
 MAX_VERSION = 10**VERSION_DIGITS - 1
 
+
 def partition_key(tenant_id: int, scope: Scope | int, entity_id: int) -> str:
     return f"{tenant_id}{SEPARATOR}{int(scope)}{SEPARATOR}{entity_id}"
 
