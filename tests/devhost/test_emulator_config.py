@@ -43,6 +43,7 @@ def test_every_entity_respects_the_emulators_limits() -> None:
     for topic in ns["Topics"]:
         assert NAME.match(topic["Name"])
         assert seconds(topic["Properties"]["DefaultMessageTimeToLive"]) <= 3600
+        assert 5 <= seconds(topic["Properties"]["DuplicateDetectionHistoryTimeWindow"]) <= 300
         assert 1 <= len(topic["Subscriptions"]) <= 50
     for (_, name), sub in subscriptions().items():
         props = sub["Properties"]
@@ -54,6 +55,14 @@ def test_every_entity_respects_the_emulators_limits() -> None:
             assert NAME.match(rule["Name"]), rule["Name"]
             assert rule["Properties"]["FilterType"] == "Sql"
             assert rule["Properties"]["SqlFilter"]["SqlExpression"]
+
+
+def test_duplicate_detection_as_in_infra() -> None:
+    topics = {t["Name"]: t["Properties"] for t in namespace()["Topics"]}
+    # Endpoint topics drop a retried settlement's duplicate (infra: PT10M; the emulator allows at most PT5M).
+    assert topics["Billing"]["RequiresDuplicateDetection"] is True
+    # The Resolver topic must not: a rescheduled copy keeps its MessageId (contract §2.1).
+    assert topics["Resolver"]["RequiresDuplicateDetection"] is False
 
 
 def test_the_resolver_subscription_is_session_enabled() -> None:
