@@ -2,26 +2,31 @@
 
 Every Function instance has its own clock; locks are shared between instances, so their expiry must be
 judged against one clock. Settle uses the Table service's clock, learned from the ``Date`` header of
-every storage response (an azure-core policy feeds :class:`ServerClock`). ``now()`` is the local
-monotonic clock plus the last measured offset, so it needs no extra round trip.
+every storage response (an azure-core policy feeds :class:`ServerClock`), so it needs no extra round trip.
 
-Skew bound: the ``Date`` header has one-second resolution and arrives half a round trip late, so two
-instances that both talked to storage in the last minute agree within about 1 s + RTT/2. Until the first
-response arrives the local UTC clock is used (offset 0).
+Each response bounds the offset (server minus local clock): the header says the server's second ``D``
+(truncated), sent between our send time ``s`` and receive time ``r``, so the offset lies in
+``[D - r, D + 1 - s]``. The clock keeps the intersection of the bounds of recent samples (they land at
+different phases of the second, so it narrows quickly to about one round trip) and uses its middle.
+Samples older than a minute are dropped so that drift is followed. Skew bound between two instances
+that talk to storage: about one round trip plus the remaining width of their intervals; before any
+response has arrived, the local UTC clock is used.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from datetime import UTC, datetime, timedelta
+from collections import deque
+from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any
 
 from azure.core.pipeline.policies import SansIOHTTPPolicy
 
-# Offsets older than this are not trusted to have tracked drift; they are still used (better than 0).
-_MAX_SAMPLE_AGE_S = 60.0
+_WINDOW_S = 60.0
+_MAX_SAMPLES = 64
+_SENT = "settle_clock_sent"
 
 
 class ServerClock:
@@ -29,26 +34,30 @@ class ServerClock:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._offset_s = 0.0  # server minus local wall clock
-        self._sampled_at = 0.0
-        self._samples = 0
+        self._samples: deque[tuple[float, float, float]] = deque(maxlen=_MAX_SAMPLES)  # (lo, hi, at)
+        self._offset_s = 0.0
+        self.width_s = float("inf")  # how uncertain the current offset is
 
-    def observe(self, server_date: datetime, *, received_at: float | None = None) -> None:
-        local = received_at if received_at is not None else time.time()
-        # The header is truncated to whole seconds: on average the true time is 0.5 s later.
-        offset = server_date.timestamp() + 0.5 - local
+    def observe(self, server_second: float, *, sent_at: float, received_at: float) -> None:
+        """One response: the server's ``Date`` (whole seconds, epoch) seen between two local times."""
+        low = server_second - received_at
+        high = server_second + 1.0 - sent_at
         with self._lock:
-            if self._samples == 0 or time.monotonic() - self._sampled_at > _MAX_SAMPLE_AGE_S:
-                self._offset_s = offset
-            else:
-                # Smooth the 1 s quantisation noise without lagging real drift for long.
-                self._offset_s = 0.8 * self._offset_s + 0.2 * offset
-            self._sampled_at = time.monotonic()
-            self._samples += 1
+            self._samples.append((low, high, received_at))
+            while self._samples and received_at - self._samples[0][2] > _WINDOW_S:
+                self._samples.popleft()
+            lo = max(sample[0] for sample in self._samples)
+            hi = min(sample[1] for sample in self._samples)
+            if lo > hi:  # the clocks moved (drift, a step): start again from this sample
+                self._samples.clear()
+                self._samples.append((low, high, received_at))
+                lo, hi = low, high
+            self._offset_s = (lo + hi) / 2
+            self.width_s = hi - lo
 
     @property
-    def offset(self) -> timedelta:
-        return timedelta(seconds=self._offset_s)
+    def offset_s(self) -> float:
+        return self._offset_s
 
     def now(self) -> datetime:
         return datetime.fromtimestamp(time.time() + self._offset_s, tz=UTC)
@@ -60,14 +69,20 @@ class ServerClockPolicy(SansIOHTTPPolicy[Any, Any]):
     def __init__(self, clock: ServerClock) -> None:
         self._clock = clock
 
+    def on_request(self, request: Any) -> None:
+        request.context[_SENT] = time.time()
+
     def on_response(self, request: Any, response: Any) -> None:
+        received = time.time()
         header = response.http_response.headers.get("Date")
-        if not header:
+        sent = request.context.get(_SENT)
+        if not header or sent is None:
             return
         try:
-            self._clock.observe(parsedate_to_datetime(header))
+            server = parsedate_to_datetime(header).timestamp()
         except (TypeError, ValueError):
             return
+        self._clock.observe(server, sent_at=sent, received_at=received)
 
 
 SERVER_CLOCK = ServerClock()

@@ -97,9 +97,13 @@ class ExpiryIndex:
         pk, rk = index_keys(kind, expires_at, ident)
         row = IndexRow(kind, ident, pk, rk, state_pk, state_rk, version)
         with self._lock:
+            previous = self._written.get(ident)
+            if previous is not None and previous.row_key == rk:
+                self._pending.pop(ident, None)  # already in the table as it should be
+                return
             self._pending[ident] = row
-            previous = self._written.pop(ident, None)
             if previous is not None:
+                del self._written[ident]
                 self._deletes[previous.row_key] = previous
             self._ensure_thread()
 

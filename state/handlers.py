@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import json
 from datetime import datetime
 from typing import Any, Protocol
@@ -64,6 +65,13 @@ def settable_status(value: str | int) -> Status:
             field="status",
         )
     return status
+
+
+def request_digest(req: SetRequest | UpsertRequest | ReleaseRequest, status: Status) -> str:
+    """What a fenced write asked for, so its retry can be recognised (the token is not part of it)."""
+    asked = req.model_dump(mode="json", exclude={"lock_token", "handler"})
+    raw = json.dumps([int(status), asked], sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(raw.encode()).hexdigest()[:32]
 
 
 def lock_seconds(req: LockRequest | ExtendRequest) -> int:
@@ -157,7 +165,9 @@ class BuiltInHandler:
         return ExistsResponse(exists=status in EXISTS_STATUSES, status=status.label)
 
     def lock(self, req: LockRequest) -> LockResponse:
-        outcome = self._store.lock(req.key.record_key(), _context(req), lock_seconds(req))
+        outcome = self._store.lock(
+            req.key.record_key(), _context(req), lock_seconds(req), request_id=req.request_id
+        )
         return LockResponse(
             acquired=outcome.acquired,
             lock_token=outcome.token,
@@ -197,6 +207,7 @@ class BuiltInHandler:
             error=error,
             token_text=req.lock_token,
             require_processing=require_processing,
+            digest=request_digest(req, status),
         )
         return to_record(head.entity, utcnow())
 

@@ -95,6 +95,13 @@ class KeyRequest(RequestModel):
 
 class LockRequest(KeyRequest):
     lock_seconds: Annotated[int, Field(ge=1, le=MAX_LOCK_SECONDS)] | None = None
+    request_id: Annotated[str, Field(min_length=1, max_length=128)] | None = Field(
+        default=None,
+        description=(
+            "Optional id of this lock attempt. Retrying with the same requestId after a lost answer returns "
+            "the same lock (a new token for it) instead of a refusal."
+        ),
+    )
 
 
 class ExtendRequest(KeyRequest):

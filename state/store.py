@@ -41,7 +41,7 @@ from state.keys import (
     partition_key,
     record_range,
 )
-from state.model import EXISTS_STATUSES, RecordKey, Status, lock_decision
+from state.model import EXISTS_STATUSES, LockDecision, RecordKey, Status, lock_decision
 from state.token import LockToken, key_digest
 
 _HINTS_MAX = 4096
@@ -225,7 +225,11 @@ class StateStore:
         return page, pager.continuation_token
 
     # -- lock ----------------------------------------------------------------------------------------
-    def lock(self, key: RecordKey, ctx: WriteContext, lock_seconds: int) -> LockOutcome:
+    def lock(
+        self, key: RecordKey, ctx: WriteContext, lock_seconds: int, *, request_id: str | None = None
+    ) -> LockOutcome:
+        """Take the lock (see ``lock_decision``). ``request_id``: a caller-chosen id; a retry with the same
+        id after a lost answer gets its own lock back instead of a refusal."""
         check_key_size(key)
         pk, rk = partition_key(key.tenant_id, key.scope, key.entity_id), head_row_key(key)
         known, current = self._hints.get(pk, rk)
@@ -242,43 +246,46 @@ class StateStore:
             now = utcnow()
             if current is None:
                 new = self._new_head(key, ctx, Status.PROCESSING, now, version=1, created_at=now)
-                lock_id = _lock_fields(new, now, lock_seconds)
-                try:
-                    head = self._write(None, new)
-                except Exception as exc:
-                    if not _is_conflict(exc):
-                        raise
-                    current = self.read_head(key)
-                    continue
-                return self._acquired(key, head, lock_id)
-            decision = lock_decision(
-                current.status, current.locked_until, now, retention_expired=current.retention_expired(now)
-            )
-            if not decision.acquire:
-                return LockOutcome(
-                    acquired=False,
-                    status=effective_status(current.entity, now),
-                    locked_until=current.locked_until if current.status is Status.PROCESSING else None,
-                    reason=decision.reason,
-                    head=current,
+                decision = LockDecision(acquire=True)
+            else:
+                decision = lock_decision(
+                    current.status,
+                    current.locked_until,
+                    now,
+                    retention_expired=current.retention_expired(now),
                 )
-            new = self._next_head(key, ctx, current, Status.PROCESSING, now)
+                if not decision.acquire:
+                    if request_id is not None and _same_request(current, request_id, now):
+                        return self._acquired(key, current, str(current.entity["LockId"]))
+                    return LockOutcome(
+                        acquired=False,
+                        status=effective_status(current.entity, now),
+                        locked_until=current.locked_until if current.status is Status.PROCESSING else None,
+                        reason=decision.reason,
+                        head=current,
+                    )
+                new = self._next_head(key, ctx, current, Status.PROCESSING, now)
             lock_id = _lock_fields(new, now, lock_seconds)
-            if decision.takeover:
+            if request_id is not None:
+                new["LockRequestId"] = request_id
+            if decision.takeover and current is not None:
                 previous = current.entity.get("LockedUntil")
                 new["Substatus"] = "LockTakenOver"
                 new["Note"] = (
                     f"Took over lock {current.entity.get('LockId')} that expired at "
                     f"{iso(previous) if isinstance(previous, datetime) else previous}."
                 )
+            # Index first: if the write applies but its answer is lost, catch-up still finds the lock.
+            self.expiry.track(LOCK_KIND, new["LockedUntil"], lock_id, pk, rk, int(new["Version"]))
             try:
                 head = self._write(current, new)
             except Exception as exc:
                 if not _is_conflict(exc):
                     raise
+                self.expiry.untrack(lock_id)
                 current = self.read_head(key)
                 continue
-            if decision.takeover and current.entity.get("LockId"):
+            if decision.takeover and current is not None and current.entity.get("LockId"):
                 self.expiry.untrack(str(current.entity["LockId"]))
             return self._acquired(key, head, lock_id, takeover=decision.takeover)
         raise Conflict("The record changed on every attempt to lock it; retry.", field="key")
@@ -334,6 +341,7 @@ class StateStore:
         error: str | None,
         token_text: str | None,
         require_processing: bool = False,
+        digest: str | None = None,
     ) -> Head:
         """Record an outcome (set, upsert, release). Fenced by ``token_text`` when given."""
 
@@ -352,7 +360,7 @@ class StateStore:
 
         if token_text is not None:
             token = self._check_token(key, token_text)
-            head = self._fenced(key, ctx, token, build)
+            head = self._fenced(key, ctx, token, build, concludes=status, digest=digest)
             self.expiry.untrack(token.lock_id)
         else:
             head = self._unfenced(key, build, require_processing=require_processing)
@@ -394,26 +402,57 @@ class StateStore:
             raise LockLost("The lock token belongs to another record.", field="lockToken")
         return token
 
-    def _fenced(self, key: RecordKey, ctx: WriteContext, token: LockToken, build: Any) -> Head:
-        """Write while holding the lock: one transaction from the token, re-reading only if needed."""
+    def _fenced(
+        self,
+        key: RecordKey,
+        ctx: WriteContext,
+        token: LockToken,
+        build: Any,
+        *,
+        concludes: Status | None = None,
+        digest: str | None = None,
+    ) -> Head:
+        """Write while holding the lock: one transaction from the token, re-reading only if needed.
+
+        ``concludes``: the outcome this write records (it ends the lock); ``digest``: a digest of the
+        request. The new head remembers both, so the retry of a write that was applied but whose answer
+        was lost gets the record back instead of a false "lock lost"; a different request is refused.
+        """
         now = utcnow()
         current: Head | None = None
         if token.locked_until > now:
             current = Head(self._entity_from_token(key, ctx, token), token.etag)
         for _ in range(_MAX_ATTEMPTS):
             if current is None:
-                current = self._holder_head(key, token, utcnow())
+                head = self.read_head(key)
+                if (
+                    concludes is not None
+                    and head is not None
+                    and head.entity.get("ClosedLockId") == token.lock_id
+                ):
+                    if head.status is concludes and head.entity.get("ClosedDigest") == digest:
+                        return head  # this very write was already applied
+                    raise LockLost(
+                        f"This lock already ended with {head.status.label} (another request). "
+                        "Nothing was written.",
+                        field="lockToken",
+                    )
+                current = self._holder_head(head, token, utcnow())
+            new = build(current, utcnow())
+            if concludes is not None:
+                new["ClosedLockId"] = token.lock_id
+                if digest is not None:
+                    new["ClosedDigest"] = digest
             try:
-                return self._write(current, build(current, utcnow()))
+                return self._write(current, new)
             except Exception as exc:
                 if not _is_conflict(exc):
                     raise
                 current = None
         raise Conflict("The record changed on every attempt to write it; retry.", field="key")
 
-    def _holder_head(self, key: RecordKey, token: LockToken, now: datetime) -> Head:
-        """Read the head and make sure ``token`` still holds its lock; raise 409 otherwise."""
-        head = self.read_head(key)
+    def _holder_head(self, head: Head | None, token: LockToken, now: datetime) -> Head:
+        """Make sure ``token`` still holds the lock of ``head``; raise 409 otherwise."""
         if head is None or head.entity.get("LockId") != token.lock_id or head.status is not Status.PROCESSING:
             if head is None:
                 why = "the record does not exist"
@@ -563,6 +602,17 @@ class StateStore:
             head = Head(new, results[0]["etag"])
         self._hints.put(pk, rk, head)
         return head
+
+
+def _same_request(current: Head, request_id: str, now: datetime) -> bool:
+    """Is ``current`` the still-valid lock that a lock call with ``request_id`` took?"""
+    until = current.locked_until
+    return (
+        current.status is Status.PROCESSING
+        and current.entity.get("LockRequestId") == request_id
+        and until is not None
+        and until > now
+    )
 
 
 def _lock_fields(entity: dict[str, Any], now: datetime, lock_seconds: int) -> str:

@@ -235,3 +235,36 @@ def test_null_handler_writes_nothing(state, key):
     # and the built-in handler never saw any of it
     assert state.get(key).status == 404
     assert state.lock(key).json["acquired"] is True
+
+
+def test_retrying_a_fenced_set_that_was_applied_returns_the_record(state, key):
+    # given a holder whose set was applied but whose answer was lost
+    token = state.lock(key).json["lockToken"]
+    first = state.set(key, status="Processed", data={"n": 1}, lockToken=token)
+    # when it retries the same call
+    again = state.set(key, status="Processed", data={"n": 1}, lockToken=token)
+    # then it gets the record back, and nothing was written twice
+    assert again.status == 200 and again.json["version"] == first.json["version"]
+    assert len(state.history(key).json["items"]) == 2
+    # but the same token cannot record a different outcome afterwards
+    other = state.release(key, error="changed my mind", lockToken=token)
+    assert other.status == 409 and "already ended with Processed" in other.json["detail"]
+
+
+def test_a_lock_retried_with_its_request_id_gets_the_same_lock_back(state, key):
+    first = state.lock(key, requestId="attempt-1").json
+    again = state.lock(key, requestId="attempt-1").json
+    other = state.lock(key, requestId="attempt-2").json
+    assert first["acquired"] and again["acquired"] and not other["acquired"]
+    assert again["lockedUntil"] == first["lockedUntil"]
+    # the re-issued token fences like the original
+    assert state.set(key, status="Processed", lockToken=again["lockToken"]).status == 200
+    assert len(state.history(key).json["items"]) == 2
+
+
+def test_a_used_token_cannot_record_different_data(state, key):
+    token = state.lock(key).json["lockToken"]
+    state.upsert(key, data={"n": 1}, lockToken=token)
+    different = state.upsert(key, data={"n": 2}, lockToken=token)
+    assert different.status == 409
+    assert state.get(key).json["data"]["data"] == {"n": 1}

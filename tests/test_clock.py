@@ -1,0 +1,41 @@
+"""The storage clock: Date headers (whole seconds) narrow down the server's offset."""
+
+from __future__ import annotations
+
+import math
+import random
+
+from common.clock import SERVER_CLOCK, ServerClock
+
+
+def test_samples_at_different_phases_pin_the_offset_to_within_the_round_trip():
+    # given a server 12.3456 s ahead and responses taking 2 ms
+    true_offset, rtt = 12.3456, 0.002
+    clock = ServerClock()
+    rng = random.Random(7)
+    local = 1_000_000.0
+    for _ in range(64):
+        local += rng.uniform(0.05, 0.9)
+        server_second = math.floor(local + rtt / 2 + true_offset)
+        clock.observe(server_second, sent_at=local, received_at=local + rtt)
+    # then the estimate is within tens of milliseconds (not the header's whole second), and says so
+    assert abs(clock.offset_s - true_offset) <= clock.width_s / 2 + 1e-9
+    assert clock.width_s < 0.1
+
+
+def test_a_clock_step_restarts_the_estimate():
+    clock = ServerClock()
+    for i in range(10):
+        clock.observe(1000.0 + i, sent_at=1000.2 + i, received_at=1000.201 + i)
+    clock.observe(5000.0, sent_at=1010.2, received_at=1010.201)  # the server clock jumped
+    assert abs(clock.offset_s - (5000.5 - 1010.2)) < 0.6
+
+
+def test_the_app_learns_the_storage_clock_from_its_responses(call):
+    for _ in range(30):
+        call(
+            "state_exists",
+            {"key": {"tenantId": 1, "scopeId": 4, "entityId": 1, "itemKey": "c", "itemEntityKey": "c"}},
+        )
+    assert SERVER_CLOCK.width_s < 1.0
+    assert abs(SERVER_CLOCK.offset_s) < 1.0  # Azurite runs on this machine's clock
