@@ -20,7 +20,6 @@ from handoff.models import (
     PendingHandoffView,
     SettlementAccepted,
 )
-from handoff.settlement import Settlement
 
 log = logging.getLogger("settle.handoff")
 
@@ -65,6 +64,8 @@ def _settled_by(req: func.HttpRequest, given: str | None) -> str:
 )
 def handoff_complete(req: func.HttpRequest) -> SettlementAccepted:
     body = parse_body(req, CompleteHandoffRequest)
+    from handoff.settlement import Settlement  # on first use, not at indexing (cold start)
+
     return service.settlement_service().settle(
         Settlement(
             kind=MessageType.HandoffCompletedRequest,
@@ -88,6 +89,8 @@ def handoff_complete(req: func.HttpRequest) -> SettlementAccepted:
 )
 def handoff_fail(req: func.HttpRequest) -> SettlementAccepted:
     body = parse_body(req, FailHandoffRequest)
+    from handoff.settlement import Settlement  # on first use, not at indexing (cold start)
+
     return service.settlement_service().settle(
         Settlement(
             kind=MessageType.HandoffFailedRequest,
