@@ -2,9 +2,11 @@
 
 The model is the seeds' state machine as SPEC.md states it: statuses, ``exists``, lock acquire/refuse,
 fencing by lock token (a token holds while its lock is the record's current lock), release, upsert,
-and one version (one history row) per change. Every answer is compared with it, and after every step
-each record's history has exactly as many versions as the model says. Locks are long (10 min), so expiry
-is not modelled here (the fault and catch-up suites cover it).
+and one version (one history row) per change. A fenced write repeated word for word after it was
+applied (the retry of a lost answer) is answered with the record it wrote and changes nothing. Every
+answer is compared with the model, and after every step each record's history has exactly as many
+versions as the model says. Locks are long (10 min), so expiry is not modelled here (the fault and
+catch-up suites cover it).
 """
 
 from __future__ import annotations
@@ -41,14 +43,23 @@ class Model:
     version: int = 0
     lock: str | None = None  # the lock id currently held (status Processing)
     tokens: list[str] = field(default_factory=list)
+    # (lock id, operation, request) of the fenced write that made the current version, if one did
+    closed: tuple[str, str, str] | None = None
 
     def holds(self, token: str | None) -> bool:
         return token is not None and self.status == "Processing" and lock_id(token) == self.lock
 
-    def change(self, status: str) -> None:
+    def replays(self, token: str | None, operation: str, request: dict[str, Any]) -> bool:
+        """Is this fenced write the very one that made the current version (a retry)?"""
+        asked = (lock_id(token), operation, json.dumps(request, sort_keys=True)) if token else None
+        return asked is not None and asked == self.closed
+
+    def change(self, status: str, *, by: tuple[str | None, str, dict[str, Any]] | None = None) -> None:
         self.status, self.version = status, self.version + 1
         if status != "Processing":
             self.lock = None
+        token, operation, request = by if by is not None else (None, "", {})
+        self.closed = (lock_id(token), operation, json.dumps(request, sort_keys=True)) if token else None
 
 
 def make_machine(call: Caller) -> type[RuleBasedStateMachine]:
@@ -105,14 +116,20 @@ def make_machine(call: Caller) -> type[RuleBasedStateMachine]:
             body: dict[str, Any] = {"key": self.keys[k], "status": status, "data": {"v": m.version + 1}}
             if token:
                 body["lockToken"] = token
+            request = {k: v for k, v in body.items() if k not in ("key", "lockToken")}
             result = self._call("state_set", body)
             if token is not None and not m.holds(token):
+                if m.replays(token, "set", request):
+                    TALLY.check(
+                        AREA, result.status == 200 and result.json["version"] == m.version, f"replay {m}"
+                    )
+                    return
                 TALLY.check(AREA, result.status == 409, f"set with a lost token on {m}: {result.status}")
                 return
             TALLY.check(
                 AREA, result.status == 200 and result.json["status"] == status, f"set {m}: {result.body!r}"
             )
-            m.change(status)
+            m.change(status, by=(token, "set", request))
 
         @rule(
             k=st.integers(0, KEYS - 1),
@@ -125,14 +142,20 @@ def make_machine(call: Caller) -> type[RuleBasedStateMachine]:
             body: dict[str, Any] = {"key": self.keys[k], "data": {"up": m.version + 1}}
             if token:
                 body["lockToken"] = token
+            request = {k: v for k, v in body.items() if k not in ("key", "lockToken")}
             result = self._call("state_upsert", body)
             if token is not None and not m.holds(token):
+                if m.replays(token, "upsert", request):
+                    TALLY.check(
+                        AREA, result.status == 200 and result.json["version"] == m.version, f"replay {m}"
+                    )
+                    return
                 TALLY.check(AREA, result.status == 409, f"upsert with a lost token on {m}: {result.status}")
                 return
             TALLY.check(
                 AREA, result.status == 200 and result.json["status"] == "Processed", f"upsert {result.body!r}"
             )
-            m.change("Processed")
+            m.change("Processed", by=(token, "upsert", request))
 
         @rule(
             k=st.integers(0, KEYS - 1),
@@ -145,15 +168,21 @@ def make_machine(call: Caller) -> type[RuleBasedStateMachine]:
             body: dict[str, Any] = {"key": self.keys[k], "error": "gave up"}
             if token:
                 body["lockToken"] = token
+            request = {k: v for k, v in body.items() if k not in ("key", "lockToken")}
             result = self._call("state_release", body)
             allowed = m.holds(token) if token is not None else m.status == "Processing"
             if not allowed:
+                if m.replays(token, "release", request):
+                    TALLY.check(
+                        AREA, result.status == 200 and result.json["version"] == m.version, f"replay {m}"
+                    )
+                    return
                 TALLY.check(AREA, result.status == 409, f"release refused on {m}: {result.status}")
                 return
             TALLY.check(
                 AREA, result.status == 200 and result.json["status"] == "Failed", f"release {result.body!r}"
             )
-            m.change("Failed")
+            m.change("Failed", by=(token, "release", request))
 
         @rule(k=st.integers(0, KEYS - 1), pick=st.integers(0, 20))
         def extend(self, k: int, pick: int) -> None:
