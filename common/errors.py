@@ -57,11 +57,6 @@ class KeyTooLong(InvalidInput):
     title = "Key too long for Table Storage"
 
 
-class UnknownHandler(InvalidInput):
-    slug = "unknown-handler"
-    title = "Unknown handler"
-
-
 class NotFound(SettleError):
     status = 404
     slug = "not-found"

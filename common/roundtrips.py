@@ -18,8 +18,11 @@ from azure.core.pipeline.policies import SansIOHTTPPolicy
 
 @dataclass
 class Tally:
-    requests: int = 0
     methods: list[str] = field(default_factory=list)
+
+    @property
+    def requests(self) -> int:
+        return len(self.methods)
 
 
 class RoundTrips(SansIOHTTPPolicy[Any, Any]):
@@ -27,15 +30,9 @@ class RoundTrips(SansIOHTTPPolicy[Any, Any]):
 
     def __init__(self) -> None:
         self._local = threading.local()
-        self._lock = threading.Lock()
-        self.total = 0
 
     def on_request(self, request: Any) -> None:
-        with self._lock:
-            self.total += 1
-        tallies: list[Tally] = getattr(self._local, "tallies", [])
-        for tally in tallies:
-            tally.requests += 1
+        for tally in getattr(self._local, "tallies", ()):
             tally.methods.append(request.http_request.method)
 
     @contextmanager

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
+from common.settings import DEVELOPMENT_STORAGE
 from devtools.azurite import (
     SERVICES,
     STANDARD_PORTS,
@@ -37,7 +38,6 @@ from devtools.azurite import (
 from devtools.host import read_settings
 
 ROOT = Path(__file__).resolve().parent.parent
-DEVELOPMENT_STORAGE = "UseDevelopmentStorage=true"
 # Settings that point at "the development storage"; moved with Azurite when it is not on 10000-10002.
 STORAGE_SETTINGS = ("AzureWebJobsStorage", "SETTLE_TABLES")
 

@@ -17,7 +17,7 @@ from datetime import datetime
 from common.clock import iso, utcnow
 from state.expiry import LOCK_KIND, RETENTION_KIND, ExpiryIndex, IndexRow
 from state.model import Status
-from state.store import StateStore, _is_conflict, retention_expired
+from state.store import StateStore, is_conflict, retention_expired
 
 log = logging.getLogger("settle.state.catchup")
 
@@ -85,7 +85,7 @@ class Catchup:
                     now=now,
                 )
             except Exception as exc:
-                if not _is_conflict(exc):
+                if not is_conflict(exc):
                     raise
                 continue  # someone changed it meanwhile: look again
             result.locks_failed += 1
@@ -102,7 +102,7 @@ class Catchup:
             try:
                 self._store.conclude(head, Status.EXPIRED, substatus="RetentionExpired", error=None, now=now)
             except Exception as exc:
-                if not _is_conflict(exc):
+                if not is_conflict(exc):
                     raise
                 continue
             result.records_expired += 1

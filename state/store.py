@@ -41,7 +41,7 @@ from state.keys import (
     partition_key,
     record_range,
 )
-from state.model import EXISTS_STATUSES, LockDecision, RecordKey, Status, lock_decision
+from state.model import LockDecision, RecordKey, Status, lock_decision
 from state.token import LockToken, key_digest
 
 _HINTS_MAX = 4096
@@ -119,7 +119,6 @@ class LockOutcome:
     locked_until: datetime | None = None
     reason: str | None = None
     takeover: bool = False
-    head: Head | None = None
 
 
 @dataclass
@@ -155,7 +154,7 @@ class _Hints:
             self.entries.pop((pk, rk), None)
 
 
-def _is_conflict(exc: Exception) -> bool:
+def is_conflict(exc: Exception) -> bool:
     """An insert that found the row, or a conditional write that found it changed."""
     from azure.core.exceptions import ResourceExistsError, ResourceModifiedError, ResourceNotFoundError
     from azure.data.tables import TableTransactionError
@@ -262,7 +261,6 @@ class StateStore:
                         status=effective_status(current.entity, now),
                         locked_until=current.locked_until if current.status is Status.PROCESSING else None,
                         reason=decision.reason,
-                        head=current,
                     )
                 new = self._next_head(key, ctx, current, Status.PROCESSING, now)
             lock_id = _lock_fields(new, now, lock_seconds)
@@ -280,7 +278,7 @@ class StateStore:
             try:
                 head = self._write(current, new)
             except Exception as exc:
-                if not _is_conflict(exc):
+                if not is_conflict(exc):
                     raise
                 self.expiry.untrack(lock_id)
                 current = self.read_head(key)
@@ -311,7 +309,6 @@ class StateStore:
             token=token.encode(),
             locked_until=entity["LockedUntil"],
             takeover=takeover,
-            head=head,
         )
 
     def extend(self, key: RecordKey, ctx: WriteContext, token_text: str, lock_seconds: int) -> LockOutcome:
@@ -385,7 +382,7 @@ class StateStore:
             try:
                 head = self._write(current, build(current, utcnow()))
             except Exception as exc:
-                if not _is_conflict(exc):
+                if not is_conflict(exc):
                     raise
                 current = self.read_head(key)
                 continue
@@ -446,7 +443,7 @@ class StateStore:
             try:
                 return self._write(current, new)
             except Exception as exc:
-                if not _is_conflict(exc):
+                if not is_conflict(exc):
                     raise
                 current = None
         raise Conflict("The record changed on every attempt to write it; retry.", field="key")
@@ -619,14 +616,3 @@ def _lock_fields(entity: dict[str, Any], now: datetime, lock_seconds: int) -> st
     lock_id = uuid.uuid4().hex
     entity.update(LockId=lock_id, LockedAt=now, LockedUntil=now + timedelta(seconds=lock_seconds))
     return lock_id
-
-
-__all__ = [
-    "EXISTS_STATUSES",
-    "Head",
-    "LockOutcome",
-    "StateStore",
-    "WriteContext",
-    "effective_status",
-    "retention_expired",
-]
