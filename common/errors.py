@@ -23,6 +23,11 @@ class SettleError(Exception):
         self.extra = extra
 
     @property
+    def headers(self) -> dict[str, str]:
+        """Extra HTTP headers of the problem answer."""
+        return {}
+
+    @property
     def type_uri(self) -> str:
         return f"urn:settle:problem:{self.slug}"
 
@@ -83,8 +88,19 @@ class PayloadTooLarge(SettleError):
 
 
 class Unavailable(SettleError):
-    """A dependency (storage, Service Bus) is unreachable or throttling; retry later (503)."""
+    """A dependency (storage, Service Bus) is unreachable or throttling; retry later (503).
+
+    ``retry_after``: seconds the caller should wait (sent as ``Retry-After`` and ``retryAfter``).
+    """
 
     status = 503
     slug = "unavailable"
     title = "A dependency is unavailable"
+
+    def __init__(self, detail: str, *, field: str | None = None, retry_after: int = 1, **extra: Any) -> None:
+        super().__init__(detail, field=field, retryAfter=max(1, int(retry_after)), **extra)
+        self.retry_after = max(1, int(retry_after))
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after)}

@@ -4,7 +4,8 @@
 document. The wrapped function receives the ``func.HttpRequest`` and returns a pydantic model (200, or
 the status given), ``None`` (204) or a ready ``func.HttpResponse``. Errors become problem+json:
 :class:`~common.errors.SettleError` with its own status, pydantic validation errors 400 naming the
-field, storage/network faults 503; anything else is logged and answered 500 without internals.
+field, storage/network faults 503 with ``Retry-After`` (see :func:`dependency_problem`);
+anything else is logged and answered 500 without internals.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import azure.functions as func
 from pydantic import BaseModel, ValidationError
 
 from common import openapi
-from common.errors import InvalidInput, InvalidJson, SettleError, Unavailable
+from common.errors import Conflict, InvalidInput, InvalidJson, PayloadTooLarge, SettleError, Unavailable
 
 log = logging.getLogger("settle.http")
 
@@ -46,6 +47,7 @@ def problem_response(error: SettleError) -> func.HttpResponse:
         status_code=error.status,
         mimetype=PROBLEM_CONTENT_TYPE,
         charset="utf-8",
+        headers=error.headers or None,
     )
 
 
@@ -146,12 +148,56 @@ def parse_model(data: Any, model: type[M], *, field: str) -> M:
         raise validation_problem(exc, prefix="" if field == "query" else field) from exc
 
 
-def _transient_storage_error(exc: Exception) -> bool:
-    from azure.core.exceptions import HttpResponseError, ServiceRequestError, ServiceResponseError
+# Storage error codes that mean "the request was too big for Table Storage" (documented limits).
+_TOO_LARGE_CODES = frozenset({"EntityTooLarge", "PropertyValueTooLarge", "RequestBodyTooLarge"})
+_MAX_RETRY_AFTER_S = 60
 
-    if isinstance(exc, ServiceRequestError | ServiceResponseError):
-        return True
-    return isinstance(exc, HttpResponseError) and (exc.status_code or 0) >= 500
+
+def _retry_after(exc: Exception, default: int) -> int:
+    """The dependency's own ``Retry-After`` (seconds) when it sent one, else ``default``."""
+    response = getattr(exc, "response", None)
+    headers = getattr(response, "headers", None) or {}
+    try:
+        value = int(float(str(headers.get("Retry-After") or headers.get("retry-after") or default)))
+    except (TypeError, ValueError):
+        value = default
+    return max(1, min(value, _MAX_RETRY_AFTER_S))
+
+
+def dependency_problem(exc: Exception) -> SettleError | None:
+    """The problem a storage/network fault maps to, or None when it is not one (a bug: 500).
+
+    Throttling (429), server errors (5xx), broken connections, answers that could not be read, and token
+    endpoint failures are transient: 503 with ``Retry-After``. A conflict that survived our own retries is
+    a 409 to retry. A request Table Storage refused as too large is a 413 (validation should have caught it
+    first; the mapping keeps a gap from ever becoming a 500).
+    """
+    from azure.core.exceptions import (
+        ClientAuthenticationError,
+        HttpResponseError,
+        ResourceExistsError,
+        ResourceModifiedError,
+        ServiceRequestError,
+        ServiceResponseError,
+    )
+
+    if isinstance(exc, ServiceRequestError | ServiceResponseError | TimeoutError | ConnectionError):
+        return Unavailable("Storage is unreachable; retry with backoff.", retry_after=_retry_after(exc, 1))
+    if isinstance(exc, ClientAuthenticationError):
+        return Unavailable("Storage refused Settle's credentials; retry later.", retry_after=5)
+    if isinstance(exc, ResourceExistsError | ResourceModifiedError):
+        return Conflict("The record changed while this request was being applied; retry.")
+    if isinstance(exc, HttpResponseError):
+        status = exc.status_code
+        if status is None or status == 429 or status >= 500 or status == 408:
+            what = "throttling" if status == 429 else "unavailable"
+            return Unavailable(f"Storage is {what}; retry with backoff.", retry_after=_retry_after(exc, 1))
+        code = str(getattr(exc, "error_code", "") or "")
+        if status == 413 or code in _TOO_LARGE_CODES:
+            return PayloadTooLarge("The request is larger than Table Storage accepts for one record.")
+        if status in (409, 412):
+            return Conflict("The record changed while this request was being applied; retry.")
+    return None
 
 
 def guard(handler: Handler, *, ok_status: int = 200) -> Callable[[func.HttpRequest], func.HttpResponse]:
@@ -166,11 +212,10 @@ def guard(handler: Handler, *, ok_status: int = 200) -> Callable[[func.HttpReque
         except ValidationError as exc:  # a model built inside the handler from request data
             return problem_response(validation_problem(exc))
         except Exception as exc:
-            if _transient_storage_error(exc):
-                log.warning("dependency unavailable: %s", exc)
-                return problem_response(
-                    Unavailable("Storage is unavailable or throttling; retry with backoff.")
-                )
+            mapped = dependency_problem(exc)
+            if mapped is not None:
+                log.warning("dependency fault in %s: %s", getattr(handler, "__name__", "handler"), exc)
+                return problem_response(mapped)
             log.exception("unhandled error in %s", getattr(handler, "__name__", "handler"))
             return problem_response(SettleError("An unexpected error occurred; it was logged."))
         if isinstance(result, func.HttpResponse):
