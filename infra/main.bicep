@@ -1,14 +1,22 @@
-// Settle: everything it needs in one resource group (deploy with infra/deploy.sh or the README commands).
+// Settle: everything it needs in one resource group (deploy with infra/deploy.sh, azd up, or the README
+// commands); Service Bus may be an existing (NimBus) namespace in this or another resource group.
 //
-//   identity.bicep     user-assigned managed identity (the only principal the app runs as)
-//   monitoring.bicep   Log Analytics + Application Insights, local auth disabled
-//   storage.bicep      host storage (+ deployment container) and data storage (+ Settle's tables)
-//   servicebus.bicep   namespace (SAS off), Resolver topic/subscription, NimBus endpoint topics
-//   rbac.bicep         role assignments of the identity, each on the narrowest scope
-//   functionapp.bicep  Flex Consumption plan + Python 3.11 function app + app settings
+//   identity.bicep              user-assigned managed identity (the only principal the app runs as)
+//   monitoring.bicep            Log Analytics + Application Insights, local auth disabled
+//   storage.bicep               host storage (+ deployment container) and data storage (+ Settle's tables),
+//                               their diagnostic settings and the data account's delete lock
+//   servicebus-namespace.bicep  a new namespace (SAS off), unless an existing one is attached
+//   servicebus.bicep            Resolver topic/subscription, NimBus endpoint topics, diagnostic settings
+//   servicebus-rbac.bicep       the identity's Service Bus roles (in the namespace's resource group)
+//   rbac.bicep                  the identity's storage and telemetry roles
+//   functionapp.bicep           Flex Consumption plan + Python 3.11 function app + app settings
+//   alerts.bicep                dead letters on the resolver, function failures, Service Bus throttling
+//
+// Role IDs come from builtin-roles.json (by name); tests/infra type-checks every file against Azure's
+// resource types (tests/infra/bicep-types) because no Bicep compiler runs in CI.
 targetScope = 'resourceGroup'
 
-@description('Short name of this environment (dev, test, prod, ...): lowercase letters, digits and hyphens; part of every resource name.')
+@description('Short name of this environment (dev, test, prod, ...): lowercase letters, digits and hyphens; part of every resource name. Environments whose name starts with "dev" get no delete lock by default.')
 @minLength(1)
 @maxLength(16)
 param environmentName string
@@ -16,7 +24,7 @@ param environmentName string
 @description('Azure region of every resource (must offer Flex Consumption: az functionapp list-flexconsumption-locations).')
 param location string = resourceGroup().location
 
-@description('NimBus endpoint ids: each gets its endpoint topic, its subscription and the fan-out to the resolver.')
+@description('NimBus endpoint ids: each gets its endpoint topic, its subscription and the fan-out to the resolver (unless createEndpointTopics is false), and settlement may send to it.')
 param endpoints array = [
   'Billing'
 ]
@@ -48,11 +56,52 @@ param maximumInstanceCount int = 100
 ])
 param instanceMemoryMB int = 2048
 
+@description('Always-ready instances for the HTTP functions (Flex "http" group); 0 scales from zero (cold starts), more are billed while idle.')
+@minValue(0)
+@maxValue(1000)
+param httpAlwaysReadyInstances int = 0
+
 @description('Zone-redundant Flex plan (only where the region supports it).')
 param zoneRedundant bool = false
 
-@description('Optional object id of a developer (user) to grant table and Service Bus data access; empty for none.')
+@description('Redundancy of the data account (Settle\'s tables): Standard_ZRS, or Standard_LRS in a region without zone-redundant storage.')
+@allowed([
+  'Standard_ZRS'
+  'Standard_LRS'
+])
+param dataStorageSku string = 'Standard_ZRS'
+
+@description('Put a CanNotDelete lock on the data account (Settle\'s state and history). Remove the lock before deleting the environment.')
+param lockDataAccount bool = !startsWith(environmentName, 'dev')
+
+@description('Existing Service Bus namespace to attach to (e.g. the NimBus one); empty creates a new namespace.')
+param serviceBusNamespaceName string = ''
+
+@description('Resource group of the existing namespace (same subscription); empty means this resource group.')
+param serviceBusResourceGroupName string = ''
+
+@description('Create the Resolver topic and its session-enabled subscription; false when they exist already (a NimBus namespace).')
+param createResolverTopic bool = true
+
+@description('Create the endpoint topics, their subscriptions and the fan-out rules; false when NimBus created them already.')
+param createEndpointTopics bool = true
+
+@description('Create endpoint topics with duplicate detection (10 minutes), so a settlement retried after an ambiguous send reaches the endpoint once. Service Bus fixes this when a topic is created.')
+param endpointDuplicateDetection bool = true
+
+@description('E-mail address that receives the alerts; empty creates the alerts without an action group.')
+param alertEmail string = ''
+
+@description('Optional object id of a developer (user) or pipeline (service principal) to grant table and Service Bus data access; empty for none.')
 param developerPrincipalId string = ''
+
+@description('Principal type of developerPrincipalId.')
+@allowed([
+  'User'
+  'ServicePrincipal'
+  'Group'
+])
+param developerPrincipalType string = 'User'
 
 @description('Tags applied to every resource.')
 param tags object = {}
@@ -76,6 +125,12 @@ var allTags = union(tags, {
   application: 'settle'
   environment: environmentName
 })
+var createServiceBusNamespace = empty(serviceBusNamespaceName)
+var namespaceName = createServiceBusNamespace ? 'sb-${baseName}' : serviceBusNamespaceName
+var serviceBusResourceGroup = empty(serviceBusResourceGroupName) ? resourceGroup().name : serviceBusResourceGroupName
+// One flag for the topics and for the code (HANDOFF_DUPLICATE_DETECTION): topics Settle attaches to were
+// created by NimBus, whose provisioner never enables duplicate detection.
+var endpointTopicsDetectDuplicates = createEndpointTopics && endpointDuplicateDetection
 
 module identity 'modules/identity.bicep' = {
   name: 'identity'
@@ -101,22 +156,55 @@ module storage 'modules/storage.bicep' = {
   params: {
     hostStorageName: take('sth${resourceToken}', 24)
     dataStorageName: take('std${resourceToken}', 24)
+    dataStorageSku: dataStorageSku
+    lockDataAccount: lockDataAccount
     location: location
     tags: allTags
     // One container per app: two apps sharing one would overwrite each other's package.
     deploymentContainerName: toLower('app-package-${take(functionAppName, 32)}-${take(resourceToken, 7)}')
     tableNames: [for t in settleTables: '${tablePrefix}${t}']
+    logAnalyticsWorkspaceId: monitoring.outputs.workspaceId
+  }
+}
+
+module serviceBusNamespace 'modules/servicebus-namespace.bicep' = if (createServiceBusNamespace) {
+  name: 'servicebus-namespace'
+  scope: resourceGroup(serviceBusResourceGroup)
+  params: {
+    name: namespaceName
+    location: location
+    tags: allTags
   }
 }
 
 module serviceBus 'modules/servicebus.bicep' = {
   name: 'servicebus'
+  scope: resourceGroup(serviceBusResourceGroup)
   params: {
-    name: 'sb-${baseName}'
-    location: location
-    tags: allTags
+    namespaceName: namespaceName
     endpoints: endpoints
     resolverName: resolverName
+    createResolverTopic: createResolverTopic
+    createEndpointTopics: createEndpointTopics
+    duplicateDetection: endpointTopicsDetectDuplicates
+    logAnalyticsWorkspaceId: monitoring.outputs.workspaceId
+  }
+  dependsOn: [
+    serviceBusNamespace
+  ]
+}
+
+module serviceBusRbac 'modules/servicebus-rbac.bicep' = {
+  name: 'servicebus-rbac'
+  scope: resourceGroup(serviceBusResourceGroup)
+  params: {
+    principalId: identity.outputs.principalId
+    namespaceName: serviceBus.outputs.namespaceName
+    resolverTopicName: serviceBus.outputs.resolverTopicName
+    resolverSubscriptionName: serviceBus.outputs.resolverSubscriptionName
+    endpointTopicNames: serviceBus.outputs.endpointTopicNames
+    developerPrincipalId: developerPrincipalId
+    developerPrincipalType: developerPrincipalType
   }
 }
 
@@ -126,12 +214,9 @@ module rbac 'modules/rbac.bicep' = {
     principalId: identity.outputs.principalId
     hostStorageName: storage.outputs.hostStorageName
     dataStorageName: storage.outputs.dataStorageName
-    serviceBusNamespaceName: serviceBus.outputs.namespaceName
-    resolverTopicName: serviceBus.outputs.resolverTopicName
-    resolverSubscriptionName: serviceBus.outputs.resolverSubscriptionName
-    endpointTopicNames: serviceBus.outputs.endpointTopicNames
     applicationInsightsName: monitoring.outputs.applicationInsightsName
     developerPrincipalId: developerPrincipalId
+    developerPrincipalType: developerPrincipalType
   }
 }
 
@@ -151,18 +236,33 @@ module functionApp 'modules/functionapp.bicep' = {
     serviceBusFullyQualifiedNamespace: serviceBus.outputs.fullyQualifiedNamespace
     resolverTopicName: serviceBus.outputs.resolverTopicName
     resolverSubscriptionName: serviceBus.outputs.resolverSubscriptionName
+    duplicateDetection: endpointTopicsDetectDuplicates
     applicationInsightsConnectionString: monitoring.outputs.applicationInsightsConnectionString
     stateCatchupSchedule: stateCatchupSchedule
     handoffSweeperEnabled: handoffSweeperEnabled
     handoffSweeperSchedule: handoffSweeperSchedule
     maximumInstanceCount: maximumInstanceCount
     instanceMemoryMB: instanceMemoryMB
+    httpAlwaysReadyInstances: httpAlwaysReadyInstances
     zoneRedundant: zoneRedundant
   }
   // Start the app only once its identity holds its roles (storage, tables, bus, telemetry).
   dependsOn: [
     rbac
+    serviceBusRbac
   ]
+}
+
+module alerts 'modules/alerts.bicep' = {
+  name: 'alerts'
+  params: {
+    namePrefix: baseName
+    tags: allTags
+    serviceBusNamespaceId: serviceBus.outputs.namespaceId
+    resolverTopicName: serviceBus.outputs.resolverTopicName
+    applicationInsightsId: monitoring.outputs.applicationInsightsId
+    alertEmail: alertEmail
+  }
 }
 
 output functionAppName string = functionApp.outputs.name
@@ -170,6 +270,7 @@ output functionAppUrl string = 'https://${functionApp.outputs.defaultHostName}'
 output tableEndpoint string = storage.outputs.tableEndpoint
 output tableNames array = [for t in settleTables: '${tablePrefix}${t}']
 output serviceBusNamespace string = serviceBus.outputs.namespaceName
+output serviceBusResourceGroup string = serviceBusResourceGroup
 output serviceBusFullyQualifiedNamespace string = serviceBus.outputs.fullyQualifiedNamespace
 output identityClientId string = identity.outputs.clientId
 output deploymentContainerName string = storage.outputs.deploymentContainerName

@@ -50,6 +50,9 @@ param resolverTopicName string
 @description('Resolver subscription name (RESOLVER_SUBSCRIPTION).')
 param resolverSubscriptionName string
 
+@description('Whether the endpoint topics drop a repeated MessageId (HANDOFF_DUPLICATE_DETECTION): the same flag that created them with requiresDuplicateDetection.')
+param duplicateDetection bool
+
 @description('Application Insights connection string (no secret: local auth is disabled).')
 param applicationInsightsConnectionString string
 
@@ -74,6 +77,11 @@ param maximumInstanceCount int
   4096
 ])
 param instanceMemoryMB int
+
+@description('Always-ready instances of the HTTP functions (0: scale from zero).')
+@minValue(0)
+@maxValue(1000)
+param httpAlwaysReadyInstances int
 
 @description('Zone-redundant plan (only in regions that support it for Flex Consumption).')
 param zoneRedundant bool
@@ -101,12 +109,22 @@ var appSettings = {
   ServiceBusConnection__clientId: identityClientId
   RESOLVER_TOPIC: resolverTopicName
   RESOLVER_SUBSCRIPTION: resolverSubscriptionName
+  // Whether the endpoint topics drop a repeated MessageId (only topics Settle created can).
+  HANDOFF_DUPLICATE_DETECTION: duplicateDetection ? 'true' : 'false'
   // Settlement sends control messages to Service Bus (loopback is a local-development shortcut).
   SETTLE_LOOPBACK: 'false'
   STATE_CATCHUP_SCHEDULE: stateCatchupSchedule
   HANDOFF_SWEEPER_ENABLED: handoffSweeperEnabled ? 'true' : 'false'
   HANDOFF_SWEEPER_SCHEDULE: handoffSweeperSchedule
 }
+
+// "http" is the Flex function group of every HTTP-triggered function (Flex "always ready" instances).
+var alwaysReadyHttp = [
+  {
+    name: 'http'
+    instanceCount: httpAlwaysReadyInstances
+  }
+]
 
 resource plan 'Microsoft.Web/serverfarms@2024-04-01' = {
   name: planName
@@ -126,7 +144,10 @@ resource plan 'Microsoft.Web/serverfarms@2024-04-01' = {
 resource site 'Microsoft.Web/sites@2024-04-01' = {
   name: name
   location: location
-  tags: tags
+  // azd deploys the code of service "api" (azure.yaml) to the resource carrying this tag.
+  tags: union(tags, {
+    'azd-service-name': 'api'
+  })
   kind: 'functionapp,linux'
   identity: {
     type: 'UserAssigned'
@@ -164,6 +185,7 @@ resource site 'Microsoft.Web/sites@2024-04-01' = {
       scaleAndConcurrency: {
         maximumInstanceCount: maximumInstanceCount
         instanceMemoryMB: instanceMemoryMB
+        alwaysReady: httpAlwaysReadyInstances > 0 ? alwaysReadyHttp : []
       }
       // Must equal the Python CI runs (pyproject requires-python); tests/infra asserts it.
       runtime: {

@@ -49,5 +49,11 @@ resource appInsights 'Microsoft.Insights/components@2020-02-02' = {
 
 output applicationInsightsName string = appInsights.name
 
+@description('Resource id of Application Insights (the scope of the function-failure alert).')
+output applicationInsightsId string = appInsights.id
+
+@description('Resource id of the Log Analytics workspace (the destination of every diagnostic setting).')
+output workspaceId string = workspace.id
+
 @description('Connection string of Application Insights (ingestion endpoint + instrumentation key; no secret because local auth is disabled).')
 output applicationInsightsConnectionString string = appInsights.properties.ConnectionString

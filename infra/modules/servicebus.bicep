@@ -1,4 +1,5 @@
-// Service Bus namespace with local (SAS) auth disabled, and the NimBus-compatible topology Settle needs
+// The NimBus-compatible topology Settle needs on a Service Bus namespace (created by
+// servicebus-namespace.bicep, or an existing one), and the namespace's diagnostic settings
 // (docs: shared/reference/nimbus-contract.md §1.1, NimBus TopologyDescriptor):
 //
 //   Resolver topic
@@ -11,6 +12,7 @@
 //
 // Responses (To='Resolver') and Manager/hand-off control messages (To='{ep}', From='Manager'), which
 // Settle's settlement sends to the endpoint topic, therefore both reach the Resolver subscription.
+// On a NimBus namespace these exist already: createResolverTopic / createEndpointTopics false.
 //
 // Left out on purpose (they never carry traffic to the resolver, and NimBus's own provisioning creates
 // them for an endpoint that uses the feature): `{ep}-reply` (request/reply), `Deferred` and
@@ -20,21 +22,30 @@
 // Rules: a subscription created through ARM gets a `$Default` rule with a true filter, which would let
 // every message through next to the named rules. Where the contract has named rules, `$Default` is
 // redeclared with a filter that never matches (1=0), the ARM equivalent of NimBus deleting it.
+//
+// Service Bus answers 409 Conflict to concurrent changes under one topic or subscription, so the
+// subscriptions of a topic and the rules of a subscription are created one after the other (dependsOn
+// chains; tests/infra/rules.py checks it).
 
-@description('Name of the Service Bus namespace.')
-param name string
-
-@description('Azure region.')
-param location string
-
-@description('Tags applied to the namespace.')
-param tags object = {}
+@description('Name of the Service Bus namespace (in this module\'s resource group).')
+param namespaceName string
 
 @description('NimBus endpoint ids whose endpoint topics (and fan-out to the resolver) are created here.')
 param endpoints array
 
 @description('Name of the resolver topic and of its session-enabled subscription (NimBus ResolverId).')
+@minLength(1)
+@maxLength(50)
 param resolverName string = 'Resolver'
+
+@description('Create the Resolver topic and subscription (false: they exist, e.g. NimBus created them).')
+param createResolverTopic bool = true
+
+@description('Create the endpoint topics with their subscriptions and rules (false: NimBus created them).')
+param createEndpointTopics bool = true
+
+@description('Create the endpoint topics with duplicate detection (a topic cannot change it later).')
+param duplicateDetection bool = true
 
 @description('Peek-lock duration of every subscription (NimBus: 30 seconds; the host renews locks).')
 param lockDuration string = 'PT30S'
@@ -44,24 +55,15 @@ param lockDuration string = 'PT30S'
 @maxValue(2000)
 param maxDeliveryCount int = 10
 
-resource namespace 'Microsoft.ServiceBus/namespaces@2022-10-01-preview' = {
-  name: name
-  location: location
-  tags: tags
-  sku: {
-    // Topics and subscriptions need Standard or Premium.
-    name: 'Standard'
-    tier: 'Standard'
-  }
-  properties: {
-    disableLocalAuth: true
-    minimumTlsVersion: '1.2'
-    publicNetworkAccess: 'Enabled'
-  }
+@description('Resource id of the Log Analytics workspace that receives the namespace\'s logs and metrics.')
+param logAnalyticsWorkspaceId string
+
+resource namespace 'Microsoft.ServiceBus/namespaces@2022-10-01-preview' existing = {
+  name: namespaceName
 }
 
 // No duplicate detection on the Resolver topic: a rescheduled copy keeps its MessageId (contract §2.1).
-resource resolverTopic 'Microsoft.ServiceBus/namespaces/topics@2022-10-01-preview' = {
+resource resolverTopic 'Microsoft.ServiceBus/namespaces/topics@2022-10-01-preview' = if (createResolverTopic) {
   parent: namespace
   name: resolverName
   properties: {
@@ -71,7 +73,7 @@ resource resolverTopic 'Microsoft.ServiceBus/namespaces/topics@2022-10-01-previe
 }
 
 // Keeps its $Default true filter: everything forwarded to the Resolver topic is projected.
-resource resolverSubscription 'Microsoft.ServiceBus/namespaces/topics/subscriptions@2022-10-01-preview' = {
+resource resolverSubscription 'Microsoft.ServiceBus/namespaces/topics/subscriptions@2022-10-01-preview' = if (createResolverTopic) {
   parent: resolverTopic
   name: resolverName
   properties: {
@@ -84,14 +86,14 @@ resource resolverSubscription 'Microsoft.ServiceBus/namespaces/topics/subscripti
 }
 
 resource endpointTopics 'Microsoft.ServiceBus/namespaces/topics@2022-10-01-preview' = [
-  for ep in endpoints: {
+  for ep in endpoints: if (createEndpointTopics) {
     parent: namespace
     name: ep
     properties: {
       enableBatchedOperations: true
       // Settle's control messages carry a MessageId derived from the hand-off (handoff/contract.py), so a
       // settlement retried after an ambiguous send is dropped here instead of reaching the endpoint twice.
-      requiresDuplicateDetection: true
+      requiresDuplicateDetection: duplicateDetection
       duplicateDetectionHistoryTimeWindow: 'PT10M'
     }
   }
@@ -99,7 +101,7 @@ resource endpointTopics 'Microsoft.ServiceBus/namespaces/topics@2022-10-01-previ
 
 // The endpoint's own subscription (read by the NimBus subscriber, not by Settle).
 resource endpointSubscriptions 'Microsoft.ServiceBus/namespaces/topics/subscriptions@2022-10-01-preview' = [
-  for (ep, i) in endpoints: {
+  for (ep, i) in endpoints: if (createEndpointTopics) {
     parent: endpointTopics[i]
     name: ep
     properties: {
@@ -113,7 +115,7 @@ resource endpointSubscriptions 'Microsoft.ServiceBus/namespaces/topics/subscript
 ]
 
 resource endpointDefaultRules 'Microsoft.ServiceBus/namespaces/topics/subscriptions/rules@2022-10-01-preview' = [
-  for (ep, i) in endpoints: {
+  for (ep, i) in endpoints: if (createEndpointTopics) {
     parent: endpointSubscriptions[i]
     name: '$Default'
     properties: {
@@ -126,7 +128,7 @@ resource endpointDefaultRules 'Microsoft.ServiceBus/namespaces/topics/subscripti
 ]
 
 resource endpointToRules 'Microsoft.ServiceBus/namespaces/topics/subscriptions/rules@2022-10-01-preview' = [
-  for (ep, i) in endpoints: {
+  for (ep, i) in endpoints: if (createEndpointTopics) {
     parent: endpointSubscriptions[i]
     name: 'to-${ep}'
     properties: {
@@ -135,11 +137,14 @@ resource endpointToRules 'Microsoft.ServiceBus/namespaces/topics/subscriptions/r
         sqlExpression: 'user.To = \'${ep}\''
       }
     }
+    dependsOn: [
+      endpointDefaultRules[i]
+    ]
   }
 ]
 
 resource endpointContinuationRules 'Microsoft.ServiceBus/namespaces/topics/subscriptions/rules@2022-10-01-preview' = [
-  for (ep, i) in endpoints: {
+  for (ep, i) in endpoints: if (createEndpointTopics) {
     parent: endpointSubscriptions[i]
     name: 'continuation'
     properties: {
@@ -151,11 +156,14 @@ resource endpointContinuationRules 'Microsoft.ServiceBus/namespaces/topics/subsc
         sqlExpression: 'SET user.To = \'${ep}\'; SET user.From = \'Continuation\';'
       }
     }
+    dependsOn: [
+      endpointToRules[i]
+    ]
   }
 ]
 
 resource endpointRetryRules 'Microsoft.ServiceBus/namespaces/topics/subscriptions/rules@2022-10-01-preview' = [
-  for (ep, i) in endpoints: {
+  for (ep, i) in endpoints: if (createEndpointTopics) {
     parent: endpointSubscriptions[i]
     name: 'retry'
     properties: {
@@ -167,13 +175,16 @@ resource endpointRetryRules 'Microsoft.ServiceBus/namespaces/topics/subscription
         sqlExpression: 'SET user.To = \'${ep}\'; SET user.From = \'Retry\';'
       }
     }
+    dependsOn: [
+      endpointContinuationRules[i]
+    ]
   }
 ]
 
 // The fan-out copy to the resolver. Sessions stay off here (forwarding keeps SessionId, and the Resolver
 // subscription is the one that is session-enabled).
 resource fanoutSubscriptions 'Microsoft.ServiceBus/namespaces/topics/subscriptions@2022-10-01-preview' = [
-  for (ep, i) in endpoints: {
+  for (ep, i) in endpoints: if (createEndpointTopics) {
     parent: endpointTopics[i]
     name: resolverName
     properties: {
@@ -186,12 +197,13 @@ resource fanoutSubscriptions 'Microsoft.ServiceBus/namespaces/topics/subscriptio
     }
     dependsOn: [
       resolverTopic
+      endpointSubscriptions[i]
     ]
   }
 ]
 
 resource fanoutDefaultRules 'Microsoft.ServiceBus/namespaces/topics/subscriptions/rules@2022-10-01-preview' = [
-  for (ep, i) in endpoints: {
+  for (ep, i) in endpoints: if (createEndpointTopics) {
     parent: fanoutSubscriptions[i]
     name: '$Default'
     properties: {
@@ -205,7 +217,7 @@ resource fanoutDefaultRules 'Microsoft.ServiceBus/namespaces/topics/subscription
 
 // Responses: the subscriber sends them to its own topic with To='Resolver'; the action stamps From.
 resource fanoutFromRules 'Microsoft.ServiceBus/namespaces/topics/subscriptions/rules@2022-10-01-preview' = [
-  for (ep, i) in endpoints: {
+  for (ep, i) in endpoints: if (createEndpointTopics) {
     parent: fanoutSubscriptions[i]
     name: 'from-${ep}'
     properties: {
@@ -217,12 +229,15 @@ resource fanoutFromRules 'Microsoft.ServiceBus/namespaces/topics/subscriptions/r
         sqlExpression: 'SET user.From = \'${ep}\''
       }
     }
+    dependsOn: [
+      fanoutDefaultRules[i]
+    ]
   }
 ]
 
 // Requests and control messages addressed to the endpoint (EventRequest, HandoffCompletedRequest, ...).
 resource fanoutToRules 'Microsoft.ServiceBus/namespaces/topics/subscriptions/rules@2022-10-01-preview' = [
-  for (ep, i) in endpoints: {
+  for (ep, i) in endpoints: if (createEndpointTopics) {
     parent: fanoutSubscriptions[i]
     name: 'to-${ep}'
     properties: {
@@ -231,15 +246,42 @@ resource fanoutToRules 'Microsoft.ServiceBus/namespaces/topics/subscriptions/rul
         sqlExpression: 'user.To = \'${ep}\''
       }
     }
+    dependsOn: [
+      fanoutFromRules[i]
+    ]
   }
 ]
 
+// Logs and metrics of the namespace (of an attached one too) go to the workspace the alerts also read.
+resource namespaceDiagnostics 'Microsoft.Insights/diagnosticSettings@2021-05-01-preview' = {
+  scope: namespace
+  name: 'settle-to-log-analytics'
+  properties: {
+    workspaceId: logAnalyticsWorkspaceId
+    logs: [
+      {
+        categoryGroup: 'allLogs'
+        enabled: true
+      }
+    ]
+    metrics: [
+      {
+        category: 'AllMetrics'
+        enabled: true
+      }
+    ]
+  }
+}
+
 output namespaceName string = namespace.name
+
+@description('Resource id of the namespace (the scope of the Service Bus alerts).')
+output namespaceId string = namespace.id
 
 @description('Host name of the namespace (<name>.servicebus.windows.net in the public cloud).')
 // serviceBusEndpoint is https://<host>:443/ ; the setting wants the bare host (an Endpoint= form breaks it).
 output fullyQualifiedNamespace string = split(split(namespace.properties.serviceBusEndpoint, '/')[2], ':')[0]
 
-output resolverTopicName string = resolverTopic.name
-output resolverSubscriptionName string = resolverSubscription.name
-output endpointTopicNames array = [for (ep, i) in endpoints: endpointTopics[i].name]
+output resolverTopicName string = resolverName
+output resolverSubscriptionName string = resolverName
+output endpointTopicNames array = endpoints

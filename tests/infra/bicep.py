@@ -102,10 +102,13 @@ class Param:
     default: Any
     has_default: bool
     decorators: dict[str, list[Any]]
+    line: int = 0
 
 
 @dataclass
 class Resource:
+    """A ``resource`` declaration; a nested one has ``symbol`` ``outer::inner`` and its full type."""
+
     symbol: str
     type: str
     api_version: str
@@ -113,6 +116,9 @@ class Resource:
     body: dict[str, Any]
     loop: Loop | None = None
     condition: Expr | None = None
+    decorators: dict[str, list[Any]] = field(default_factory=dict)
+    enclosing: str | None = None  # the symbol of the resource this one is declared inside
+    line: int = 0
 
     @property
     def label(self) -> str:
@@ -124,6 +130,10 @@ class Module:
     symbol: str
     path: str
     body: dict[str, Any]
+    loop: Loop | None = None
+    condition: Expr | None = None
+    decorators: dict[str, list[Any]] = field(default_factory=dict)
+    line: int = 0
 
 
 @dataclass
@@ -135,6 +145,7 @@ class BicepFile:
     resources: list[Resource] = field(default_factory=list)
     modules: list[Module] = field(default_factory=list)
     outputs: dict[str, Any] = field(default_factory=dict)
+    output_types: dict[str, str] = field(default_factory=dict)
 
     def resource(self, symbol: str) -> Resource:
         for r in self.resources:
@@ -191,20 +202,43 @@ def value(node: Node) -> Any:
     if kind == "object":
         result: dict[str, Any] = {}
         for prop in _named(node):
-            if prop.type != "object_property":
-                continue
+            if prop.type != "object_property" or _named(prop)[0].type == "resource_declaration":
+                continue  # a nested resource is a declaration of its own (see load), not a property
             key_node, value_node = _named(prop)[0], _named(prop)[-1]
             key = _string(key_node) if key_node.type == "string" else _text(key_node)
             result[key if isinstance(key, str) else key.text] = value(value_node)
         return result
     if kind == "array":
-        return [value(c) for c in _named(node)]
+        return [value(c) if isinstance(c, Node) else c for c in array_items(node)]
     if kind == "for_statement":
         return _loop(node)
     if kind == "if_statement":
         condition, body = _named(node)
         return Conditional(Expr(_text(condition)), value(body))
     return Expr(_text(node))
+
+
+def array_items(node: Node) -> list[Node | Expr]:
+    """The items of an array node, with the grammar's split of ``x[i]`` repaired.
+
+    tree-sitter-bicep reads ``x[i]`` on a line of a multi-line array as two items, ``x`` and ``[i]``;
+    Bicep reads one index expression. An item that starts with ``[`` right where the previous one ends
+    (no space between) is joined to it and returned as an ``Expr`` of the joined text.
+    """
+    items: list[Node | Expr] = []
+    start = end = -1
+    source = node.text or b""
+    for child in _named(node):
+        leftmost = child
+        while leftmost.type in ("member_expression", "subscript_expression") and leftmost.named_children:
+            leftmost = leftmost.named_children[0]
+        if items and child.start_byte == end and leftmost.type == "array":
+            end = child.end_byte
+            items[-1] = Expr(source[start - node.start_byte : end - node.start_byte].decode())
+            continue
+        items.append(child)
+        start, end = child.start_byte, child.end_byte
+    return items
 
 
 def _loop(node: Node) -> Loop:
@@ -232,9 +266,73 @@ def _decorators(node: Node) -> dict[str, list[Any]]:
     return result
 
 
-def load(path: Path) -> BicepFile:
-    """Read one Bicep file into a ``BicepFile`` (call ``syntax_errors`` first: this assumes a clean parse)."""
-    root = parse(path.read_bytes())
+def _unwrap(body: Any) -> tuple[Any, Loop | None, Expr | None]:
+    """Split ``[for ...: if (...) {...}]`` into its object, loop and condition."""
+    loop: Loop | None = None
+    condition: Expr | None = None
+    if isinstance(body, Loop):
+        loop, body = body, body.body
+    if isinstance(body, Conditional):
+        condition, body = body.condition, body.body
+    return body, loop, condition
+
+
+def _body_object(node: Node) -> Node | None:
+    """The object node of a declaration's value (inside ``[for ...]`` and ``if (...)``)."""
+    if node.type == "object":
+        return node
+    if node.type == "for_statement":
+        body = node.child_by_field_name("body")
+        return _body_object(body) if body is not None else None
+    if node.type == "if_statement":
+        return _body_object(_named(node)[-1])
+    return None
+
+
+def _resources(node: Node, enclosing: Resource | None, decorators: dict[str, list[Any]]) -> list[Resource]:
+    """The resource declared by ``node`` and every resource nested inside its body."""
+    children = _named(node)
+    type_ref = value(children[1])
+    assert isinstance(type_ref, str), f"computed resource type: {_text(node)[:60]}"
+    type_, _, api = type_ref.partition("@")
+    symbol = _text(children[0])
+    if enclosing is not None:
+        # A nested type is relative to the enclosing one ('blobServices') unless written in full.
+        if not type_.lower().startswith(enclosing.type.lower() + "/"):
+            type_ = f"{enclosing.type}/{type_}"
+        api = api or enclosing.api_version
+        symbol = f"{enclosing.symbol}::{symbol}"
+    body, loop, condition = _unwrap(value(children[-1]))
+    resource = Resource(
+        symbol=symbol,
+        type=type_,
+        api_version=api,
+        existing=any(c.type == "existing" for c in node.children),
+        body=body,
+        loop=loop,
+        condition=condition,
+        decorators=decorators,
+        enclosing=enclosing.symbol if enclosing is not None else None,
+        line=node.start_point.row + 1,
+    )
+    found = [resource]
+    obj = _body_object(children[-1])
+    if obj is not None:
+        pending: dict[str, list[Any]] = {}
+        for prop in _named(obj):
+            if prop.type == "decorators":
+                pending = _decorators(prop)
+                continue
+            inner = _named(prop)[0] if prop.type == "object_property" else None
+            if inner is not None and inner.type == "resource_declaration":
+                found.extend(_resources(inner, resource, pending))
+            pending = {}
+    return found
+
+
+def load_source(path: Path, source: bytes) -> BicepFile:
+    """Read Bicep ``source`` (as if it were ``path``) into a ``BicepFile`` (assumes a clean parse)."""
+    root = parse(source)
     out = BicepFile(path=path)
     pending: dict[str, list[Any]] = {}
     for node in _named(root):
@@ -243,6 +341,7 @@ def load(path: Path) -> BicepFile:
             pending = _decorators(node)
             continue
         children = _named(node)
+        line = node.start_point.row + 1
         if kind == "target_scope_assignment":
             scope = value(children[0])
             out.target_scope = scope if isinstance(scope, str) else None
@@ -254,39 +353,37 @@ def load(path: Path) -> BicepFile:
                 default=value(children[2]) if has_default else None,
                 has_default=has_default,
                 decorators=pending,
+                line=line,
             )
         elif kind == "variable_declaration":
             out.variables[_text(children[0])] = value(children[-1])
         elif kind == "resource_declaration":
-            type_ref = value(children[1])
-            assert isinstance(type_ref, str), f"{path.name}: computed resource type"
-            type_, _, api = type_ref.partition("@")
-            body = value(children[-1])
-            loop: Loop | None = None
-            condition: Expr | None = None
-            if isinstance(body, Loop):
-                loop, body = body, body.body
-            if isinstance(body, Conditional):
-                condition, body = body.condition, body.body
-            out.resources.append(
-                Resource(
-                    symbol=_text(children[0]),
-                    type=type_,
-                    api_version=api,
-                    existing=any(c.type == "existing" for c in node.children),
-                    body=body,
-                    loop=loop,
-                    condition=condition,
-                )
-            )
+            out.resources.extend(_resources(node, None, pending))
         elif kind == "module_declaration":
             mod_path = value(children[1])
             assert isinstance(mod_path, str)
-            out.modules.append(Module(symbol=_text(children[0]), path=mod_path, body=value(children[-1])))
+            body, loop, condition = _unwrap(value(children[-1]))
+            out.modules.append(
+                Module(
+                    symbol=_text(children[0]),
+                    path=mod_path,
+                    body=body,
+                    loop=loop,
+                    condition=condition,
+                    decorators=pending,
+                    line=line,
+                )
+            )
         elif kind == "output_declaration":
             out.outputs[_text(children[0])] = value(children[-1])
+            out.output_types[_text(children[0])] = _text(children[1])
         pending = {}
     return out
+
+
+def load(path: Path) -> BicepFile:
+    """Read one Bicep file into a ``BicepFile`` (call ``syntax_errors`` first: this assumes a clean parse)."""
+    return load_source(path, path.read_bytes())
 
 
 @cache

@@ -13,9 +13,12 @@ EXPECTED_FILES = {
     "modules/identity.bicep",
     "modules/monitoring.bicep",
     "modules/storage.bicep",
+    "modules/servicebus-namespace.bicep",
     "modules/servicebus.bicep",
+    "modules/servicebus-rbac.bicep",
     "modules/rbac.bicep",
     "modules/functionapp.bicep",
+    "modules/alerts.bicep",
 }
 
 

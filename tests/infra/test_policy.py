@@ -16,21 +16,10 @@ from typing import Any
 import pytest
 
 from tests.infra.bicep import REPO, Expr, Interp, Loop, bicep_files, load_infra, walk_values
+from tests.infra.infracheck import check_infra
 
-ROLE_IDS = {
-    "b7e6dc6d-f1e8-4753-8033-0f276bb0955b": "Storage Blob Data Owner",
-    "0a9a7e1f-b9d0-4cc4-a60d-0319b160aaa3": "Storage Table Data Contributor",
-    "4f6d3b9b-027b-4f4c-9142-0e5a2a2247e0": "Azure Service Bus Data Receiver",
-    "69a216fc-b8fb-44d8-bc22-1f3c2552ae39": "Azure Service Bus Data Sender",
-    "3913510d-42f4-4e42-8a64-420c390055eb": "Monitoring Metrics Publisher",
-}
-BROAD_ROLES = {
-    "8e3af657-a8ff-443c-a75c-2fe8c4bcb635": "Owner",
-    "b24988ac-6180-42a0-ab88-20f7382dd24c": "Contributor",
-    "090c5cfd-751d-490a-894a-3ce6f1109419": "Azure Service Bus Data Owner",
-    "ba92f5b4-2d11-453d-a403-e96b0029c9fe": "Storage Blob Data Contributor",
-    "17d1049b-9a84-46fb-8f53-869881c3d3ab": "Storage Account Contributor",
-}
+# Roles that grant far more than Settle needs: never assigned (names of infra/builtin-roles.json).
+BROAD_ROLES = {"Owner", "Contributor", "Azure Service Bus Data Owner", "Storage Blob Data Contributor"}
 
 # App settings Flex Consumption rejects or ignores (its runtime, scale and package live in
 # functionAppConfig); FUNCTIONS_EXTENSION_VERSION is deliberately not set either (ADR 0010).
@@ -132,7 +121,7 @@ def test_deployment_container_is_private_and_tables_are_created_on_the_data_acco
 
 
 def test_service_bus_namespace_has_local_auth_disabled_and_tls12() -> None:
-    namespace = load_infra("modules/servicebus.bicep").resource("namespace")
+    namespace = load_infra("modules/servicebus-namespace.bicep").resource("namespace")
     assert namespace.body["properties"]["disableLocalAuth"] is True
     assert namespace.body["properties"]["minimumTlsVersion"] == "1.2"
     assert namespace.body["sku"]["name"] in ("Standard", "Premium")  # topics need Standard or Premium
@@ -195,7 +184,7 @@ def test_deployment_package_uses_the_user_assigned_identity() -> None:
     assert storage["type"] == "blobContainer"
     assert storage["authentication"]["type"] == "UserAssignedIdentity"
     assert storage["authentication"]["userAssignedIdentityResourceId"].text == "identityId"
-    assert set(config["scaleAndConcurrency"]) == {"maximumInstanceCount", "instanceMemoryMB"}
+    assert set(config["scaleAndConcurrency"]) == {"maximumInstanceCount", "instanceMemoryMB", "alwaysReady"}
 
 
 def test_no_siteconfig_property_flex_rejects() -> None:
@@ -264,73 +253,88 @@ def test_settle_and_sdk_clients_use_the_same_identity() -> None:
 
 # ---- role assignments ------------------------------------------------------------------------------
 
-
-def role_assignments() -> list[Any]:
-    return load_infra("modules/rbac.bicep").of_type("Microsoft.Authorization/roleAssignments")
+RBAC_FILES = ("modules/rbac.bicep", "modules/servicebus-rbac.bicep")
 
 
-def role_of(assignment: Any) -> str:
-    roles = load_infra("modules/rbac.bicep").variables["roles"]
-    match = re.search(r"roles\.(\w+)\)$", assignment.body["properties"]["roleDefinitionId"].text)
-    assert match, assignment.symbol
-    return ROLE_IDS[roles[match.group(1)]]
+def role_assignments() -> list[tuple[str, Any]]:
+    return [
+        (path, a)
+        for path in RBAC_FILES
+        for a in load_infra(path).of_type("Microsoft.Authorization/roleAssignments")
+    ]
+
+
+def test_role_assignments_live_only_in_the_rbac_modules() -> None:
+    for path in bicep_files():
+        relative = path.relative_to(REPO / "infra").as_posix()
+        if relative not in RBAC_FILES:
+            assert "Microsoft.Authorization/roleAssignments" not in path.read_text(), relative
 
 
 def test_every_role_assignment_is_named_by_guid_of_its_scope_and_has_a_principal_type() -> None:
     assignments = role_assignments()
-    assert assignments
-    for a in assignments:
+    assert len(assignments) == 9
+    for path, a in assignments:
         name = a.body["name"]
         assert isinstance(name, Expr) and name.text.startswith("guid("), a.symbol
         scope = a.body["scope"].text
         assert name.text.startswith(f"guid({scope}.id,"), f"{a.symbol}: name must include its scope"
-        assert a.body["properties"]["principalType"] in ("ServicePrincipal", "User"), a.symbol
-        expected_type = (
-            "ServicePrincipal" if a.body["properties"]["principalId"].text == "principalId" else "User"
-        )
-        assert a.body["properties"]["principalType"] == expected_type, a.symbol
+        principal = a.body["properties"]["principalId"].text
+        principal_type = a.body["properties"]["principalType"]
+        if principal == "principalId":  # the app's identity
+            assert principal_type == "ServicePrincipal", a.symbol
+        else:  # the optional developer or pipeline
+            assert principal == "developerPrincipalId" and principal_type.text == "developerPrincipalType", (
+                a.symbol
+            )
+        assert f"guid({scope}.id, {principal}, roles[" in name.text, f"{path} {a.symbol}"
 
 
 def test_the_app_identity_holds_exactly_the_narrow_roles() -> None:
-    rbac = load_infra("modules/rbac.bicep")
-    scopes = {r.symbol: r.type for r in rbac.resources if r.existing}
-    granted = {
-        (role_of(a), scopes[a.body["scope"].text.split("[")[0]], a.body["scope"].text.split("[")[0])
-        for a in role_assignments()
-        if a.body["properties"]["principalId"].text == "principalId"
-    }
+    grants = check_infra().grants
+    granted = {(g.file, g.role, g.scope.split("[")[0]) for g in grants if g.principal == "principalId"}
     assert granted == {
-        ("Storage Blob Data Owner", "Microsoft.Storage/storageAccounts", "hostStorage"),
-        ("Storage Table Data Contributor", "Microsoft.Storage/storageAccounts", "dataStorage"),
-        (
-            "Azure Service Bus Data Receiver",
-            "Microsoft.ServiceBus/namespaces/topics/subscriptions",
-            "resolverSubscription",
-        ),
-        ("Azure Service Bus Data Sender", "Microsoft.ServiceBus/namespaces/topics", "endpointTopics"),
-        ("Azure Service Bus Data Sender", "Microsoft.ServiceBus/namespaces/topics", "resolverTopic"),
-        ("Monitoring Metrics Publisher", "Microsoft.Insights/components", "appInsights"),
+        ("modules/rbac.bicep", "Storage Blob Data Owner", "hostStorage"),
+        ("modules/rbac.bicep", "Storage Table Data Contributor", "dataStorage"),
+        ("modules/rbac.bicep", "Monitoring Metrics Publisher", "appInsights"),
+        ("modules/servicebus-rbac.bicep", "Azure Service Bus Data Receiver", "resolverSubscription"),
+        ("modules/servicebus-rbac.bicep", "Azure Service Bus Data Sender", "endpointTopics"),
+        ("modules/servicebus-rbac.bicep", "Azure Service Bus Data Sender", "resolverTopic"),
     }
-    # The storage scopes are the right accounts, and the Receiver scope is the resolver's subscription.
-    assert rbac.resource("resolverSubscription").body["parent"].text == "resolverTopic"
-    assert rbac.resource("endpointTopics").loop is not None
+    # Each scope is what its name says: the accounts, the resolver's subscription, the endpoint topics.
+    rbac, sb = load_infra("modules/rbac.bicep"), load_infra("modules/servicebus-rbac.bicep")
+    assert rbac.resource("hostStorage").body["name"].text == "hostStorageName"
+    assert rbac.resource("dataStorage").body["name"].text == "dataStorageName"
+    assert sb.resource("resolverSubscription").body["parent"].text == "resolverTopic"
+    topics_loop = sb.resource("endpointTopics").loop
+    assert topics_loop is not None and topics_loop.iterable.text == "endpointTopicNames"
+    assert sb.resource("resolverTopic").type == "Microsoft.ServiceBus/namespaces/topics"
+    assert sb.resource("resolverSubscription").type == "Microsoft.ServiceBus/namespaces/topics/subscriptions"
+    # main wires the storage roles to the accounts storage.bicep creates.
+    main = {m.symbol: m for m in load_infra("main.bicep").modules}
+    assert main["rbac"].body["params"]["hostStorageName"].text == "storage.outputs.hostStorageName"
+    assert main["rbac"].body["params"]["dataStorageName"].text == "storage.outputs.dataStorageName"
 
 
 def test_no_broad_role_is_granted_anywhere() -> None:
-    for path in bicep_files():
-        text = path.read_text()
-        for role_id, role in BROAD_ROLES.items():
-            assert role_id not in text, f"{path.name} grants {role}"
+    assert {g.role for g in check_infra().grants} & BROAD_ROLES == set()
 
 
 def test_developer_access_is_optional_and_off_by_default() -> None:
-    rbac = load_infra("modules/rbac.bicep")
-    developer = [a for a in role_assignments() if a.body["properties"]["principalId"].text != "principalId"]
-    assert developer and all(
+    developer = [
+        a for _, a in role_assignments() if a.body["properties"]["principalId"].text != "principalId"
+    ]
+    assert len(developer) == 3 and all(
         a.condition is not None and "developerPrincipalId" in a.condition.text for a in developer
     )
-    assert rbac.params["developerPrincipalId"].default == ""
-    assert load_infra("main.bicep").params["developerPrincipalId"].default == ""
+    for path in RBAC_FILES:
+        assert load_infra(path).params["developerPrincipalId"].default == ""
+        assert load_infra(path).params["developerPrincipalType"].default == "User"
+    main = load_infra("main.bicep")
+    assert main.params["developerPrincipalId"].default == ""
+    assert main.params["developerPrincipalType"].decorators["allowed"] == [
+        ["User", "ServicePrincipal", "Group"]
+    ]
 
 
 # ---- main: scope, outputs, modules, parameters file ------------------------------------------------

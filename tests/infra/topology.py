@@ -89,6 +89,8 @@ def bicep_topology(endpoints: list[str]) -> Topology:
     topo: Topology = {}
     pending_rules: list[tuple[str, str, str, Rule]] = []
     for res in sb.resources:
+        if not res.type.lower().startswith("microsoft.servicebus/"):
+            continue  # diagnostic settings and the like are not topology
         envs = [dict(base)]
         if res.loop is not None:
             assert res.loop.iterable.text == "endpoints", res.loop.iterable
