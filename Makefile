@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test lint typecheck pytest bench bench-smoke reliability infra-check azurite clean
+.PHONY: install run test lint typecheck pytest bench bench-smoke reliability infra-check infra-types azurite clean
 
 $(STAMP): requirements.txt requirements-dev.txt package.json package-lock.json
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -38,8 +38,11 @@ bench-smoke: $(STAMP)
 reliability: $(STAMP) ## Faults, races, fuzzing: prints the violations table (must be 0).
 	$(PY) -m pytest -m slow -p no:cacheprovider $(PYTEST_ARGS)
 
-infra-check: ## checkov over infra/ (in its own venv, .venv-checkov/); accepted findings in infra/checkov-skips.txt.
+infra-check: $(STAMP) ## Settle's infra checks (types, roles, rules; full report) + checkov in its own venv.
 	bash infra/check.sh
+
+infra-types: $(STAMP) ## The infra checks' full report: what was type-checked, what was skipped and why.
+	$(PY) -m tests.infra.infracheck
 
 azurite: $(STAMP) ## Start Azurite on the standard ports, data in .azurite/ (Ctrl-C stops it).
 	$(PY) -m devtools.azurite --standard-ports --location .azurite

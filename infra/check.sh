@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# Static security checks of infra/ with checkov (no Bicep compiler exists on this machine; the syntax and
-# policy tests are in tests/infra and run with pytest).
+# Static checks of infra/ (no Bicep compiler exists on this machine):
+# 1. Settle's own checks (tests/infra/infracheck.py: syntax, names, types against Azure's resource types,
+#    role IDs, deployment rules), with the full report including what they skipped; `make test` runs them
+#    too, through pytest;
+# 2. security checks with checkov.
 #
 # checkov pins pycep-parser==0.5.1, so it lives in its own virtualenv (.venv-checkov/, or $CHECKOV_VENV)
 # that this script creates on first use. checkov runs offline (--skip-download) with Settle's own checks
@@ -10,6 +13,8 @@
 # infra/checkov-skips.txt (each with its reason), and on accepted entries that no longer fail.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+"${PROJECT_PYTHON:-.venv/bin/python}" -m tests.infra.infracheck
 
 venv=${CHECKOV_VENV:-.venv-checkov}
 checkov_version=3.3.30

@@ -1,45 +1,106 @@
 #!/usr/bin/env bash
-# Deploy Settle to Azure with the Azure CLI: infrastructure (infra/main.bicep) and then the code.
+# Deploy Settle to Azure with the Azure CLI: infrastructure (infra/main.bicep), then the code.
 #
-#   infra/deploy.sh <resource-group> <location> [environment-name]
+#   infra/deploy.sh [--what-if | --yes] <resource-group> <location> [environment-name] [name=value ...]
 #
-# Prerequisites: Azure CLI 2.60+ logged in (`az login`, `az account set -s <subscription>`), rights to
-# create resources and role assignments in the resource group (Owner, or Contributor + User Access
-# Administrator), and a region that offers Flex Consumption (`az functionapp list-flexconsumption-locations`).
-# The Azure CLI fetches the Bicep compiler itself on first use.
+#   (neither)   show what would change and ask before changing anything (needs a terminal)
+#   --what-if   show what would change and stop (nothing is created or changed)
+#   --yes       deploy without asking (pipelines: review the --what-if of the same commit first)
+#   name=value  any main.bicep parameter, e.g. alertEmail=ops@example.com,
+#               serviceBusNamespaceName=nimbus-prod serviceBusResourceGroupName=rg-nimbus
+#               createResolverTopic=false createEndpointTopics=false  (attach to a NimBus namespace)
+#
+# Prerequisites: Azure CLI 2.60.0 or newer (checked below), logged in as a user (`az login`) or as a
+# service principal (`az login --service-principal ...`, as in a pipeline), `az account set -s <sub>`,
+# rights to create resources and role assignments in the resource group (Owner, or Contributor + User
+# Access Administrator), python3 (packages the code), and a region that offers Flex Consumption
+# (`az functionapp list-flexconsumption-locations`). The Azure CLI fetches the Bicep compiler itself.
 #
 # Options (environment variables):
-#   SETTLE_DEVELOPER_ACCESS=1  also grant the signed-in user table and Service Bus data access (local runs)
-#   SETTLE_SKIP_WHAT_IF=1      skip the what-if preview (e.g. in a pipeline that already reviewed it)
+#   SETTLE_DEVELOPER_ACCESS=1  also grant the signed-in user or service principal table and Service Bus
+#                              data access (local runs, integration tests)
 #   SETTLE_SKIP_CODE=1         deploy the infrastructure only
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if [ $# -lt 2 ]; then
-  echo "usage: $0 <resource-group> <location> [environment-name]" >&2
+usage() {
+  echo "usage: $0 [--what-if | --yes] <resource-group> <location> [environment-name] [name=value ...]" >&2
   exit 2
-fi
+}
+
+mode=confirm
+case "${1:-}" in
+  --yes) mode=yes; shift ;;
+  --what-if) mode=what-if; shift ;;
+  -*) usage ;;
+esac
+[ $# -ge 2 ] || usage
 rg=$1
 location=$2
-env_name=${3:-dev}
+shift 2
+env_name=dev
+if [ $# -gt 0 ] && [[ $1 != *=* ]]; then
+  env_name=$1
+  shift
+fi
+if [ "$mode" = confirm ] && ! [ -t 0 ]; then
+  echo "no terminal to confirm on: pass --what-if to preview or --yes to deploy" >&2
+  exit 2
+fi
+
+# 1. The tools and the login this script relies on.
+required_cli=2.60.0 # Flex Consumption support in the Azure CLI (Microsoft's Flex how-to names 2.60.0)
+cli=$(az version --query '"azure-cli"' -o tsv)
+if ! python3 -c 'import sys; v = lambda s: tuple(int(p) for p in s.split(".")[:3]); sys.exit(v(sys.argv[1]) < v(sys.argv[2]))' "$cli" "$required_cli"; then
+  echo "Azure CLI $cli is older than $required_cli: run az upgrade" >&2
+  exit 1
+fi
+account_type=$(az account show --query user.type -o tsv) || {
+  echo "not logged in: az login (or az login --service-principal ...)" >&2
+  exit 1
+}
 
 params=(--template-file infra/main.bicep --parameters infra/main.parameters.json --parameters "environmentName=$env_name")
 if [ "${SETTLE_DEVELOPER_ACCESS:-0}" = 1 ]; then
-  params+=(--parameters "developerPrincipalId=$(az ad signed-in-user show --query id -o tsv)")
+  # The object id of whoever is logged in, user or service principal, read from the token's oid claim
+  # (no Microsoft Graph call, which a pipeline's service principal is often not allowed to make).
+  principal_id=$(az account get-access-token --query accessToken -o tsv | python3 -c '
+import base64, json, sys
+claims = sys.stdin.read().strip().split(".")[1]
+print(json.loads(base64.urlsafe_b64decode(claims + "=" * (-len(claims) % 4)))["oid"])')
+  case "$account_type" in
+    user) principal_type=User ;;
+    servicePrincipal) principal_type=ServicePrincipal ;;
+    *) echo "unknown account type $account_type" >&2; exit 1 ;;
+  esac
+  params+=(--parameters "developerPrincipalId=$principal_id" "developerPrincipalType=$principal_type")
+fi
+for assignment in "$@"; do
+  [[ $assignment == *=* ]] || usage
+  params+=(--parameters "$assignment")
+done
+
+# 2. The resource group that holds everything (idempotent: an existing group is left as it is).
+if [ "$mode" = what-if ]; then
+  if [ "$(az group exists --name "$rg")" != true ]; then
+    echo "resource group $rg does not exist yet: everything in infra/main.bicep would be created" >&2
+    exit 0
+  fi
+else
+  az group create --name "$rg" --location "$location" --output none
 fi
 
-# 1. The resource group that holds everything (idempotent: an existing group is left as it is).
-az group create --name "$rg" --location "$location" --output none
-
-# 2. Preview what the deployment would create, change or delete, without changing anything. Review it
-#    the first time and whenever infra/ changed.
-if [ "${SETTLE_SKIP_WHAT_IF:-0}" != 1 ]; then
-  az deployment group what-if --resource-group "$rg" --name settle "${params[@]}"
-fi
-
-# 3. Create or update every resource (incremental mode: resources not in the template are left alone).
-#    The outputs name the app and the endpoints the code is configured with.
-az deployment group create --resource-group "$rg" --name settle "${params[@]}" --output none
+# 3. What the deployment would create, change or delete, then (unless --what-if) the deployment itself,
+#    in incremental mode (resources not in the template are left alone). Without --yes, Azure CLI shows
+#    the what-if and asks before it changes anything.
+case "$mode" in
+  what-if)
+    az deployment group what-if --resource-group "$rg" --name settle "${params[@]}"
+    exit 0
+    ;;
+  confirm) az deployment group create --resource-group "$rg" --name settle "${params[@]}" --confirm-with-what-if --output none ;;
+  yes) az deployment group create --resource-group "$rg" --name settle "${params[@]}" --output none ;;
+esac
 app=$(az deployment group show --resource-group "$rg" --name settle --query properties.outputs.functionAppName.value -o tsv)
 url=$(az deployment group show --resource-group "$rg" --name settle --query properties.outputs.functionAppUrl.value -o tsv)
 
@@ -48,23 +109,13 @@ if [ "${SETTLE_SKIP_CODE:-0}" = 1 ]; then
   exit 0
 fi
 
-# 4. Deploy the code. The package holds only what the app runs (the same files .funcignore keeps); the
-#    remote build installs requirements.txt on Linux for the app's Python (3.11), so nothing is built here.
-#    Flex takes the package into its deployment container with the app's managed identity; basic-auth
+# 4. Deploy the code: the package holds what .funcignore keeps (the list func and azd use too); the
+#    remote build installs requirements.txt on Linux for the app's Python (3.11), so nothing is built
+#    here. Flex takes the package into its deployment container with the app's managed identity; basic-auth
 #    publishing is off, so the CLI authenticates with your Entra token. A role assignment made a moment
 #    ago can take a few minutes to reach the storage service, hence the retries.
 package=$(mktemp -d)/settle.zip
-python3 - "$package" <<'PY'
-import pathlib, sys, zipfile
-keep = ["function_app.py", "host.json", "requirements.txt", "common", "state", "handoff"]
-with zipfile.ZipFile(sys.argv[1], "w", zipfile.ZIP_DEFLATED) as zf:
-    for name in keep:
-        path = pathlib.Path(name)
-        files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
-        for f in files:
-            if "__pycache__" not in f.parts and f.suffix != ".pyc":
-                zf.write(f, f.as_posix())
-PY
+python3 infra/package.py "$package"
 for attempt in 1 2 3 4 5; do
   if az functionapp deployment source config-zip --resource-group "$rg" --name "$app" \
       --src "$package" --build-remote true --output none; then

@@ -87,6 +87,10 @@ class TypeData:
         found = self._versions.get(type_name.lower())
         return sorted(found) if found is not None else None
 
+    def type_names(self) -> list[str]:
+        """Every resource type of the index."""
+        return sorted(self._names.values())
+
     def body(self, type_name: str, api: str) -> Ref | None:
         """The body type of ``type_name@api`` (None: not vendored)."""
         return self._bodies.get((type_name.lower(), api))

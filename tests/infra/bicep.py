@@ -34,6 +34,11 @@ def parse(source: bytes) -> Node:
 
 def syntax_errors(source: bytes) -> list[str]:
     """Every ERROR or MISSING node of the parse, as ``line:column kind text`` (empty: the file parses)."""
+    return tree_errors(parse(source))
+
+
+def tree_errors(root: Node) -> list[str]:
+    """``syntax_errors`` of an already parsed file."""
     found: list[str] = []
 
     def walk(node: Node) -> None:
@@ -46,7 +51,7 @@ def syntax_errors(source: bytes) -> list[str]:
         for child in node.children:
             walk(child)
 
-    walk(parse(source))
+    walk(root)
     return found
 
 
@@ -330,9 +335,12 @@ def _resources(node: Node, enclosing: Resource | None, decorators: dict[str, lis
     return found
 
 
-def load_source(path: Path, source: bytes) -> BicepFile:
-    """Read Bicep ``source`` (as if it were ``path``) into a ``BicepFile`` (assumes a clean parse)."""
-    root = parse(source)
+def load_source(path: Path, source: bytes, root: Node | None = None) -> BicepFile:
+    """Read Bicep ``source`` (as if it were ``path``, parsed as ``root``) into a ``BicepFile``.
+
+    Assumes a clean parse (see ``syntax_errors``).
+    """
+    root = root if root is not None else parse(source)
     out = BicepFile(path=path)
     pending: dict[str, list[Any]] = {}
     for node in _named(root):

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.infra.armtypes import TypeData, type_data
-from tests.infra.bicep import INFRA, syntax_errors
+from tests.infra.bicep import INFRA
 from tests.infra.references import unresolved
 from tests.infra.roles import Grant, check_roles
 from tests.infra.rules import check_rules
@@ -29,13 +29,9 @@ class InfraCheck:
 def check_infra(root: Path = INFRA, types: TypeData | None = None) -> InfraCheck:
     """Run every check over the Bicep files, parameter file and role list under ``root``."""
     report = Report()
-    for path in sorted(root.rglob("*.bicep")):
-        source = path.read_bytes()
-        if syntax_errors(source):
-            continue  # load_units reports them
-        rel = path.relative_to(root).as_posix()
-        report.errors += [Finding(rel, 0, "", "", problem) for problem in unresolved(source)]
-    units = load_units(root, report)
+    units = load_units(root, report)  # reports files that do not parse
+    for rel, unit in units.items():
+        report.errors += [Finding(rel, 0, "", "", problem) for problem in unresolved(unit.source)]
     report.merge(Checker(root, types or type_data(), units).run())
     roles_report, grants = check_roles(root, units)
     report.merge(roles_report)

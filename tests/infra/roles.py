@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -126,7 +127,8 @@ def _grant(
     source = lookup[1][2]
     step, key = lookup[2][0]
     name = key[1] if step == "index" and key[0] == "lit" else key
-    if source[0] != "lit" or (unit.path.parent / source[1]).resolve() != (root / ROLES_FILE).resolve():
+    read = os.path.normpath(unit.path.parent / str(source[1]))
+    if source[0] != "lit" or read != os.path.normpath(root / ROLES_FILE):
         fail(f"roles must be read from infra/{ROLES_FILE}, not {source}")
         return None
     if name not in table:

@@ -1,62 +1,191 @@
-"""infra/deploy.sh and infra/check.sh are valid bash and deploy in the documented order."""
+"""infra/deploy.sh behaves as documented, driven against a fake `az` that records every call.
+
+The fake answers what the real CLI would (version, account, token, deployment outputs) and keeps the
+package handed to `config-zip`, so each test asserts what the script *did*: nothing changes without
+--yes or a confirmation, a service principal login works, an old CLI stops it before any change, and the
+code package is exactly what .funcignore keeps.
+"""
 
 from __future__ import annotations
 
+import base64
+import json
+import os
 import subprocess
+import sys
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
 from tests.infra.bicep import INFRA
 
+FAKE_AZ = r"""#!{python}
+import json, os, shutil, sys
+args = sys.argv[1:]
+with open(os.environ["FAKE_AZ_LOG"], "a") as log:
+    log.write(json.dumps(args) + "\n")
+joined = " ".join(args)
+if args[:1] == ["version"]:
+    print(os.environ.get("FAKE_AZ_VERSION", "2.67.0"))
+elif args[:2] == ["account", "show"]:
+    if os.environ.get("FAKE_AZ_LOGGED_OUT"):
+        sys.exit("Please run 'az login' to setup account.")
+    print(os.environ.get("FAKE_AZ_USER_TYPE", "user"))
+elif args[:2] == ["account", "get-access-token"]:
+    print(os.environ["FAKE_AZ_TOKEN"])
+elif args[:2] == ["group", "exists"]:
+    print("true")
+elif args[:3] == ["deployment", "group", "show"]:
+    print("func-settle-test" if "functionAppName" in joined else "https://func-settle-test.example")
+elif args[:4] == ["functionapp", "deployment", "source", "config-zip"]:
+    shutil.copy(args[args.index("--src") + 1], os.environ["FAKE_AZ_PACKAGE"])
+"""
 
-def commands(name: str) -> list[str]:
-    """The script's lines without comments (a crude but sufficient view of what it runs)."""
-    lines = (INFRA / name).read_text().splitlines()
-    return [line.strip() for line in lines if line.strip() and not line.strip().startswith("#")]
+
+def token(oid: str) -> str:
+    def part(data: dict[str, str]) -> str:
+        return base64.urlsafe_b64encode(json.dumps(data).encode()).decode().rstrip("=")
+
+    return f"{part({'alg': 'none'})}.{part({'oid': oid, 'tid': 't'})}.signature"
 
 
-@pytest.mark.parametrize("name", ["deploy.sh", "check.sh"])
-def test_script_is_valid_bash(name: str) -> None:
-    result = subprocess.run(["bash", "-n", str(INFRA / name)], capture_output=True, text=True, check=False)
-    assert result.returncode == 0, result.stderr
+class Run:
+    def __init__(self, result: subprocess.CompletedProcess[str], log: Path, package: Path) -> None:
+        self.code = result.returncode
+        self.stderr = result.stderr
+        self.calls = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+        self.package = package
+
+    def called(self, *prefix: str) -> list[list[str]]:
+        return [c for c in self.calls if c[: len(prefix)] == list(prefix)]
 
 
-def test_bash_n_rejects_a_broken_script(tmp_path) -> None:
-    broken = tmp_path / "deploy.sh"
-    broken.write_text((INFRA / "deploy.sh").read_text().replace("\nfi\n", "\n", 1))
-    result = subprocess.run(["bash", "-n", str(broken)], capture_output=True, text=True, check=False)
-    assert result.returncode != 0
+Deploy = Callable[..., Run]
 
 
-def test_deploy_runs_group_create_what_if_create_then_code_deployment() -> None:
-    script = "\n".join(commands("deploy.sh"))
-    steps = [
-        "az group create",
-        "az deployment group what-if",
-        "az deployment group create",
-        "az functionapp deployment source config-zip",
+@pytest.fixture
+def deploy(tmp_path: Path) -> Deploy:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "az"
+    fake.write_text(FAKE_AZ.replace("{python}", sys.executable))
+    fake.chmod(0o755)
+
+    def run(*args: str, **env: str) -> Run:
+        log, package = tmp_path / "calls.jsonl", tmp_path / "package.zip"
+        log.unlink(missing_ok=True)
+        environment = {
+            **os.environ,
+            "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+            "FAKE_AZ_LOG": str(log),
+            "FAKE_AZ_PACKAGE": str(package),
+            "FAKE_AZ_TOKEN": token("11111111-2222-3333-4444-555555555555"),
+            **env,
+        }
+        result = subprocess.run(
+            ["bash", str(INFRA / "deploy.sh"), *args],
+            capture_output=True,
+            text=True,
+            env=environment,
+            stdin=subprocess.DEVNULL,  # no terminal: confirmation impossible
+            timeout=120,
+            check=False,
+        )
+        return Run(result, log, package)
+
+    return run
+
+
+def test_script_is_valid_bash() -> None:
+    for name in ("deploy.sh", "check.sh"):
+        result = subprocess.run(
+            ["bash", "-n", str(INFRA / name)], capture_output=True, text=True, check=False
+        )
+        assert result.returncode == 0, result.stderr
+
+
+def test_without_yes_and_without_a_terminal_nothing_is_touched(deploy: Deploy) -> None:
+    run = deploy("rg-settle", "westeurope", "prod")
+    assert run.code == 2 and "--what-if" in run.stderr and "--yes" in run.stderr
+    assert run.calls == []
+
+
+def test_what_if_previews_and_changes_nothing(deploy: Deploy) -> None:
+    run = deploy("--what-if", "rg-settle", "westeurope", "prod")
+    assert run.code == 0, run.stderr
+    assert run.called("deployment", "group", "what-if")
+    changing = [
+        c for c in run.calls if c[:2] == ["group", "create"] or "create" in c[:3] or "config-zip" in c
     ]
-    positions = [script.find(step) for step in steps]
-    assert all(p >= 0 for p in positions), dict(zip(steps, positions, strict=True))
-    assert positions == sorted(positions)
-    assert "--build-remote true" in script
-    assert "infra/main.bicep" in script and "infra/main.parameters.json" in script
-    assert "set -euo pipefail" in script
+    assert changing == []
+
+
+def test_yes_deploys_infrastructure_then_the_code_package(deploy: Deploy) -> None:
+    run = deploy("--yes", "rg-settle", "westeurope", "prod", "alertEmail=ops@example.com")
+    assert run.code == 0, run.stderr
+    verbs = [" ".join(c[:4]) for c in run.calls if c[0] != "version"]
+    create = verbs.index("deployment group create --resource-group")
+    assert (
+        verbs.index("group create --name rg-settle")
+        < create
+        < verbs.index("functionapp deployment source config-zip")
+    )
+    [deployment] = run.called("deployment", "group", "create")
+    assert "--confirm-with-what-if" not in deployment
+    assert "environmentName=prod" in deployment and "alertEmail=ops@example.com" in deployment
+    assert deployment[deployment.index("--template-file") + 1] == "infra/main.bicep"
+    [push] = run.called("functionapp", "deployment", "source", "config-zip")
+    assert (
+        push[push.index("--build-remote") + 1] == "true"
+        and push[push.index("--name") + 1] == "func-settle-test"
+    )
+    # The code package is the app and nothing else (tests/infra/test_package.py pins the list).
+    names = zipfile.ZipFile(run.package).namelist()
+    assert {"function_app.py", "host.json", "requirements.txt", "handoff/settlement.py"} <= set(names)
+    assert not [
+        n for n in names if n.startswith(("tests/", "infra/", ".venv", "bench/")) or n.endswith(".pyc")
+    ]
+
+
+def test_a_service_principal_login_gets_developer_access_as_a_service_principal(deploy: Deploy) -> None:
+    run = deploy(
+        "--yes", "rg-settle", "westeurope", SETTLE_DEVELOPER_ACCESS="1", FAKE_AZ_USER_TYPE="servicePrincipal"
+    )
+    assert run.code == 0, run.stderr
+    [deployment] = run.called("deployment", "group", "create")
+    assert "developerPrincipalId=11111111-2222-3333-4444-555555555555" in deployment
+    assert "developerPrincipalType=ServicePrincipal" in deployment
+    assert not run.called("ad")  # no Microsoft Graph call (az ad signed-in-user fails for a principal)
+
+
+def test_an_old_cli_or_no_login_stops_before_any_change(deploy: Deploy) -> None:
+    old = deploy("--yes", "rg-settle", "westeurope", FAKE_AZ_VERSION="2.59.1")
+    assert old.code == 1 and "older than 2.60.0" in old.stderr
+    logged_out = deploy("--yes", "rg-settle", "westeurope", FAKE_AZ_LOGGED_OUT="1")
+    assert logged_out.code == 1 and "az login" in logged_out.stderr
+    for run in (old, logged_out):
+        assert not [c for c in run.calls if c[:2] in (["group", "create"], ["deployment", "group"])]
+
+
+def test_skip_code_deploys_the_infrastructure_only(deploy: Deploy) -> None:
+    run = deploy("--yes", "rg-settle", "westeurope", SETTLE_SKIP_CODE="1")
+    assert run.code == 0 and run.called("deployment", "group", "create")
+    assert not run.called("functionapp")
 
 
 def test_deploy_never_pushes_local_settings() -> None:
     # func ... --publish-local-settings would upload FUNCTIONS_WORKER_RUNTIME, which Flex rejects.
-    assert not any("--publish-local-settings" in line for line in commands("deploy.sh"))
+    commands = [
+        line for line in (INFRA / "deploy.sh").read_text().splitlines() if not line.lstrip().startswith("#")
+    ]
+    assert not any("--publish-local-settings" in line for line in commands)
 
 
-def test_every_deploy_step_is_explained() -> None:
-    text = (INFRA / "deploy.sh").read_text()
-    for marker in ("# 1.", "# 2.", "# 3.", "# 4."):
-        assert marker in text
-
-
-def test_check_runs_checkov_offline_in_its_own_venv_and_gates_the_json() -> None:
-    script = "\n".join(commands("check.sh"))
+def test_check_runs_the_infra_checks_and_checkov_offline_in_its_own_venv() -> None:
+    script = (INFRA / "check.sh").read_text()
+    assert "tests.infra.infracheck" in script
     assert "--framework bicep" in script and "--skip-download" in script and "--output json" in script
     assert ".venv-checkov" in script
     assert "infra/checkov_gate.py" in script and "infra/checkov-skips.txt" in script

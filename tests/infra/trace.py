@@ -20,7 +20,7 @@ from typing import Any
 from tree_sitter import Node
 
 from tests.infra.bicep import Conditional, Expr, Interp, Loop, value
-from tests.infra.typecheck import Unit, _decompose, _named, _resource_symbol, _text, expr_node
+from tests.infra.typecheck import Unit, _decompose, _named, _resource_symbol, _text, expr_node, module_target
 
 Form = tuple[Any, ...]
 
@@ -34,12 +34,12 @@ class Tracer:
 
     def callers(self, unit: Unit) -> list[tuple[Unit, Any]]:
         """(caller unit, module declaration) for every module call of ``unit``."""
-        found = []
-        for other in self.units.values():
-            for mod in other.file.modules:
-                if (other.path.parent / mod.path).resolve() == unit.path.resolve():
-                    found.append((other, mod))
-        return found
+        return [
+            (other, mod)
+            for other in self.units.values()
+            for mod in other.file.modules
+            if module_target(self.units, other, mod) is unit
+        ]
 
     def trace(self, unit: Unit, item: Any, loop_vars: frozenset[str] = frozenset()) -> Form:
         if isinstance(item, Expr):
@@ -122,14 +122,7 @@ class Tracer:
                 return ("read", unit.rel, name, traced_steps)
             if name in unit.modules and name not in loop_vars:
                 mod = unit.modules[name]
-                target = next(
-                    (
-                        u
-                        for u in self.units.values()
-                        if u.path.resolve() == (unit.path.parent / mod.path).resolve()
-                    ),
-                    None,
-                )
+                target = module_target(self.units, unit, mod)
                 rest = list(steps)
                 if mod.loop is not None and rest and rest[0][0] == "index":
                     rest = rest[1:]

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import os
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
@@ -57,6 +58,7 @@ from tests.infra.bicep import (
     _parser,
     array_items,
     load_source,
+    tree_errors,
     value,
 )
 
@@ -238,6 +240,7 @@ class Unit:
 
     rel: str
     path: Path
+    source: bytes
     file: BicepFile
     root: Node
     tree: Tree
@@ -738,11 +741,7 @@ class Checker:
     # -- modules, parameters, outputs --
 
     def module_unit(self, unit: Unit, mod: Module) -> Unit | None:
-        target = (unit.path.parent / mod.path).resolve()
-        for other in self.units.values():
-            if other.path.resolve() == target:
-                return other
-        return None
+        return module_target(self.units, unit, mod)
 
     def check_module(self, unit: Unit, mod: Module) -> None:
         self.report.modules += 1
@@ -1165,7 +1164,7 @@ class Checker:
         return Unknown(f"{name}() returns what its arguments make it")
 
     def load_json(self, ctx: Ctx, relative: str) -> SType:
-        path = (ctx.unit.path.parent / relative).resolve()
+        path = Path(os.path.normpath(ctx.unit.path.parent / relative))
         if path not in self._json:
             try:
                 self._json[path] = json.loads(path.read_text())
@@ -1202,6 +1201,12 @@ class Checker:
 
 
 # ---- syntax helpers ---------------------------------------------------------------------------------
+
+
+def module_target(units: Mapping[str, Unit], caller: Unit, mod: Module) -> Unit | None:
+    """The unit a module declaration of ``caller`` deploys (None: no such file under the root)."""
+    wanted = os.path.normpath(os.path.join(caller.path.parent, mod.path))
+    return next((u for u in units.values() if os.path.normpath(u.path) == wanted), None)
 
 
 def _walk(node: Node) -> Iterator[Node]:
@@ -1276,21 +1281,19 @@ def _is_literal(item: Any) -> bool:
 
 def load_units(root: Path, report: Report) -> dict[str, Unit]:
     """Parse every .bicep file under ``root``; files that do not parse are reported and left out."""
-    from tests.infra.bicep import syntax_errors
-
     units: dict[str, Unit] = {}
     for path in sorted(root.rglob("*.bicep")):
         rel = path.relative_to(root).as_posix()
         source = path.read_bytes()
-        problems = syntax_errors(source)
+        tree = _parser().parse(source)
+        problems = tree_errors(tree.root_node)
         if problems:
             report.errors += [Finding(rel, 0, "", "", f"syntax: {p}") for p in problems]
             continue
-        tree = _parser().parse(source)
-        file = load_source(path, source)
+        file = load_source(path, source, tree.root_node)
         resources = {r.symbol: r for r in file.resources}
         modules = {m.symbol: m for m in file.modules}
-        units[rel] = Unit(rel, path, file, tree.root_node, tree, resources, modules)
+        units[rel] = Unit(rel, path, source, file, tree.root_node, tree, resources, modules)
     return units
 
 

@@ -1,0 +1,125 @@
+"""The code package (infra/package.py) holds exactly what .funcignore keeps, and that is exactly the app.
+
+.funcignore is the one list (deploy.sh, Core Tools and azd read it). The package is built from a copy of
+the tracked files plus the junk a developer machine has, so the result does not depend on this checkout.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from tests.infra.bicep import INFRA, REPO
+
+
+def package_module() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("settle_package", INFRA / "package.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def tracked() -> list[str]:
+    out = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout
+    return [name for name in out.decode().split("\0") if name and (REPO / name).is_file()]
+
+
+JUNK = [
+    ".venv/lib/site.py",
+    ".venv-checkov/bin/checkov",
+    ".azure/prod/.env",
+    ".azurite/__azurite_db_table__.json",
+    "local.settings.json",
+    "__azurite_db_blob__.json",
+    "state/__pycache__/store.cpython-311.pyc",
+    "handoff/old.pyc",
+    "node_modules/azurite/index.js",
+    ".coverage",
+    "settle.zip",
+    ".pytest_cache/v/cache/nodeids",
+    "client/settle_client/__init__.py",
+]
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    root = tmp_path / "project"
+    for name in tracked():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / name, root / name)
+    for name in JUNK:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text("junk")
+    return root
+
+
+def test_the_package_is_the_app_and_nothing_else(project: Path) -> None:
+    files = package_module().package_files(project)
+    # The app: the entry point, host.json, requirements.txt and every file of the packages it imports
+    # (top-level packages other than the development ones), minus the benchmark's helper.
+    app_packages = {
+        p.parent.name
+        for p in project.glob("*/__init__.py")
+        if p.parent.name not in {"tests", "bench", "devtools"}
+    }
+    expected = {"function_app.py", "host.json", "requirements.txt"} | {
+        name for name in tracked() if name.split("/")[0] in app_packages and name != "state/bench_support.py"
+    }
+    assert app_packages == {"common", "state", "handoff"}
+    assert set(files) == expected
+
+
+def test_the_package_builds_and_imports_nothing_from_development_code(project: Path, tmp_path: Path) -> None:
+    out = tmp_path / "settle.zip"
+    files = package_module().build(out, project)
+    assert sorted(zipfile.ZipFile(out).namelist()) == files
+    for name in files:
+        if name.endswith(".py"):
+            source = (project / name).read_text()
+            assert "import devtools" not in source and "from tests" not in source, name
+
+
+@pytest.mark.parametrize(
+    ("rules", "path", "is_dir", "excluded"),
+    [
+        ("tests\n", "tests", True, True),
+        ("tests\n", "state/tests", True, True),  # no slash: any depth
+        ("/tests\n", "state/tests", True, False),  # leading slash: the root only
+        ("state/bench_support.py\n", "state/bench_support.py", False, True),
+        ("state/bench_support.py\n", "x/state/bench_support.py", False, False),  # a middle slash anchors
+        ("*.pyc\n", "a/b/c.pyc", False, True),
+        (".git*\n", ".github", True, True),
+        (".git*\n", ".gitignore", False, True),
+        (".venv*\n", ".venv-checkov", True, True),
+        ("build/\n", "build", False, False),  # trailing slash: directories only
+        ("build/\n", "build", True, True),
+        ("*.json\n!host.json\n", "host.json", False, False),  # the last match wins
+        ("*.json\n!host.json\n", "local.json", False, True),
+        ("docs/**/*.md\n", "docs/a/b/c.md", False, True),
+        ("docs/**/*.md\n", "docs/c.md", False, True),
+        ("__azurite_db*__.json\n", "__azurite_db_table__.json", False, True),
+        ("# comment\n\n", "anything", False, False),
+        ("[ab].txt\n", "a.txt", False, True),
+        ("[ab].txt\n", "c.txt", False, False),
+    ],
+)
+def test_funcignore_follows_gitignore_rules(rules: str, path: str, is_dir: bool, excluded: bool) -> None:
+    package = package_module()
+    assert package.ignored(package.parse_rules(rules), path, is_dir) is excluded
+
+
+def test_an_excluded_directory_cannot_be_re_included_below(tmp_path: Path) -> None:
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "keep.md").write_text("x")
+    (tmp_path / "app.py").write_text("x")
+    (tmp_path / ".funcignore").write_text("docs\n!docs/keep.md\n.funcignore\n")
+    assert package_module().package_files(tmp_path) == ["app.py"]
