@@ -37,7 +37,7 @@ def test_every_resource_and_module_of_every_file_is_checked(infra_report: Report
     assert infra_report.modules == sum(len(f.modules) for f in files) == 9
     # Skips are the exception, not the rule: most values have a type the check can know.
     assert infra_report.properties >= 500 and infra_report.reads >= 80
-    assert len(infra_report.skipped) <= 30, infra_report.text()
+    assert len(infra_report.skipped) <= 50, infra_report.text()
     assert all(s.message for s in infra_report.skipped)
 
 

@@ -198,6 +198,11 @@ def _kind_of_python(v: Any) -> str:
     return "null"
 
 
+def _one_line(message: str) -> str:
+    """A message with the whitespace of multi-line source text collapsed."""
+    return " ".join(message.split())
+
+
 def _a(kind: str) -> str:
     return f"an {kind}" if kind[:1] in "aeiou" else f"a {kind}"
 
@@ -278,10 +283,10 @@ class Checker:
     # -- messages --
 
     def error(self, ctx: Ctx, message: str) -> None:
-        self.report.errors.append(Finding(ctx.unit.rel, ctx.line, ctx.subject, ctx.path, message))
+        self.report.errors.append(Finding(ctx.unit.rel, ctx.line, ctx.subject, ctx.path, _one_line(message)))
 
     def skip(self, ctx: Ctx, message: str) -> None:
-        self.report.skipped.append(Finding(ctx.unit.rel, ctx.line, ctx.subject, ctx.path, message))
+        self.report.skipped.append(Finding(ctx.unit.rel, ctx.line, ctx.subject, ctx.path, _one_line(message)))
 
     # -- entry point --
 
@@ -346,7 +351,8 @@ class Checker:
         ):
             target = re.sub(r"\[.*\]$", "", dep.text) if isinstance(dep, Expr) else None
             if target not in unit.resources and target not in unit.modules:
-                self.error(ctx.at("dependsOn").at(i), f"{dep!r} is not a resource or module of this file")
+                shown = dep.text if isinstance(dep, Expr) else json.dumps(dep)
+                self.error(ctx.at("dependsOn").at(i), f"{shown} is not a resource or module of this file")
         if res.existing:
             for key in sorted(set(res.body) - {"name", "parent", "scope"}):
                 self.error(ctx.at(key), "an existing resource takes only name, parent and scope")
@@ -614,7 +620,7 @@ class Checker:
         )
         if values is None:
             if isinstance(st, Prim):
-                self.check_limits_of(st, node, ctx, text)
+                self.check_limits_of(st, ref, node, ctx, text)
             return
         for v in values:
             self.check_literal(v, node, ctx, text)
@@ -647,11 +653,20 @@ class Checker:
         elif kind == "ArrayType":
             self.check_length(len(v), node, ctx, "items")
 
-    def check_limits_of(self, st: Prim, node: Mapping[str, Any], ctx: Ctx, text: str) -> None:
+    def check_limits_of(self, st: Prim, ref: Ref, node: Mapping[str, Any], ctx: Ctx, text: str) -> None:
         """A value of a known type but unknown value: check what its declaration promises, skip the rest."""
         unchecked: list[str] = []
         if ctx.closed is not None:
             unchecked.append(f"one of {sorted(ctx.closed)}")
+        if node["$type"] == "DiscriminatedObjectType" or (
+            node["$type"] == "ObjectType" and self.structured(ref)
+        ):
+            unchecked.append("its members")
+        if (
+            node["$type"] == "ArrayType"
+            and self.types.kind(self.types.deref(ref, node["itemType"])) != "AnyType"
+        ):
+            unchecked.append("its items")
         if node.get("pattern"):
             unchecked.append(f"pattern {node['pattern']}")
         for key in ("minLength", "maxLength", "minValue", "maxValue"):
@@ -664,6 +679,13 @@ class Checker:
                 self.error(ctx, f"{st.why} allows {key} {promised}, the property needs {needed}")
         if unchecked:
             self.skip(ctx, f"{text} ({st.why}): not verifiable statically: {', '.join(unchecked)}")
+
+    def structured(self, ref: Ref) -> bool:
+        """Whether an object type says anything about its members (a Bicep ``object`` parameter does not)."""
+        additional = self.types.additional(ref)
+        return bool(self.types.members(ref)) or (
+            additional is not None and self.types.kind(additional) != "AnyType"
+        )
 
     def compare_union(self, st: SType, ref: Ref, ctx: Ctx, text: str) -> None:
         elements = self.types.elements(ref)
@@ -819,8 +841,7 @@ class Checker:
             self.check_value(param.default, self.param_type(param), ctx.at("default"))
 
     def check_parameter_file(self, main: Unit, path: Path) -> None:
-        ctx = Ctx(main, 0, "main.parameters.json")
-        ctx = replace(ctx, unit=replace(main, rel="main.parameters.json"))
+        ctx = Ctx(replace(main, rel="main.parameters.json"), 0, "")
         try:
             data = json.loads(path.read_text())
         except json.JSONDecodeError as exc:
