@@ -195,9 +195,10 @@ resource fanoutSubscriptions 'Microsoft.ServiceBus/namespaces/topics/subscriptio
       deadLetteringOnMessageExpiration: true
       enableBatchedOperations: true
     }
+    // After the endpoint subscription and its rules: one change at a time under the topic.
     dependsOn: [
       resolverTopic
-      endpointSubscriptions[i]
+      endpointRetryRules[i]
     ]
   }
 ]
@@ -252,7 +253,7 @@ resource fanoutToRules 'Microsoft.ServiceBus/namespaces/topics/subscriptions/rul
   }
 ]
 
-// Logs and metrics of the namespace (of an attached one too) go to the workspace the alerts also read.
+// Logs and metrics of the namespace (an attached one's too) go to Settle's Log Analytics workspace.
 resource namespaceDiagnostics 'Microsoft.Insights/diagnosticSettings@2021-05-01-preview' = {
   scope: namespace
   name: 'settle-to-log-analytics'

@@ -212,10 +212,14 @@ def _check_serialized_children(unit: Unit, report: Report) -> None:
                 )
             )
         groups.setdefault(key, []).append(res)
+    # What each resource waits for: its dependsOn and its parent (ARM creates a parent first).
+    edges = {
+        r.symbol: _depends_on(r) | ({key[0]} if (key := _parent_key(r)) else set())
+        for r in unit.file.resources
+    }
     for (parent, _), siblings in groups.items():
         if len(siblings) < 2:
             continue
-        edges = {r.symbol: _depends_on(r) for r in siblings}
         for i, first in enumerate(siblings):
             for second in siblings[i + 1 :]:
                 if not (

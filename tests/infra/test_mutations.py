@@ -225,6 +225,13 @@ MUTATIONS = [
         "are created in parallel (Service Bus answers 409)",
     ),
     edit(
+        "subscriptions-of-one-topic-in-parallel",
+        "modules/servicebus.bicep",
+        "      resolverTopic\n      endpointRetryRules[i]\n",
+        "      resolverTopic\n",
+        "endpointSubscriptions and fanoutSubscriptions, children of endpointTopics, are created in parallel",
+    ),
+    edit(
         "duplicate-detection-setting-not-from-the-topic-flag",
         "modules/functionapp.bicep",
         "HANDOFF_DUPLICATE_DETECTION: duplicateDetection ? 'true' : 'false'",

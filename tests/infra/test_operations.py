@@ -245,7 +245,7 @@ def test_duplicate_detection_is_one_flag_for_the_topics_and_the_code(tracer: Tra
 def test_subscriptions_and_rules_under_one_parent_are_created_one_after_the_other() -> None:
     topology = load_infra("modules/servicebus.bicep")
     chains = {
-        "fanoutSubscriptions": {"resolverTopic", "endpointSubscriptions[i]"},
+        "fanoutSubscriptions": {"resolverTopic", "endpointRetryRules[i]"},
         "endpointToRules": {"endpointDefaultRules[i]"},
         "endpointContinuationRules": {"endpointToRules[i]"},
         "endpointRetryRules": {"endpointContinuationRules[i]"},
