@@ -5,7 +5,9 @@ reports every ERROR/MISSING node of the parse, and ``load`` turns a file into pl
 (literals become ``str``/``int``/``bool``/``None``/``dict``/``list``; anything computed stays an ``Expr``
 holding its source text; strings with ``${...}`` become ``Interp``). ``Interp.render`` substitutes the
 identifiers a test knows (loop variables, parameters), which is enough to expand the resource loops of
-``servicebus.bicep`` for the endpoints in ``main.parameters.json``.
+``servicebus.bicep`` for the endpoints in ``main.parameters.json``. A resource declared inside another
+becomes its own ``Resource`` (symbol ``outer::inner``, type ``outer type/inner type``); loops, conditions
+and decorators of resources and modules are kept beside their bodies.
 """
 
 from __future__ import annotations

@@ -15,9 +15,11 @@ from pathlib import Path
 from tests.infra.armtypes import TypeData, type_data
 from tests.infra.bicep import INFRA
 from tests.infra.references import unresolved
+from tests.infra.report import Finding, Report
 from tests.infra.roles import Grant, check_roles
 from tests.infra.rules import check_rules
-from tests.infra.typecheck import Checker, Finding, Report, load_units
+from tests.infra.typecheck import Checker
+from tests.infra.units import load_units
 
 
 @dataclass

@@ -22,8 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.infra.bicep import Resource
+from tests.infra.report import Finding, Report
 from tests.infra.trace import Tracer
-from tests.infra.typecheck import Finding, Report, Unit
+from tests.infra.units import Unit
 
 ROLES_FILE = "builtin-roles.json"
 # sha256 of the sorted [name, id] pairs of the verified reference (shared/reference/azure-builtin-roles.json

@@ -20,8 +20,9 @@ import re
 from typing import Any
 
 from tests.infra.bicep import Expr, Interp, Resource
+from tests.infra.report import Finding, Report
 from tests.infra.trace import Form, Tracer
-from tests.infra.typecheck import Finding, Report, Unit
+from tests.infra.units import Unit
 
 FLEX_PLAN_KINDS = ("functionapp", "functionapp,linux")
 SERIALIZED_CHILDREN = ("microsoft.servicebus/namespaces/topics/subscriptions", "/subscriptions/rules")

@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 
 from tests.infra.bicep import INFRA, Expr, load_infra
+from tests.infra.report import Report
 from tests.infra.trace import Form, Tracer
-from tests.infra.typecheck import Report, Unit, load_units
+from tests.infra.units import Unit, load_units
 
 MAIN = "main.bicep"
 

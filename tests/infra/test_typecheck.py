@@ -15,7 +15,8 @@ from tests.infra.armtypes import type_data
 from tests.infra.bicep import INFRA, bicep_files, load
 from tests.infra.conftest import SUMMARY
 from tests.infra.infracheck import check_infra
-from tests.infra.typecheck import Report, type_check
+from tests.infra.report import Report
+from tests.infra.typecheck import type_check
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from typing import Any
 from tree_sitter import Node
 
 from tests.infra.bicep import Conditional, Expr, Interp, Loop, value
-from tests.infra.typecheck import Unit, _decompose, _named, _resource_symbol, _text, expr_node, module_target
+from tests.infra.units import Unit, decompose, expr_node, module_target, named, resource_symbol, text
 
 Form = tuple[Any, ...]
 
@@ -63,24 +63,24 @@ class Tracer:
         if kind in ("string", "number", "boolean", "null", "object", "array"):
             return self.trace(unit, value(node), loop_vars)
         if kind == "parenthesized_expression":
-            return self.trace_node(unit, _named(node)[0], loop_vars)
+            return self.trace_node(unit, named(node)[0], loop_vars)
         if kind == "identifier":
-            return self.name(unit, _text(node), loop_vars)
+            return self.name(unit, text(node), loop_vars)
         if kind in ("member_expression", "subscript_expression", "resource_expression"):
             return self.access(unit, node, loop_vars)
         if kind == "ternary_expression":
             parts = [node.child_by_field_name(f) for f in ("condition", "consequence", "alternative")]
             return ("op", "?:", *(self.trace_node(unit, p, loop_vars) for p in parts if p is not None))
         if kind in ("binary_expression", "unary_expression"):
-            operator = next((_text(c) for c in node.children if not c.is_named), "")
-            return ("op", operator, *(self.trace_node(unit, c, loop_vars) for c in _named(node)))
+            operator = next((text(c) for c in node.children if not c.is_named), "")
+            return ("op", operator, *(self.trace_node(unit, c, loop_vars) for c in named(node)))
         if kind == "call_expression":
             function = node.child_by_field_name("function")
             arguments = node.child_by_field_name("arguments")
-            args = _named(arguments) if arguments is not None else []
-            name = _text(function) if function is not None else ""
+            args = named(arguments) if arguments is not None else []
+            name = text(function) if function is not None else ""
             return ("call", name, *(self.trace_node(unit, a, loop_vars) for a in args))
-        return ("expr", _text(node))
+        return ("expr", text(node))
 
     def name(self, unit: Unit, name: str, loop_vars: frozenset[str]) -> Form:
         if name in loop_vars:
@@ -110,14 +110,14 @@ class Tracer:
             self._active.discard(key)
 
     def access(self, unit: Unit, node: Node, loop_vars: frozenset[str]) -> Form:
-        base, steps = _decompose(node)
+        base, steps = decompose(node)
         traced_steps = tuple(
             (step, arg if step == "prop" else self.trace_node(unit, arg, loop_vars)) for step, arg in steps
         )
         if base.type == "resource_expression":
-            return ("read", unit.rel, _resource_symbol(base), traced_steps)
+            return ("read", unit.rel, resource_symbol(base), traced_steps)
         if base.type == "identifier":
-            name = _text(base)
+            name = text(base)
             if name in unit.resources and name not in loop_vars:
                 return ("read", unit.rel, name, traced_steps)
             if name in unit.modules and name not in loop_vars:

@@ -37,88 +37,28 @@ import difflib
 import json
 import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from functools import cache
 from pathlib import Path
 from typing import Any
 
-from tree_sitter import Node, Tree
+from tree_sitter import Node
 
 from tests.infra.armtypes import READ_ONLY, REQUIRED, SCOPE_EXTENSION, WRITE_ONLY, Ref, TypeData, inline
-from tests.infra.bicep import (
-    BicepFile,
-    Conditional,
-    Expr,
-    Interp,
-    Loop,
-    Module,
-    Param,
-    Resource,
-    _parser,
-    array_items,
-    load_source,
-    tree_errors,
-    value,
+from tests.infra.bicep import Conditional, Expr, Interp, Loop, Module, Param, Resource, array_items, value
+from tests.infra.report import Finding, Report
+from tests.infra.units import (
+    Unit,
+    bound_names,
+    decompose,
+    expr_node,
+    load_units,
+    module_target,
+    named,
+    resource_symbol,
+    text,
+    walk,
 )
-
-# ---- report ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One problem (or one skipped check): where it is and what it is."""
-
-    file: str
-    line: int
-    subject: str
-    path: str
-    message: str
-
-    def __str__(self) -> str:
-        where = f"{self.file}:{self.line}" if self.line else self.file
-        what = f"{self.subject} {self.path}".strip()
-        return f"{where} {what}: {self.message}" if what else f"{where}: {self.message}"
-
-
-@dataclass
-class Report:
-    """What a check found: errors (the check fails), skipped checks (visible, with reasons) and counts."""
-
-    errors: list[Finding] = field(default_factory=list)
-    skipped: list[Finding] = field(default_factory=list)
-    files: int = 0
-    resources: int = 0
-    properties: int = 0
-    reads: int = 0
-    modules: int = 0
-
-    @property
-    def ok(self) -> bool:
-        return not self.errors
-
-    def merge(self, other: Report) -> None:
-        self.errors += other.errors
-        self.skipped += other.skipped
-        self.files += other.files
-        self.resources += other.resources
-        self.properties += other.properties
-        self.reads += other.reads
-        self.modules += other.modules
-
-    def summary(self) -> str:
-        return (
-            f"{self.files} files, {self.resources} resource declarations, {self.modules} module calls, "
-            f"{self.properties} values type-checked, {self.reads} property reads resolved, "
-            f"{len(self.skipped)} skipped, {len(self.errors)} errors"
-        )
-
-    def text(self) -> str:
-        lines = [self.summary()]
-        lines += [f"  ERROR    {e}" for e in self.errors]
-        lines += [f"  skipped  {s}" for s in self.skipped]
-        return "\n".join(lines)
-
 
 # ---- static types of Bicep expressions --------------------------------------------------------------
 
@@ -207,26 +147,6 @@ def _a(kind: str) -> str:
     return f"an {kind}" if kind[:1] in "aeiou" else f"a {kind}"
 
 
-def _text(node: Node) -> str:
-    return node.text.decode() if node.text else ""
-
-
-def _named(node: Node) -> list[Node]:
-    return [c for c in node.named_children if c.type != "comment"]
-
-
-@cache
-def _expr(text: str) -> tuple[Tree, Node]:
-    """The syntax node of one expression's source text (kept with its tree)."""
-    tree = _parser().parse(b"var __expr = " + text.encode())
-    declaration = _named(tree.root_node)[0]
-    return tree, _named(declaration)[-1]
-
-
-def expr_node(text: str) -> Node:
-    return _expr(text)[1]
-
-
 def suggestion(name: str, candidates: list[str]) -> str:
     """`` (did you mean X?)`` for the closest candidate (case differences first), else ``''``."""
     for c in candidates:
@@ -237,20 +157,6 @@ def suggestion(name: str, candidates: list[str]) -> str:
 
 
 # ---- the checker ------------------------------------------------------------------------------------
-
-
-@dataclass
-class Unit:
-    """One parsed Bicep file of the checked tree."""
-
-    rel: str
-    path: Path
-    source: bytes
-    file: BicepFile
-    root: Node
-    tree: Tree
-    resources: dict[str, Resource]
-    modules: dict[str, Module]
 
 
 @dataclass(frozen=True)
@@ -309,8 +215,8 @@ class Checker:
 
     @staticmethod
     def _line_of(unit: Unit, kind: str, name: str) -> int:
-        for node in _named(unit.root):
-            if node.type == kind and _text(_named(node)[0]) == name:
+        for node in named(unit.root):
+            if node.type == kind and text(named(node)[0]) == name:
                 return node.start_point.row + 1
         return 0
 
@@ -501,7 +407,7 @@ class Checker:
     def check_expression(self, node: Node, ref: Ref, ctx: Ctx) -> None:
         """An expression: both branches of a conditional, a variable as its value, else its inferred type."""
         if node.type == "parenthesized_expression":
-            self.check_expression(_named(node)[0], ref, ctx)
+            self.check_expression(named(node)[0], ref, ctx)
             return
         if node.type == "ternary_expression":
             for field_name in ("consequence", "alternative"):
@@ -510,7 +416,7 @@ class Checker:
                     self.check_value(value(branch), ref, ctx)
             return
         if node.type == "identifier":
-            name = _text(node)
+            name = text(node)
             unit = ctx.unit
             key = (unit.rel, name)
             if (
@@ -527,7 +433,7 @@ class Checker:
         if node.type in ("object", "array", "string", "number", "boolean", "null"):
             self.check_value(value(node), ref, ctx)
             return
-        self.compare(self.infer(node, ctx), ref, ctx, _text(node))
+        self.compare(self.infer(node, ctx), ref, ctx, text(node))
 
     def check_discriminated(self, data: dict[str, Any], ref: Ref, ctx: Ctx, top_level: bool = False) -> None:
         node = self.types.node(ref)
@@ -867,12 +773,12 @@ class Checker:
 
     def check_reads(self, unit: Unit) -> None:
         """Every access chain in the file whose base is a resource, a module or a known variable."""
-        for node in _walk(unit.root):
+        for node in walk(unit.root):
             if node.type == "array":
                 # x[i] in a multi-line array, which the grammar splits in two (bicep.array_items)
                 for item in array_items(node):
                     if isinstance(item, Expr):
-                        bound = _bound_names(node)
+                        bound = bound_names(node)
                         ctx = Ctx(
                             unit,
                             node.start_point.row + 1,
@@ -895,9 +801,9 @@ class Checker:
                 obj = parent.child_by_field_name("object")
                 if obj is not None and obj.id == node.id:
                     continue  # not the outermost link of the chain
-            bound = _bound_names(node)
+            bound = bound_names(node)
             ctx = Ctx(
-                unit, node.start_point.row + 1, _text(node), loop_vars=dict.fromkeys(bound, Unknown("bound"))
+                unit, node.start_point.row + 1, text(node), loop_vars=dict.fromkeys(bound, Unknown("bound"))
             )
             errors: list[str] = []
             self.chain(node, ctx, errors)
@@ -905,13 +811,13 @@ class Checker:
                 self.error(replace(ctx, subject=""), message)
 
     def chain(self, node: Node, ctx: Ctx, errors: list[str] | None) -> SType:
-        base, steps = _decompose(node)
+        base, steps = decompose(node)
         unit = ctx.unit
         if base.type == "resource_expression":
-            symbol = _resource_symbol(base)
+            symbol = resource_symbol(base)
             return self.read_resource(symbol, steps, ctx, errors)
         if base.type == "identifier":
-            name = _text(base)
+            name = text(base)
             if name in ctx.loop_vars:
                 return self.apply_steps(ctx.loop_vars[name], steps, ctx, name, errors)
             if name in unit.resources:
@@ -924,8 +830,8 @@ class Checker:
                 return self.apply_steps(self.var_static(unit, name, ctx), steps, ctx, name, errors)
             return Unknown(f"unknown name {name}")
         if base.type == "call_expression":
-            return self.apply_steps(self.infer(base, ctx), steps, ctx, _text(base), errors)
-        return self.apply_steps(self.infer(base, ctx), steps, ctx, _text(base), errors)
+            return self.apply_steps(self.infer(base, ctx), steps, ctx, text(base), errors)
+        return self.apply_steps(self.infer(base, ctx), steps, ctx, text(base), errors)
 
     def read_resource(
         self, symbol: str, steps: list[tuple[str, Any]], ctx: Ctx, errors: list[str] | None
@@ -965,7 +871,7 @@ class Checker:
                     continue
                 key = self.infer(arg, ctx)
                 if not (isinstance(key, Known) and isinstance(key.value, str)):
-                    return Unknown(f"{label}[{_text(arg)}]")
+                    return Unknown(f"{label}[{text(arg)}]")
                 arg = key.value
             found = self.member(ref, arg)
             if found is None:
@@ -1066,7 +972,7 @@ class Checker:
                 if step == "index":
                     index = self.infer(arg, ctx)
                     if not isinstance(index, Known):
-                        return Unknown(f"{label}[{_text(arg)}]")
+                        return Unknown(f"{label}[{text(arg)}]")
                     key = index.value
                 container = st.value
                 if isinstance(container, dict) and isinstance(key, str):
@@ -1087,7 +993,7 @@ class Checker:
             if isinstance(st, Prim) and st.kind == "object" and st.why.endswith("()"):
                 # Members of resourceGroup(), subscription(), environment(), ...: strings but for a few.
                 return Prim("object" if arg in _OBJECT_MEMBERS else "string", f"{st.why}.{arg}")
-            shown = arg if step == "prop" else f"[{_text(arg)}]"
+            shown = arg if step == "prop" else f"[{text(arg)}]"
             return Unknown(f"member {shown} of {label} ({getattr(st, 'why', '')})")
         return st
 
@@ -1136,33 +1042,33 @@ class Checker:
         if kind in ("string", "number", "boolean", "null", "object", "array"):
             return self.static_of_value(value(node), ctx, f"{kind} literal")
         if kind == "parenthesized_expression":
-            return self.infer(_named(node)[0], ctx)
+            return self.infer(named(node)[0], ctx)
         if kind == "unary_expression":
-            return Prim("bool" if _text(node).lstrip().startswith("!") else "int", _text(node))
+            return Prim("bool" if text(node).lstrip().startswith("!") else "int", text(node))
         if kind == "binary_expression":
-            operator = next((_text(c) for c in node.children if not c.is_named), "")
+            operator = next((text(c) for c in node.children if not c.is_named), "")
             if operator in _COMPARISON:
-                return Prim("bool", _text(node))
+                return Prim("bool", text(node))
             if operator in _ARITHMETIC:
-                return Prim("int", _text(node))
+                return Prim("int", text(node))
             left, right = node.child_by_field_name("left"), node.child_by_field_name("right")
             if operator == "??" and left is not None and right is not None:
-                return self.join([self.infer(left, ctx), self.infer(right, ctx)], _text(node))
+                return self.join([self.infer(left, ctx), self.infer(right, ctx)], text(node))
             return Unknown(f"operator {operator}")
         if kind == "ternary_expression":
             branches = [node.child_by_field_name("consequence"), node.child_by_field_name("alternative")]
-            return self.join([self.infer(b, ctx) for b in branches if b is not None], _text(node))
+            return self.join([self.infer(b, ctx) for b in branches if b is not None], text(node))
         if kind in ("identifier", "member_expression", "subscript_expression", "resource_expression"):
             return self.chain(node, ctx, None)
         if kind == "call_expression":
             return self.infer_call(node, ctx)
-        return Unknown(f"{kind} {_text(node)[:40]}")
+        return Unknown(f"{kind} {text(node)[:40]}")
 
     def infer_call(self, node: Node, ctx: Ctx) -> SType:
         function = node.child_by_field_name("function")
-        name = _text(function) if function is not None else ""
+        name = text(function) if function is not None else ""
         arguments = node.child_by_field_name("arguments")
-        args = _named(arguments) if arguments is not None else []
+        args = named(arguments) if arguments is not None else []
         if name == "loadJsonContent" and len(args) == 1:
             path = self.infer(args[0], ctx)
             if isinstance(path, Known) and isinstance(path.value, str):
@@ -1221,72 +1127,11 @@ class Checker:
         return Prim(kind, why)
 
 
-# ---- syntax helpers ---------------------------------------------------------------------------------
-
-
-def module_target(units: Mapping[str, Unit], caller: Unit, mod: Module) -> Unit | None:
-    """The unit a module declaration of ``caller`` deploys (None: no such file under the root)."""
-    wanted = os.path.normpath(os.path.join(caller.path.parent, mod.path))
-    return next((u for u in units.values() if os.path.normpath(u.path) == wanted), None)
-
-
-def _walk(node: Node) -> Iterator[Node]:
-    yield node
-    for child in node.children:
-        yield from _walk(child)
-
-
-def _decompose(node: Node) -> tuple[Node, list[tuple[str, Any]]]:
-    """``a.b[0].c`` -> (``a``, [prop b, index 0, prop c]); ``x::y`` stays the base."""
-    steps: list[tuple[str, Any]] = []
-    while True:
-        if node.type == "member_expression":
-            prop = node.child_by_field_name("property")
-            steps.append(("prop", _text(prop) if prop is not None else ""))
-        elif node.type == "subscript_expression":
-            steps.append(("index", node.child_by_field_name("index")))
-        else:
-            break
-        obj = node.child_by_field_name("object")
-        assert obj is not None
-        node = obj
-    steps.reverse()
-    return node, steps
-
-
-def _resource_symbol(node: Node) -> str:
-    """``outer::inner`` as the symbol bicep.py gives a nested resource."""
-    parts: list[str] = []
-    while node.type == "resource_expression":
-        inner = node.child_by_field_name("resource")
-        parts.append(_text(inner) if inner is not None else "")
-        obj = node.child_by_field_name("object")
-        assert obj is not None
-        node = obj
-    parts.append(_text(node))
-    return "::".join(reversed(parts))
-
-
-def _bound_names(node: Node) -> set[str]:
-    """Loop variables and lambda parameters in scope at ``node``."""
-    names: set[str] = set()
-    current: Node | None = node.parent
-    while current is not None:
-        if current.type == "for_statement":
-            initializer = current.child_by_field_name("initializer")
-            if initializer is not None:
-                names.add(_text(initializer))
-            for params in (c for c in current.named_children if c.type == "for_loop_parameters"):
-                names |= {_text(c) for c in params.named_children}
-        elif current.type == "lambda_expression":
-            head = _named(current)[0]
-            names |= {_text(c) for c in ([head] if head.type == "identifier" else _named(head))}
-        current = current.parent
-    return names
+# ---- helpers ---------------------------------------------------------------------------------------
 
 
 def _steps_text(steps: list[tuple[str, Any]]) -> str:
-    return "".join(f".{a}" if s == "prop" else f"[{_text(a)}]" for s, a in steps)
+    return "".join(f".{a}" if s == "prop" else f"[{text(a)}]" for s, a in steps)
 
 
 def _is_literal(item: Any) -> bool:
@@ -1298,24 +1143,6 @@ def _is_literal(item: Any) -> bool:
 
 
 # ---- entry point ------------------------------------------------------------------------------------
-
-
-def load_units(root: Path, report: Report) -> dict[str, Unit]:
-    """Parse every .bicep file under ``root``; files that do not parse are reported and left out."""
-    units: dict[str, Unit] = {}
-    for path in sorted(root.rglob("*.bicep")):
-        rel = path.relative_to(root).as_posix()
-        source = path.read_bytes()
-        tree = _parser().parse(source)
-        problems = tree_errors(tree.root_node)
-        if problems:
-            report.errors += [Finding(rel, 0, "", "", f"syntax: {p}") for p in problems]
-            continue
-        file = load_source(path, source, tree.root_node)
-        resources = {r.symbol: r for r in file.resources}
-        modules = {m.symbol: m for m in file.modules}
-        units[rel] = Unit(rel, path, source, file, tree.root_node, tree, resources, modules)
-    return units
 
 
 def type_check(root: Path, types: TypeData) -> Report:
