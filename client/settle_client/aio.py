@@ -344,8 +344,10 @@ class _AsyncKeeper:
         self._task = asyncio.create_task(self._run(), name="settle-lock-keeper")
 
     async def stop(self) -> None:
+        """Stop extending; an extension in flight is cancelled (safe: see ``client._Keeper.stop``)."""
         self._stopping.set()
-        await asyncio.shield(self._task)
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
 
     async def _sleep_until_due(self) -> bool:
         """Wait until the next extension is due; True when stopped first."""
@@ -366,7 +368,7 @@ class _AsyncKeeper:
                 if not self._stopping.is_set():
                     self._item.lose(lost)
                 return
-            except Exception as error:
+            except Exception as error:  # unavailable after retries: try again soon; the server fences
                 log.warning("extending the lock of %s failed: %s", self._item.key.item_key, error)
                 self._due = time.monotonic() + retry_delay(self._lock_seconds)
                 continue

@@ -344,7 +344,7 @@ class Processing:
         item = self._item
         assert item is not None
         if self._keeper is not None:
-            self._keeper.stop()  # before writing: no extension may race the outcome
+            self._keeper.stop()
         if exc is not None:
             if item.lost:
                 exc.add_note("settle-client: the lock had been lost; it was not released.")
@@ -378,8 +378,10 @@ class _Keeper:
         self._thread.start()
 
     def stop(self) -> None:
+        """Stop extending. Not waiting for an extension in flight is safe: its lock id is the one the
+        outcome is fenced with, so whichever the server applies first, the other still holds or is
+        refused (and its answer is ignored)."""
         self._stopping.set()
-        self._thread.join()
 
     def _run(self) -> None:
         while not self._stopping.wait(max(0.0, self._due - time.monotonic())):
@@ -392,13 +394,13 @@ class _Keeper:
                 if not self._stopping.is_set():
                     self._item.lose(lost)
                 return
-            except SettleError as error:  # unavailable after retries: try again soon; the server fences
+            except Exception as error:  # unavailable after retries: try again soon; the server fences
+                if self._stopping.is_set():
+                    return
                 log.warning("extending the lock of %s failed: %s", self._item.key.item_key, error)
                 self._due = time.monotonic() + retry_delay(self._lock_seconds)
                 continue
-            except Exception:  # never let the keeper die silently while the block runs
-                log.exception("extending the lock of %s failed", self._item.key.item_key)
-                self._due = time.monotonic() + retry_delay(self._lock_seconds)
-                continue
+            if self._stopping.is_set():
+                return
             self._item.extended(result)
             self._due = sent_at + extension_delay(self._lock_seconds)
