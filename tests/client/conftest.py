@@ -10,12 +10,12 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import pytest
-
 from settle_client import RetryPolicy, SettleClient
+
 from tests.devhost.conftest import HostProcess, start_host
 
 __all__ = ["start_host"]  # the fixture, imported so this package's tests can use it
@@ -23,6 +23,13 @@ __all__ = ["start_host"]  # the fixture, imported so this package's tests can us
 # Fast retries: the tests lose answers on purpose and should not wait seconds for each retry.
 FAST_RETRY = RetryPolicy(attempts=4, backoff=0.01, max_backoff=0.05)
 WAIT_S = 30.0  # generous: the machine is shared
+T = TypeVar("T")
+
+
+def some(value: T | None) -> T:
+    """``value``, which the test expects to be there."""
+    assert value is not None
+    return value
 
 
 @pytest.fixture(scope="module")

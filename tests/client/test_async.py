@@ -9,9 +9,9 @@ from typing import Any
 
 import httpx
 import pytest
-
 from settle_client import AlreadyProcessed, AsyncSettleClient, LockHeld, LockLost, SettleClient
-from tests.client.conftest import park
+
+from tests.client.conftest import park, some
 
 
 def run(coroutine: Any) -> Any:
@@ -26,7 +26,7 @@ def test_async_processing_three_exits_and_refusals(host, key):
         async with AsyncSettleClient(host.base_url) as client:
             async with client.processing(key) as item:
                 item.data = {"posted": True}
-            assert (await client.get(key)).data == {"posted": True}
+            assert some(await client.get(key)).data == {"posted": True}
             assert await client.exists(key)
             with pytest.raises(AlreadyProcessed):
                 async with client.processing(key):
@@ -37,8 +37,8 @@ def test_async_processing_three_exits_and_refusals(host, key):
             with pytest.raises(ValueError, match="bad row"):
                 async with client.processing(failed):
                     raise ValueError("bad row")
-            assert (await client.get(skipped)).status == "Skipped"
-            record = await client.get(failed)
+            assert some(await client.get(skipped)).status == "Skipped"
+            record = some(await client.get(failed))
             assert (record.status, record.error) == ("Failed", "ValueError: bad row")
 
             versions = [r.status async for r in client.history(key, page_size=1)]
@@ -52,10 +52,12 @@ def test_async_processing_three_exits_and_refusals(host, key):
 def test_async_lock_held_by_another_caller(host, key):
     async def scenario() -> None:
         async with AsyncSettleClient(host.base_url) as a, AsyncSettleClient(host.base_url) as b:
-            async with a.processing(key):
-                with pytest.raises(LockHeld):
-                    async with b.processing(key):
-                        pytest.fail("two holders")
+            held = a.processing(key)
+            await held.__aenter__()
+            with pytest.raises(LockHeld):
+                async with b.processing(key):
+                    pytest.fail("two holders")
+            await held.__aexit__(None, None, None)
 
     run(scenario())
 
@@ -66,11 +68,11 @@ def test_async_long_work_is_extended_and_a_lost_lock_raises(host, key):
     async def scenario() -> None:
         async with AsyncSettleClient(host.base_url) as client:
             async with client.processing(key, lock_seconds=4) as item:
-                first_until = item.locked_until
+                first_until = some(item.locked_until)
                 while datetime.now(UTC) <= first_until + timedelta(seconds=1):
                     await asyncio.sleep(0.05)
-                assert item.locked_until > first_until and not item.lost
-            assert (await client.get(key)).status == "Processed"
+                assert some(item.locked_until) > first_until and not item.lost
+            assert some(await client.get(key)).status == "Processed"
 
         # A holder whose extensions never reach the server loses the lock to a rival.
         blocked = asyncio.Event()
@@ -90,7 +92,7 @@ def test_async_long_work_is_extended_and_a_lost_lock_raises(host, key):
                         while not (lock := await asyncio.to_thread(rival.lock, lost_key)).acquired:
                             assert asyncio.get_running_loop().time() < deadline
                             await asyncio.sleep(0.05)
-                assert rival.get(lost_key).status == "Processing"
+                assert some(rival.get(lost_key)).status == "Processing"
                 rival.release(lost_key, "test over", lock_token=lock.lock_token)
         blocked.set()
         await inner.aclose()
@@ -103,7 +105,8 @@ class _AsyncHandler(httpx.AsyncBaseTransport):
         self.handler = handler
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        return await self.handler(request)
+        response: httpx.Response = await self.handler(request)
+        return response
 
 
 def test_async_idempotent_runs_once(host, key):
@@ -136,7 +139,7 @@ def test_async_agent_loop_settles_and_stops_when_cancelled(host):
             async for handoff in client.handoffs.watch(endpoint, wait_seconds=2):
                 await handoff.complete(result={"ok": True}, settled_by="async-agent")
                 break
-            event = await client.events.get(endpoint, event_id)
+            event = some(await client.events.get(endpoint, event_id))
             assert [a.auditor_name for a in event.audits] == ["async-agent"]
 
             # Nothing parked any more: an agent blocked in its long poll stops at once when cancelled.

@@ -10,9 +10,9 @@ import threading
 import uuid
 
 import pytest
-
 from settle_client import Conflict, SettleClient, TransportFailure
-from tests.client.conftest import FAST_RETRY, Gate, LoseAnswers, park
+
+from tests.client.conftest import FAST_RETRY, Gate, LoseAnswers, park, some
 
 
 @pytest.fixture
@@ -77,9 +77,10 @@ def test_a_lost_settlement_answer_is_not_retried(host, endpoint):
     with SettleClient(host.base_url, transport=lossy, retry=FAST_RETRY) as client:
         handoff = client.handoffs.next(endpoint)
         with pytest.raises(TransportFailure) as lost:
-            handoff.complete(result={"n": 1})
+            some(handoff).complete(result={"n": 1})
         assert lost.value.maybe_applied and len(lossy.sent) == 1
-        assert [a.audit_type for a in client.events.get(endpoint, event_id).audits] == ["CompleteHandoff"]
+        audits = some(client.events.get(endpoint, event_id)).audits
+        assert [a.audit_type for a in audits] == ["CompleteHandoff"]
 
 
 def test_watch_stops_when_asked_and_revisits_an_unsettled_handoff_later(settle, host, endpoint):

@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 from pydantic import BaseModel
-
 from settle_client import AlreadyProcessed, LockHeld, SettleClient
 
 

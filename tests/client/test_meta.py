@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from settle_client import EXISTS_STATUSES, HANDLERS, SETTABLE_STATUSES, Scope, Status
 
 
@@ -38,3 +37,18 @@ def test_the_enums_equal_the_servers_meta(settle):
     assert meta.handlers == list(HANDLERS)
     assert sorted(meta.exists_statuses) == sorted(s.label for s in EXISTS_STATUSES)
     assert sorted(meta.settable_statuses) == sorted(s.label for s in SETTABLE_STATUSES)
+
+
+def test_the_meta_contract_parses_and_equals_the_enums():
+    """The document issue 10 promises, word for word, read by the client's model."""
+    from settle_client import Meta
+
+    scopes = ",".join(f'{{"id":{s.value},"name":"{s.label}"}}' for s in Scope)
+    statuses = ",".join(f'{{"code":{s.value},"name":"{s.label}"}}' for s in Status)
+    document = (
+        f'{{"scopes":[{scopes}],"statuses":[{statuses}],"handlers":["built-in","null"],'
+        '"existsStatuses":["Processed","Skipped"],"settableStatuses":["Processed","Skipped","Failed"]}'
+    )
+    meta = Meta.model_validate_json(document)
+    assert [(s.id, s.name) for s in meta.scopes][3] == (4, "Element")
+    assert meta.exists_statuses == ["Processed", "Skipped"] and meta.handlers == list(HANDLERS)

@@ -13,7 +13,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-
 from settle_client import (
     AlreadyProcessed,
     InvalidInput,
@@ -26,7 +25,8 @@ from settle_client import (
     TransportFailure,
     Unauthorized,
 )
-from tests.client.conftest import FAST_RETRY, Gate, LoseAnswers, wait_until
+
+from tests.client.conftest import FAST_RETRY, Gate, LoseAnswers, some, wait_until
 from tests.devhost.conftest import HostProcess
 
 
@@ -91,18 +91,16 @@ def test_data_that_is_not_json_fails_inside_the_block_and_releases_the_lock(sett
 def test_a_processed_or_skipped_item_raises_already_processed(settle, key):
     with settle.processing(key):
         pass
-    with pytest.raises(AlreadyProcessed) as refused:
-        with settle.processing(key):
-            pytest.fail("the body of a processed item ran")
+    with pytest.raises(AlreadyProcessed) as refused, settle.processing(key):
+        pytest.fail("the body of a processed item ran")
     assert refused.value.record_status == "Processed"
     assert "already Processed" in refused.value.reason
 
 
 def test_an_item_held_by_another_caller_raises_lock_held(settle, key, host):
     with settle.processing(key, lock_seconds=120), SettleClient(host.base_url) as other:
-        with pytest.raises(LockHeld) as refused:
-            with other.processing(key):
-                pytest.fail("two holders")
+        with pytest.raises(LockHeld) as refused, other.processing(key):
+            pytest.fail("two holders")
         assert refused.value.record_status == "Processing"
         assert refused.value.locked_until is not None
     assert settle.get(key).status == "Processed"
@@ -118,7 +116,11 @@ def test_history_and_query_follow_continuation_tokens(settle, key):
     settle.upsert(keys[0], {"n": "again"})  # a third version of the first key
 
     versions = list(settle.history(keys[0], page_size=1))
-    assert [(r.status, r.version) for r in versions] == [("Processed", 3), ("Superseded", 2), ("Superseded", 1)]
+    assert [(r.status, r.version) for r in versions] == [
+        ("Processed", 3),
+        ("Superseded", 2),
+        ("Superseded", 1),
+    ]
 
     found = list(settle.query(tenant_id=tenant, status="Processed", page_size=1))
     assert sorted(r.item_key for r in found) == sorted(k["itemKey"] for k in keys)
@@ -171,9 +173,11 @@ def test_the_null_handler_runs_the_block_and_stores_nothing(host, key):
 # -- lost answers: retried only where that is safe -----------------------------------------------------
 def test_a_lost_lock_answer_is_retried_with_the_same_request_id_and_gets_that_lock(host, key):
     lossy = LoseAnswers("/v1/state/lock")
-    with SettleClient(host.base_url, transport=lossy, retry=FAST_RETRY) as client:
-        with client.processing(key) as item:
-            item.data = {"posted": True}
+    with (
+        SettleClient(host.base_url, transport=lossy, retry=FAST_RETRY) as client,
+        client.processing(key) as item,
+    ):
+        item.data = {"posted": True}
     assert len(lossy.sent) == 2
     ids = {json.loads(r.content)["requestId"] for r in lossy.sent}
     assert len(ids) == 1, "the retry must carry the first attempt's requestId"
@@ -198,7 +202,7 @@ def test_a_lost_answer_to_an_unfenced_write_is_not_retried(host, key):
             client.set(key, "Processed", data={"posted": True})
         assert lost.value.maybe_applied is True
         assert len(lossy.sent) == 1
-        assert client.get(key).status == "Processed"  # it was applied; the answer was lost
+        assert some(client.get(key)).status == "Processed"  # it was applied; the answer was lost
 
 
 # -- auth ------------------------------------------------------------------------------------------
@@ -244,7 +248,7 @@ def test_a_lock_lost_during_long_work_raises_lock_lost_and_writes_nothing(host, 
             item.data = {"by": "holder"}
 
         assert not [p for p in gate.paths if p.endswith(("/set", "/release"))], "wrote with a lost lock"
-        record = rival.get(key)
+        record = some(rival.get(key))
         assert record.status == "Processed" and record.data == {"by": "rival"}
         assert all(r.data != {"by": "holder"} for r in rival.history(key))
 
@@ -258,7 +262,7 @@ def test_leaving_after_the_lock_expired_unextended_raises_lock_lost(host, key):
             item.data = {"by": "holder"}
             # Leave while the extension is still held back: the fenced set itself is refused.
         gate.opened.set()
-        assert rival.get(key).status == "Processing"
+        assert some(rival.get(key)).status == "Processing"
         rival.release(key, "test over", lock_token=taken.lock_token)
 
 
@@ -289,4 +293,4 @@ def test_racing_processes_run_the_block_exactly_once(host: HostProcess, key, tmp
     pids = ran.read_text().split()
     assert len(pids) == 1
     with SettleClient(host.base_url) as client:
-        assert client.get(key).data == {"pid": int(pids[0])}
+        assert some(client.get(key)).data == {"pid": int(pids[0])}

@@ -9,13 +9,12 @@ import asyncio
 import json
 import random
 from collections.abc import Callable
-from email.utils import format_datetime
 from datetime import UTC, datetime, timedelta
+from email.utils import format_datetime
 from typing import Any
 
 import httpx
 import pytest
-
 from settle_client import (
     AsyncSettleClient,
     Conflict,
@@ -30,6 +29,8 @@ from settle_client import (
     Unavailable,
 )
 from settle_client.errors import retry_after_of
+
+from tests.client.conftest import some
 
 KEY = {"tenantId": 1, "scopeId": 4, "entityId": 1, "itemEntityKey": "invoice", "itemKey": "INV-1"}
 NO_JITTER = RetryPolicy(attempts=4, backoff=0.5, max_backoff=8.0, jitter=False)
@@ -48,13 +49,16 @@ RECORD = {
 }
 
 
-def problem(status: int, slug: str, *, field: str | None = None, headers: dict[str, str] | None = None,
-            **extra: Any) -> httpx.Response:
+def problem(
+    status: int, slug: str, *, field: str | None = None, headers: dict[str, str] | None = None, **extra: Any
+) -> httpx.Response:
     body = {"type": f"urn:settle:problem:{slug}", "title": slug, "status": status, "detail": f"{slug}!"}
     if field:
         body["field"] = field
     body.update(extra)
-    return httpx.Response(status, json=body, headers={"content-type": "application/problem+json", **(headers or {})})
+    return httpx.Response(
+        status, json=body, headers={"content-type": "application/problem+json", **(headers or {})}
+    )
 
 
 def unavailable(retry_after: int = 1) -> httpx.Response:
@@ -78,7 +82,9 @@ class Script:
         return answer
 
 
-def client_for(script: Script, retry: RetryPolicy = NO_JITTER, **kwargs: Any) -> tuple[SettleClient, list[float]]:
+def client_for(
+    script: Script, retry: RetryPolicy = NO_JITTER, **kwargs: Any
+) -> tuple[SettleClient, list[float]]:
     client = SettleClient("http://settle.test", transport=httpx.MockTransport(script), retry=retry, **kwargs)
     sleeps: list[float] = []
     client._sleep = sleeps.append
@@ -103,7 +109,9 @@ def test_backoff_doubles_up_to_the_cap_then_the_error_is_raised_with_retry_after
 
 
 def test_retry_after_is_honoured_never_shortened():
-    script = Script(unavailable(retry_after=3), problem(429, "throttled", headers={"Retry-After": "0"}), ok_exists)
+    script = Script(
+        unavailable(retry_after=3), problem(429, "throttled", headers={"Retry-After": "0"}), ok_exists
+    )
     client, sleeps = client_for(script)
     assert client.exists(KEY) is True
     assert sleeps == [3.0, 1.0]  # Retry-After 3 beats backoff 0.5; backoff 1.0 beats Retry-After 0
@@ -113,7 +121,7 @@ def test_retry_after_from_the_body_and_as_an_http_date():
     body_only = httpx.Response(503, json={"type": "urn:settle:problem:unavailable", "retryAfter": 7})
     assert retry_after_of(body_only) == 7
     later = format_datetime(datetime.now(UTC) + timedelta(seconds=30), usegmt=True)
-    assert 20 < retry_after_of(httpx.Response(503, headers={"Retry-After": later})) <= 30
+    assert 20 < some(retry_after_of(httpx.Response(503, headers={"Retry-After": later}))) <= 30
     assert retry_after_of(httpx.Response(503, headers={"Retry-After": "soon"})) is None
 
 
@@ -174,7 +182,7 @@ def test_fenced_writes_extend_and_reads_are_retried_after_a_lost_answer():
         httpx.Response(200, json={"lockToken": "v2.opaque", "lockedUntil": "2030-01-01T00:00:00Z"}),
     )
     client, sleeps = client_for(script)
-    assert client.set(KEY, "Processed", lock_token="v1.opaque").status == "Processed"
+    assert some(client.set(KEY, "Processed", lock_token="v1.opaque")).status == "Processed"
     assert client.extend(KEY, "v1.opaque").lock_token == "v2.opaque"
     assert sleeps == [0.5, 0.5]
 
@@ -183,7 +191,9 @@ def test_a_lock_is_retried_with_the_same_request_id():
     script = Script(
         httpx.ReadError("reset"),
         unavailable(),
-        httpx.Response(200, json={"acquired": True, "lockToken": "t", "status": "Processing", "replayed": True}),
+        httpx.Response(
+            200, json={"acquired": True, "lockToken": "t", "status": "Processing", "replayed": True}
+        ),
     )
     client, _ = client_for(script)
     lock = client.lock(KEY, lock_seconds=60)
@@ -274,7 +284,9 @@ def test_function_key_and_bearer_token_headers():
 
         def get_token(self, *scopes: str, **kwargs: Any) -> Any:
             self.scopes.append(scopes)
-            return type("Token", (), {"token": "jwt-1", "expires_on": int(datetime.now(UTC).timestamp()) + 3600})
+            return type(
+                "Token", (), {"token": "jwt-1", "expires_on": int(datetime.now(UTC).timestamp()) + 3600}
+            )
 
     credential = Credential()
     client, _ = client_for(script, credential=credential, token_scope="api://settle/.default")
