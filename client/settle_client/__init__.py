@@ -4,6 +4,7 @@
 ``client.handoffs.watch(endpoint)`` is a hand-off agent loop. See the package README.
 """
 
+from settle_client._version import VERSION
 from settle_client.aio import AsyncProcessing, AsyncSettleClient
 from settle_client.client import Processing, SettleClient
 from settle_client.enums import EXISTS_STATUSES, HANDLERS, SETTABLE_STATUSES, Scope, Status
@@ -33,6 +34,7 @@ from settle_client.models import (
     Key,
     LockResult,
     Meta,
+    Metadata,
     Record,
     SettlementAccepted,
 )
@@ -63,6 +65,7 @@ __all__ = [
     "LockNotAcquired",
     "LockResult",
     "Meta",
+    "Metadata",
     "NotFound",
     "PayloadTooLarge",
     "Processing",
@@ -79,4 +82,4 @@ __all__ = [
     "Unavailable",
 ]
 
-__version__ = "0.1.0"
+__version__ = VERSION

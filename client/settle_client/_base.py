@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 import httpx
 
 from settle_client._calls import Call, Requests
+from settle_client._version import VERSION
 from settle_client.auth import Auth, TokenCredentialLike
 from settle_client.errors import NOT_FOUND, TransportFailure, error_from_response, problem_of
 from settle_client.models import Handler
@@ -54,7 +55,7 @@ class ClientBase:
         self.timeout = timeout if isinstance(timeout, httpx.Timeout) else httpx.Timeout(timeout)
         self.auth = Auth(function_key=function_key, credential=credential, token_scope=token_scope)
         self.requests = Requests(prefix=route_prefix, handler=as_handler(handler))
-        self.default_headers = {"User-Agent": "settle-client/0.1"}
+        self.default_headers = {"User-Agent": f"settle-client/{VERSION}"}
         if agent_id:
             self.default_headers["x-agent-id"] = agent_id  # the default settledBy of settlements
         self._rng = random.Random()

@@ -27,6 +27,8 @@ from settle_client.models import (
     Key,
     LockResult,
     Meta,
+    Metadata,
+    MetadataLike,
     Record,
     RecordPage,
     SettlementAccepted,
@@ -167,16 +169,17 @@ class Requests:
         status: Status | int | str,
         *,
         data: Any = None,
-        metadata: Mapping[str, Any] | None = None,
+        metadata: MetadataLike | None = None,
         substatus: str | None = None,
         error: str | None = None,
         lock_token: str | None = None,
     ) -> Call[Record | None]:
+        meta = Metadata.of(metadata)
         body = self._keyed(
             key,
             status=Status.parse(status).label,
             data=jsonable(data),
-            metadata=dict(metadata) if metadata else None,
+            metadata=meta.to_wire() if meta else None,
             substatus=substatus,
             error=error,
             lockToken=lock_token,
@@ -188,14 +191,15 @@ class Requests:
         key: Key,
         data: Any,
         *,
-        metadata: Mapping[str, Any] | None = None,
+        metadata: MetadataLike | None = None,
         substatus: str | None = None,
         lock_token: str | None = None,
     ) -> Call[Record | None]:
+        meta = Metadata.of(metadata)
         body = self._keyed(
             key,
             data=jsonable(data),
-            metadata=dict(metadata) if metadata else None,
+            metadata=meta.to_wire() if meta else None,
             substatus=substatus,
             lockToken=lock_token,
         )

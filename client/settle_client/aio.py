@@ -8,7 +8,7 @@ import inspect
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
@@ -21,13 +21,14 @@ from settle_client.auth import TokenCredentialLike
 from settle_client.enums import Scope, Status
 from settle_client.errors import AlreadyProcessed, LockHeld, LockLost, SettleError, retry_after_of
 from settle_client.handoffs import AsyncEvents, AsyncHandoffs
-from settle_client.models import ExtendResult, Key, KeyLike, LockResult, Meta, Record
+from settle_client.models import ExtendResult, Key, KeyLike, LockResult, Meta, Metadata, MetadataLike, Record
 from settle_client.processing import (
     UNRECORDED_NOTE,
     Item,
     extension_delay,
     outcome_call,
     refusal,
+    rejected,
     release_call,
     retry_delay,
 )
@@ -194,7 +195,7 @@ class AsyncSettleClient(ClientBase):
         status: Status | int | str,
         *,
         data: Any = None,
-        metadata: Mapping[str, Any] | None = None,
+        metadata: MetadataLike | None = None,
         substatus: str | None = None,
         error: str | None = None,
         lock_token: str | None = None,
@@ -215,7 +216,7 @@ class AsyncSettleClient(ClientBase):
         key: KeyLike,
         data: Any,
         *,
-        metadata: Mapping[str, Any] | None = None,
+        metadata: MetadataLike | None = None,
         substatus: str | None = None,
         lock_token: str | None = None,
     ) -> Record | None:
@@ -233,7 +234,7 @@ class AsyncSettleClient(ClientBase):
         key: KeyLike,
         *,
         lock_seconds: int = DEFAULT_LOCK_SECONDS,
-        metadata: Mapping[str, Any] | None = None,
+        metadata: MetadataLike | None = None,
     ) -> AsyncProcessing:
         """``async with client.processing(key) as item:`` (see :meth:`SettleClient.processing`); the
         lock is extended by a task while the block runs."""
@@ -283,14 +284,19 @@ class AsyncProcessing:
     """The async context manager of :meth:`AsyncSettleClient.processing`."""
 
     def __init__(
-        self, client: AsyncSettleClient, key: Key, *, lock_seconds: int, metadata: Mapping[str, Any] | None
+        self,
+        client: AsyncSettleClient,
+        key: Key,
+        *,
+        lock_seconds: int,
+        metadata: MetadataLike | None,
     ) -> None:
         if lock_seconds < 1:
             raise ValueError("lock_seconds must be at least 1")
         self._client = client
         self._key = key
         self._lock_seconds = lock_seconds
-        self._metadata = dict(metadata) if metadata else None
+        self._metadata = Metadata.of(metadata)  # a bad field fails here, before the lock
         self._item: Item | None = None
         self._keeper: _AsyncKeeper | None = None
 
@@ -327,7 +333,12 @@ class AsyncProcessing:
         try:
             item.record = await self._client.send(outcome_call(self._client.requests, item))
         except SettleError as error:
-            if not isinstance(error, LockLost):
+            if rejected(error):
+                try:
+                    await self._client.send(release_call(self._client.requests, item, error))
+                except SettleError as release_error:
+                    error.add_note(f"settle-client: releasing the lock failed: {release_error}")
+            elif not isinstance(error, LockLost):
                 error.add_note(UNRECORDED_NOTE)
             raise
 

@@ -7,7 +7,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
@@ -20,13 +20,14 @@ from settle_client.auth import TokenCredentialLike
 from settle_client.enums import Scope, Status
 from settle_client.errors import AlreadyProcessed, LockHeld, LockLost, SettleError, retry_after_of
 from settle_client.handoffs import Events, Handoffs
-from settle_client.models import ExtendResult, Key, KeyLike, LockResult, Meta, Record
+from settle_client.models import ExtendResult, Key, KeyLike, LockResult, Meta, Metadata, MetadataLike, Record
 from settle_client.processing import (
     UNRECORDED_NOTE,
     Item,
     extension_delay,
     outcome_call,
     refusal,
+    rejected,
     release_call,
     retry_delay,
 )
@@ -209,7 +210,7 @@ class SettleClient(ClientBase):
         status: Status | int | str,
         *,
         data: Any = None,
-        metadata: Mapping[str, Any] | None = None,
+        metadata: MetadataLike | None = None,
         substatus: str | None = None,
         error: str | None = None,
         lock_token: str | None = None,
@@ -232,7 +233,7 @@ class SettleClient(ClientBase):
         key: KeyLike,
         data: Any,
         *,
-        metadata: Mapping[str, Any] | None = None,
+        metadata: MetadataLike | None = None,
         substatus: str | None = None,
         lock_token: str | None = None,
     ) -> Record | None:
@@ -252,7 +253,7 @@ class SettleClient(ClientBase):
         key: KeyLike,
         *,
         lock_seconds: int = DEFAULT_LOCK_SECONDS,
-        metadata: Mapping[str, Any] | None = None,
+        metadata: MetadataLike | None = None,
     ) -> Processing:
         """``with client.processing(key) as item:`` lock → act → record (see :mod:`settle_client.processing`).
 
@@ -314,14 +315,19 @@ class Processing:
     """The context manager of :meth:`SettleClient.processing`."""
 
     def __init__(
-        self, client: SettleClient, key: Key, *, lock_seconds: int, metadata: Mapping[str, Any] | None
+        self,
+        client: SettleClient,
+        key: Key,
+        *,
+        lock_seconds: int,
+        metadata: MetadataLike | None,
     ) -> None:
         if lock_seconds < 1:
             raise ValueError("lock_seconds must be at least 1")
         self._client = client
         self._key = key
         self._lock_seconds = lock_seconds
-        self._metadata = dict(metadata) if metadata else None
+        self._metadata = Metadata.of(metadata)  # a bad field fails here, before the lock
         self._item: Item | None = None
         self._keeper: _Keeper | None = None
 
@@ -358,7 +364,12 @@ class Processing:
         try:
             item.record = self._client.send(outcome_call(self._client.requests, item))
         except SettleError as error:
-            if not isinstance(error, LockLost):
+            if rejected(error):
+                try:
+                    self._client.send(release_call(self._client.requests, item, error))
+                except SettleError as release_error:
+                    error.add_note(f"settle-client: releasing the lock failed: {release_error}")
+            elif not isinstance(error, LockLost):
                 error.add_note(UNRECORDED_NOTE)
             raise
 

@@ -6,6 +6,7 @@ Python names are snake_case, the wire is camelCase (``item_key`` is ``itemKey``)
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
@@ -79,6 +80,36 @@ class Key(BaseModel):
 
 
 KeyLike = Key | Mapping[str, Any]
+
+
+class Metadata(BaseModel):
+    """Envelope metadata the caller knows (Settle fills the rest: handler, scope, status...)."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
+
+    node_type: str | None = None
+    element_key: str | None = None
+    execution_id: int | str | None = None
+    run_at: str | None = None
+    version: str | None = None
+
+    @classmethod
+    def of(cls, value: Metadata | Mapping[str, Any] | None) -> Metadata | None:
+        """Metadata from a model or a mapping; :class:`InvalidInput` naming an unknown field."""
+        if value is None or isinstance(value, Metadata):
+            return value
+        try:
+            return cls.model_validate(value)
+        except ValidationError as exc:
+            first = exc.errors(include_url=False)[0]
+            field = "metadata." + ".".join(str(p) for p in first["loc"])
+            raise InvalidInput(f"{field}: {first['msg']}", field=field) from exc
+
+    def to_wire(self) -> dict[str, Any]:
+        return self.model_dump(by_alias=True, exclude_none=True)
+
+
+MetadataLike = Metadata | Mapping[str, Any]
 
 
 class Handler(BaseModel):
@@ -185,8 +216,6 @@ class HandoffView(_Wire):
 
     def payload_json(self) -> Any:
         """The parked event's body (EventJson) parsed as JSON (``None`` when absent)."""
-        import json
-
         return json.loads(self.payload) if self.payload else None
 
 

@@ -21,8 +21,16 @@ from typing import Any
 
 from settle_client._calls import Call, Requests, error_text, jsonable
 from settle_client.enums import EXISTS_STATUSES, Status
-from settle_client.errors import AlreadyProcessed, LockHeld, LockLost, LockNotAcquired
-from settle_client.models import ExtendResult, Key, LockResult, Record
+from settle_client.errors import (
+    AlreadyProcessed,
+    InvalidInput,
+    LockHeld,
+    LockLost,
+    LockNotAcquired,
+    PayloadTooLarge,
+    SettleError,
+)
+from settle_client.models import ExtendResult, Key, LockResult, Metadata, Record
 
 # Extend after this share of the lock's length; after a failed extension, try again after RETRY_SHARE.
 EXTEND_SHARE = 1 / 3
@@ -34,7 +42,7 @@ class Item:
     """The item being processed. Set ``data`` (JSON) to record it; call :meth:`skip` or :meth:`fail` to
     record Skipped or Failed instead. After the block, ``record`` is what was written."""
 
-    def __init__(self, key: Key, lock: LockResult, *, metadata: dict[str, Any] | None = None) -> None:
+    def __init__(self, key: Key, lock: LockResult, *, metadata: Metadata | None = None) -> None:
         self.key = key
         self.takeover = lock.takeover  # the previous holder's lock expired: it may have done part of the work
         self.replayed = lock.replayed
@@ -138,6 +146,12 @@ def extension_delay(lock_seconds: float) -> float:
 
 def retry_delay(lock_seconds: float) -> float:
     return max(MIN_RETRY_S, lock_seconds * RETRY_SHARE)
+
+
+def rejected(error: SettleError) -> bool:
+    """Did Settle refuse the outcome itself (bad input, too large)? Then nothing was written and the
+    lock is released at once with the reason, instead of hanging until it expires."""
+    return isinstance(error, InvalidInput | PayloadTooLarge)
 
 
 UNRECORDED_NOTE = (

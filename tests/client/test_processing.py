@@ -19,6 +19,7 @@ from settle_client import (
     Key,
     LockHeld,
     LockLost,
+    PayloadTooLarge,
     Scope,
     SettleClient,
     Status,
@@ -85,6 +86,21 @@ def test_data_that_is_not_json_fails_inside_the_block_and_releases_the_lock(sett
     with pytest.raises(TypeError, match="not JSON"), settle.processing(key) as item:
         item.data = {"when": datetime.now(UTC)}
     assert settle.get(key).status == "Failed"
+
+
+def test_metadata_with_an_unknown_field_is_refused_before_the_lock(settle, key):
+    with pytest.raises(InvalidInput) as bad:
+        settle.processing(key, metadata={"nodeTyp": "PostInvoice"})
+    assert bad.value.field == "metadata.nodeTyp"
+    assert settle.get(key) is None
+
+
+def test_an_outcome_settle_refuses_releases_the_lock_with_the_reason(settle, key):
+    with pytest.raises(PayloadTooLarge) as refused, settle.processing(key) as item:
+        item.data = {"blob": "x" * (600 * 1024)}  # beyond the 512 KiB Settle stores
+    assert refused.value.status == 413
+    record = settle.get(key)
+    assert record.status == "Failed" and record.error.startswith("PayloadTooLarge: 413")
 
 
 # -- refusals on entry -------------------------------------------------------------------------------
