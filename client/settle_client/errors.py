@@ -10,7 +10,8 @@ A problem+json answer becomes the exception of its ``type`` (``urn:settle:proble
 from __future__ import annotations
 
 import json
-from datetime import datetime
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 from typing import Any
 
 import httpx
@@ -150,15 +151,11 @@ def retry_after_of(response: httpx.Response) -> float | None:
         try:
             return max(0.0, float(header))
         except ValueError:
-            from email.utils import parsedate_to_datetime
-
             try:
                 when = parsedate_to_datetime(header)
             except (TypeError, ValueError):
                 when = None
             if when is not None and when.tzinfo is not None:
-                from datetime import UTC
-
                 return max(0.0, (when - datetime.now(UTC)).total_seconds())
     value = problem_of(response).get("retryAfter")
     if isinstance(value, int | float) and not isinstance(value, bool):
