@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: install run test lint typecheck pytest bench bench-smoke reliability infra-check infra-types azurite clean
 
-$(STAMP): requirements.txt requirements-dev.txt package.json package-lock.json
+$(STAMP): requirements.txt requirements-dev.txt client/pyproject.toml package.json package-lock.json
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
 	npm ci --no-audit --no-fund --loglevel=error

@@ -1,0 +1,85 @@
+"""settle-client: the Python client of Settle.
+
+``with client.processing(key) as item:`` turns the seeds' lock → act → record pattern into one block;
+``client.handoffs.watch(endpoint)`` is a hand-off agent loop. See the package README.
+"""
+
+from settle_client._version import VERSION
+from settle_client.aio import AsyncProcessing, AsyncSettleClient
+from settle_client.client import Processing, SettleClient
+from settle_client.enums import EXISTS_STATUSES, HANDLERS, SETTABLE_STATUSES, Scope, Status
+from settle_client.errors import (
+    AlreadyProcessed,
+    Conflict,
+    InvalidInput,
+    LockHeld,
+    LockLost,
+    LockNotAcquired,
+    NotFound,
+    PayloadTooLarge,
+    ServerError,
+    SettleError,
+    TransportFailure,
+    Unauthorized,
+    Unavailable,
+)
+from settle_client.handoffs import AsyncHandoff, Handoff
+from settle_client.models import (
+    AuditEntry,
+    Coordinates,
+    Event,
+    ExtendResult,
+    Handler,
+    HistoryEntry,
+    Key,
+    LockResult,
+    Meta,
+    Metadata,
+    Record,
+    SettlementAccepted,
+)
+from settle_client.processing import Item
+from settle_client.retry import RetryPolicy
+
+__all__ = [
+    "EXISTS_STATUSES",
+    "HANDLERS",
+    "SETTABLE_STATUSES",
+    "AlreadyProcessed",
+    "AsyncHandoff",
+    "AsyncProcessing",
+    "AsyncSettleClient",
+    "AuditEntry",
+    "Conflict",
+    "Coordinates",
+    "Event",
+    "ExtendResult",
+    "Handler",
+    "Handoff",
+    "HistoryEntry",
+    "InvalidInput",
+    "Item",
+    "Key",
+    "LockHeld",
+    "LockLost",
+    "LockNotAcquired",
+    "LockResult",
+    "Meta",
+    "Metadata",
+    "NotFound",
+    "PayloadTooLarge",
+    "Processing",
+    "Record",
+    "RetryPolicy",
+    "Scope",
+    "ServerError",
+    "SettleClient",
+    "SettleError",
+    "SettlementAccepted",
+    "Status",
+    "TransportFailure",
+    "Unauthorized",
+    "Unavailable",
+]
+
+__version__ = VERSION

@@ -1,0 +1,387 @@
+"""The asyncio client: the surface of :class:`~settle_client.SettleClient` with ``await``."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import datetime
+from types import TracebackType
+from typing import Any, ParamSpec, TypeVar
+
+import httpx
+
+from settle_client._base import DEFAULT_LOCK_SECONDS, ClientBase, HandlerLike, read, transport_failure
+from settle_client._calls import Call, query_filters
+from settle_client.auth import TokenCredentialLike
+from settle_client.enums import Scope, Status
+from settle_client.errors import AlreadyProcessed, LockHeld, LockLost, SettleError, retry_after_of
+from settle_client.handoffs import AsyncEvents, AsyncHandoffs
+from settle_client.models import ExtendResult, Key, KeyLike, LockResult, Meta, Metadata, MetadataLike, Record
+from settle_client.processing import (
+    UNRECORDED_NOTE,
+    Item,
+    extension_delay,
+    outcome_call,
+    refusal,
+    rejected,
+    release_call,
+    retry_delay,
+)
+from settle_client.retry import RetryPolicy, may_retry_answer, may_retry_transport
+
+log = logging.getLogger("settle_client")
+
+T = TypeVar("T")
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class AsyncSettleClient(ClientBase):
+    """The asyncio twin of :class:`~settle_client.SettleClient` (same arguments; ``transport`` is an
+    ``httpx.AsyncBaseTransport``; ``credential`` may be azure-core's async ``TokenCredential``).
+    Close it with :meth:`aclose` or ``async with``."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        function_key: str | None = None,
+        credential: TokenCredentialLike | None = None,
+        token_scope: str | None = None,
+        handler: HandlerLike | None = None,
+        timeout: float | httpx.Timeout = 30.0,
+        retry: RetryPolicy | None = None,
+        agent_id: str | None = None,
+        route_prefix: str = "api",
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        super().__init__(
+            base_url,
+            function_key=function_key,
+            credential=credential,
+            token_scope=token_scope,
+            handler=handler,
+            timeout=timeout,
+            retry=retry,
+            agent_id=agent_id,
+            route_prefix=route_prefix,
+        )
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url, headers=self.default_headers, timeout=self.timeout, transport=transport
+        )
+        self._sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+        self.handoffs = AsyncHandoffs(self)
+        self.events = AsyncEvents(self)
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncSettleClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def send(self, call: Call[T]) -> T:
+        """Send ``call``, retrying as far as its safety allows; its result or a typed error."""
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                headers = await self.auth.aheaders()
+                response = await self._http.request(
+                    call.method, call.path, **self.request_kwargs(call, headers)
+                )
+            except httpx.TransportError as exc:
+                delay = (
+                    self.retry.delay(attempt, rng=self._rng)
+                    if may_retry_transport(call.safety, exc)
+                    else None
+                )
+                if delay is None:
+                    raise transport_failure(call, exc) from exc
+                await self._sleep(delay)
+                continue
+            if may_retry_answer(call.safety, response.status_code):
+                delay = self.retry.delay(attempt, retry_after=retry_after_of(response), rng=self._rng)
+                if delay is not None:
+                    await self._sleep(delay)
+                    continue
+            return read(call, response)
+
+    # -- state ------------------------------------------------------------------------------------
+    async def meta(self) -> Meta:
+        return await self.send(self.requests.meta())
+
+    async def exists(self, key: KeyLike) -> bool:
+        return await self.send(self.requests.exists(Key.of(key)))
+
+    async def get(self, key: KeyLike) -> Record | None:
+        return await self.send(self.requests.get(Key.of(key)))
+
+    def history(self, key: KeyLike, *, page_size: int | None = None) -> AsyncIterator[Record]:
+        parsed = Key.of(key)
+
+        async def pages() -> AsyncIterator[Record]:
+            token: str | None = None
+            while True:
+                page = await self.send(self.requests.history(parsed, page_size=page_size, token=token))
+                for record in page.items:
+                    yield record
+                token = page.continuation_token
+                if not token:
+                    return
+
+        return pages()
+
+    def query(
+        self,
+        tenant_id: int,
+        *,
+        scope: Scope | int | str | None = None,
+        entity_id: int | None = None,
+        entity_execution_id: int | None = None,
+        item_entity_key: str | None = None,
+        status: Status | int | str | None = None,
+        updated_from: datetime | None = None,
+        updated_to: datetime | None = None,
+        page_size: int | None = None,
+    ) -> AsyncIterator[Record]:
+        filters = query_filters(
+            tenant_id,
+            scope=scope,
+            entity_id=entity_id,
+            entity_execution_id=entity_execution_id,
+            item_entity_key=item_entity_key,
+            status=status,
+            updated_from=updated_from,
+            updated_to=updated_to,
+            page_size=page_size,
+        )
+
+        async def pages() -> AsyncIterator[Record]:
+            token: str | None = None
+            while True:
+                page = await self.send(self.requests.query(filters, token=token))
+                for record in page.items:
+                    yield record
+                token = page.continuation_token
+                if not token:
+                    return
+
+        return pages()
+
+    async def lock(
+        self, key: KeyLike, *, lock_seconds: int | None = None, request_id: str | None = None
+    ) -> LockResult:
+        call = self.requests.lock(
+            Key.of(key), lock_seconds=lock_seconds, request_id=request_id or uuid.uuid4().hex
+        )
+        return await self.send(call)
+
+    async def extend(self, key: KeyLike, lock_token: str, *, lock_seconds: int | None = None) -> ExtendResult:
+        return await self.send(
+            self.requests.extend(Key.of(key), lock_token=lock_token, lock_seconds=lock_seconds)
+        )
+
+    async def set(
+        self,
+        key: KeyLike,
+        status: Status | int | str,
+        *,
+        data: Any = None,
+        metadata: MetadataLike | None = None,
+        substatus: str | None = None,
+        error: str | None = None,
+        lock_token: str | None = None,
+    ) -> Record | None:
+        call = self.requests.set(
+            Key.of(key),
+            status,
+            data=data,
+            metadata=metadata,
+            substatus=substatus,
+            error=error,
+            lock_token=lock_token,
+        )
+        return await self.send(call)
+
+    async def upsert(
+        self,
+        key: KeyLike,
+        data: Any,
+        *,
+        metadata: MetadataLike | None = None,
+        substatus: str | None = None,
+        lock_token: str | None = None,
+    ) -> Record | None:
+        call = self.requests.upsert(
+            Key.of(key), data, metadata=metadata, substatus=substatus, lock_token=lock_token
+        )
+        return await self.send(call)
+
+    async def release(self, key: KeyLike, error: str, *, lock_token: str | None = None) -> Record | None:
+        return await self.send(self.requests.release(Key.of(key), error, lock_token=lock_token))
+
+    # -- the pattern ------------------------------------------------------------------------------
+    def processing(
+        self,
+        key: KeyLike,
+        *,
+        lock_seconds: int = DEFAULT_LOCK_SECONDS,
+        metadata: MetadataLike | None = None,
+    ) -> AsyncProcessing:
+        """``async with client.processing(key) as item:`` (see :meth:`SettleClient.processing`); the
+        lock is extended by a task while the block runs."""
+        return AsyncProcessing(self, Key.of(key), lock_seconds=lock_seconds, metadata=metadata)
+
+    def idempotent(
+        self,
+        key: Callable[..., KeyLike],
+        *,
+        lock_seconds: int = DEFAULT_LOCK_SECONDS,
+        wait_seconds: float = 0.0,
+    ) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Awaitable[R]]]:
+        """:meth:`SettleClient.idempotent` for ``async def`` functions."""
+
+        def decorate(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+            if not inspect.iscoroutinefunction(fn):
+                raise TypeError("AsyncSettleClient.idempotent decorates async functions")
+
+            @functools.wraps(fn)
+            async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+                parsed = Key.of(key(*args, **kwargs))
+                deadline = time.monotonic() + wait_seconds
+                pause = 0.1
+                while True:
+                    try:
+                        async with self.processing(parsed, lock_seconds=lock_seconds) as item:
+                            result = await fn(*args, **kwargs)
+                            item.data = result
+                        return result
+                    except AlreadyProcessed:
+                        record = await self.get(parsed)
+                        if record is not None and record.status == Status.PROCESSED.label:
+                            return record.data  # type: ignore[no-any-return]
+                        raise
+                    except LockHeld:
+                        if time.monotonic() + pause > deadline:
+                            raise
+                    await self._sleep(pause)
+                    pause = min(pause * 2, 2.0)
+
+            return wrapper
+
+        return decorate
+
+
+class AsyncProcessing:
+    """The async context manager of :meth:`AsyncSettleClient.processing`."""
+
+    def __init__(
+        self,
+        client: AsyncSettleClient,
+        key: Key,
+        *,
+        lock_seconds: int,
+        metadata: MetadataLike | None,
+    ) -> None:
+        if lock_seconds < 1:
+            raise ValueError("lock_seconds must be at least 1")
+        self._client = client
+        self._key = key
+        self._lock_seconds = lock_seconds
+        self._metadata = Metadata.of(metadata)  # a bad field fails here, before the lock
+        self._item: Item | None = None
+        self._keeper: _AsyncKeeper | None = None
+
+    async def __aenter__(self) -> Item:
+        if self._item is not None:
+            raise RuntimeError("a processing block can be entered once")
+        started = time.monotonic()
+        lock = await self._client.lock(self._key, lock_seconds=self._lock_seconds)
+        if not lock.acquired:
+            raise refusal(lock)
+        self._item = Item(self._key, lock, metadata=self._metadata)
+        if lock.lock_token is not None:
+            self._keeper = _AsyncKeeper(self._client, self._item, self._lock_seconds, started)
+        return self._item
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        item = self._item
+        assert item is not None
+        if self._keeper is not None:
+            await self._keeper.stop()
+        if exc is not None:
+            if item.lost:
+                exc.add_note("settle-client: the lock had been lost; it was not released.")
+                return
+            try:
+                # Shielded: a cancelled task still releases its lock before the cancellation goes on.
+                await asyncio.shield(self._client.send(release_call(self._client.requests, item, exc)))
+            except SettleError as release_error:
+                exc.add_note(f"settle-client: releasing the lock failed: {release_error}")
+            return
+        item.check()
+        try:
+            item.record = await self._client.send(outcome_call(self._client.requests, item))
+        except SettleError as error:
+            if rejected(error):
+                try:
+                    await self._client.send(release_call(self._client.requests, item, error))
+                except SettleError as release_error:
+                    error.add_note(f"settle-client: releasing the lock failed: {release_error}")
+            elif not isinstance(error, LockLost):
+                error.add_note(UNRECORDED_NOTE)
+            raise
+
+
+class _AsyncKeeper:
+    """Extends the lock in a task until stopped or the lock is lost."""
+
+    def __init__(self, client: AsyncSettleClient, item: Item, lock_seconds: int, sent_at: float) -> None:
+        self._client = client
+        self._item = item
+        self._lock_seconds = lock_seconds
+        self._due = sent_at + extension_delay(lock_seconds)
+        self._stopping = asyncio.Event()
+        self._task = asyncio.create_task(self._run(), name="settle-lock-keeper")
+
+    async def stop(self) -> None:
+        """Stop extending; an extension in flight is cancelled (safe: see ``client._Keeper.stop``)."""
+        self._stopping.set()
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _sleep_until_due(self) -> bool:
+        """Wait until the next extension is due; True when stopped first."""
+        try:
+            await asyncio.wait_for(self._stopping.wait(), timeout=max(0.0, self._due - time.monotonic()))
+        except TimeoutError:
+            return False
+        return True
+
+    async def _run(self) -> None:
+        while not await self._sleep_until_due():
+            sent_at = time.monotonic()
+            token = self._item.lock_token
+            assert token is not None
+            try:
+                result = await self._client.extend(self._item.key, token, lock_seconds=self._lock_seconds)
+            except LockLost as lost:
+                if not self._stopping.is_set():
+                    self._item.lose(lost)
+                return
+            except Exception as error:  # unavailable after retries: try again soon; the server fences
+                log.warning("extending the lock of %s failed: %s", self._item.key.item_key, error)
+                self._due = time.monotonic() + retry_delay(self._lock_seconds)
+                continue
+            self._item.extended(result)
+            self._due = sent_at + extension_delay(self._lock_seconds)

@@ -1,0 +1,417 @@
+"""The synchronous client (httpx); :mod:`settle_client.aio` has the same surface for asyncio."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import datetime
+from types import TracebackType
+from typing import Any, ParamSpec, TypeVar
+
+import httpx
+
+from settle_client._base import DEFAULT_LOCK_SECONDS, ClientBase, HandlerLike, read, transport_failure
+from settle_client._calls import Call, query_filters
+from settle_client.auth import TokenCredentialLike
+from settle_client.enums import Scope, Status
+from settle_client.errors import AlreadyProcessed, LockHeld, LockLost, SettleError, retry_after_of
+from settle_client.handoffs import Events, Handoffs
+from settle_client.models import ExtendResult, Key, KeyLike, LockResult, Meta, Metadata, MetadataLike, Record
+from settle_client.processing import (
+    UNRECORDED_NOTE,
+    Item,
+    extension_delay,
+    outcome_call,
+    refusal,
+    rejected,
+    release_call,
+    retry_delay,
+)
+from settle_client.retry import RetryPolicy, may_retry_answer, may_retry_transport
+
+log = logging.getLogger("settle_client")
+
+T = TypeVar("T")
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class SettleClient(ClientBase):
+    """A Settle client. Create one per process and reuse it (it keeps a connection pool); close it
+    with :meth:`close` or use it as a context manager.
+
+    ``base_url``: the function app (``http://localhost:7071``). Auth: ``function_key`` (sent as
+    ``x-functions-key``) or ``credential`` + ``token_scope`` (a bearer token). ``handler``: the handler
+    of every state call (``"built-in"``, ``"null"`` or ``{"key": ..., "options": {...}}``). ``timeout``:
+    seconds per request (a long poll adds its wait). ``retry``: see :class:`RetryPolicy`. ``agent_id``:
+    sent as ``x-agent-id``, the default ``settledBy`` of settlements. ``transport``: an httpx transport
+    (proxies, tests).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        function_key: str | None = None,
+        credential: TokenCredentialLike | None = None,
+        token_scope: str | None = None,
+        handler: HandlerLike | None = None,
+        timeout: float | httpx.Timeout = 30.0,
+        retry: RetryPolicy | None = None,
+        agent_id: str | None = None,
+        route_prefix: str = "api",
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        super().__init__(
+            base_url,
+            function_key=function_key,
+            credential=credential,
+            token_scope=token_scope,
+            handler=handler,
+            timeout=timeout,
+            retry=retry,
+            agent_id=agent_id,
+            route_prefix=route_prefix,
+        )
+        self._http = httpx.Client(
+            base_url=self.base_url, headers=self.default_headers, timeout=self.timeout, transport=transport
+        )
+        self._sleep: Callable[[float], None] = time.sleep
+        self.handoffs = Handoffs(self)
+        self.events = Events(self)
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> SettleClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- sending ----------------------------------------------------------------------------------
+    def send(self, call: Call[T]) -> T:
+        """Send ``call``, retrying as far as its safety allows; its result or a typed error."""
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                response = self._http.request(
+                    call.method, call.path, **self.request_kwargs(call, self.auth.headers())
+                )
+            except httpx.TransportError as exc:
+                delay = (
+                    self.retry.delay(attempt, rng=self._rng)
+                    if may_retry_transport(call.safety, exc)
+                    else None
+                )
+                if delay is None:
+                    raise transport_failure(call, exc) from exc
+                log.info("%s %s: %s; retrying in %.2fs", call.method, call.path, type(exc).__name__, delay)
+                self._sleep(delay)
+                continue
+            if may_retry_answer(call.safety, response.status_code):
+                delay = self.retry.delay(attempt, retry_after=retry_after_of(response), rng=self._rng)
+                if delay is not None:
+                    log.info(
+                        "%s %s: %d; retrying in %.2fs", call.method, call.path, response.status_code, delay
+                    )
+                    self._sleep(delay)
+                    continue
+            return read(call, response)
+
+    # -- state ------------------------------------------------------------------------------------
+    def meta(self) -> Meta:
+        """The server's scopes, statuses and handlers (``GET v1/state/meta``)."""
+        return self.send(self.requests.meta())
+
+    def exists(self, key: KeyLike) -> bool:
+        """True when the item is Processed or Skipped. Retried (a read)."""
+        return self.send(self.requests.exists(Key.of(key)))
+
+    def get(self, key: KeyLike) -> Record | None:
+        """The current record, or ``None`` when there is none. Retried (a read)."""
+        return self.send(self.requests.get(Key.of(key)))
+
+    def history(self, key: KeyLike, *, page_size: int | None = None) -> Iterator[Record]:
+        """Every version of the record, newest first; pages are fetched as the iteration needs them."""
+        parsed = Key.of(key)
+
+        def pages() -> Iterator[Record]:
+            token: str | None = None
+            while True:
+                page = self.send(self.requests.history(parsed, page_size=page_size, token=token))
+                yield from page.items
+                token = page.continuation_token
+                if not token:
+                    return
+
+        return pages()
+
+    def query(
+        self,
+        tenant_id: int,
+        *,
+        scope: Scope | int | str | None = None,
+        entity_id: int | None = None,
+        entity_execution_id: int | None = None,
+        item_entity_key: str | None = None,
+        status: Status | int | str | None = None,
+        updated_from: datetime | None = None,
+        updated_to: datetime | None = None,
+        page_size: int | None = None,
+    ) -> Iterator[Record]:
+        """Current records of a tenant matching every filter given; pages followed lazily."""
+        filters = query_filters(
+            tenant_id,
+            scope=scope,
+            entity_id=entity_id,
+            entity_execution_id=entity_execution_id,
+            item_entity_key=item_entity_key,
+            status=status,
+            updated_from=updated_from,
+            updated_to=updated_to,
+            page_size=page_size,
+        )
+
+        def pages() -> Iterator[Record]:
+            token: str | None = None
+            while True:
+                page = self.send(self.requests.query(filters, token=token))
+                yield from page.items
+                token = page.continuation_token
+                if not token:
+                    return
+
+        return pages()
+
+    def lock(
+        self, key: KeyLike, *, lock_seconds: int | None = None, request_id: str | None = None
+    ) -> LockResult:
+        """Try to take the processing lock. A ``request_id`` is generated when not given, so a retry
+        after a lost answer gets the same lock back (``replayed``); retried."""
+        call = self.requests.lock(
+            Key.of(key), lock_seconds=lock_seconds, request_id=request_id or _request_id()
+        )
+        return self.send(call)
+
+    def extend(self, key: KeyLike, lock_token: str, *, lock_seconds: int | None = None) -> ExtendResult:
+        """Extend a held lock (fenced: :class:`LockLost` when it is no longer held). Retried."""
+        return self.send(self.requests.extend(Key.of(key), lock_token=lock_token, lock_seconds=lock_seconds))
+
+    def set(
+        self,
+        key: KeyLike,
+        status: Status | int | str,
+        *,
+        data: Any = None,
+        metadata: MetadataLike | None = None,
+        substatus: str | None = None,
+        error: str | None = None,
+        lock_token: str | None = None,
+    ) -> Record | None:
+        """Record Processed, Skipped or Failed. Retried only with ``lock_token`` (fenced); ``None`` from
+        the null handler."""
+        call = self.requests.set(
+            Key.of(key),
+            status,
+            data=data,
+            metadata=metadata,
+            substatus=substatus,
+            error=error,
+            lock_token=lock_token,
+        )
+        return self.send(call)
+
+    def upsert(
+        self,
+        key: KeyLike,
+        data: Any,
+        *,
+        metadata: MetadataLike | None = None,
+        substatus: str | None = None,
+        lock_token: str | None = None,
+    ) -> Record | None:
+        """Record Processed with new data (the previous version is Superseded). Retried only when fenced."""
+        call = self.requests.upsert(
+            Key.of(key), data, metadata=metadata, substatus=substatus, lock_token=lock_token
+        )
+        return self.send(call)
+
+    def release(self, key: KeyLike, error: str, *, lock_token: str | None = None) -> Record | None:
+        """Release the lock as Failed with ``error``. Retried only when fenced."""
+        return self.send(self.requests.release(Key.of(key), error, lock_token=lock_token))
+
+    # -- the pattern ------------------------------------------------------------------------------
+    def processing(
+        self,
+        key: KeyLike,
+        *,
+        lock_seconds: int = DEFAULT_LOCK_SECONDS,
+        metadata: MetadataLike | None = None,
+    ) -> Processing:
+        """``with client.processing(key) as item:`` lock → act → record (see :mod:`settle_client.processing`).
+
+        Raises :class:`AlreadyProcessed` or :class:`LockHeld` on entry when the lock is refused. The lock
+        lasts ``lock_seconds`` and is extended in the background while the block runs.
+        """
+        return Processing(self, Key.of(key), lock_seconds=lock_seconds, metadata=metadata)
+
+    def idempotent(
+        self,
+        key: Callable[..., KeyLike],
+        *,
+        lock_seconds: int = DEFAULT_LOCK_SECONDS,
+        wait_seconds: float = 0.0,
+    ) -> Callable[[Callable[P, R]], Callable[P, R]]:
+        """Run the decorated function once per key; later calls return the stored result.
+
+        ``key`` gets the call's arguments and returns the key (computed before the function runs, so
+        the function mutating its arguments cannot change it). The result must be JSON (or a pydantic
+        model, stored as JSON): a later call returns the stored JSON. An exception releases the lock as
+        Failed and propagates; the next call runs the function again. A call that finds another caller
+        running it raises :class:`LockHeld` at once, or with ``wait_seconds`` polls that long for the
+        other caller's result. A Skipped record raises :class:`AlreadyProcessed`.
+        """
+
+        def decorate(fn: Callable[P, R]) -> Callable[P, R]:
+            @functools.wraps(fn)
+            def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+                parsed = Key.of(key(*args, **kwargs))
+                deadline = time.monotonic() + wait_seconds
+                pause = 0.1
+                while True:
+                    try:
+                        with self.processing(parsed, lock_seconds=lock_seconds) as item:
+                            result = fn(*args, **kwargs)
+                            item.data = result
+                        return result
+                    except AlreadyProcessed:
+                        record = self.get(parsed)
+                        if record is not None and record.status == Status.PROCESSED.label:
+                            return record.data  # type: ignore[no-any-return]
+                        raise
+                    except LockHeld:
+                        if time.monotonic() + pause > deadline:
+                            raise
+                    self._sleep(pause)
+                    pause = min(pause * 2, 2.0)
+
+            return wrapper
+
+        return decorate
+
+
+def _request_id() -> str:
+    return uuid.uuid4().hex
+
+
+class Processing:
+    """The context manager of :meth:`SettleClient.processing`."""
+
+    def __init__(
+        self,
+        client: SettleClient,
+        key: Key,
+        *,
+        lock_seconds: int,
+        metadata: MetadataLike | None,
+    ) -> None:
+        if lock_seconds < 1:
+            raise ValueError("lock_seconds must be at least 1")
+        self._client = client
+        self._key = key
+        self._lock_seconds = lock_seconds
+        self._metadata = Metadata.of(metadata)  # a bad field fails here, before the lock
+        self._item: Item | None = None
+        self._keeper: _Keeper | None = None
+
+    def __enter__(self) -> Item:
+        if self._item is not None:
+            raise RuntimeError("a processing block can be entered once")
+        started = time.monotonic()
+        lock = self._client.lock(self._key, lock_seconds=self._lock_seconds)
+        if not lock.acquired:
+            raise refusal(lock)
+        self._item = Item(self._key, lock, metadata=self._metadata)
+        if lock.lock_token is not None:  # the null handler holds no lock to extend
+            self._keeper = _Keeper(self._client, self._item, self._lock_seconds, started)
+            self._keeper.start()
+        return self._item
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        item = self._item
+        assert item is not None
+        if self._keeper is not None:
+            self._keeper.stop()
+        if exc is not None:
+            if item.lost:
+                exc.add_note("settle-client: the lock had been lost; it was not released.")
+                return
+            try:
+                self._client.send(release_call(self._client.requests, item, exc))
+            except SettleError as release_error:
+                exc.add_note(f"settle-client: releasing the lock failed: {release_error}")
+            return
+        item.check()  # lost: raise LockLost, write nothing
+        try:
+            item.record = self._client.send(outcome_call(self._client.requests, item))
+        except SettleError as error:
+            if rejected(error):
+                try:
+                    self._client.send(release_call(self._client.requests, item, error))
+                except SettleError as release_error:
+                    error.add_note(f"settle-client: releasing the lock failed: {release_error}")
+            elif not isinstance(error, LockLost):
+                error.add_note(UNRECORDED_NOTE)
+            raise
+
+
+class _Keeper:
+    """Extends the lock in a background thread until stopped or the lock is lost."""
+
+    def __init__(self, client: SettleClient, item: Item, lock_seconds: int, sent_at: float) -> None:
+        self._client = client
+        self._item = item
+        self._lock_seconds = lock_seconds
+        self._due = sent_at + extension_delay(lock_seconds)
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="settle-lock-keeper", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop extending. Not waiting for an extension in flight is safe: its lock id is the one the
+        outcome is fenced with, so whichever the server applies first, the other still holds or is
+        refused (and its answer is ignored)."""
+        self._stopping.set()
+
+    def _run(self) -> None:
+        while not self._stopping.wait(max(0.0, self._due - time.monotonic())):
+            sent_at = time.monotonic()
+            token = self._item.lock_token
+            assert token is not None
+            try:
+                result = self._client.extend(self._item.key, token, lock_seconds=self._lock_seconds)
+            except LockLost as lost:
+                if not self._stopping.is_set():
+                    self._item.lose(lost)
+                return
+            except Exception as error:  # unavailable after retries: try again soon; the server fences
+                if self._stopping.is_set():
+                    return
+                log.warning("extending the lock of %s failed: %s", self._item.key.item_key, error)
+                self._due = time.monotonic() + retry_delay(self._lock_seconds)
+                continue
+            if self._stopping.is_set():
+                return
+            self._item.extended(result)
+            self._due = sent_at + extension_delay(self._lock_seconds)

@@ -1,0 +1,156 @@
+"""``AsyncSettleClient``: the same surface with ``await``, end to end against the development host."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import httpx
+import pytest
+from settle_client import AlreadyProcessed, AsyncSettleClient, LockHeld, LockLost, SettleClient
+
+from tests.client.conftest import park, some
+
+
+def run(coroutine: Any) -> Any:
+    return asyncio.run(coroutine)
+
+
+def test_async_processing_three_exits_and_refusals(host, key):
+    skipped = {**key, "itemKey": key["itemKey"] + "-s"}
+    failed = {**key, "itemKey": key["itemKey"] + "-f"}
+
+    async def scenario() -> None:
+        async with AsyncSettleClient(host.base_url) as client:
+            async with client.processing(key) as item:
+                item.data = {"posted": True}
+            assert some(await client.get(key)).data == {"posted": True}
+            assert await client.exists(key)
+            with pytest.raises(AlreadyProcessed):
+                async with client.processing(key):
+                    pytest.fail("ran twice")
+
+            async with client.processing(skipped) as item:
+                item.skip("not ours")
+            with pytest.raises(ValueError, match="bad row"):
+                async with client.processing(failed):
+                    raise ValueError("bad row")
+            assert some(await client.get(skipped)).status == "Skipped"
+            record = some(await client.get(failed))
+            assert (record.status, record.error) == ("Failed", "ValueError: bad row")
+
+            versions = [r.status async for r in client.history(key, page_size=1)]
+            assert versions == ["Processed", "Superseded"]
+            found = [r.item_key async for r in client.query(1, item_entity_key="invoice", page_size=2)]
+            assert key["itemKey"] in found
+
+    run(scenario())
+
+
+def test_async_lock_held_by_another_caller(host, key):
+    async def scenario() -> None:
+        async with AsyncSettleClient(host.base_url) as a, AsyncSettleClient(host.base_url) as b:
+            held = a.processing(key)
+            await held.__aenter__()
+            with pytest.raises(LockHeld):
+                async with b.processing(key):
+                    pytest.fail("two holders")
+            await held.__aexit__(None, None, None)
+
+    run(scenario())
+
+
+def test_async_long_work_is_extended_and_a_lost_lock_raises(host, key):
+    lost_key = {**key, "itemKey": key["itemKey"] + "-lost"}
+
+    async def scenario() -> None:
+        async with AsyncSettleClient(host.base_url) as client:
+            async with client.processing(key, lock_seconds=4) as item:
+                first_until = some(item.locked_until)
+                while datetime.now(UTC) <= first_until + timedelta(seconds=1):
+                    await asyncio.sleep(0.05)
+                assert some(item.locked_until) > first_until and not item.lost
+            assert some(await client.get(key)).status == "Processed"
+
+        # A holder whose extensions never reach the server loses the lock to a rival.
+        blocked = asyncio.Event()
+
+        async def hold_extensions(request: httpx.Request) -> httpx.Response:
+            if request.url.path.endswith("/lock/extend"):
+                await blocked.wait()
+            return await inner.handle_async_request(request)
+
+        inner = httpx.AsyncHTTPTransport()
+        gate = _AsyncHandler(hold_extensions)
+        async with AsyncSettleClient(host.base_url, transport=gate) as holder:
+            with SettleClient(host.base_url) as rival:
+                with pytest.raises(LockLost):
+                    async with holder.processing(lost_key, lock_seconds=1):
+                        deadline = asyncio.get_running_loop().time() + 30
+                        while not (lock := await asyncio.to_thread(rival.lock, lost_key)).acquired:
+                            assert asyncio.get_running_loop().time() < deadline
+                            await asyncio.sleep(0.05)
+                assert some(rival.get(lost_key)).status == "Processing"
+                rival.release(lost_key, "test over", lock_token=lock.lock_token)
+        blocked.set()
+        await inner.aclose()
+
+    run(scenario())
+
+
+class _AsyncHandler(httpx.AsyncBaseTransport):
+    def __init__(self, handler: Any) -> None:
+        self.handler = handler
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        response: httpx.Response = await self.handler(request)
+        return response
+
+
+def test_async_idempotent_runs_once(host, key):
+    calls: list[int] = []
+
+    async def scenario() -> None:
+        async with AsyncSettleClient(host.base_url) as client:
+
+            @client.idempotent(key=lambda invoice: {**key, "itemKey": invoice})
+            async def post(invoice: str) -> dict[str, Any]:
+                calls.append(1)
+                return {"posted": invoice}
+
+            assert await post(key["itemKey"]) == {"posted": key["itemKey"]}
+            assert await post(key["itemKey"]) == {"posted": key["itemKey"]}
+
+            with pytest.raises(TypeError):
+                client.idempotent(key=lambda: key)(lambda: None)  # type: ignore[arg-type,return-value]
+
+    run(scenario())
+    assert calls == [1]
+
+
+def test_async_agent_loop_settles_and_stops_when_cancelled(host):
+    endpoint = f"Billing{uuid.uuid4().hex[:8]}"
+    event_id = park(host, endpoint)
+
+    async def scenario() -> None:
+        async with AsyncSettleClient(host.base_url) as client:
+            async for handoff in client.handoffs.watch(endpoint, wait_seconds=2):
+                await handoff.complete(result={"ok": True}, settled_by="async-agent")
+                break
+            event = some(await client.events.get(endpoint, event_id))
+            assert [a.auditor_name for a in event.audits] == ["async-agent"]
+
+            # Nothing parked any more: an agent blocked in its long poll stops at once when cancelled.
+            async def agent() -> None:
+                async for _ in client.handoffs.watch(endpoint, wait_seconds=20):
+                    pytest.fail("nothing is parked")
+
+            task = asyncio.create_task(agent())
+            await asyncio.sleep(0.2)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await asyncio.wait_for(task, timeout=10)
+
+    run(scenario())
