@@ -352,7 +352,7 @@ class SettlementService:
         log.info(
             "%s sent for %s/%s by %s", claim.message_type.name, endpoint_id, row.event_id, claim.settled_by
         )
-        sent = self._transition(endpoint_id, claim, ClaimState.sent, sent=True)
+        sent = self._transition(endpoint_id, claim, ClaimState.sent, sent=True, attempt=True)
         return self._answer(endpoint_id, sent, replayed=False, confirmed=True)
 
     def _answer(
@@ -444,9 +444,25 @@ class SettlementService:
         return self._transition(endpoint_id, claim, claim.state, due=due)
 
     def _resend(self, endpoint_id: str, claim: ClaimRow, *, bookkeeping: bool) -> ClaimRow:
-        """The identical message again (same MessageId, body, properties): the topic drops a second copy."""
+        """The identical message again (same MessageId, body, properties): the topic drops a second copy.
+
+        The attempt is recorded on the claim first (``If-Match`` its ETag) and only then sent: a sender
+        whose own send was refused releases the claim ``If-Match`` the ETag it wrote, so the release and
+        this re-send exclude each other. Without that, a claim released just after a concurrent re-send
+        reached the broker would free the hand-off for a second, different message.
+        """
+        taken = self._take_attempt(endpoint_id, claim)
+        if taken is None:
+            # Moved meanwhile: whoever changed it owns the outcome. Gone: its send was refused and it
+            # was released, so this same settlement must start again.
+            current = self.store.get_claim(endpoint_id, claim.event_id, claim.parked_message_id)
+            if current is None:
+                raise SendRefused(
+                    f"The settlement of event {claim.event_id!r} was released (its send was refused); retry."
+                )
+            return current
         try:
-            self.transport().send(endpoint_id, claim.outbox_message().to_service_bus())
+            self.transport().send(endpoint_id, taken.outbox_message().to_service_bus())
         except Exception:
             log.warning(
                 "re-send of %s for %s/%s failed",
@@ -456,12 +472,28 @@ class SettlementService:
                 exc_info=True,
             )
             if not bookkeeping:
-                return claim
-            return self._transition(
-                endpoint_id, claim, claim.state, due=self.clock() + RETRY_AFTER, attempt=True
-            )
+                return taken
+            return self._transition(endpoint_id, taken, taken.state, due=self.clock() + RETRY_AFTER)
         log.info("re-sent %s for %s/%s", claim.control_message_id, endpoint_id, claim.event_id)
-        return self._transition(endpoint_id, claim, ClaimState.sent, sent=True)
+        return self._transition(endpoint_id, taken, ClaimState.sent, sent=True)
+
+    def _take_attempt(self, endpoint_id: str, claim: ClaimRow) -> ClaimRow | None:
+        """Count one more send on the claim, conditionally; None when the claim changed (or is gone)."""
+        now = self.clock()
+        entity = {
+            "PartitionKey": keys.partition(endpoint_id),
+            "RowKey": keys.claim_row(claim.event_id, claim.parked_message_id),
+            "Attempts": claim.attempts + 1,
+            "UpdatedAt": now,
+        }
+        try:
+            [result] = self.store.submit([store.merge(entity, claim.etag or "*")])
+        except Exception:
+            log.info("claim of %s/%s changed before a re-send; not sent", endpoint_id, claim.event_id)
+            return None
+        return claim.model_copy(
+            update={"etag": result.get("etag"), "attempts": claim.attempts + 1, "updated_at": now}
+        )
 
     def _transition(
         self,
@@ -490,8 +522,8 @@ class SettlementService:
             "ReconcileKey": new_reconcile or "",
             "UnconfirmedKey": unconfirmed_key if state is ClaimState.unconfirmed else "",
         }
-        attempts = claim.attempts + (1 if sent or attempt else 0)
-        if sent or attempt:
+        attempts = claim.attempts + (1 if attempt else 0)
+        if attempt:
             changes["Attempts"] = attempts
         if sent:
             changes["LastSentAt"] = now

@@ -357,3 +357,44 @@ def test_the_stored_message_is_the_sent_message(call, resolve, flow, broker, bus
     assert (resent.session_id, resent.correlation_id) == ("session-1", "corr-1")
     assert copy.properties["EventTypeId"] == EVENT_TYPE
     assert copy.properties["MessageType"] == MessageType.HandoffCompletedRequest.name
+
+
+def test_a_retry_resending_while_the_first_send_is_refused_cannot_free_the_handoff_for_another(
+    call, resolve, flow, broker, bus
+):
+    # Given a first send that is refused while a retry of the same settlement (another instance) is in
+    # the middle of re-sending the claim's message, which then reaches the broker
+    import threading
+
+    from handoff.transport import SendRefused
+
+    parked(resolve, flow)
+    retry_sending, first_done = threading.Event(), threading.Event()
+    original = bus.send
+
+    def send(topic: str, message: Any) -> None:
+        if threading.current_thread().name == "first":
+            retry.start()
+            assert retry_sending.wait(30)
+            raise SendRefused("refused (test)")
+        retry_sending.set()
+        first_done.wait(30)  # the first sender handles its refusal meanwhile
+        original(topic, message)
+
+    bus.send = send
+    answers: dict[str, Any] = {}
+    retry = threading.Thread(target=lambda: answers.update(retry=complete(call, flow)), name="retry")
+    first = threading.Thread(target=lambda: answers.update(first=complete(call, flow)), name="first")
+    first.start()
+    first.join(60)
+    first_done.set()
+    retry.join(60)
+    # Then both answers name the one message that reached the broker, and the hand-off stays claimed
+    [copy] = broker.for_event(flow.event_id)
+    assert answers["retry"].status == 202, answers["retry"].body
+    assert answers["retry"].json["controlMessageId"] == copy.message_id
+    assert answers["first"].status in (202, 503)
+    assert len(audits(call, flow)) == 1
+    assert fail(call, flow).status == 409
+    broker.pump()
+    assert len(broker.for_event(flow.event_id)) == 1 and state(call, flow) == SETTLED_COMPLETE
