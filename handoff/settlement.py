@@ -437,6 +437,10 @@ class SettlementService:
             )
         if step is Step.WAIT and bookkeeping:
             return self._transition(endpoint_id, claim, claim.state, due=claim.claimed_at + CONFIRM_AFTER)
+        if step is Step.WAIT:
+            # A retry about to answer 202 pins the claim (If-Match its ETag), so that a first sender whose
+            # send is being refused right now cannot release it under that answer.
+            return self._pinned(endpoint_id, claim, count=False)[0]
         return claim
 
     def reschedule(self, endpoint_id: str, claim: ClaimRow, due: datetime) -> ClaimRow:
@@ -451,16 +455,9 @@ class SettlementService:
         this re-send exclude each other. Without that, a claim released just after a concurrent re-send
         reached the broker would free the hand-off for a second, different message.
         """
-        taken = self._take_attempt(endpoint_id, claim)
-        if taken is None:
-            # Moved meanwhile: whoever changed it owns the outcome. Gone: its send was refused and it
-            # was released, so this same settlement must start again.
-            current = self.store.get_claim(endpoint_id, claim.event_id, claim.parked_message_id)
-            if current is None:
-                raise SendRefused(
-                    f"The settlement of event {claim.event_id!r} was released (its send was refused); retry."
-                )
-            return current
+        taken, won = self._pinned(endpoint_id, claim, count=True)
+        if not won:
+            return taken  # changed by someone else meanwhile: they own this attempt
         try:
             self.transport().send(endpoint_id, taken.outbox_message().to_service_bus())
         except Exception:
@@ -477,23 +474,36 @@ class SettlementService:
         log.info("re-sent %s for %s/%s", claim.control_message_id, endpoint_id, claim.event_id)
         return self._transition(endpoint_id, taken, ClaimState.sent, sent=True)
 
-    def _take_attempt(self, endpoint_id: str, claim: ClaimRow) -> ClaimRow | None:
-        """Count one more send on the claim, conditionally; None when the claim changed (or is gone)."""
+    def _pinned(self, endpoint_id: str, claim: ClaimRow, *, count: bool) -> tuple[ClaimRow, bool]:
+        """The claim after a conditional write (``If-Match`` its ETag; ``count``: one more send attempt),
+        and whether the write was ours.
+
+        A refused first send releases its claim ``If-Match`` the ETag it wrote, so this write and that
+        release exclude each other. Another change won the race: the claim as it is now, and False. The
+        claim is gone (released): 503, the same settlement must start again.
+        """
         now = self.clock()
-        entity = {
+        entity: dict[str, Any] = {
             "PartitionKey": keys.partition(endpoint_id),
             "RowKey": keys.claim_row(claim.event_id, claim.parked_message_id),
-            "Attempts": claim.attempts + 1,
             "UpdatedAt": now,
         }
+        if count:
+            entity["Attempts"] = claim.attempts + 1
         try:
             [result] = self.store.submit([store.merge(entity, claim.etag or "*")])
         except Exception:
-            log.info("claim of %s/%s changed before a re-send; not sent", endpoint_id, claim.event_id)
-            return None
-        return claim.model_copy(
-            update={"etag": result.get("etag"), "attempts": claim.attempts + 1, "updated_at": now}
-        )
+            current = self.store.get_claim(endpoint_id, claim.event_id, claim.parked_message_id)
+            if current is None:
+                raise SendRefused(
+                    f"The settlement of event {claim.event_id!r} was released (its send was refused); retry."
+                ) from None
+            log.info("claim of %s/%s changed meanwhile", endpoint_id, claim.event_id)
+            return current, False
+        update: dict[str, Any] = {"etag": result.get("etag"), "updated_at": now}
+        if count:
+            update["attempts"] = claim.attempts + 1
+        return claim.model_copy(update=update), True
 
     def _transition(
         self,

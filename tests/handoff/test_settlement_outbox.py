@@ -398,3 +398,31 @@ def test_a_retry_resending_while_the_first_send_is_refused_cannot_free_the_hando
     assert fail(call, flow).status == 409
     broker.pump()
     assert len(broker.for_event(flow.event_id)) == 1 and state(call, flow) == SETTLED_COMPLETE
+
+
+def test_a_retry_answered_202_while_the_first_send_is_refused_keeps_its_claim(
+    call, resolve, flow, broker, bus
+):
+    # Given topics without duplicate detection (a retry cannot re-send), and a first send that is refused
+    # just after a retry of the same settlement was answered from its claim
+    import threading
+
+    from handoff.transport import SendRefused
+
+    broker.window = None
+    parked(resolve, flow)
+    answers: dict[str, Any] = {}
+    retry = threading.Thread(target=lambda: answers.update(retry=complete(call, flow)))
+
+    def send(topic: str, message: Any) -> None:
+        retry.start()
+        retry.join(60)  # the retry has its answer before the first sender learns of the refusal
+        raise SendRefused("refused (test)")
+
+    bus.send = send
+    answers["first"] = complete(call, flow)
+    # Then the 202 the retry got still stands: the claim was not released under it
+    assert answers["retry"].status == 202 and answers["retry"].json["confirmed"] is False
+    assert answers["first"].status == 202, answers["first"].body
+    assert service.store().get_claim(flow.endpoint, flow.event_id, "park-1") is not None
+    assert len(audits(call, flow)) == 1 and broker.delivered == []
