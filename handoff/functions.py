@@ -51,7 +51,7 @@ def resolver(msg: func.ServiceBusMessage) -> None:
 
 
 def _settled_by(req: func.HttpRequest, given: str | None) -> str:
-    return given or req.headers.get("x-agent-id") or _DEFAULT_SETTLER
+    return given or _header(req, "x-agent-id") or _DEFAULT_SETTLER
 
 
 def _who(req: func.HttpRequest) -> dict[str, str | None]:
