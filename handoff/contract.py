@@ -20,11 +20,23 @@ if TYPE_CHECKING:
     import azure.functions as func
     from azure.servicebus import ServiceBusMessage as OutboundMessage
 
+    from handoff.outbox import OutboxMessage
+
 RESOLVER_ID = "Resolver"
 MANAGER_ID = "Manager"
 SELF = "self"
 HEARTBEAT_EVENT_TYPE = "NimBus.Platform.Heartbeat"
 HANDOFF_SUB_STATUS = "Handoff"
+
+
+def _ordinal_upper(text: str) -> str:
+    """Per-character simple upper case, as .NET's ``OrdinalIgnoreCase`` compares (ß stays ß)."""
+    return "".join(u if len(u := c.upper()) == 1 else c for c in text)
+
+
+def is_heartbeat(event_type_id: str | None) -> bool:
+    """NimBus diverts heartbeats by event type, compared ``OrdinalIgnoreCase``."""
+    return event_type_id is not None and _ordinal_upper(event_type_id) == _ordinal_upper(HEARTBEAT_EVENT_TYPE)
 
 
 class MessageType(Enum):
@@ -203,7 +215,8 @@ def _text(value: object) -> str | None:
     return text if text != "" else None
 
 
-def _int(value: object) -> int | None:
+def parse_int(value: object) -> int | None:
+    """An integer property, or None when absent or not a number (NimBus reads those as unset)."""
     if value is None or isinstance(value, bool):
         return None
     try:
@@ -308,14 +321,14 @@ def parse_message(msg: func.ServiceBusMessage, *, now: datetime) -> InboundMessa
         parent_message_id=_text(props.get(Prop.PARENT_MESSAGE_ID)),
         event_type_id=event_type_id,
         enqueued_time_utc=enqueued.astimezone(UTC),
-        delivery_count=_int(msg.delivery_count) or 1,
-        throttle_retry_count=_int(props.get(Prop.THROTTLE_RETRY_COUNT)) or 0,
-        retry_count=_int(props.get(Prop.RETRY_COUNT)),
-        retry_limit=_int(props.get(Prop.RETRY_LIMIT)),
+        delivery_count=parse_int(msg.delivery_count) or 1,
+        throttle_retry_count=parse_int(props.get(Prop.THROTTLE_RETRY_COUNT)) or 0,
+        retry_count=parse_int(props.get(Prop.RETRY_COUNT)),
+        retry_limit=parse_int(props.get(Prop.RETRY_LIMIT)),
         dead_letter_reason=_text(props.get(Prop.DEAD_LETTER_REASON)),
         dead_letter_error_description=_text(props.get(Prop.DEAD_LETTER_ERROR_DESCRIPTION)),
-        queue_time_ms=_int(props.get(Prop.QUEUE_TIME_MS)),
-        processing_time_ms=_int(props.get(Prop.PROCESSING_TIME_MS)),
+        queue_time_ms=parse_int(props.get(Prop.QUEUE_TIME_MS)),
+        processing_time_ms=parse_int(props.get(Prop.PROCESSING_TIME_MS)),
         handoff_reason=_text(props.get(Prop.HANDOFF_REASON)),
         external_job_id=_text(props.get(Prop.EXTERNAL_JOB_ID)),
         expected_by=parse_expected_by(props.get(Prop.EXPECTED_BY)),
@@ -325,13 +338,17 @@ def parse_message(msg: func.ServiceBusMessage, *, now: datetime) -> InboundMessa
 
 
 class Coordinates(BaseModel):
-    """The six audit-row coordinates NimBus's ``HandoffSettlement`` carries."""
+    """The six audit-row coordinates NimBus's ``HandoffSettlement`` carries.
+
+    Only the event and the parked message are needed to address a hand-off (NimBus's WebApp settles by
+    endpoint/event/message); the others are taken from the event row when left out.
+    """
 
     model_config = ConfigDict(frozen=True, defer_build=True)
 
     event_id: str
-    session_id: str
     message_id: str
+    session_id: str | None = None
     event_type_id: str | None = None
     correlation_id: str | None = None
     originating_message_id: str | None = None
@@ -353,32 +370,22 @@ def settlement_content(
     return MessageContent()
 
 
-# Namespace of control-message ids (uuid5): one hand-off, one id, however often its settlement is retried.
-CONTROL_ID_NAMESPACE = uuid.UUID("5e771e00-0000-4000-8000-00000000c0de")
-
-
-def control_message_id(endpoint_id: str, event_id: str, parked_message_id: str) -> str:
-    """The MessageId of the one control message that settles a hand-off.
-
-    Derived from the claim's key, so a retry after an ambiguous send (the message reached the broker but
-    the send raised) carries the same id: the endpoint topic's duplicate detection drops the copy and the
-    resolver's history (EventId + MessageId) ignores it.
-    """
-    return str(uuid.uuid5(CONTROL_ID_NAMESPACE, f"{endpoint_id}\n{event_id}\n{parked_message_id}"))
-
-
-def build_control_message(
+def control_message(
     message_type: MessageType,
     endpoint_id: str,
     coords: Coordinates,
     content: MessageContent,
     *,
     message_id: str | None = None,
-) -> OutboundMessage:
-    """A ``HandoffCompletedRequest`` / ``HandoffFailedRequest`` with the pinned NimBus wire shape."""
-    from azure.servicebus import ServiceBusMessage
+) -> OutboxMessage:
+    """A ``HandoffCompletedRequest`` / ``HandoffFailedRequest`` with the pinned NimBus wire shape.
 
-    properties: dict[str | bytes, Any] = {
+    Each settlement gets a new MessageId (NimBus: a new GUID): different messages never share one, so
+    duplicate detection can only ever drop a copy of the same message.
+    """
+    from handoff.outbox import OutboxMessage
+
+    properties: dict[str, Any] = {
         Prop.TO: endpoint_id,
         Prop.FROM: MANAGER_ID,
         Prop.MESSAGE_TYPE: message_type.name,
@@ -391,10 +398,22 @@ def build_control_message(
     }
     if coords.event_type_id:
         properties[Prop.EVENT_TYPE_ID] = coords.event_type_id
-    return ServiceBusMessage(
-        content.to_wire(),
+    return OutboxMessage(
         message_id=message_id or str(uuid.uuid4()),
+        body=content.to_wire(),
         session_id=coords.session_id,
         correlation_id=coords.correlation_id,
-        application_properties=properties,
+        properties=properties,
     )
+
+
+def build_control_message(
+    message_type: MessageType,
+    endpoint_id: str,
+    coords: Coordinates,
+    content: MessageContent,
+    *,
+    message_id: str | None = None,
+) -> OutboundMessage:
+    """:func:`control_message` as an ``azure.servicebus.ServiceBusMessage``."""
+    return control_message(message_type, endpoint_id, coords, content, message_id=message_id).to_service_bus()

@@ -19,6 +19,7 @@ from handoff.models import (
     FailHandoffRequest,
     PendingHandoffView,
     SettlementAccepted,
+    UnconfirmedList,
 )
 
 log = logging.getLogger("settle.handoff")
@@ -28,9 +29,10 @@ bp = func.Blueprint()
 _SETTLE_RESPONSES = {
     400: "Invalid request (the problem names the field)",
     404: "Unknown event",
-    413: "result too large for a Service Bus message",
-    409: "Not a pending hand-off, coordinates do not match, or a settlement is already in flight",
-    503: "Service Bus or storage unavailable (the claim was released; retry)",
+    413: "The control message would exceed Service Bus Standard's 256 KB as sent",
+    409: "Not a pending hand-off, coordinates do not match, or another settlement is in flight "
+    "(type urn:settle:problem:settlement-in-flight)",
+    503: "Service Bus or storage unavailable and nothing was sent (no audit written; retry)",
 }
 _DEFAULT_SETTLER = "api"
 
@@ -49,7 +51,23 @@ def resolver(msg: func.ServiceBusMessage) -> None:
 
 
 def _settled_by(req: func.HttpRequest, given: str | None) -> str:
-    return given or req.headers.get("x-agent-id") or _DEFAULT_SETTLER
+    return given or _header(req, "x-agent-id") or _DEFAULT_SETTLER
+
+
+def _who(req: func.HttpRequest) -> dict[str, str | None]:
+    """Who sent the request: the agent's own header, and the principal App Service authentication put in
+    ``x-ms-client-principal-name`` / ``-id`` (App Service strips those headers from external requests when
+    authentication is on; without it they are caller-supplied like ``x-agent-id``)."""
+    return {
+        "agent_id": _header(req, "x-agent-id"),
+        "principal_name": _header(req, "x-ms-client-principal-name"),
+        "principal_id": _header(req, "x-ms-client-principal-id"),
+    }
+
+
+def _header(req: func.HttpRequest, name: str) -> str | None:
+    value = (req.headers.get(name) or "").strip()
+    return value[:256] or None
 
 
 @operation(
@@ -73,6 +91,7 @@ def handoff_complete(req: func.HttpRequest) -> SettlementAccepted:
             coordinates=body.coordinates.to_contract(),
             settled_by=_settled_by(req, body.settled_by),
             result=body.result,
+            **_who(req),
         )
     )
 
@@ -99,6 +118,7 @@ def handoff_fail(req: func.HttpRequest) -> SettlementAccepted:
             settled_by=_settled_by(req, body.settled_by),
             error_text=body.error_text,
             error_type=body.error_type,
+            **_who(req),
         )
     )
 
@@ -179,6 +199,18 @@ def handoff_job(req: func.HttpRequest) -> PendingHandoffView:
 
 @operation(
     bp,
+    route="v1/handoffs/{endpointId}/unconfirmed",
+    method="GET",
+    summary="Settlements Settle could neither confirm nor safely re-send (an operator must check them)",
+    response=UnconfirmedList,
+    parameters=({"name": "endpointId", "in": "path", "required": True, "schema": {"type": "string"}},),
+)
+def handoff_unconfirmed(req: func.HttpRequest) -> UnconfirmedList:
+    return service.receive_service().unconfirmed(_route(req, "endpointId"))
+
+
+@operation(
+    bp,
     route="v1/events/{endpointId}/{eventId}",
     method="GET",
     summary="An event row with its message history and audits",
@@ -196,8 +228,8 @@ def event_get(req: func.HttpRequest) -> EventView:
 @bp.function_name("handoff_sweeper")
 @bp.timer_trigger(arg_name="timer", schedule="%HANDOFF_SWEEPER_SCHEDULE%", run_on_startup=False)
 def handoff_sweeper(timer: func.TimerRequest) -> None:
-    """Fail parked hand-offs past ExpectedBy (opt-in: ``HANDOFF_SWEEPER_ENABLED``)."""
-    if not env_flag("HANDOFF_SWEEPER_ENABLED"):
-        return
-    report = service.sweeper().sweep()
-    log.info("sweeper: %d timed out, %d skipped", len(report.failed), len(report.skipped))
+    """Reconcile open settlement claims (always), then fail parked hand-offs past ExpectedBy (opt-in:
+    ``HANDOFF_SWEEPER_ENABLED``). Each part reports per-endpoint failures and goes on."""
+    service.reconciler().run()
+    if env_flag("HANDOFF_SWEEPER_ENABLED"):
+        service.sweeper().sweep()

@@ -11,10 +11,12 @@ RowKey                             row
 ``ev|{eventId}|e``                 the event row (NimBus ``UnresolvedEvent``; one per endpoint + event)
 ``ev|{eventId}|m|{messageId}``     history: one per projected message (insert-only = idempotent)
 ``ev|{eventId}|a|{stamp}|{id}``    audit rows (CompleteHandoff / FailHandoff / Resolver Comment)
-``ev|{eventId}|c|{parkedMsgId}``   the settlement claim of one parked message
+``ev|{eventId}|c|{parkedMsgId}``   the settlement claim of one parked message (an outbox record)
 ``hq|{parkedAt}|{eventId}``        pending hand-off queue, oldest first (agent ``next``)
 ``jb|{externalJobId}|{eventId}``   parked row by external job id
 ``ex|{expectedBy}|{eventId}``      parked rows by ExpectedBy (timeout sweeper)
+``rc|{due}|{eventId}|{parked}``    open claims by when the reconciler looks at them next
+``uc|{eventId}|{parked}``          claims that could not be confirmed (operators)
 =================================  =====================================================================
 
 Every row of one event shares the prefix ``ev|{eventId}|``, so the event read (row + history + audits)
@@ -90,6 +92,33 @@ def audit_row(event_id: str, at: datetime, audit_id: str) -> str:
 
 def claim_row(event_id: str, parked_message_id: str) -> str:
     return checked(f"{event_prefix(event_id)}c|{encode(parked_message_id)}", field="messageId")
+
+
+def claim_range(event_id: str) -> tuple[str, str]:
+    """Every claim of one event (one per parked message it ever had)."""
+    prefix = f"{event_prefix(event_id)}c|"
+    return prefix, prefix[:-1] + "}"
+
+
+RECONCILE_RANGE = ("rc|", "rc}")
+
+
+def reconcile_row(due: datetime, event_id: str, parked_message_id: str) -> str:
+    return checked(
+        f"rc|{stamp(due)}|{encode(event_id)}|{encode(parked_message_id)}", field="coordinates.messageId"
+    )
+
+
+def reconcile_range_until(now: datetime) -> tuple[str, str]:
+    """Reconcile rows due at or before ``now``."""
+    return "rc|", f"rc|{stamp(now)}}}"
+
+
+UNCONFIRMED_RANGE = ("uc|", "uc}")
+
+
+def unconfirmed_row(event_id: str, parked_message_id: str) -> str:
+    return checked(f"uc|{encode(event_id)}|{encode(parked_message_id)}", field="coordinates.messageId")
 
 
 QUEUE_RANGE = ("hq|", "hq}")

@@ -25,7 +25,9 @@ class HandoffCoordinates(RequestModel):
     """The six coordinates of a parked event (NimBus ``HandoffSettlement``)."""
 
     event_id: Text
-    session_id: Text
+    session_id: Text | None = Field(
+        default=None, description="Optional: taken from the event row when left out; 409 if it differs."
+    )
     message_id: Text = Field(
         description="The parked message: the row's lastMessageId (or the request it answers)."
     )
@@ -77,7 +79,7 @@ class CoordinatesView(ApiModel):
 
 
 class SettlementAccepted(ApiModel):
-    """202: the control message was sent; the resolver will project it."""
+    """202: Settle owns this settlement now; exactly one control message will reach the endpoint."""
 
     endpoint_id: str
     event_id: str
@@ -86,7 +88,31 @@ class SettlementAccepted(ApiModel):
     parked_message_id: str
     settled_by: str
     transport: str
-    claim_expires_at: datetime
+    confirmed: bool = Field(
+        description="The broker acknowledged the message (or the resolver already projected it). False: the "
+        "send's outcome is not known yet; Settle confirms or re-sends it (see state)."
+    )
+    state: str = Field(description="The claim: sending, sent, delivered, unconfirmed.")
+    replayed: bool = Field(description="True when this answers a retry of a settlement made before.")
+    claimed_at: datetime
+
+
+class UnconfirmedClaim(ApiModel):
+    """A settlement Settle could neither confirm nor safely re-send: an operator must check the endpoint."""
+
+    event_id: str
+    parked_message_id: str
+    control_message_id: str
+    message_type: str
+    settled_by: str
+    claimed_at: datetime
+    since: datetime
+
+
+class UnconfirmedList(ApiModel):
+    endpoint_id: str
+    count: int
+    items: list[UnconfirmedClaim]
 
 
 class PendingHandoffView(ApiModel):
@@ -100,6 +126,7 @@ class PendingHandoffView(ApiModel):
     external_job_id: str | None
     expected_by: datetime | None
     parked_at: datetime
+    content_truncated: bool = Field(description="The parked body was too large to store whole.")
 
     @classmethod
     def of(cls, row: EventRow) -> PendingHandoffView:
@@ -112,6 +139,7 @@ class PendingHandoffView(ApiModel):
             external_job_id=row.external_job_id,
             expected_by=row.expected_by,
             parked_at=row.enqueued_time_utc,
+            content_truncated=row.content_truncated,
         )
 
 
@@ -156,6 +184,9 @@ class HistoryEntry(ApiModel):
     handoff_reason: str | None
     external_job_id: str | None
     expected_by: datetime | None
+    content_truncated: bool = Field(
+        description="The stored copy of a long text was cut to fit Table Storage."
+    )
 
     @classmethod
     def of(cls, row: HistoryRow) -> HistoryEntry:
@@ -181,17 +212,20 @@ class HistoryEntry(ApiModel):
             handoff_reason=row.handoff_reason,
             external_job_id=row.external_job_id,
             expected_by=row.expected_by,
+            content_truncated=row.content_truncated,
         )
 
 
 class AuditEntry(ApiModel):
-    """One audit row (NimBus ``MessageAuditEntity``)."""
+    """One audit row (NimBus ``MessageAuditEntity``), with the authenticated principal when there was one."""
 
     auditor_name: str
     audit_timestamp: datetime
     audit_type: str
     comment: str | None
     data: str | None
+    principal_name: str | None
+    principal_id: str | None
 
     @classmethod
     def of(cls, row: AuditRow) -> AuditEntry:
@@ -201,6 +235,8 @@ class AuditEntry(ApiModel):
             audit_type=row.audit_type,
             comment=row.comment,
             data=row.data,
+            principal_name=row.principal_name,
+            principal_id=row.principal_id,
         )
 
 
@@ -235,6 +271,7 @@ class EventView(ApiModel):
     enqueued_time_utc: datetime
     updated_at: datetime
     message_content: Any
+    content_truncated: bool
     history: list[HistoryEntry]
     audits: list[AuditEntry]
 
@@ -269,6 +306,7 @@ class EventView(ApiModel):
             enqueued_time_utc=row.enqueued_time_utc,
             updated_at=row.updated_at,
             message_content=_json(row.message_content),
+            content_truncated=row.content_truncated,
             history=[HistoryEntry.of(h) for h in history],
             audits=[AuditEntry.of(a) for a in audits],
         )

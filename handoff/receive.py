@@ -8,7 +8,7 @@ from datetime import datetime
 
 from common.clock import iso, utcnow
 from common.errors import NotFound
-from handoff.models import EventView, PendingHandoffView
+from handoff.models import EventView, PendingHandoffView, UnconfirmedClaim, UnconfirmedList
 from handoff.store import HandoffStore, classify_event_rows
 
 _POLL_INTERVAL_S = 0.5
@@ -66,3 +66,20 @@ class ReceiveService:
         if row is None:
             raise NotFound(f"Event {event_id!r} is unknown on endpoint {endpoint_id!r}.")
         return EventView.of(row, history, audits)
+
+    def unconfirmed(self, endpoint_id: str) -> UnconfirmedList:
+        """Settlements that could neither be confirmed nor safely re-sent (one range read)."""
+        rows = self.store.unconfirmed(endpoint_id)
+        items = [
+            UnconfirmedClaim(
+                event_id=r.event_id,
+                parked_message_id=r.parked_message_id,
+                control_message_id=r.control_message_id,
+                message_type=r.message_type.name,
+                settled_by=r.settled_by,
+                claimed_at=r.claimed_at,
+                since=r.since,
+            )
+            for r in rows
+        ]
+        return UnconfirmedList(endpoint_id=endpoint_id, count=len(items), items=items)

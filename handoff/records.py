@@ -1,13 +1,22 @@
 """The rows of the hand-off tables as typed records, and their Table entity form.
 
 Column names are NimBus's (PascalCase, ``UnresolvedEvent`` / ``MessageEntity`` / ``MessageAuditEntity``),
-enums are stored by name. ``MessageContent`` may exceed a property's 64 KiB limit, so long strings are
-split across ``MessageContent``, ``MessageContent_1``, ... and joined on read; the entity as a whole is
-kept under Azure's 1 MiB.
+enums are stored by name. Long text (message bodies) may exceed a property's 64 KiB limit, so it is split
+across ``MessageContent``, ``MessageContent_1``, ... and joined on read.
+
+Table Storage limits (Azure's, enforced here because Azurite is looser): 64 KiB per property (UTF-16),
+1 MiB per entity, 4 MiB per entity-group transaction (the request body, JSON with non-ASCII escaped).
+A body that cannot fit is *stored truncated* (``ContentTruncated`` = true), never refused: the row must
+still be projected (issue 11, item 5). Each long text column is kept within ``MAX_CONTENT_BYTES`` as
+UTF-16 and ``MAX_CONTENT_WIRE`` as escaped JSON, so the two copies a projection writes (history row and
+event row) fit one transaction.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import json
 from datetime import datetime
 from enum import Enum
 from typing import Any
@@ -15,13 +24,54 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_pascal
 
-from handoff.contract import HANDOFF_SUB_STATUS, MessageType, PoisonMessage, ResolutionStatus
+from handoff.contract import HANDOFF_SUB_STATUS, MessageType, ResolutionStatus
+from handoff.outbox import ClaimState, OutboxMessage
 
 # 15,000 characters is at most 60 KB as UTF-16 even if every character is a surrogate pair.
 _CHUNK_CHARS = 15_000
 # Azure: 1 MiB per entity; leave room for the other columns.
 MAX_CONTENT_BYTES = 900_000
-_CHUNKED = ("MessageContent",)
+# Azure: 4 MiB per transaction body; two long columns per transaction at most, plus the rest.
+MAX_CONTENT_WIRE = 1_500_000
+# Azure: 64 KiB per property; a plain (unsplit) text column longer than this is cut.
+MAX_PROPERTY_BYTES = 64_000
+_CHUNKED = (
+    "MessageContent",
+    "MessageContentBase64",
+    "ControlBody",
+    "ControlEnvelope",
+    "ApplicationProperties",
+)
+TRUNCATED = "ContentTruncated"
+
+
+def utf16_bytes(text: str) -> int:
+    return len(text.encode("utf-16-le", "surrogatepass"))
+
+
+def wire_bytes(text: str) -> int:
+    """Size of ``text`` in a Table request body (the SDK's ``json.dumps`` escapes non-ASCII)."""
+    return len(json.dumps(text))
+
+
+def fit(
+    text: str, *, max_bytes: int = MAX_CONTENT_BYTES, max_wire: int = MAX_CONTENT_WIRE
+) -> tuple[str, bool]:
+    """The longest prefix of ``text`` within both limits, and whether it had to be cut."""
+
+    def fits(t: str) -> bool:
+        return utf16_bytes(t) <= max_bytes and wire_bytes(t) <= max_wire
+
+    if fits(text):
+        return text, False
+    low, high = 0, len(text)
+    while low < high:  # largest n with fits(text[:n])
+        mid = (low + high + 1) // 2
+        if fits(text[:mid]):
+            low = mid
+        else:
+            high = mid - 1
+    return text[:low], True
 
 
 class TableRecord(BaseModel):
@@ -30,6 +80,10 @@ class TableRecord(BaseModel):
     model_config = ConfigDict(alias_generator=to_pascal, populate_by_name=True, defer_build=True)
 
     etag: str | None = Field(default=None, exclude=True)
+    # The RowKey the record was read from (not a column either).
+    row_key: str | None = Field(default=None, exclude=True)
+    # True when a text column had to be cut to fit Table Storage (stored only when true).
+    content_truncated: bool = False
 
     @model_validator(mode="before")
     @classmethod
@@ -47,15 +101,25 @@ class TableRecord(BaseModel):
 
     def to_entity(self, partition_key: str, row_key: str) -> dict[str, Any]:
         entity: dict[str, Any] = {"PartitionKey": partition_key, "RowKey": row_key}
+        truncated = self.content_truncated
         for name, value in self.model_dump(by_alias=True, exclude_none=True).items():
+            if name == TRUNCATED:
+                continue
             if isinstance(value, Enum):
                 value = value.name
             if name in _CHUNKED and isinstance(value, str):
+                value, cut = fit(value)
+                truncated = truncated or cut
                 entity.update(_split(name, value))
                 continue
+            if isinstance(value, str):
+                value, cut = fit(value, max_bytes=MAX_PROPERTY_BYTES, max_wire=MAX_CONTENT_WIRE)
+                truncated = truncated or cut
             if isinstance(value, int) and not isinstance(value, bool):
                 value = int64(value)  # durations in ms outgrow 32 bits after ~25 days
             entity[name] = value
+        if truncated:
+            entity[TRUNCATED] = True
         return entity
 
     @classmethod
@@ -73,6 +137,7 @@ class TableRecord(BaseModel):
                 data[name] = _join(name, entity)
         record = cls.model_validate(data)
         record.etag = entity.metadata.get("etag") if hasattr(entity, "metadata") else None
+        record.row_key = str(entity["RowKey"]) if "RowKey" in entity else None
         return record
 
 
@@ -84,8 +149,6 @@ def int64(value: int) -> Any:
 
 
 def _split(name: str, text: str) -> dict[str, str]:
-    if len(text.encode("utf-16-le")) > MAX_CONTENT_BYTES:
-        raise PoisonMessage(f"{name} is too large for a Table Storage row ({MAX_CONTENT_BYTES} bytes).")
     parts = [text[i : i + _CHUNK_CHARS] for i in range(0, len(text), _CHUNK_CHARS)] or [""]
     return {name if i == 0 else f"{name}_{i}": part for i, part in enumerate(parts)}
 
@@ -182,7 +245,7 @@ class HistoryRow(TableRecord):
 
 
 class AuditRow(TableRecord):
-    """NimBus ``MessageAuditEntity``."""
+    """NimBus ``MessageAuditEntity``, plus the principal App Service authenticated (when it did)."""
 
     auditor_name: str
     audit_timestamp: datetime
@@ -192,19 +255,61 @@ class AuditRow(TableRecord):
     event_id: str
     endpoint_id: str
     event_type_id: str | None = None
+    principal_name: str | None = None
+    principal_id: str | None = None
 
 
 class ClaimRow(TableRecord):
-    """A settlement in flight for one parked message (insert-only; taken over only after it expires)."""
+    """The settlement of one parked message: an outbox record holding the exact control message.
+
+    Inserted (with its audit row) before the send; never taken over; deleted only after a send that
+    certainly reached nothing. See :mod:`handoff.outbox` for the states.
+    """
 
     event_id: str
     parked_message_id: str
+    state: ClaimState = ClaimState.sending
     claimed_at: datetime
-    expires_at: datetime
+    updated_at: datetime | None = None
+    control_message_id: str
+    message_type: MessageType
+    request_digest: str = ""
+    settled_by: str
+    agent_id: str | None = None
+    principal_name: str | None = None
+    principal_id: str | None = None
+    attempts: int = 0
+    last_sent_at: datetime | None = None
+    audit_key: str
+    reconcile_key: str | None = None
+    unconfirmed_key: str | None = None
+    control_envelope: str | None = None
+    control_body: str | None = None
+
+    def outbox_message(self) -> OutboxMessage:
+        if self.control_envelope is None or self.control_body is None:
+            raise ValueError(f"claim of {self.event_id} holds no message")
+        return OutboxMessage.from_stored(self.control_envelope, self.control_body)
+
+
+class ReconcileRow(TableRecord):
+    """Index: an open claim the reconciler must look at from ``DueAt`` on."""
+
+    event_id: str
+    parked_message_id: str
+    due_at: datetime
+
+
+class UnconfirmedRow(TableRecord):
+    """Index: a claim that could neither be confirmed nor safely re-sent (operators look here)."""
+
+    event_id: str
+    parked_message_id: str
     control_message_id: str
     message_type: MessageType
     settled_by: str
-    audit_key: str
+    claimed_at: datetime
+    since: datetime
 
 
 class QueueRow(TableRecord):
@@ -233,13 +338,23 @@ class ExpiryRow(TableRecord):
 
 
 class EndpointRow(TableRecord):
-    """An endpoint that has parked at least once (the sweeper walks these partitions)."""
+    """An endpoint that has parked at least once (the sweeper and reconciler walk these partitions).
+
+    ``SweepCursor``: the last ``ex|`` row the sweeper looked at when a run stopped at its bound, so the
+    next run (on any instance) continues there.
+    """
 
     endpoint_id: str
+    sweep_cursor: str | None = None
 
 
 class PoisonRow(TableRecord):
-    """A resolver input that can never be projected, with the reason, for operators."""
+    """A resolver input that can never be projected, with the reason, kept whole for a replay.
+
+    The body is ``MessageContent`` when it is UTF-8 text, else ``MessageContentBase64``; both are split
+    across properties. A Standard-tier message (256 KB) always fits; only a larger (Premium) body can be
+    cut, and ``ContentTruncated`` then says so.
+    """
 
     reason: str
     message_id: str | None = None
@@ -250,3 +365,23 @@ class PoisonRow(TableRecord):
     recorded_at: datetime
     application_properties: str
     message_content: str | None = None
+    message_content_base64: str | None = None
+
+    @classmethod
+    def body_columns(cls, body: bytes) -> dict[str, str]:
+        try:
+            return {"message_content": body.decode("utf-8")} if body else {}
+        except UnicodeDecodeError:
+            return {"message_content_base64": base64.b64encode(body).decode("ascii")}
+
+    def body_bytes(self) -> bytes:
+        """The body as received (as far as it was stored)."""
+        if self.message_content is not None:
+            return self.message_content.encode("utf-8")
+        if self.message_content_base64:
+            text = self.message_content_base64
+            try:
+                return base64.b64decode(text[: len(text) - len(text) % 4])
+            except binascii.Error:
+                return b""
+        return b""

@@ -22,13 +22,14 @@ from common.clock import utcnow
 from common.errors import KeyTooLong
 from handoff import keys, store
 from handoff.contract import (
-    HEARTBEAT_EVENT_TYPE,
     MANAGER_ID,
     InboundMessage,
     MessageType,
     PoisonMessage,
     Prop,
     event_type_of,
+    is_heartbeat,
+    parse_int,
     parse_message,
     properties_of,
 )
@@ -85,15 +86,35 @@ class Redelivery(Protocol):
 
 
 def is_transient(exc: BaseException) -> bool:
-    """Storage unreachable, throttling or failing server-side: worth trying again later."""
-    from azure.core.exceptions import HttpResponseError, ServiceRequestError, ServiceResponseError
+    """Storage unreachable, throttling, failing server-side, or an answer we could not read: try again.
 
-    if isinstance(exc, TransientProjectionError | ServiceRequestError | ServiceResponseError | TimeoutError):
+    Deterministic failures (a 4xx with a status, a bug) are not: they go to poison with their cause.
+    """
+    from azure.core.exceptions import (
+        ClientAuthenticationError,
+        DecodeError,
+        HttpResponseError,
+        IncompleteReadError,
+        ServiceRequestError,
+        ServiceResponseError,
+    )
+
+    if isinstance(
+        exc,
+        TransientProjectionError
+        | ServiceRequestError
+        | ServiceResponseError
+        | IncompleteReadError  # the answer stopped half way
+        | DecodeError  # the answer could not be decoded
+        | ClientAuthenticationError  # the token endpoint (managed identity) hiccuped
+        | TimeoutError
+        | ConnectionError,
+    ):
         return True
     if isinstance(exc, HttpResponseError):
-        code = exc.status_code or 0
-        return code >= 500 or code in (408, 429)
-    return isinstance(exc, ConnectionError)
+        code = exc.status_code
+        return code is None or code >= 500 or code in (408, 429)
+    return False
 
 
 def retry_delay(attempt: int) -> float:
@@ -108,11 +129,12 @@ class ResolverService:
         self,
         store_: HandoffStore,
         *,
-        redelivery: Redelivery | None = None,
+        redelivery: Callable[[], Redelivery | None] = lambda: None,
         clock: Callable[[], datetime] = utcnow,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.store = store_
+        # Looked up when a copy is needed, so a transport change reaches the resolver too.
         self.redelivery = redelivery
         self.clock = clock
         self.sleep = sleep
@@ -123,7 +145,7 @@ class ResolverService:
     def handle(self, msg: func.ServiceBusMessage) -> Outcome:
         """Project one message. Returns normally to complete it; raises to have the host retry it."""
         props = properties_of(msg)
-        if event_type_of(props, msg.get_body()) == HEARTBEAT_EVENT_TYPE:
+        if is_heartbeat(event_type_of(props, msg.get_body())):
             log.debug("heartbeat %s bypassed", msg.message_id)
             return Outcome.HEARTBEAT
         try:
@@ -300,20 +322,34 @@ class ResolverService:
             delivery_count=msg.delivery_count,
             enqueued_time_utc=msg.enqueued_time_utc or now,
             recorded_at=now,
-            # Within one 64 KiB property, and the body within a row, so storing poison never fails on size.
-            application_properties=json.dumps(props, default=str, ensure_ascii=False)[:15_000],
-            message_content=body.decode("utf-8", errors="replace")[:200_000] or None,
+            # Whole, so a replay can re-send it (the row splits long text across properties).
+            application_properties=json.dumps(props, default=str, ensure_ascii=False),
+            **PoisonRow.body_columns(body),
         )
         self.store.store_poison(row, msg.message_id)
         log.error("poison resolver message %s stored for operators: %s", msg.message_id, reason)
 
     def _retry_later(self, msg: func.ServiceBusMessage, props: dict[str, Any], exc: BaseException) -> Outcome:
-        throttle = int(str(props.get(Prop.THROTTLE_RETRY_COUNT) or 0) or 0)
-        attempt = throttle + max(1, int(msg.delivery_count or 1))
-        if self.redelivery is not None and attempt < RETRY_BUDGET:
+        # NimBus reads a missing or malformed count as 0.
+        throttle = max(0, parse_int(props.get(Prop.THROTTLE_RETRY_COUNT)) or 0)
+        attempt = throttle + max(1, parse_int(msg.delivery_count) or 1)
+        if attempt >= RETRY_BUDGET:
+            # Where operators look (NimBus dead-letters with a reason); a replay re-projects it later.
+            try:
+                self._store_poison(
+                    msg,
+                    props,
+                    f"retry budget exhausted after {attempt} attempts: {type(exc).__name__}: {exc}",
+                )
+            except Exception:
+                log.warning("could not store %s after its retry budget", msg.message_id, exc_info=True)
+            else:
+                return Outcome.POISONED
+        redelivery = self.redelivery()
+        if redelivery is not None and attempt < RETRY_BUDGET:
             delay = retry_delay(attempt)
             try:
-                self.redelivery.schedule_copy(msg, delay_s=delay, throttle_retry_count=throttle + 1)
+                redelivery.schedule_copy(msg, delay_s=delay, throttle_retry_count=throttle + 1)
             except Exception:
                 log.warning(
                     "could not schedule a copy of %s; abandoning it instead", msg.message_id, exc_info=True

@@ -1,7 +1,9 @@
-"""Process-wide hand-off services, built lazily from ``common.runtime.tables()`` and dropped on reset.
+"""Process-wide hand-off services: the one place that builds them, lazily, and drops them on reset.
 
 The Functions, the benchmark and the reliability suites all go through these accessors, so they share
-one store, one transport (one Service Bus client) and one resolver per process.
+one store, one transport (one Service Bus client) and one resolver per process. The transport is looked
+up at each use by settlement, the reconciler and the resolver's redelivery alike, so
+:func:`use_transport` changes it for all of them at once.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from common import runtime
 
 if TYPE_CHECKING:
     from handoff.receive import ReceiveService
-    from handoff.resolver import ResolverService
+    from handoff.reconciler import Reconciler
+    from handoff.resolver import Redelivery, ResolverService
     from handoff.settlement import SettlementService
     from handoff.store import HandoffStore
     from handoff.sweeper import Sweeper
@@ -21,6 +24,7 @@ if TYPE_CHECKING:
 
 _lock = threading.RLock()
 _store: HandoffStore | None = None
+_transport: Transport | None = None
 _resolver: ResolverService | None = None
 _settlement: SettlementService | None = None
 _receive: ReceiveService | None = None
@@ -36,31 +40,40 @@ def store() -> HandoffStore:
         return _store
 
 
+def transport() -> Transport:
+    """The control-message transport chosen from the environment (see :mod:`handoff.transport`)."""
+    global _transport
+    with _lock:
+        if _transport is None:
+            from handoff.transport import transport_from_env
+
+            _transport = transport_from_env(lambda msg: resolver_service().handle(msg))
+        return _transport
+
+
+def _redelivery() -> Redelivery | None:
+    """The resolver reschedules copies through the transport when it can (Service Bus)."""
+    current = transport()
+    return current if hasattr(current, "schedule_copy") else None  # type: ignore[return-value]
+
+
 def settlement_service() -> SettlementService:
-    """Settlement with the transport chosen from the environment (see :mod:`handoff.transport`)."""
     global _settlement
     with _lock:
         if _settlement is None:
             from handoff.settlement import SettlementService
-            from handoff.transport import transport_from_env
 
-            _settlement = SettlementService(
-                store(), transport_from_env(lambda msg: resolver_service().handle(msg))
-            )
+            _settlement = SettlementService(store(), transport)
         return _settlement
 
 
 def resolver_service() -> ResolverService:
-    """The resolver; it reschedules copies through Service Bus when Service Bus is configured."""
     global _resolver
     with _lock:
         if _resolver is None:
             from handoff.resolver import ResolverService
-            from handoff.transport import ServiceBusTransport
 
-            transport = settlement_service().transport
-            redelivery = transport if isinstance(transport, ServiceBusTransport) else None
-            _resolver = ResolverService(store(), redelivery=redelivery)
+            _resolver = ResolverService(store(), redelivery=_redelivery)
         return _resolver
 
 
@@ -80,20 +93,28 @@ def sweeper() -> Sweeper:
     return Sweeper(settlement_service())
 
 
-def use_transport(transport: Transport) -> None:
-    """Replace the settlement transport (tests capture sent messages; the benchmark injects faults)."""
-    settlement_service().transport = transport
+def reconciler() -> Reconciler:
+    from handoff.reconciler import Reconciler
+
+    return Reconciler(settlement_service())
+
+
+def use_transport(replacement: Transport) -> None:
+    """Replace the transport (tests capture sent messages; the benchmark injects faults)."""
+    global _transport
+    with _lock:
+        _transport = replacement
 
 
 def reset() -> None:
     """Forget every service (their clients are rebuilt from the environment on next use)."""
-    global _store, _resolver, _settlement, _receive
+    global _store, _transport, _resolver, _settlement, _receive
     with _lock:
-        if _settlement is not None:
-            close = getattr(_settlement.transport, "close", None)
+        if _transport is not None:
+            close = getattr(_transport, "close", None)
             if close is not None:
                 close()
-        _store = _resolver = _settlement = _receive = None
+        _store = _transport = _resolver = _settlement = _receive = None
 
 
 runtime.on_reset(reset)

@@ -14,7 +14,18 @@ from typing import TYPE_CHECKING, Any
 
 from common.tables import Tables
 from handoff import keys
-from handoff.records import AuditRow, ClaimRow, EndpointRow, EventRow, HistoryRow, JobRow, PoisonRow, QueueRow
+from handoff.records import (
+    AuditRow,
+    ClaimRow,
+    EndpointRow,
+    EventRow,
+    HistoryRow,
+    JobRow,
+    PoisonRow,
+    QueueRow,
+    ReconcileRow,
+    UnconfirmedRow,
+)
 
 if TYPE_CHECKING:
     from azure.data.tables import TableClient
@@ -109,6 +120,39 @@ class HandoffStore:
         row: ClaimRow = ClaimRow.from_entity(entity)
         return row
 
+    def claims(self, endpoint_id: str, event_id: str) -> list[ClaimRow]:
+        """Every claim of one event (one per parked message it ever had): one short range read."""
+        low, high = keys.claim_range(event_id)
+        keys.checked(high, field="eventId")
+        return [ClaimRow.from_entity(e) for e in self._range(endpoint_id, low, high)]
+
+    def has_history(self, endpoint_id: str, event_id: str, message_id: str) -> bool:
+        """Whether the resolver projected this message for this event (point read of its history row)."""
+        from azure.core.exceptions import ResourceNotFoundError
+
+        try:
+            self._events().get_entity(
+                keys.partition(endpoint_id), keys.history_row(event_id, message_id), select=["RowKey"]
+            )
+        except ResourceNotFoundError:
+            return False
+        return True
+
+    def _range(
+        self, endpoint_id: str, low: str, high: str, *, after: bool = False, limit: int | None = None
+    ) -> Iterator[Any]:
+        """Rows of ``[low, high)`` (``(low, high)`` with ``after``) in key order, following continuations."""
+        op = "gt" if after else "ge"
+        query = (
+            f"PartitionKey eq {_quote(keys.partition(endpoint_id))} and RowKey {op} {_quote(low)}"
+            f" and RowKey lt {_quote(high)}"
+        )
+        page = min(limit, 1000) if limit else None
+        for count, entity in enumerate(self._events().query_entities(query, results_per_page=page), 1):
+            yield entity
+            if limit is not None and count >= limit:
+                return
+
     def submit(self, operations: Sequence[Operation]) -> list[dict[str, Any]]:
         """One entity-group transaction (all operations in one partition, at most 100)."""
         if not operations:
@@ -143,14 +187,26 @@ class HandoffStore:
         pages = self._events().query_entities(query, results_per_page=limit).by_page()
         return [JobRow.from_entity(e) for e in next(pages, [])][:limit]
 
-    def expired(self, endpoint_id: str, now: datetime, *, limit: int = 100) -> list[dict[str, Any]]:
+    def expired(
+        self, endpoint_id: str, now: datetime, *, after: str | None = None, limit: int = 500
+    ) -> list[dict[str, Any]]:
+        """Expiry index rows due at ``now``, in ExpectedBy order, after the key ``after``, at most ``limit``.
+
+        Follows continuation tokens: a page of rows that cannot be swept never hides the ones behind it.
+        """
         low, high = keys.expiry_range_until(now)
-        query = (
-            f"PartitionKey eq {_quote(keys.partition(endpoint_id))} and RowKey ge {_quote(low)}"
-            f" and RowKey lt {_quote(high)}"
-        )
-        pages = self._events().query_entities(query, results_per_page=limit).by_page()
-        return [dict(e) for e in next(pages, [])][:limit]
+        rows = self._range(endpoint_id, after or low, high, after=bool(after), limit=limit)
+        return [dict(e) for e in rows]
+
+    def due_reconcile(self, endpoint_id: str, now: datetime, *, limit: int = 200) -> list[ReconcileRow]:
+        """Open claims to look at now, oldest due first."""
+        low, high = keys.reconcile_range_until(now)
+        return [ReconcileRow.from_entity(e) for e in self._range(endpoint_id, low, high, limit=limit)]
+
+    def unconfirmed(self, endpoint_id: str, *, limit: int = 1000) -> list[UnconfirmedRow]:
+        """Claims that could neither be confirmed nor safely re-sent (usually none)."""
+        low, high = keys.UNCONFIRMED_RANGE
+        return [UnconfirmedRow.from_entity(e) for e in self._range(endpoint_id, low, high, limit=limit)]
 
     # -- endpoints and poison -----------------------------------------------------------------------
 
@@ -165,8 +221,34 @@ class HandoffStore:
             )
 
     def endpoints(self) -> list[str]:
+        return [row.endpoint_id for row in self.endpoint_rows()]
+
+    def endpoint_rows(self) -> list[EndpointRow]:
         query = f"PartitionKey eq {_quote(keys.ENDPOINTS_PARTITION)}"
-        return [str(e["EndpointId"]) for e in self._tables.table(keys.ENDPOINTS_TABLE).query_entities(query)]
+        table = self._tables.table(keys.ENDPOINTS_TABLE)
+        return [EndpointRow.from_entity(e) for e in table.query_entities(query)]
+
+    def save_sweep_cursor(self, row: EndpointRow, cursor: str | None) -> bool:
+        """Merge ``SweepCursor``, ``If-Match`` the row's ETag; False when another run changed it first."""
+        from azure.core import MatchConditions
+        from azure.core.exceptions import ResourceModifiedError, ResourceNotFoundError
+        from azure.data.tables import UpdateMode
+
+        entity = {
+            "PartitionKey": keys.ENDPOINTS_PARTITION,
+            "RowKey": keys.partition(row.endpoint_id),
+            "SweepCursor": cursor or "",
+        }
+        try:
+            self._tables.table(keys.ENDPOINTS_TABLE).update_entity(
+                entity,
+                mode=UpdateMode.MERGE,
+                etag=row.etag or "*",
+                match_condition=MatchConditions.IfNotModified,
+            )
+        except (ResourceModifiedError, ResourceNotFoundError):
+            return False
+        return True
 
     def store_poison(self, row: PoisonRow, message_id: str | None) -> None:
         """Insert-only (a redelivered poison message lands on the same key)."""

@@ -1,8 +1,16 @@
-"""Timeout sweeper (opt-in, NimBus FR-050): fail parked events whose ExpectedBy has passed, once.
+"""Timeout sweeper (opt-in, NimBus FR-050): fail parked events whose ExpectedBy has passed, exactly once.
 
-It walks the endpoints that ever parked and reads each one's ``ex|`` index range up to now; every hit is
-failed through the normal settlement path (claim → send → audit) with errorType ``TimeoutExpired``. It
-never takes over a claim (even an expired one), so an event is timed out at most once.
+For each endpoint that ever parked, it reads the ``ex|`` index up to now in ExpectedBy order, following
+continuation tokens, at most ``rows_per_endpoint`` rows per run; where a run stops, the endpoint row keeps
+a cursor (``SweepCursor``, ``If-Match`` its ETag), so the next run on any instance continues there and
+rows that cannot be swept never hide the ones behind them. Every due row goes through the normal
+settlement path (claim → send → audit) with errorType ``TimeoutExpired``:
+
+* exactly once: the claim is the outbox (:mod:`handoff.settlement`); a run that meets its own claim (the
+  claim transaction applied but its answer was lost) is the same settlement and continues from it;
+* no audit without a message: a send that certainly reached nothing releases the claim and its audit;
+* another settlement in flight (an agent was faster) wins: the row is skipped;
+* one row's or one endpoint's failure is reported and the run goes on.
 """
 
 from __future__ import annotations
@@ -12,67 +20,109 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from common.clock import iso, utcnow
-from common.errors import SettleError
+from common.clock import iso
+from common.errors import Conflict, NotFound
 from handoff.contract import Coordinates, MessageType
+from handoff.records import EndpointRow
 from handoff.settlement import Settlement, SettlementService
 
 log = logging.getLogger("settle.sweeper")
 
 SWEEPER = "Sweeper"
 TIMEOUT_ERROR_TYPE = "TimeoutExpired"
+ROWS_PER_ENDPOINT = 500
 
 
 @dataclass
 class SweepReport:
+    """Event ids failed (newly or by finishing an earlier run's claim), skipped, and errors per endpoint."""
+
     failed: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    errors: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
 class Sweeper:
-    def __init__(self, settlement: SettlementService, *, clock: Callable[[], datetime] = utcnow) -> None:
+    def __init__(
+        self,
+        settlement: SettlementService,
+        *,
+        clock: Callable[[], datetime] | None = None,
+        rows_per_endpoint: int = ROWS_PER_ENDPOINT,
+    ) -> None:
         self.settlement = settlement
         self.store = settlement.store
-        self.clock = clock
+        self._clock = clock
+        self.rows_per_endpoint = rows_per_endpoint
+
+    @property
+    def clock(self) -> Callable[[], datetime]:
+        return self._clock or self.settlement.clock
+
+    @clock.setter
+    def clock(self, value: Callable[[], datetime]) -> None:
+        self._clock = value
 
     def sweep(self) -> SweepReport:
         report = SweepReport()
-        now = self.clock()
-        for endpoint_id in self.store.endpoints():
-            for entry in self.store.expired(endpoint_id, now):
-                event_id = str(entry["EventId"])
-                row = self.store.get_event(endpoint_id, event_id)
-                if (
-                    row is None
-                    or not row.is_pending_handoff
-                    or row.expected_by is None
-                    or row.expected_by > now
-                ):
-                    report.skipped.append(event_id)
-                    continue
-                coords = Coordinates(
-                    event_id=row.event_id,
-                    session_id=row.session_id or "",
-                    message_id=row.last_message_id or "",
-                    event_type_id=row.event_type_id,
-                    correlation_id=row.correlation_id,
-                    originating_message_id=row.originating_message_id,
-                )
-                try:
-                    self.settlement.settle(
-                        Settlement(
-                            kind=MessageType.HandoffFailedRequest,
-                            endpoint_id=endpoint_id,
-                            coordinates=coords,
-                            settled_by=SWEEPER,
-                            error_text=f"Hand-off expired: ExpectedBy {iso(row.expected_by)} passed.",
-                            error_type=TIMEOUT_ERROR_TYPE,
-                        ),
-                        take_over_expired=False,
-                    )
-                except SettleError as exc:
-                    log.info("sweeper skipped %s/%s: %s", endpoint_id, event_id, exc.detail)
-                    report.skipped.append(event_id)
-                    continue
-                report.failed.append(event_id)
+        for endpoint in self.store.endpoint_rows():
+            try:
+                self._sweep_endpoint(endpoint, report)
+            except Exception as exc:
+                log.exception("sweeping endpoint %s failed; the others go on", endpoint.endpoint_id)
+                report.errors.setdefault(endpoint.endpoint_id, {})["*"] = f"{type(exc).__name__}: {exc}"
+        log.info(
+            "sweeper: %d timed out, %d skipped, %d endpoints with errors",
+            len(report.failed),
+            len(report.skipped),
+            len(report.errors),
+        )
         return report
+
+    def _sweep_endpoint(self, endpoint: EndpointRow, report: SweepReport) -> None:
+        now = self.clock()
+        cursor = endpoint.sweep_cursor or None
+        entries = self.store.expired(endpoint.endpoint_id, now, after=cursor, limit=self.rows_per_endpoint)
+        for entry in entries:
+            event_id = str(entry["EventId"])
+            try:
+                self._sweep_one(endpoint.endpoint_id, event_id, now, report)
+            except Exception as exc:
+                log.warning("sweeping %s/%s failed", endpoint.endpoint_id, event_id, exc_info=True)
+                report.errors.setdefault(endpoint.endpoint_id, {})[event_id] = f"{type(exc).__name__}: {exc}"
+        # Stopped at the bound: continue after the last row next time; reached the end: start over.
+        new_cursor = str(entries[-1]["RowKey"]) if len(entries) >= self.rows_per_endpoint else None
+        if new_cursor != cursor:
+            self.store.save_sweep_cursor(endpoint, new_cursor)
+
+    def _sweep_one(self, endpoint_id: str, event_id: str, now: datetime, report: SweepReport) -> None:
+        row = self.store.get_event(endpoint_id, event_id)
+        if row is None or not row.is_pending_handoff or row.expected_by is None or row.expected_by > now:
+            report.skipped.append(event_id)
+            return
+        coords = Coordinates(
+            event_id=row.event_id,
+            session_id=row.session_id,
+            message_id=row.last_message_id or "",
+            event_type_id=row.event_type_id,
+            correlation_id=row.correlation_id,
+            originating_message_id=row.originating_message_id,
+        )
+        try:
+            self.settlement.settle(
+                Settlement(
+                    kind=MessageType.HandoffFailedRequest,
+                    endpoint_id=endpoint_id,
+                    coordinates=coords,
+                    settled_by=SWEEPER,
+                    error_text=f"Hand-off expired: ExpectedBy {iso(row.expected_by)} passed.",
+                    error_type=TIMEOUT_ERROR_TYPE,
+                ),
+                current=row,
+            )
+        except (Conflict, NotFound) as exc:
+            # Another settlement holds it, or it moved on meanwhile: nothing for the sweeper to do.
+            log.info("sweeper skipped %s/%s: %s", endpoint_id, event_id, exc.detail)
+            report.skipped.append(event_id)
+            return
+        report.failed.append(event_id)

@@ -9,12 +9,21 @@
   copy (the ``to-{endpoint}`` rule has no action, so the copy's properties are the sent ones). No
   subscriber exists behind it: the terminal response never comes by itself.
 * :class:`UnconfiguredTransport`: neither configured; every send is a 503 saying what to set.
+
+A send either succeeds, or raises :class:`SendRefused` when it is *certain* that nothing reached the
+broker (the link could not be opened, the broker refused the message), or raises anything else: then the
+message may or may not have been accepted (a timeout or a lost link during the send) and settlement
+treats it as possibly sent. ``duplicate_window`` is how long the endpoint topics drop a repeated
+MessageId (``HANDOFF_DUPLICATE_DETECTION``), or None when they do not: it decides whether an identical
+re-send is safe.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import threading
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
@@ -27,18 +36,69 @@ if TYPE_CHECKING:
     import azure.functions as func
     from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusSender
 
+    from handoff.outbox import OutboxMessage
+
 log = logging.getLogger("settle.transport")
 
 CONNECTION = "ServiceBusConnection"
+DUPLICATE_DETECTION = "HANDOFF_DUPLICATE_DETECTION"
+# What infra/ provisions on endpoint topics (requiresDuplicateDetection, PT10M).
+DEFAULT_DUPLICATE_WINDOW = timedelta(minutes=10)
+# The loopback's "broker" is the resolver itself: its history (EventId + MessageId) drops a repeated
+# message for as long as the row exists.
+LOOPBACK_WINDOW = timedelta(days=3650)
+# Service Bus Standard: 256 KB per message, properties (system and user) included (Microsoft's quota table;
+# reference/azure-practice.md). The broker adds system properties of its own; keep room for them.
+SERVICE_BUS_MAX_MESSAGE_BYTES = 256 * 1024
+_BROKER_PROPERTIES_ALLOWANCE = 2 * 1024
+MAX_SEND_BYTES = SERVICE_BUS_MAX_MESSAGE_BYTES - _BROKER_PROPERTIES_ALLOWANCE
 _SEND_TIMEOUT_S = 10.0
+_OPEN_ATTEMPTS = 3
+
+
+class SendRefused(Unavailable):
+    """Nothing reached the broker: the send can be forgotten and tried again from scratch (503)."""
+
+
+class SendUnconfirmed(Unavailable):
+    """The send failed in a way that does not prove the broker did not accept the message."""
 
 
 class Transport(Protocol):
-    """Sends one control message to an endpoint's topic, or raises :class:`Unavailable`."""
+    """Sends one control message to an endpoint's topic (see the module docstring for failures)."""
 
     name: str
 
+    @property
+    def duplicate_window(self) -> timedelta | None: ...
+
     def send(self, topic: str, message: ServiceBusMessage) -> None: ...
+
+
+def duplicate_window_from_env() -> timedelta | None:
+    """``HANDOFF_DUPLICATE_DETECTION``: ``true`` (default: PT10M as infra/ provisions), ``false`` (topics
+    without duplicate detection, e.g. provisioned by NimBus), or the topics' window as an ISO-8601
+    duration (``PT5M``: the Service Bus emulator's maximum)."""
+    raw = (env(DUPLICATE_DETECTION) or "true").strip()
+    if raw.lower() in {"1", "true", "yes", "on"}:
+        return DEFAULT_DUPLICATE_WINDOW
+    if raw.lower() in {"0", "false", "no", "off"}:
+        return None
+    match = re.fullmatch(r"P(?:T(?:(\d+)H)?(?:(\d+)M)?(?:(\d+)S)?)", raw.upper())
+    if match and any(match.groups()):
+        hours, minutes, seconds = (int(g or 0) for g in match.groups())
+        return timedelta(hours=hours, minutes=minutes, seconds=seconds)
+    raise ValueError(f"{DUPLICATE_DETECTION} must be true, false or a duration like PT10M; got {raw!r}")
+
+
+def encoded_size(message: OutboxMessage) -> int:
+    """Bytes of ``message`` as the SDK encodes it for the wire (body, system and application properties)."""
+    from azure.servicebus import ServiceBusMessageBatch
+
+    # The SDK's own size accounting, offline; a batch adds a few bytes of envelope (a safe overestimate).
+    batch = ServiceBusMessageBatch(max_size_in_bytes=2**31 - 1)
+    batch.add_message(message.to_service_bus())
+    return int(batch.size_in_bytes)
 
 
 def message_body(message: ServiceBusMessage) -> bytes:
@@ -79,12 +139,14 @@ class ServiceBusTransport:
         connection_string: str | None = None,
         fully_qualified_namespace: str | None = None,
         client_id: str | None = None,
+        duplicate_window: timedelta | None = DEFAULT_DUPLICATE_WINDOW,
     ) -> None:
         if not connection_string and not fully_qualified_namespace:
             raise ValueError("a connection string or a fully qualified namespace is required")
         self._connection_string = connection_string
         self._namespace = fully_qualified_namespace
         self._client_id = client_id
+        self.duplicate_window = duplicate_window
         self._lock = threading.Lock()
         self._client: ServiceBusClient | None = None
         self._senders: dict[str, ServiceBusSender] = {}
@@ -97,11 +159,9 @@ class ServiceBusTransport:
             if self._client is None:
                 from azure.servicebus import ServiceBusClient
 
-                options: dict[str, Any] = {
-                    "retry_total": 2,
-                    "retry_backoff_factor": 0.5,
-                    "retry_backoff_max": 4,
-                }
+                # No SDK retries: a send retried inside the SDK after a timeout is a second copy, which
+                # only duplicate detection could drop. Opening the link is retried here instead.
+                options: dict[str, Any] = {"retry_total": 0}
                 if self._connection_string:
                     self._client = ServiceBusClient.from_connection_string(self._connection_string, **options)
                 else:
@@ -129,12 +189,52 @@ class ServiceBusTransport:
             except Exception:
                 log.debug("closing a failed sender", exc_info=True)
 
+    def _open(self, topic: str) -> ServiceBusSender:
+        """The topic's sender with its link open (retried: failing here sends nothing)."""
+        for attempt in range(1, _OPEN_ATTEMPTS + 1):
+            try:
+                sender = self._sender(topic)
+                return sender.__enter__()  # opens the link (the context-manager entry of the SDK)
+            except Exception:
+                self._drop(topic)
+                if attempt == _OPEN_ATTEMPTS:
+                    raise
+                time.sleep(0.5 * attempt)
+        raise AssertionError("unreachable")
+
     def send(self, topic: str, message: ServiceBusMessage) -> None:
+        from azure.servicebus.exceptions import (
+            MessageSizeExceededError,
+            MessagingEntityDisabledError,
+            MessagingEntityNotFoundError,
+            ServiceBusAuthenticationError,
+            ServiceBusAuthorizationError,
+            ServiceBusQuotaExceededError,
+            ServiceBusServerBusyError,
+        )
+
         try:
-            self._sender(topic).send_messages(message, timeout=_SEND_TIMEOUT_S)
+            sender = self._open(topic)
+        except Exception as exc:
+            raise SendRefused(f"Service Bus could not be reached for topic {topic!r}: {exc}") from exc
+        try:
+            sender.send_messages(message, timeout=_SEND_TIMEOUT_S)
+        except (
+            MessageSizeExceededError,
+            MessagingEntityDisabledError,
+            MessagingEntityNotFoundError,
+            ServiceBusAuthenticationError,
+            ServiceBusAuthorizationError,
+            ServiceBusQuotaExceededError,
+            ServiceBusServerBusyError,
+        ) as exc:
+            # The broker answered, and its answer was no: the message is not in the topic.
+            raise SendRefused(f"Service Bus refused the message for topic {topic!r}: {exc}") from exc
         except Exception as exc:
             self._drop(topic)  # a broken link is rebuilt on the next send
-            raise Unavailable(f"Service Bus did not accept the message for topic {topic!r}: {exc}") from exc
+            raise SendUnconfirmed(
+                f"Sending to topic {topic!r} failed after the message left ({type(exc).__name__}: {exc})"
+            ) from exc
 
     def schedule_copy(
         self, msg: func.ServiceBusMessage, *, delay_s: float, throttle_retry_count: int
@@ -171,6 +271,7 @@ class LoopbackTransport:
     """Learning transport: the resolver projects the forwarded copy in-process (local runs and tests)."""
 
     name = "loopback"
+    duplicate_window: timedelta | None = LOOPBACK_WINDOW
 
     def __init__(self, deliver: Callable[[func.ServiceBusMessage], object]) -> None:
         self._deliver = deliver
@@ -178,19 +279,19 @@ class LoopbackTransport:
     def send(self, topic: str, message: ServiceBusMessage) -> None:
         try:
             self._deliver(to_trigger_message(message, enqueued=utcnow()))
-        except Unavailable:
-            raise
         except Exception as exc:
-            raise Unavailable(f"The loopback resolver could not project the message: {exc}") from exc
+            # The projection may have applied before its answer was lost: not a proof of "nothing sent".
+            raise SendUnconfirmed(f"The loopback resolver could not project the message: {exc}") from exc
 
 
 class UnconfiguredTransport:
     """No Service Bus and no loopback: settlement is unavailable, and says what to configure."""
 
     name = "none"
+    duplicate_window: timedelta | None = None
 
     def send(self, topic: str, message: ServiceBusMessage) -> None:
-        raise Unavailable(
+        raise SendRefused(
             "No Service Bus is configured for settlement: set ServiceBusConnection (a connection string) or "
             "ServiceBusConnection__fullyQualifiedNamespace (managed identity), or SETTLE_LOOPBACK=true "
             "for local runs."
@@ -206,6 +307,7 @@ def transport_from_env(loopback: Callable[[func.ServiceBusMessage], object]) -> 
             connection_string=connection,
             fully_qualified_namespace=namespace,
             client_id=env(f"{CONNECTION}__clientId"),
+            duplicate_window=duplicate_window_from_env(),
         )
     if env_flag("SETTLE_LOOPBACK"):
         log.warning("SETTLE_LOOPBACK: control messages are projected in-process (learning transport)")

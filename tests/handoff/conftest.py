@@ -145,19 +145,19 @@ def resolve(functions: dict[str, Any]) -> Callable[[ServiceBusMessage], None]:
 
 @dataclass
 class CaptureTransport:
-    """Records every control message; ``fail`` makes sends raise; ``forward`` also projects them."""
+    """Records every control message; ``fail`` refuses sends (nothing sent); ``forward`` projects them."""
 
     name: str = "capture"
     sent: list[Any] = field(default_factory=list)
     fail: bool = False
     forward: bool = False
+    duplicate_window: timedelta | None = None
 
     def send(self, topic: str, message: Any) -> None:
-        from common.errors import Unavailable
-        from handoff.transport import to_trigger_message
+        from handoff.transport import SendRefused, to_trigger_message
 
         if self.fail:
-            raise Unavailable("Service Bus is down (test)")
+            raise SendRefused("Service Bus is down (test)")
         self.sent.append((topic, message))
         if self.forward:
             service.resolver_service().handle(to_trigger_message(message, enqueued=datetime.now(UTC)))

@@ -401,12 +401,6 @@ def test_a_large_body_is_split_across_properties_and_read_back_whole(call, resol
     assert event_of(call, flow)["messageContent"]["EventContent"]["EventJson"] == payload
 
 
-def test_a_body_too_large_for_a_row_is_poison(resolve, flow):
-    msg = flow.request(message_id=f"big-{flow.event_id}", event_json="y" * 600_000)
-    assert service.resolver_service().handle(msg) is Outcome.POISONED
-    assert service.store().get_event(flow.endpoint, flow.event_id) is None
-
-
 def test_a_handoff_lasting_a_month_reports_its_processing_time(call, resolve, flow):
     resolve(flow.request(enqueued=datetime.now(UTC) - timedelta(days=30)))
     resolve(flow.park())

@@ -274,12 +274,3 @@ def test_a_key_over_one_kib_is_refused_naming_the_field():
     with pytest.raises(KeyTooLong) as err:
         keys.event_row("e" * 600)
     assert err.value.field == "eventId"
-
-
-def test_the_control_message_id_is_one_per_hand_off():
-    from handoff.contract import control_message_id
-
-    first = control_message_id("Billing", "evt-1", "park-1")
-    assert first == control_message_id("Billing", "evt-1", "park-1")  # a retried settlement: same id
-    assert first != control_message_id("Billing", "evt-1", "park-2")  # parked again: a new hand-off
-    assert first != control_message_id("Shipping", "evt-1", "park-1")

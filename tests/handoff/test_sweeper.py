@@ -1,14 +1,25 @@
-"""The opt-in timeout sweeper fails parked events past ExpectedBy, once, through the settlement path."""
+"""The timeout sweeper: exactly once, through every due row, surviving a failing endpoint (issue 11, 2)."""
 
 from __future__ import annotations
 
 import json
+import uuid
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from typing import Any
+from urllib.parse import unquote
 
+import pytest
+from azure.core.exceptions import ServiceRequestError
+from azure.core.pipeline.policies import SansIOHTTPPolicy
 from azure.functions.timer import TimerRequest
 
-from handoff import service
+from common import runtime
+from common.clock import utcnow
+from handoff import keys, service
+from handoff.sweeper import Sweeper
 
+from .broker import Broker, BrokerTransport
 from .conftest import Flow, event_of
 
 
@@ -16,45 +27,233 @@ def iso(value: datetime) -> str:
     return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f0Z")
 
 
+def overdue(resolve, flow: Flow, minutes: float = 1) -> None:
+    resolve(flow.request())
+    resolve(flow.park(expected_by=iso(datetime.now(UTC) - timedelta(minutes=minutes))))
+
+
+@pytest.fixture
+def broker() -> Iterator[Broker]:
+    yield Broker(forward=True)
+
+
+@pytest.fixture
+def bus(fresh_tables: str, broker: Broker) -> Iterator[BrokerTransport]:
+    transport = BrokerTransport(broker)
+    service.use_transport(transport)
+    yield transport
+    service.reset()
+
+
+def sent_to(broker: Broker, flow: Flow) -> list[Any]:
+    return broker.for_event(flow.event_id)
+
+
 def test_an_overdue_handoff_is_failed_once_with_timeout_expired(
-    call, resolve, flow: Flow, transport, monkeypatch
+    call, resolve, flow, broker, bus, monkeypatch
 ):
     # Given one overdue and one not-yet-due hand-off
-    resolve(flow.request())
-    resolve(flow.park(expected_by=iso(datetime.now(UTC) - timedelta(minutes=1))))
+    overdue(resolve, flow)
     due_later = Flow(endpoint=flow.endpoint, event_id=flow.event_id + "-later")
     resolve(due_later.request())
     resolve(due_later.park(expected_by=iso(datetime.now(UTC) + timedelta(hours=1))))
     monkeypatch.setenv("HANDOFF_SWEEPER_ENABLED", "true")
-    sweeper = call.functions["handoff_sweeper"].get_user_function()
+    timer = call.functions["handoff_sweeper"].get_user_function()
     # When the timer fires twice
-    sweeper(TimerRequest(past_due=False))
-    sweeper(TimerRequest(past_due=False))
-    # Then exactly one HandoffFailedRequest was sent, for the overdue event, with errorType TimeoutExpired
-    sent = [
-        m for topic, m in transport.sent if topic == flow.endpoint
-    ]  # other tests' endpoints share the tables
-    assert [str(m.application_properties["EventId"]) for m in sent] == [flow.event_id]
-    error = json.loads(b"".join(sent[0].body))["ErrorContent"]
+    timer(TimerRequest(past_due=False))
+    timer(TimerRequest(past_due=False))
+    # Then exactly one HandoffFailedRequest reached the endpoint, for the overdue event
+    [copy] = sent_to(broker, flow)
+    assert sent_to(broker, due_later) == []
+    error = json.loads(copy.body)["ErrorContent"]
     assert error["ErrorType"] == "TimeoutExpired" and "ExpectedBy" in error["ErrorText"]
     [audit] = event_of(call, flow)["audits"]
     assert (audit["auditType"], audit["auditorName"]) == ("FailHandoff", "Sweeper")
+    assert event_of(call, flow)["pendingSubStatus"] is None
 
 
-def test_the_sweeper_does_nothing_unless_enabled(call, resolve, flow: Flow, transport, monkeypatch):
-    resolve(flow.request())
-    resolve(flow.park(expected_by=iso(datetime.now(UTC) - timedelta(minutes=1))))
+def test_the_sweeper_does_nothing_unless_enabled(call, resolve, flow, broker, bus, monkeypatch):
+    overdue(resolve, flow)
     monkeypatch.delenv("HANDOFF_SWEEPER_ENABLED", raising=False)
     call.functions["handoff_sweeper"].get_user_function()(TimerRequest(past_due=False))
-    assert [t for t, _ in transport.sent if t == flow.endpoint] == []
+    assert sent_to(broker, flow) == []
 
 
-def test_the_sweeper_never_takes_over_an_expired_claim(resolve, flow: Flow, transport):
-    resolve(flow.request())
-    resolve(flow.park(expected_by=iso(datetime.now(UTC) - timedelta(minutes=1))))
+class LoseAnswer(SansIOHTTPPolicy[Any, Any]):
+    """The next ``$batch`` of the arming thread is applied, and then its answer is lost."""
+
+    def __init__(self) -> None:
+        self.armed = 0
+        self.fail_reads = 0
+
+    def on_request(self, request: Any) -> None:
+        if self.fail_reads and request.http_request.method == "GET":
+            self.fail_reads -= 1
+            raise ServiceRequestError("storage unreachable (test)")
+
+    def on_response(self, request: Any, response: Any) -> None:
+        if self.armed and request.http_request.method == "POST":
+            self.armed -= 1
+            from azure.core.exceptions import ServiceResponseError
+
+            raise ServiceResponseError("the claim transaction applied, its answer was lost (test)")
+
+
+@pytest.fixture
+def lose_answer(bus) -> Iterator[LoseAnswer]:
+    policy = LoseAnswer()
+    runtime.reset(policies=[policy], client_options={"retry_total": 0})
+    service.use_transport(bus)
+    yield policy
+    runtime.reset()
+
+
+def test_a_sweep_whose_claim_answer_was_lost_recognises_its_own_claim_and_sends(
+    call, resolve, flow, broker, bus, lose_answer
+):
+    overdue(resolve, flow)
+    lose_answer.armed = 1
+    service.sweeper().sweep()
+    assert lose_answer.armed == 0
+    # Then exactly one message, one audit, and the row left Pending + Handoff
+    assert len(sent_to(broker, flow)) == 1
+    assert [a["auditType"] for a in event_of(call, flow)["audits"]] == ["FailHandoff"]
+    assert event_of(call, flow)["pendingSubStatus"] is None
+    service.sweeper().sweep()
+    assert len(sent_to(broker, flow)) == 1
+
+
+def test_when_even_the_claim_read_back_fails_the_next_run_finishes_the_job(
+    call, resolve, flow, broker, bus, lose_answer
+):
+    overdue(resolve, flow)
+    lose_answer.armed, lose_answer.fail_reads = 1, 0
     sweeper = service.sweeper()
-    assert flow.event_id in sweeper.sweep().failed
-    sweeper.clock = lambda: datetime.now(UTC) + timedelta(minutes=10)
-    service.settlement_service().clock = sweeper.clock
-    assert flow.event_id in sweeper.sweep().skipped
-    assert len([t for t, _ in transport.sent if t == flow.endpoint]) == 1
+    original = sweeper.settlement.store.get_claim
+
+    def unreadable(*args: Any, **kwargs: Any) -> Any:
+        raise ServiceRequestError("storage unreachable (test)")
+
+    sweeper.settlement.store.get_claim = unreadable  # type: ignore[method-assign]
+    report = sweeper.sweep()
+    sweeper.settlement.store.get_claim = original  # type: ignore[method-assign]
+    assert report.errors and sent_to(broker, flow) == []
+    # The next run meets its own claim (same kind and request): it continues, it does not skip
+    report = service.sweeper().sweep()
+    assert flow.event_id in report.failed
+    assert len(sent_to(broker, flow)) == 1
+    assert [a["auditType"] for a in event_of(call, flow)["audits"]] == ["FailHandoff"]
+
+
+def test_the_sweeper_never_audits_a_failure_it_did_not_send(call, resolve, flow, broker, bus):
+    overdue(resolve, flow)
+    bus.then(["refuse"])
+    report = service.sweeper().sweep()
+    assert flow.event_id in report.errors.get(flow.endpoint, {}) or flow.event_id in report.skipped
+    assert event_of(call, flow)["audits"] == [] and sent_to(broker, flow) == []
+    service.sweeper().sweep()
+    assert len(sent_to(broker, flow)) == 1 and len(event_of(call, flow)["audits"]) == 1
+
+
+class FailPartition(SansIOHTTPPolicy[Any, Any]):
+    """Every storage request that touches one endpoint's partition fails (that endpoint is broken)."""
+
+    def __init__(self, partition: str) -> None:
+        self.partition = partition
+
+    def on_request(self, request: Any) -> None:
+        http = request.http_request
+        body = http.body if isinstance(http.body, str | bytes) else b""
+        text = unquote(http.url) + (body.decode(errors="ignore") if isinstance(body, bytes) else body)
+        if f"'{self.partition}'" in text or f'"{self.partition}"' in text:
+            raise ServiceRequestError(f"partition {self.partition} is unreachable (test)")
+
+
+def test_one_failing_endpoint_never_stops_the_sweep_of_the_others(call, resolve, broker, bus):
+    suffix = uuid.uuid4().hex[:8]
+    broken = Flow(endpoint=f"A-broken-{suffix}", event_id=str(uuid.uuid4()))
+    healthy = Flow(endpoint=f"B-healthy-{suffix}", event_id=str(uuid.uuid4()))
+    overdue(resolve, broken)
+    overdue(resolve, healthy)
+    runtime.reset(
+        policies=[FailPartition(keys.partition(broken.endpoint))], client_options={"retry_total": 0}
+    )
+    service.use_transport(bus)
+    try:
+        report = service.sweeper().sweep()
+        assert broken.endpoint in report.errors
+        assert healthy.event_id in report.failed
+        assert len(sent_to(broker, healthy)) == 1 and sent_to(broker, broken) == []
+        # The reconciler, run by the same timer, also goes on past the broken endpoint
+        assert broken.endpoint in service.reconciler().run().errors
+    finally:
+        runtime.reset()
+        service.use_transport(bus)
+
+
+def park_blocked(resolve, call, endpoint: str, n: int, *, expected_by: datetime) -> list[Flow]:
+    """``n`` overdue hand-offs, each already being settled by an agent (so the sweeper must skip them)."""
+    flows = []
+    for i in range(n):
+        flow = Flow(endpoint=endpoint, event_id=f"blocked-{i:04d}")
+        resolve(flow.request())
+        resolve(flow.park(expected_by=iso(expected_by)))
+        flows.append(flow)
+    return flows
+
+
+def test_the_sweeper_reaches_due_rows_behind_more_than_a_page_of_unsweepable_ones(
+    call, resolve, flow, broker, bus
+):
+    # Given 101 overdue hand-offs at the head of the index whose settlement an agent has in flight
+    # (the broker holds their messages: the resolver has not projected them yet)
+    broker.forward = False
+    head = datetime.now(UTC) - timedelta(hours=2)
+    blocked = park_blocked(resolve, call, flow.endpoint, 101, expected_by=head)
+    for b in blocked:
+        body = {
+            "endpointId": b.endpoint,
+            "coordinates": {"eventId": b.event_id, "messageId": "park-1"},
+        }
+        assert call("handoff_complete", body).status == 202
+    # And three hand-offs that fell due after them
+    behind = [Flow(endpoint=flow.endpoint, event_id=f"behind-{i}") for i in range(3)]
+    for b in behind:
+        overdue(resolve, b, minutes=5)
+    # When the sweeper runs once
+    report = service.sweeper().sweep()
+    # Then the three behind were failed in that run
+    assert sorted(e for e in report.failed) == sorted(b.event_id for b in behind)
+    broker.pump()
+    for b in behind:
+        assert [c.message_type for c in sent_to(broker, b)] == ["HandoffFailedRequest"]
+    for b in blocked[:3]:
+        assert [c.message_type for c in sent_to(broker, b)] == ["HandoffCompletedRequest"]
+
+
+def test_bounded_runs_continue_where_the_last_one_stopped_on_any_instance(call, resolve, flow, broker, bus):
+    # Given seven overdue hand-offs whose failures stay in flight (the resolver has not projected them)
+    broker.forward = False
+    due = [Flow(endpoint=flow.endpoint, event_id=f"due-{i:02d}") for i in range(7)]
+    for i, d in enumerate(due):
+        overdue(resolve, d, minutes=30 - i)
+    # When each run is on a fresh instance (a restarted host) and may look at three rows
+    runs = [Sweeper(service.settlement_service(), rows_per_endpoint=3).sweep().failed for _ in range(3)]
+    # Then each run continued where the last stopped (the cursor is in storage), oldest due first
+    assert runs == [[d.event_id for d in due[0:3]], [d.event_id for d in due[3:6]], [due[6].event_id]]
+    broker.pump()
+    for d in due:
+        assert [c.message_type for c in sent_to(broker, d)] == ["HandoffFailedRequest"]
+
+
+def test_an_agent_settlement_in_flight_wins_over_the_sweeper(call, resolve, flow, broker, bus):
+    broker.forward = False
+    overdue(resolve, flow)
+    body = {"endpointId": flow.endpoint, "coordinates": {"eventId": flow.event_id, "messageId": "park-1"}}
+    assert call("handoff_complete", body).status == 202
+    later = service.sweeper()
+    later.clock = lambda: utcnow() + timedelta(minutes=10)
+    assert flow.event_id in later.sweep().skipped
+    broker.pump()
+    assert [c.message_type for c in sent_to(broker, flow)] == ["HandoffCompletedRequest"]
+    assert [a["auditType"] for a in event_of(call, flow)["audits"]] == ["CompleteHandoff"]

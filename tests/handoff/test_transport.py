@@ -2,16 +2,26 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from common.errors import Unavailable
-from handoff.contract import Coordinates, MessageType, build_control_message, settlement_content
+from handoff.contract import (
+    Coordinates,
+    MessageType,
+    build_control_message,
+    settlement_content,
+)
+from handoff.contract import control_message as outbox_message
 from handoff.transport import (
     LoopbackTransport,
+    SendRefused,
+    SendUnconfirmed,
     ServiceBusTransport,
     UnconfiguredTransport,
+    duplicate_window_from_env,
+    encoded_size,
     to_trigger_message,
     transport_from_env,
 )
@@ -43,24 +53,102 @@ def test_the_transport_follows_the_settings(monkeypatch, settings, expected):
     assert isinstance(transport_from_env(lambda msg: None), expected)
 
 
-class BrokenSender:
-    closed = False
+class FakeSender:
+    """A sender whose link opens (or not) and whose send raises what it is told to."""
+
+    def __init__(self, *, open_error: Exception | None = None, send_error: Exception | None = None) -> None:
+        self.open_error = open_error
+        self.send_error = send_error
+        self.closed = False
+        self.sent: list[object] = []
+
+    def __enter__(self):
+        if self.open_error:
+            raise self.open_error
+        return self
 
     def send_messages(self, message, timeout=None):
-        raise ConnectionError("link detached")
+        if self.send_error:
+            raise self.send_error
+        self.sent.append(message)
 
     def close(self):
         self.closed = True
 
 
-def test_a_service_bus_failure_is_503_and_the_sender_is_rebuilt_next_time():
+def _transport_with(sender: FakeSender) -> ServiceBusTransport:
     transport = ServiceBusTransport(connection_string=FAKE)
-    broken = BrokenSender()
-    transport._senders["Billing"] = broken  # type: ignore[assignment]
-    with pytest.raises(Unavailable) as err:
+    transport._sender = lambda topic: sender  # type: ignore[method-assign,assignment,return-value]
+    return transport
+
+
+def test_a_link_that_cannot_be_opened_is_a_refusal_nothing_was_sent(monkeypatch):
+    monkeypatch.setattr("handoff.transport.time.sleep", lambda _s: None)
+    sender = FakeSender(open_error=ConnectionError("connection refused"))
+    with pytest.raises(SendRefused) as err:
+        _transport_with(sender).send("Billing", control_message())
+    assert "Billing" in err.value.detail and isinstance(err.value, Unavailable)
+
+
+def _servicebus_errors():
+    from azure.servicebus.exceptions import (
+        MessageSizeExceededError,
+        OperationTimeoutError,
+        ServiceBusAuthorizationError,
+        ServiceBusConnectionError,
+        ServiceBusServerBusyError,
+    )
+
+    return [
+        ("size", MessageSizeExceededError(message="too large"), SendRefused),
+        ("unauthorized", ServiceBusAuthorizationError(message="no Send right"), SendRefused),
+        ("server-busy", ServiceBusServerBusyError(message="busy"), SendRefused),
+        ("timeout", OperationTimeoutError(message="Send operation timed out"), SendUnconfirmed),
+        ("link-lost", ServiceBusConnectionError(message="link detached"), SendUnconfirmed),
+        ("other", ConnectionError("reset by peer"), SendUnconfirmed),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("name", "error", "kind"), _servicebus_errors(), ids=[n for n, _, _ in _servicebus_errors()]
+)
+def test_send_failures_are_refusals_only_when_the_broker_said_no(name, error, kind):
+    sender = FakeSender(send_error=error)
+    transport = _transport_with(sender)
+    with pytest.raises(kind):
         transport.send("Billing", control_message())
-    assert "Billing" in err.value.detail
-    assert broken.closed and "Billing" not in transport._senders
+
+
+def test_a_successful_send_opens_the_link_first():
+    sender = FakeSender()
+    _transport_with(sender).send("Billing", control_message())
+    assert len(sender.sent) == 1
+
+
+@pytest.mark.parametrize(
+    ("value", "window"),
+    [
+        (None, timedelta(minutes=10)),
+        ("true", timedelta(minutes=10)),
+        ("false", None),
+        ("PT5M", timedelta(minutes=5)),
+        ("PT1H30M", timedelta(minutes=90)),
+    ],
+)
+def test_the_duplicate_detection_window_follows_the_setting(monkeypatch, value, window):
+    if value is None:
+        monkeypatch.delenv("HANDOFF_DUPLICATE_DETECTION", raising=False)
+    else:
+        monkeypatch.setenv("HANDOFF_DUPLICATE_DETECTION", value)
+    assert duplicate_window_from_env() == window
+    monkeypatch.setenv("ServiceBusConnection", FAKE)
+    assert transport_from_env(lambda msg: None).duplicate_window == window
+
+
+def test_a_malformed_duplicate_detection_setting_is_refused(monkeypatch):
+    monkeypatch.setenv("HANDOFF_DUPLICATE_DETECTION", "sometimes")
+    with pytest.raises(ValueError, match="HANDOFF_DUPLICATE_DETECTION"):
+        duplicate_window_from_env()
 
 
 def test_the_loopback_copy_is_what_the_fan_out_rule_forwards():
@@ -73,9 +161,17 @@ def test_the_loopback_copy_is_what_the_fan_out_rule_forwards():
     assert copy.get_body() == b"".join(message.body)
 
 
-def test_a_loopback_projection_failure_is_503():
+def test_a_loopback_projection_failure_does_not_prove_nothing_was_projected():
     def down(_msg):
         raise ConnectionError("storage down")
 
-    with pytest.raises(Unavailable):
+    with pytest.raises(SendUnconfirmed):
         LoopbackTransport(down).send("Billing", control_message())
+
+
+def test_the_size_of_a_message_is_measured_as_sent():
+    coords = Coordinates(event_id="e-1", session_id="s-1", message_id="park-1")
+    content = settlement_content(MessageType.HandoffCompletedRequest, coords, result_json='"' * 1000)
+    message = outbox_message(MessageType.HandoffCompletedRequest, "Billing", coords, content)
+    size = encoded_size(message)
+    assert size > len(message.body.encode()) > 2000  # every quote escaped: twice the characters

@@ -1,0 +1,120 @@
+"""The reconciler: every open settlement claim is confirmed, re-sent safely, or shown as unconfirmed.
+
+It runs on every tick of the ``handoff_sweeper`` timer (always on; only the timeout sweep is opt-in). For
+each endpoint that ever parked it reads the ``rc|`` index up to now, a bounded number of rows per run, and
+follows each claim up (:meth:`~handoff.settlement.SettlementService.follow_up`): the resolver's history
+proves delivery; otherwise the identical message is re-sent while the topic's duplicate detection covers
+it; otherwise the claim is marked ``unconfirmed`` (logged as an error, listed by
+``GET /api/v1/handoffs/{endpointId}/unconfirmed``) and looked at again, less and less often, in case the
+message shows up late. One endpoint's failure never stops the run: it is reported and the next one goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from handoff import keys, store
+from handoff.outbox import RETRY_AFTER, ClaimState
+from handoff.records import ReconcileRow
+from handoff.settlement import SettlementService
+
+log = logging.getLogger("settle.reconciler")
+
+ROWS_PER_ENDPOINT = 200
+
+
+@dataclass
+class ReconcileReport:
+    """Event ids by what happened to their claim; ``errors``: endpoint → {event id or ``*``: reason}."""
+
+    delivered: list[str] = field(default_factory=list)
+    resent: list[str] = field(default_factory=list)
+    unconfirmed: list[str] = field(default_factory=list)
+    superseded: list[str] = field(default_factory=list)
+    waiting: list[str] = field(default_factory=list)
+    errors: dict[str, dict[str, str]] = field(default_factory=dict)
+
+
+class Reconciler:
+    def __init__(
+        self,
+        settlement: SettlementService,
+        *,
+        clock: Callable[[], datetime] | None = None,
+        rows_per_endpoint: int = ROWS_PER_ENDPOINT,
+    ) -> None:
+        self.settlement = settlement
+        self.store = settlement.store
+        self._clock = clock
+        self.rows_per_endpoint = rows_per_endpoint
+
+    def clock(self) -> datetime:
+        return self._clock() if self._clock else self.settlement.clock()
+
+    def run(self) -> ReconcileReport:
+        report = ReconcileReport()
+        for endpoint_id in self.store.endpoints():
+            try:
+                self.reconcile_endpoint(endpoint_id, report)
+            except Exception as exc:
+                log.exception("reconciling endpoint %s failed; the others go on", endpoint_id)
+                report.errors.setdefault(endpoint_id, {})["*"] = f"{type(exc).__name__}: {exc}"
+        if any(report.__dict__[k] for k in ("delivered", "resent", "unconfirmed", "superseded")):
+            log.info(
+                "reconciler: %d delivered, %d re-sent, %d unconfirmed, %d superseded",
+                len(report.delivered),
+                len(report.resent),
+                len(report.unconfirmed),
+                len(report.superseded),
+            )
+        return report
+
+    def reconcile_endpoint(self, endpoint_id: str, report: ReconcileReport) -> None:
+        for due in self.store.due_reconcile(endpoint_id, self.clock(), limit=self.rows_per_endpoint):
+            try:
+                self._one(endpoint_id, due, report)
+            except Exception as exc:
+                log.warning("reconciling %s/%s failed", endpoint_id, due.event_id, exc_info=True)
+                report.errors.setdefault(endpoint_id, {})[due.event_id] = f"{type(exc).__name__}: {exc}"
+                self._postpone(endpoint_id, due)
+
+    def _one(self, endpoint_id: str, due: ReconcileRow, report: ReconcileReport) -> None:
+        claim = self.store.get_claim(endpoint_id, due.event_id, due.parked_message_id)
+        if claim is None or not claim.state.open or claim.reconcile_key != due.row_key:
+            # Released, finished, or re-keyed by a transaction that lost its answer: this row is stale.
+            self._drop(endpoint_id, due)
+            return
+        before = claim.state
+        after = self.settlement.follow_up(endpoint_id, claim)
+        if after.state is ClaimState.delivered:
+            report.delivered.append(claim.event_id)
+        elif after.state is ClaimState.sent:
+            report.resent.append(claim.event_id)
+        elif after.state is ClaimState.superseded:
+            report.superseded.append(claim.event_id)
+        elif after.state is ClaimState.unconfirmed:
+            report.unconfirmed.append(claim.event_id)
+        else:
+            report.waiting.append(claim.event_id)
+        if after.state is before and after.reconcile_key == claim.reconcile_key:
+            self._postpone(endpoint_id, due)  # nothing could be recorded: do not spin on this row
+
+    def _drop(self, endpoint_id: str, due: ReconcileRow) -> None:
+        assert due.row_key is not None
+        self.store.submit([store.delete(keys.partition(endpoint_id), due.row_key, due.etag)])
+
+    def _postpone(self, endpoint_id: str, due: ReconcileRow) -> None:
+        """Move a row that could not be handled behind the others (best effort), so it blocks no one."""
+        assert due.row_key is not None
+        claim = None
+        try:
+            claim = self.store.get_claim(endpoint_id, due.event_id, due.parked_message_id)
+            if claim is None or not claim.state.open:
+                self._drop(endpoint_id, due)
+                return
+            self.settlement.reschedule(endpoint_id, claim, self.clock() + RETRY_AFTER)
+        except Exception:
+            log.debug("could not postpone %s/%s", endpoint_id, due.event_id, exc_info=True)

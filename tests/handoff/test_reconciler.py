@@ -1,0 +1,186 @@
+"""The reconciler finishes what a settlement started: confirm, re-send safely, or say it cannot (issue 11).
+
+It runs on every tick of the ``handoff_sweeper`` timer, whether or not timeouts are swept.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from azure.functions.timer import TimerRequest
+
+from common import runtime
+from common.clock import utcnow
+from handoff import keys, service
+from handoff.contract import MessageType
+
+from .broker import Broker, BrokerTransport
+from .conftest import Flow, event_of
+from .test_settlement import complete, parked
+
+
+@pytest.fixture
+def broker() -> Iterator[Broker]:
+    yield Broker()
+
+
+@pytest.fixture
+def bus(fresh_tables: str, broker: Broker) -> Iterator[BrokerTransport]:
+    transport = BrokerTransport(broker)
+    service.use_transport(transport)
+    yield transport
+    service.reset()
+
+
+def at(minutes: float) -> None:
+    service.settlement_service().clock = lambda: utcnow() + timedelta(minutes=minutes)
+
+
+def claim_of(flow: Flow) -> Any:
+    claim = service.store().get_claim(flow.endpoint, flow.event_id, "park-1")
+    assert claim is not None
+    return claim
+
+
+def unconfirmed(call, endpoint: str) -> dict[str, Any]:
+    result = call("handoff_unconfirmed", method="GET", route_params={"endpointId": endpoint})
+    assert result.status == 200, result.body
+    data: dict[str, Any] = result.json
+    return data
+
+
+def reconcile_rows(endpoint: str) -> list[str]:
+    table = runtime.tables().table(keys.EVENTS_TABLE)
+    low, high = keys.RECONCILE_RANGE
+    query = f"PartitionKey eq '{keys.partition(endpoint)}' and RowKey ge '{low}' and RowKey lt '{high}'"
+    return [str(e["RowKey"]) for e in table.query_entities(query)]
+
+
+def test_a_confirmed_send_leaves_nothing_to_reconcile(call, resolve, flow, broker, bus):
+    parked(resolve, flow)
+    assert complete(call, flow).json["confirmed"] is True
+    assert claim_of(flow).state.name == "sent"
+    assert reconcile_rows(flow.endpoint) == []
+
+
+def test_an_unconfirmed_send_is_confirmed_by_the_resolver_s_history(call, resolve, flow, broker, bus):
+    parked(resolve, flow)
+    bus.then(["deliver-then-raise"])
+    accepted = complete(call, flow)
+    assert accepted.json["confirmed"] is False and claim_of(flow).state.name == "sending"
+    broker.pump()  # the resolver projects the copy the broker had accepted
+    at(3)
+    report = service.reconciler().run()
+    assert flow.event_id in report.delivered
+    assert claim_of(flow).state.name == "delivered"
+    assert reconcile_rows(flow.endpoint) == []
+    assert len(broker.for_event(flow.event_id)) == 1 and broker.dropped == []
+
+
+def test_the_resend_is_the_identical_message_inside_the_detection_window(call, resolve, flow, broker, bus):
+    parked(resolve, flow)
+    bus.then(["deliver-then-raise"])
+    accepted = complete(call, flow, result={"ledgerEntry": 7781})
+    at(3)
+    report = service.reconciler().run()
+    assert flow.event_id in report.resent
+    [original] = broker.for_event(flow.event_id)
+    [copy] = broker.dropped  # the duplicate detection dropped it: it was the same message
+    assert copy.message_id == original.message_id == accepted.json["controlMessageId"]
+    assert copy.body == original.body and copy.properties == original.properties
+    assert (copy.message.session_id, copy.message.correlation_id) == (
+        original.message.session_id,
+        original.message.correlation_id,
+    )
+    claim = claim_of(flow)
+    assert (claim.state.name, claim.attempts) == ("sent", 2)
+    assert len(event_of(call, flow)["audits"]) == 1  # a re-send of the same message is not a new audit
+
+
+def test_without_duplicate_detection_nothing_is_resent_and_the_claim_is_shown_unconfirmed(
+    call, resolve, flow, broker, bus, caplog
+):
+    broker.window = None  # e.g. NimBus-provisioned topics: RequiresDuplicateDetection is off
+    parked(resolve, flow)
+    bus.then(["lost-before"])
+    accepted = complete(call, flow)
+    assert accepted.json["confirmed"] is False
+    at(3)
+    with caplog.at_level(logging.ERROR, logger="settle.reconciler"):
+        report = service.reconciler().run()
+    assert flow.event_id in report.unconfirmed
+    assert broker.delivered == []  # never a second copy it could not deduplicate
+    assert claim_of(flow).state.name == "unconfirmed"
+    assert any(flow.event_id in r.getMessage() for r in caplog.records)
+    seen = unconfirmed(call, flow.endpoint)
+    assert seen["count"] == 1
+    [item] = seen["items"]
+    assert (item["eventId"], item["controlMessageId"]) == (flow.event_id, accepted.json["controlMessageId"])
+    # The hand-off stays out of the agents' queue and refuses other settlements
+    assert call("handoff_next", method="GET", route_params={"endpointId": flow.endpoint}).status == 204
+    # Reconciling again later adds nothing
+    at(20)
+    service.reconciler().run()
+    assert broker.delivered == [] and unconfirmed(call, flow.endpoint)["count"] == 1
+
+
+def test_an_unconfirmed_claim_is_cleared_when_its_message_shows_up_late(call, resolve, flow, broker, bus):
+    broker.window = None
+    parked(resolve, flow)
+    bus.then(["deliver-then-raise"])
+    complete(call, flow)
+    at(3)
+    assert flow.event_id in service.reconciler().run().unconfirmed
+    broker.pump()  # the resolver was only late
+    at(30)
+    assert flow.event_id in service.reconciler().run().delivered
+    assert unconfirmed(call, flow.endpoint)["count"] == 0
+    assert claim_of(flow).state.name == "delivered" and reconcile_rows(flow.endpoint) == []
+
+
+def test_past_the_detection_window_a_claim_is_not_resent(call, resolve, flow, broker, bus):
+    parked(resolve, flow)
+    bus.then(["lost-before"])
+    complete(call, flow)
+    at(12)  # the first reconciler run comes too late: a copy could no longer be deduplicated
+    report = service.reconciler().run()
+    assert flow.event_id in report.unconfirmed and broker.delivered == []
+
+
+def test_a_row_that_moved_on_without_the_message_supersedes_the_claim(call, resolve, flow, broker, bus):
+    parked(resolve, flow)
+    bus.then(["lost-before"])
+    complete(call, flow)
+    # An operator resubmitted the event meanwhile: the hand-off is over
+    resolve(flow.control(MessageType.ResubmissionRequest, message_id="resubmit-1"))
+    at(3)
+    report = service.reconciler().run()
+    assert flow.event_id in report.superseded
+    assert broker.delivered == [] and claim_of(flow).state.name == "superseded"
+    assert reconcile_rows(flow.endpoint) == []
+
+
+def test_the_timer_reconciles_even_when_timeouts_are_not_swept(call, resolve, flow, broker, bus, monkeypatch):
+    monkeypatch.delenv("HANDOFF_SWEEPER_ENABLED", raising=False)
+    parked(resolve, flow)
+    bus.then(["lost-before"])
+    complete(call, flow)
+    at(3)
+    call.functions["handoff_sweeper"].get_user_function()(TimerRequest(past_due=False))
+    assert len(broker.for_event(flow.event_id)) == 1
+
+
+def test_a_retry_meeting_its_own_unconfirmed_claim_resends_at_once_when_that_is_safe(
+    call, resolve, flow, broker, bus
+):
+    parked(resolve, flow)
+    bus.then(["lost-before"])
+    first = complete(call, flow)
+    again = complete(call, flow)
+    assert again.json["replayed"] is True and again.json["confirmed"] is True
+    assert again.json["controlMessageId"] == first.json["controlMessageId"]
+    assert len(broker.for_event(flow.event_id)) == 1
