@@ -278,7 +278,9 @@ class Requests:
     def _settle(self, route: str, body: dict[str, Any]) -> Call[SettlementAccepted]:
         body = {k: v for k, v in body.items() if v is not None}
         path = self._path(f"v1/handoffs/{route}")
-        return Call("POST", path, lambda r: model(SettlementAccepted, r), Safety.ON_REFUSAL, body=body)
+        # Settle answers a retry of the same settlement from its claim (same controlMessageId, ``replayed``),
+        # so a lost answer may be retried; a different settlement stays a 409.
+        return Call("POST", path, lambda r: model(SettlementAccepted, r), Safety.IDEMPOTENT, body=body)
 
 
 def _coordinates(value: Coordinates | Mapping[str, Any]) -> dict[str, Any]:

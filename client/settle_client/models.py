@@ -220,7 +220,9 @@ class HandoffView(_Wire):
 
 
 class SettlementAccepted(_Wire):
-    """202: the control message was sent; the resolver will project it."""
+    """202: Settle owns the settlement now: its one control message was sent (``confirmed``) or will be
+    confirmed or re-sent by Settle's reconciler (``confirmed`` false). ``replayed``: the answer to an earlier
+    identical request."""
 
     endpoint_id: str
     event_id: str
@@ -229,7 +231,10 @@ class SettlementAccepted(_Wire):
     parked_message_id: str | None = None
     settled_by: str | None = None
     transport: str | None = None
-    claim_expires_at: datetime | None = None
+    confirmed: bool = True
+    state: str | None = None
+    replayed: bool = False
+    claimed_at: datetime | None = None
 
 
 class HistoryEntry(_Wire):

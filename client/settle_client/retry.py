@@ -1,13 +1,11 @@
 """When a call is retried, and how long the client waits first. Pure: no I/O, tested without a server.
 
-Three kinds of call (documented per method in the README):
+Two kinds of call (documented per method in the README):
 
 * ``IDEMPOTENT``: sending it twice changes nothing beyond sending it once: reads; ``lock`` with its
   ``requestId``; ``extend``; fenced ``set``/``upsert``/``release`` (the retry of an applied fenced write
-  answers with the record it wrote). Retried on 429/503 answers and on any transport failure.
-* ``ON_REFUSAL``: settlement. A 429/503 answer means nothing was sent (the claim was released), so it
-  is retried; after a lost answer it may have been sent, and a retry would only meet the claim (409),
-  so it is not: the caller gets :class:`~settle_client.errors.TransportFailure` with ``maybe_applied``.
+  answers with the record it wrote); settlement (Settle answers a repeated identical settlement from its
+  claim: same ``controlMessageId``, ``replayed``). Retried on 429/503 answers and on any transport failure.
 * ``UNSAFE``: a retry could apply it twice (unfenced writes: a 503 can follow a write that storage
   applied). Retried only when the connection was never opened, so the server provably never saw it.
 """
@@ -23,7 +21,6 @@ import httpx
 
 class Safety(Enum):
     IDEMPOTENT = "idempotent"
-    ON_REFUSAL = "on-refusal"
     UNSAFE = "unsafe"
 
 

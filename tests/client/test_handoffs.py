@@ -10,7 +10,7 @@ import threading
 import uuid
 
 import pytest
-from settle_client import Conflict, SettleClient, TransportFailure
+from settle_client import Conflict, SettleClient
 
 from tests.client.conftest import FAST_RETRY, Gate, LoseAnswers, park, some
 
@@ -62,23 +62,26 @@ def test_job_lookup_and_unknowns_are_none(settle, host, endpoint):
     assert settle.handoffs.next("NoSuchEndpoint") is None
 
 
-def test_a_second_settlement_is_a_conflict(settle, host, endpoint):
-    park(host, endpoint)
+def test_a_repeated_settlement_is_answered_from_its_claim_and_another_is_a_conflict(settle, host, endpoint):
+    event_id = park(host, endpoint)
     handoff = settle.handoffs.next(endpoint)
-    handoff.complete()
-    with pytest.raises(Conflict) as again:
-        settle.handoffs.complete(endpoint, handoff.coordinates)
-    assert again.value.status == 409
+    first = handoff.complete()
+    again = settle.handoffs.complete(endpoint, handoff.coordinates)
+    assert again.replayed and again.control_message_id == first.control_message_id
+    with pytest.raises(Conflict) as other:
+        settle.handoffs.fail(endpoint, handoff.coordinates, "changed my mind")
+    assert other.value.status == 409
+    audits = some(settle.events.get(endpoint, event_id)).audits
+    assert [a.audit_type for a in audits] == ["CompleteHandoff"]
 
 
-def test_a_lost_settlement_answer_is_not_retried(host, endpoint):
+def test_a_lost_settlement_answer_is_retried_and_settles_once(host, endpoint):
     event_id = park(host, endpoint)
     lossy = LoseAnswers("/v1/handoffs/complete")
     with SettleClient(host.base_url, transport=lossy, retry=FAST_RETRY) as client:
         handoff = client.handoffs.next(endpoint)
-        with pytest.raises(TransportFailure) as lost:
-            some(handoff).complete(result={"n": 1})
-        assert lost.value.maybe_applied and len(lossy.sent) == 1
+        accepted = some(handoff).complete(result={"n": 1})
+        assert accepted.replayed and len(lossy.sent) >= 2
         audits = some(client.events.get(endpoint, event_id)).audits
         assert [a.audit_type for a in audits] == ["CompleteHandoff"]
 
