@@ -117,8 +117,36 @@ def result_json(result: Any) -> str | None:
     return json.dumps(result, separators=(",", ":"), ensure_ascii=False)
 
 
+@dataclass(frozen=True)
+class ClaimOrder:
+    """What one outbox claim records, whoever asks: a settlement, or an operator's resubmit / skip.
+
+    ``addressed_message_id`` keys the claim (the parked message of a hand-off, the row's last message
+    for an operator action), so two different control messages for the same state of an event can never
+    both be claimed; ``digest`` identifies the request, so its retry is answered from the claim.
+    """
+
+    kind: MessageType
+    endpoint_id: str
+    event_id: str
+    addressed_message_id: str
+    by: str
+    audit_type: str
+    digest: str
+    audit_comment: str | None = None
+    agent_id: str | None = None
+    principal_name: str | None = None
+    principal_id: str | None = None
+    # A hand-off settlement also marks the agent queue row (``ClaimedUntil``).
+    marks_queue: bool = False
+
+
+SETTLEMENT_KINDS = frozenset({MessageType.HandoffCompletedRequest, MessageType.HandoffFailedRequest})
+
+
 class SettlementService:
-    """Settles parked hand-offs, and follows up claims whose send was not confirmed."""
+    """Settles parked hand-offs (and sends operator control messages) through the outbox, and follows up
+    claims whose send was not confirmed."""
 
     def __init__(
         self,
@@ -144,7 +172,7 @@ class SettlementService:
             raise NotFound(f"Event {s.coordinates.event_id!r} is unknown on endpoint {s.endpoint_id!r}.")
         digest = s.digest()
         if not row.is_pending_handoff:
-            return self._replay_or_refuse(s, digest, self._not_parked(row))
+            return self.replay_or_refuse(s.endpoint_id, s.coordinates.event_id, digest, self._not_parked(row))
         parked = self._check(row, s.coordinates)
         coords = self._complete_coordinates(s.coordinates, row)
         content = settlement_content(
@@ -154,10 +182,30 @@ class SettlementService:
         size = encoded_size(message)
         if size > MAX_SEND_BYTES:
             raise self._too_large(s, size)
-        claim, existing = self._claim(s, row, parked, message, digest)
+        order = ClaimOrder(
+            kind=s.kind,
+            endpoint_id=s.endpoint_id,
+            event_id=row.event_id,
+            addressed_message_id=parked,
+            by=s.settled_by,
+            audit_type=s.audit_type,
+            digest=digest,
+            agent_id=s.agent_id,
+            principal_name=s.principal_name,
+            principal_id=s.principal_id,
+            marks_queue=True,
+        )
+        return self.submit(order, row, message, audit_data(s, message.message_id, parked))
+
+    def submit(
+        self, order: ClaimOrder, row: EventRow, message: OutboxMessage, data: str
+    ) -> SettlementAccepted:
+        """Claim (with the audit row, ``data`` its ``Data``), send, answer: the outbox path of any control
+        message. A claim already there for the same request answers its retry; another request's is a 409."""
+        claim, existing = self._claim(order, row, message, data)
         if existing is not None:
-            return self._answer(s.endpoint_id, existing, replayed=True)
-        return self._send_claimed(s.endpoint_id, row, claim)
+            return self._answer(order.endpoint_id, existing, replayed=True)
+        return self._send_claimed(order.endpoint_id, row, claim)
 
     @staticmethod
     def _too_large(s: Settlement, size: int) -> PayloadTooLarge:
@@ -210,11 +258,12 @@ class SettlementService:
     # -- the claim transaction --------------------------------------------------------------------
 
     def _claim(
-        self, s: Settlement, row: EventRow, parked: str, message: OutboxMessage, digest: str
+        self, s: ClaimOrder, row: EventRow, message: OutboxMessage, data: str
     ) -> tuple[ClaimRow, ClaimRow | None]:
-        """Write claim + audit + reconcile row + queue mark; or return the claim already there."""
+        """Write claim + audit + reconcile row (+ queue mark); or return the claim already there."""
         from azure.data.tables import TableTransactionError
 
+        parked, digest = s.addressed_message_id, s.digest
         pk = keys.partition(s.endpoint_id)
         claim_key = keys.claim_row(row.event_id, parked)
         now = self.clock()
@@ -229,7 +278,7 @@ class SettlementService:
             control_message_id=message.message_id,
             message_type=s.kind,
             request_digest=digest,
-            settled_by=s.settled_by,
+            settled_by=s.by,
             agent_id=s.agent_id,
             principal_name=s.principal_name,
             principal_id=s.principal_id,
@@ -240,10 +289,11 @@ class SettlementService:
             control_body=message.body,
         )
         audit = AuditRow(
-            auditor_name=s.settled_by,
+            auditor_name=s.by,
             audit_timestamp=now,
             audit_type=s.audit_type,
-            data=audit_data(s, message.message_id, parked),
+            comment=s.audit_comment,
+            data=data,
             event_id=row.event_id,
             endpoint_id=s.endpoint_id,
             event_type_id=row.event_type_id,
@@ -256,7 +306,7 @@ class SettlementService:
             store.insert(audit.to_entity(pk, audit_key)),
             store.insert(due.to_entity(pk, reconcile_key)),
         ]
-        if row.queue_key:
+        if s.marks_queue and row.queue_key:
             # If-Match *: the index row must still exist, i.e. the hand-off was not projected away.
             ops.append(store.merge({"PartitionKey": pk, "RowKey": row.queue_key, "ClaimedUntil": CLAIMED}))
         for _ in range(_CLAIM_ATTEMPTS):
@@ -313,11 +363,14 @@ class SettlementService:
             field="coordinates.messageId",
         )
 
-    def _replay_or_refuse(self, s: Settlement, digest: str, refusal: Conflict) -> SettlementAccepted:
-        """The row is not (or no longer) parked: answer a retry of a settlement made before, else 409."""
-        for claim in self.store.claims(s.endpoint_id, s.coordinates.event_id):
+    def replay_or_refuse(
+        self, endpoint_id: str, event_id: str, digest: str, refusal: Conflict
+    ) -> SettlementAccepted:
+        """The row is not (or no longer) in a state the request needs: answer a retry of a request made
+        before (the event's claims are one short range read), else raise ``refusal``."""
+        for claim in self.store.claims(endpoint_id, event_id):
             if claim.request_digest == digest and claim.state is not ClaimState.superseded:
-                return self._answer(s.endpoint_id, claim, replayed=True)
+                return self._answer(endpoint_id, claim, replayed=True)
         raise refusal
 
     # -- send and follow-up -------------------------------------------------------------------------
@@ -392,9 +445,11 @@ class SettlementService:
         moved_on = False
         if not projected:
             row = self.store.get_event(endpoint_id, claim.event_id)
-            moved_on = row is None or not (
-                row.is_pending_handoff and row.last_message_id == claim.parked_message_id
-            )
+            # A hand-off moved on when it is no longer parked by that message; an operator action's
+            # event moved on when a newer message than the one it addressed was projected.
+            moved_on = row is None or row.last_message_id != claim.parked_message_id
+            if row is not None and not moved_on and claim.message_type in SETTLEMENT_KINDS:
+                moved_on = not row.is_pending_handoff
         window = self.transport().duplicate_window
         step = next_step(
             claim.state,
