@@ -270,6 +270,8 @@ class AuditRow(TableRecord):
     event_type_id: str | None = None
     principal_name: str | None = None
     principal_id: str | None = None
+    # NimBus ``MessageAuditEntity.AccessDenied``: the action was refused for lack of the operator role.
+    access_denied: bool = False
 
 
 class ClaimRow(TableRecord):

@@ -113,6 +113,18 @@ class HandoffStore:
         query = f"PartitionKey eq {_quote(pk)} and RowKey ge {_quote(low)} and RowKey lt {_quote(high)}"
         return iter(self._events().query_entities(query))
 
+    def point_rows(self, endpoint_id: str, row_keys: list[str]) -> list[Any]:
+        """Rows of the endpoint partition by key (one point read each; missing ones are left out)."""
+        from azure.core.exceptions import ResourceNotFoundError
+
+        found = []
+        for row_key in row_keys:
+            try:
+                found.append(self._events().get_entity(keys.partition(endpoint_id), row_key))
+            except ResourceNotFoundError:
+                continue
+        return found
+
     def get_claim(self, endpoint_id: str, event_id: str, parked_message_id: str) -> ClaimRow | None:
         from azure.core.exceptions import ResourceNotFoundError
 
