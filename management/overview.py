@@ -83,7 +83,7 @@ class Overview:
             except ResourceNotFoundError:
                 etag = None
             if etag == (snapshot.metadata.get("etag") if snapshot is not None else None):
-                totals = counts.read_columns(snapshot or {})
+                totals = counts.add(counts.read_columns(snapshot or {}), {})
                 for entity in deltas:
                     totals = counts.add(totals, counts.read_columns(entity))
                 return CountsRead(totals, snapshot, deltas)

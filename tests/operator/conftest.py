@@ -57,10 +57,10 @@ def principal_headers(
     }
 
 
-def failed_event(resolve: Any, flow: Flow, *, error_message_id: str = "err-1") -> None:
+def failed_event(project: Any, event: Flow, *, error_message_id: str = "err-1") -> None:
     """An event whose subscriber answered ErrorResponse."""
-    resolve(flow.request())
-    resolve(flow.response(_error(), message_id=error_message_id, error_text="ERP timeout"))
+    project(event.request())
+    project(event.response(_error(), message_id=error_message_id, error_text="ERP timeout"))
 
 
 def _error() -> Any:

@@ -103,7 +103,6 @@ def test_reading_the_counts_costs_two_round_trips(resolve, flow: Flow):
 
 
 def test_a_projection_that_fails_writes_no_delta(resolve, flow: Flow, monkeypatch):
-    from azure.data.tables import TableTransactionError
 
     resolve(flow.request())
     resolver = service.resolver_service()
