@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+from typing import Any
 
 import pytest
 
@@ -11,8 +12,9 @@ from handoff import service
 from handoff.contract import MessageType
 from handoff.reconciler import Reconciler
 from tests.handoff.broker import Broker, BrokerTransport
+from tests.handoff.conftest import Flow, event_of
 
-from .conftest import Flow, event_of, failed_event, principal_headers
+from .conftest import failed_event, principal_headers
 
 
 def act(call, flow: Flow, action: str, body=None, headers=None):
@@ -24,11 +26,11 @@ def act(call, flow: Flow, action: str, body=None, headers=None):
     )
 
 
-def props(message) -> dict:
+def props(message) -> dict[str, Any]:
     return {str(k): v for k, v in (message.application_properties or {}).items()}
 
 
-def body_of(message) -> dict:
+def body_of(message) -> Any:
     from handoff.transport import message_body
 
     return json.loads(message_body(message))

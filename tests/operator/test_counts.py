@@ -5,12 +5,14 @@ from __future__ import annotations
 import random
 import threading
 import uuid
+from typing import Any
 
 from common.roundtrips import ROUND_TRIPS
 from handoff import keys, service
 from handoff.contract import MessageType
+from tests.handoff.conftest import Flow, nimbus
 
-from .conftest import Flow, counted, nimbus, recount
+from .conftest import counted, recount
 
 
 def test_counts_follow_every_transition_of_an_event(resolve, flow: Flow):
@@ -42,7 +44,7 @@ def test_counts_stay_exact_when_projections_and_folds_race(resolve):
     # once (duplicates, lost ETag races and concurrent folds all happen)
     endpoint = "Race-" + uuid.uuid4().hex[:8]
     flows = [Flow(endpoint=endpoint, event_id=f"ev-{i}") for i in range(24)]
-    plans: list[list] = []
+    plans: list[list[Any]] = []
     for i, f in enumerate(flows):
         steps = [f.request()]
         if i % 3 == 0:

@@ -9,8 +9,9 @@ from common.roundtrips import ROUND_TRIPS
 from handoff import service
 from handoff.contract import MessageType
 from handoff.resolver import RETRY_BUDGET, Outcome
+from tests.handoff.conftest import Flow, nimbus
 
-from .conftest import Flow, nimbus, principal_headers
+from .conftest import principal_headers
 
 
 def listing(call, endpoint: str, **params: str):
@@ -132,7 +133,7 @@ def test_poison_is_listed_by_day_replayed_once_and_uncounted(call, flow, monkeyp
     resolver = service.resolver_service()
     resolver.redelivery = lambda: None
     msg = _poison_after_budget(resolver, flow, monkeypatch)
-    day = msg.enqueued_time_utc.strftime("%Y%m%d")
+    day = _day(msg)
     page = call("poison_list", method="GET", params={"day": day, "pageSize": "200"})
     assert page.status == 200
     [entry] = [p for p in page.json["items"] if p["messageId"] == msg.message_id]
@@ -152,7 +153,7 @@ def test_poison_is_listed_by_day_replayed_once_and_uncounted(call, flow, monkeyp
 def test_a_replay_that_is_still_poison_says_why_and_may_be_replayed_later(call, resolve, flow):
     msg = nimbus("Bogus", endpoint=flow.endpoint, event_id=flow.event_id)
     resolve(msg)
-    day = msg.enqueued_time_utc.strftime("%Y%m%d")
+    day = _day(msg)
     [entry] = [
         p
         for p in call("poison_list", method="GET", params={"day": day, "pageSize": "200"}).json["items"]
@@ -168,7 +169,7 @@ def test_a_replay_that_is_still_poison_says_why_and_may_be_replayed_later(call, 
 def test_a_replay_by_a_principal_without_the_role_is_403(call, resolve, flow):
     msg = nimbus("Bogus", endpoint=flow.endpoint, event_id=flow.event_id)
     resolve(msg)
-    day = msg.enqueued_time_utc.strftime("%Y%m%d")
+    day = _day(msg)
     items = call("poison_list", method="GET", params={"day": day, "pageSize": "200"}).json["items"]
     [entry] = [p for p in items if p["messageId"] == msg.message_id]
     denied = call(
@@ -177,3 +178,8 @@ def test_a_replay_by_a_principal_without_the_role_is_403(call, resolve, flow):
     assert denied.status == 403
     assert call("poison_list", method="GET", params={"day": "2026-12-01"}).json["field"] == "day"
     assert call("poison_replay", route_params={"day": day, "id": "nope"}).status == 404
+
+
+def _day(msg) -> str:
+    assert msg.enqueued_time_utc is not None
+    return str(msg.enqueued_time_utc.strftime("%Y%m%d"))
