@@ -4,13 +4,23 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test lint typecheck pytest bench bench-smoke reliability infra-check infra-types azurite clean
+.PHONY: install chromium run test lint typecheck pytest bench bench-smoke reliability infra-check infra-types azurite clean
+
+CHROMIUM := /usr/bin/chromium
 
 $(STAMP): requirements.txt requirements-dev.txt client/pyproject.toml package.json package-lock.json
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
 	npm ci --no-audit --no-fund --loglevel=error
+	@$(MAKE) --no-print-directory chromium
 	@touch $(STAMP)
+
+# The console's browser tests drive Debian's Chromium (Playwright never downloads a browser here).
+chromium:
+	@test -x $(CHROMIUM) || { command -v apt-get >/dev/null || { echo "install Chromium at $(CHROMIUM)" >&2; exit 1; }; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get install -y -qq chromium >/dev/null 2>&1 || { $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium; }; }
+	@test -x $(CHROMIUM)
 
 install: $(STAMP) ## Create .venv and install Python and npm dependencies (once).
 
