@@ -7,6 +7,8 @@ from importlib import resources
 
 import azure.functions as func
 
+from common import openapi
+
 bp = func.Blueprint()
 
 # The only files served, by name: nothing else of the package is reachable (no path from the URL is
@@ -34,6 +36,26 @@ def _file(name: str) -> func.HttpResponse:
         return func.HttpResponse("Not found", status_code=404, mimetype="text/plain")
     body = resources.files("console").joinpath("static", name).read_bytes()
     return func.HttpResponse(body, status_code=200, mimetype=mimetype, charset="utf-8", headers=_HEADERS)
+
+
+for _path, _id, _summary in (
+    ("/api/console", "console", "The operator console (HTML; its data comes from the management API)"),
+    ("/api/console/{file}", "console_asset", "The console's script and style sheet (app.js, app.css)"),
+):
+    openapi.register(
+        openapi.Operation(
+            path=_path,
+            method="GET",
+            operation_id=_id,
+            summary=_summary,
+            responses={200: "OK", 404: "No such file"},
+            parameters=({"name": "file", "in": "path", "required": True, "schema": {"type": "string"}},)
+            if "{file}" in _path
+            else (),
+            anonymous=True,
+            tag="console",
+        )
+    )
 
 
 @bp.function_name("console")

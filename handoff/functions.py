@@ -228,8 +228,10 @@ def event_get(req: func.HttpRequest) -> EventView:
 @bp.function_name("handoff_sweeper")
 @bp.timer_trigger(arg_name="timer", schedule="%HANDOFF_SWEEPER_SCHEDULE%", run_on_startup=False)
 def handoff_sweeper(timer: func.TimerRequest) -> None:
-    """Reconcile open settlement claims (always), then fail parked hand-offs past ExpectedBy (opt-in:
-    ``HANDOFF_SWEEPER_ENABLED``). Each part reports per-endpoint failures and goes on."""
+    """Reconcile open settlement claims (always), fold the operator counts' deltas (always), then fail
+    parked hand-offs past ExpectedBy (opt-in: ``HANDOFF_SWEEPER_ENABLED``). Each part reports
+    per-endpoint failures and goes on."""
     service.reconciler().run()
+    service.overview().fold_all(service.store().endpoints())
     if env_flag("HANDOFF_SWEEPER_ENABLED"):
         service.sweeper().sweep()

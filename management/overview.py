@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -26,6 +27,8 @@ from common.errors import Conflict, InvalidInput
 from handoff import counts, keys, store
 from handoff.records import ListingRow, SinceRow
 from handoff.store import HandoffStore, Operation
+
+log = logging.getLogger("settle.management")
 
 FOLD_BATCH = 99  # + the snapshot = 100 operations, Azure's limit per transaction
 FOLD_WHEN = 200  # a reader folds when it meets this many deltas
@@ -101,6 +104,20 @@ class Overview:
         """Fold up to :data:`FOLD_BATCH` deltas into the snapshot; how many (0 when another fold won)."""
         pk = keys.partition(endpoint_id) if endpoint_id is not None else keys.UNATTRIBUTED_PARTITION
         return self._fold(pk, self.read_counts(pk))
+
+    def fold_all(self, endpoint_ids: Sequence[str], *, rounds: int = 10) -> dict[str, str]:
+        """Fold every endpoint's deltas (the timer), at most ``rounds`` transactions each; one endpoint's
+        failure is reported and the others go on. Returns endpoint → error."""
+        errors: dict[str, str] = {}
+        for endpoint_id in [*endpoint_ids, None]:
+            try:
+                for _ in range(rounds):
+                    if self.fold(endpoint_id) < FOLD_BATCH:
+                        break
+            except Exception as exc:
+                log.warning("folding the counts of %s failed", endpoint_id, exc_info=True)
+                errors[endpoint_id or keys.UNATTRIBUTED_PARTITION] = f"{type(exc).__name__}: {exc}"
+        return errors
 
     def _fold(self, pk: str, read: CountsRead) -> int:
         from azure.data.tables import TableTransactionError

@@ -71,7 +71,6 @@ def browser_page(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         errors: list[str] = []
         page.on("pageerror", lambda exc: errors.append(str(exc)))
         page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
-        page.errors = errors
         yield page
         context.close()
         assert not [e for e in errors if "401" not in e], f"the page logged errors: {errors}"

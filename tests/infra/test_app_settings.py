@@ -12,6 +12,10 @@ LOCAL_ONLY = {
     "ServiceBusConnection": "connection-string form for the emulator/local runs; Azure uses "
     "ServiceBusConnection__fullyQualifiedNamespace + __credential + __clientId, and SAS is disabled",
 }
+# Set by App Service itself on every instance (not an app setting): the management API fails closed
+# (requires a signed-in principal) where it is present (management/principal.py, ADR-0013).
+PLATFORM_SET = {"WEBSITE_INSTANCE_ID"}
+
 # Settings the Functions host (not our code) needs in Azure.
 HOST_SETTINGS = {
     "AzureWebJobsStorage__credential",
@@ -50,7 +54,7 @@ def test_every_setting_the_code_reads_is_set_by_the_bicep() -> None:
     missing = {
         name: sorted(files)
         for name, files in scan.reads.items()
-        if name not in bicep_settings() and name not in LOCAL_ONLY
+        if name not in bicep_settings() and name not in LOCAL_ONLY and name not in PLATFORM_SET
     }
     assert missing == {}
 

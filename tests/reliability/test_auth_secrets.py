@@ -11,11 +11,13 @@ import pytest
 from common.settings import AZURITE_ACCOUNT_KEY
 from tests.conftest import Caller
 from tests.reliability.tally import TALLY
+from tests.test_app import OPERATOR_ROUTES
 
 pytestmark = pytest.mark.slow
 
 AREA = "auth & secrets"
-ANONYMOUS = {"health", "openapi_document"}
+# The operator routes are anonymous for the host and check the principal in code (ADR-0013).
+ANONYMOUS = {"health", "openapi_document"} | OPERATOR_ROUTES
 ROOT = Path(__file__).resolve().parents[2]
 
 # A real key is long base64; placeholders ("...", "SAS_KEY_VALUE", a test's "eA==") are not.
