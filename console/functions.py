@@ -8,6 +8,8 @@ from importlib import resources
 import azure.functions as func
 
 from common import openapi
+from common.errors import NotFound
+from common.http import problem_response
 
 bp = func.Blueprint()
 
@@ -33,7 +35,7 @@ _HEADERS = {
 def _file(name: str) -> func.HttpResponse:
     mimetype = _FILES.get(name)
     if mimetype is None:
-        return func.HttpResponse("Not found", status_code=404, mimetype="text/plain")
+        return problem_response(NotFound(f"The console has no file {name!r}.", field="file"))
     body = resources.files("console").joinpath("static", name).read_bytes()
     return func.HttpResponse(body, status_code=200, mimetype=mimetype, charset="utf-8", headers=_HEADERS)
 
