@@ -126,3 +126,34 @@ def test_a_projection_that_fails_writes_no_delta(resolve, flow: Flow, monkeypatc
     assert calls["n"] == 2  # the first transaction failed whole and the projection was decided again
     assert counted(flow.endpoint) == recount(flow.endpoint)
     assert counted(flow.endpoint)["Failed"] == 1 and counted(flow.endpoint)["Pending"] == 0
+
+
+def test_a_fold_during_a_paged_read_of_a_count_makes_it_read_again(resolve, flow: Flow, monkeypatch):
+    # Given a snapshot of 3 and 2 newer deltas
+    for i in range(3):
+        resolve(
+            nimbus(MessageType.EventRequest, endpoint=flow.endpoint, event_id=f"e{i}", message_id=f"r{i}")
+        )
+    overview = service.overview()
+    assert overview.fold(flow.endpoint) == 3
+    for i in range(3, 5):
+        resolve(
+            nimbus(MessageType.EventRequest, endpoint=flow.endpoint, event_id=f"e{i}", message_id=f"r{i}")
+        )
+    original = overview._range
+    folded = {"done": False}
+
+    def paged_with_a_fold_between(pk, low, high, **kw):
+        # The range read returns the snapshot (first page), then another instance folds, then the read
+        # continues (next page): the deltas it would have counted are gone, folded into a newer snapshot.
+        rows = iter(original(pk, low, high, results_per_page=1))
+        first = next(rows, None)
+        if first is not None and not folded["done"] and low == keys.COUNTS_RANGE[0]:
+            folded["done"] = True
+            assert service.overview().fold(flow.endpoint) == 2
+        return iter(([first] if first is not None else []) + list(rows))
+
+    monkeypatch.setattr(overview, "_range", paged_with_a_fold_between)
+    # When the counts are read across that fold, Then they are still exact (the snapshot's ETag changed)
+    assert overview.counts(flow.endpoint)["Pending"] == 5
+    assert folded["done"]
