@@ -8,6 +8,7 @@ network. The development host runs on Azurite with the loopback transport (``SET
 from __future__ import annotations
 
 import json
+import os
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -20,7 +21,7 @@ import pytest
 from tests.conftest import new_prefix
 from tests.devhost.conftest import HostProcess, StartHost, start_host  # noqa: F401  (fixture)
 
-CHROMIUM = "/usr/bin/chromium"
+CHROMIUM = os.environ.get("SETTLE_CHROMIUM") or "/usr/bin/chromium"
 ARGS = [
     "--no-sandbox",
     "--disable-gpu",
@@ -53,7 +54,9 @@ def console_host(start_host: StartHost) -> tuple[HostProcess, str]:  # noqa: F81
 def browser_page(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     from playwright.sync_api import sync_playwright
 
-    assert Path(CHROMIUM).exists(), "Chromium is missing: `make install` installs Debian's chromium package"
+    assert Path(CHROMIUM).exists(), (
+        f"No Chromium at {CHROMIUM}: `make install` installs Debian's chromium (or set SETTLE_CHROMIUM)"
+    )
     profile = tmp_path_factory.mktemp("chromium-profile")
     with sync_playwright() as playwright:
         context = playwright.chromium.launch_persistent_context(
