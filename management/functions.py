@@ -200,12 +200,16 @@ def endpoint_events(req: func.HttpRequest) -> EventPage:
 )
 def endpoint_event(req: func.HttpRequest) -> OperatorEventView:
     require_operator(req)
+    from common.errors import NotFound
+    from handoff.models import EventView
     from handoff.store import classify_event_rows
     from management.actions import allowed_actions, payload_of
 
-    view = service.receive_service().event(_route(req, "endpointId"), _route(req, "eventId"))
-    row, history, _ = classify_event_rows(service.store().event_rows(view.endpoint_id, view.event_id))
-    assert row is not None
+    endpoint_id, event_id = _route(req, "endpointId"), _route(req, "eventId")
+    row, history, audits = classify_event_rows(service.store().event_rows(endpoint_id, event_id))
+    if row is None:
+        raise NotFound(f"Event {event_id!r} is unknown on endpoint {endpoint_id!r}.")
+    view = EventView.of(row, history, audits)
     return OperatorEventView(
         **view.model_dump(by_alias=False),
         actions=allowed_actions(row),

@@ -183,3 +183,16 @@ def test_a_replay_by_a_principal_without_the_role_is_403(call, resolve, flow):
 def _day(msg) -> str:
     assert msg.enqueued_time_utc is not None
     return str(msg.enqueued_time_utc.strftime("%Y%m%d"))
+
+
+def test_one_event_for_operators_is_one_read_with_its_actions_and_payload(call, resolve):
+    endpoint = "One-" + uuid.uuid4().hex[:8]
+    seed(resolve, endpoint)
+    with ROUND_TRIPS.measure() as tally:
+        failed = call("endpoint_event", method="GET", route_params={"endpointId": endpoint, "eventId": "e2"})
+    assert failed.status == 200 and tally.requests == 1
+    assert failed.json["actions"] == ["resubmit", "skip"]
+    assert failed.json["eventJson"] == '{"invoice": 42}'
+    assert [h["messageType"] for h in failed.json["history"]] == ["EventRequest", "ErrorResponse"]
+    unknown = call("endpoint_event", method="GET", route_params={"endpointId": endpoint, "eventId": "nope"})
+    assert unknown.status == 404
