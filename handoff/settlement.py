@@ -139,6 +139,10 @@ class ClaimOrder:
     principal_id: str | None = None
     # A hand-off settlement also marks the agent queue row (``ClaimedUntil``).
     marks_queue: bool = False
+    # An operator action also pins the event row as it was checked (``If-Match`` its ETag, in the claim's
+    # transaction): a projection between the check and the claim fails the claim instead of letting a
+    # control message go out for a state the operator never saw.
+    pins_event: bool = False
 
 
 SETTLEMENT_KINDS = frozenset({MessageType.HandoffCompletedRequest, MessageType.HandoffFailedRequest})
@@ -309,6 +313,14 @@ class SettlementService:
         if s.marks_queue and row.queue_key:
             # If-Match *: the index row must still exist, i.e. the hand-off was not projected away.
             ops.append(store.merge({"PartitionKey": pk, "RowKey": row.queue_key, "ClaimedUntil": CLAIMED}))
+        pin = len(ops)
+        if s.pins_event:
+            if row.etag is None:
+                raise ValueError("an operator action needs the event row's ETag")
+            event_key = keys.event_row(row.event_id)
+            ops.append(
+                store.merge({"PartitionKey": pk, "RowKey": event_key, "OperatorClaimAt": now}, row.etag)
+            )
         for _ in range(_CLAIM_ATTEMPTS):
             try:
                 etags = self.store.submit(ops)
@@ -318,6 +330,12 @@ class SettlementService:
                     if existing is None:
                         continue  # released between our write and our read: try again
                     return claim, self._same_or_refuse(existing, digest)
+                if s.pins_event and exc.index == pin:
+                    raise Conflict(
+                        f"Event {row.event_id!r} changed while the {s.audit_type} was being claimed "
+                        "(a newer message was projected); look at it again.",
+                        field="eventId",
+                    ) from exc
                 if exc.status_code == 404:
                     raise self._not_parked_any_more(row) from exc
                 raise

@@ -299,6 +299,7 @@ class OperatorActions:
             audit_comment=reason,
             principal_name=actor.principal_name,
             principal_id=actor.principal_id,
+            pins_event=True,
         )
         data = bounded_json(
             {

@@ -247,3 +247,28 @@ def _later(minutes: float):
     from datetime import UTC, datetime, timedelta
 
     return datetime.now(UTC) + timedelta(minutes=minutes)
+
+
+def test_a_projection_between_the_check_and_the_claim_refuses_the_action(
+    call, resolve, flow, transport, monkeypatch
+):
+    # Given a failed event, and the subscriber's SkipResponse projected right after the operator's read
+    failed_event(resolve, flow)
+    store = service.store()
+    original = store.event_rows
+
+    def read_then_project(endpoint_id, event_id):
+        rows = list(original(endpoint_id, event_id))
+        resolve(flow.response(MessageType.SkipResponse, message_id="skip-rsp", parent="err-1"))
+        return iter(rows)
+
+    monkeypatch.setattr(store, "event_rows", read_then_project)
+    # When the operator resubmits (the check saw Failed)
+    answer = act(call, flow, "resubmit", {"by": "alice"})
+    monkeypatch.undo()
+    # Then the claim fails whole: 409, nothing sent, no audit, no claim left behind
+    assert answer.status == 409 and "changed" in answer.json["detail"]
+    assert transport.sent == []
+    row = event_of(call, flow)
+    assert row["resolutionStatus"] == "Skipped" and row["audits"] == []
+    assert service.store().claims(flow.endpoint, flow.event_id) == []
