@@ -272,3 +272,30 @@ def test_a_projection_between_the_check_and_the_claim_refuses_the_action(
     row = event_of(call, flow)
     assert row["resolutionStatus"] == "Skipped" and row["audits"] == []
     assert service.store().claims(flow.endpoint, flow.event_id) == []
+
+
+def test_a_skip_lost_before_the_broker_is_re_sent_once_by_the_reconciler(call, resolve, flow):
+    # Given a send that times out before the broker got the message (the sender cannot tell)
+    broker = Broker()
+    bus = BrokerTransport(broker).then(["lost-before"])
+    service.use_transport(bus)
+    try:
+        failed_event(resolve, flow)
+        answer = act(call, flow, "skip", {"by": "alice"})
+        assert answer.status == 202 and answer.json["confirmed"] is False
+        assert broker.for_event(flow.event_id) == []
+        # When the reconciler looks after its two minutes (inside the duplicate-detection window)
+        settlement = service.settlement_service()
+        settlement.clock = lambda: _later(3)
+        report = Reconciler(settlement).run()
+        broker.pump()
+        # Then the identical message reached the endpoint exactly once, with one audit
+        assert flow.event_id in report.resent
+        [copy] = broker.for_event(flow.event_id)
+        assert copy.message_type == "SkipRequest" and copy.message_id == answer.json["controlMessageId"]
+        assert [a["auditType"] for a in event_of(call, flow)["audits"]] == ["Skip"]
+        settlement.clock = lambda: _later(20)  # past the window: nothing is ever re-sent again
+        Reconciler(settlement).run()
+        assert len(broker.for_event(flow.event_id)) == 1
+    finally:
+        service.reset()
