@@ -121,7 +121,7 @@ function confirmDialog(title, body, okLabel, danger) {
     dialog.addEventListener("close", () => resolve(dialog.returnValue === "ok"), { once: true });
     dialog.returnValue = "";
     dialog.showModal();
-    ok.focus();
+    (holder.querySelector("input, textarea") || ok).focus();
   });
 }
 
@@ -354,8 +354,10 @@ async function poisonView(params) {
     h("button", { type: "submit" }, "Show"));
   const rows = page.items.map((p) => h("tr", { "data-poison": p.messageId || p.id },
     h("td", { "data-label": "Enqueued" }, when(p.enqueuedTimeUtc)),
-    h("td", { "data-label": "Endpoint" }, p.endpointId || "–"),
-    h("td", { "data-label": "Message" }, p.messageId || "–"),
+    h("td", { "data-label": "Endpoint" }, p.endpointId ? h("a", { href: `#/endpoint/${segment(p.endpointId)}` }, p.endpointId) : "–"),
+    h("td", { "data-label": "Message" }, h("details", {}, h("summary", {}, p.messageId || "(no id)"),
+      h("pre", { tabindex: "0", "aria-label": "Application properties" }, pretty(p.applicationProperties)),
+      h("pre", { tabindex: "0", "aria-label": "Body" }, p.messageContent !== null ? pretty(p.messageContent) : `base64: ${p.messageContentBase64 || ""}`))),
     h("td", { "data-label": "Reason" }, p.reason),
     h("td", { "data-label": "Replay" }, p.replayOutcome
       ? `${p.replayOutcome} by ${p.replayedBy} at ${when(p.replayedAt)}${p.replayDetail ? " — " + p.replayDetail : ""}` : "–"),
@@ -439,5 +441,8 @@ function recordTable(items) {
       h("td", { "data-label": "Updated" }, when(r.updatedAt)))))));
 }
 
-window.addEventListener("hashchange", () => render());
+window.addEventListener("hashchange", () => {
+  document.getElementById("toast").textContent = ""; // a message belongs to the view it came from
+  render();
+});
 window.addEventListener("DOMContentLoaded", () => { render(); schedule(); });
