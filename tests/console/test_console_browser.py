@@ -2,18 +2,19 @@
 settled, poison replayed, a state record looked up, phone width and the keyboard.
 
 The tests of this module run in order against one development host and one browser page; each writes
-the screenshot the README shows (``docs/img/``).
+the screenshot the README shows (``docs/img/``, replaced when ``SETTLE_UPDATE_SCREENSHOTS=1``).
 """
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from .conftest import SHOTS, WAIT_MS, api_json, nimbus_message, resolver_message
+from .conftest import WAIT_MS, api_json, nimbus_message, resolver_message
 
 pytestmark = pytest.mark.browser
 
@@ -21,9 +22,10 @@ BILLING = "Billing"
 SHIPPING = "Shipping"
 
 
-def shot(page: Any, name: str) -> None:
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SHOTS / name), full_page=True)
+def shot(page: Any, folder: Path, name: str) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(folder / name), full_page=True)
+    assert (folder / name).stat().st_size > 10_000, f"{name} looks empty"
 
 
 @pytest.fixture(scope="module")
@@ -137,7 +139,7 @@ def badge(page: Any, endpoint: str, bucket: str) -> Any:
     return page.locator(f'tr[data-endpoint="{endpoint}"] [data-bucket="{bucket}"]')
 
 
-def test_the_overview_shows_exact_counts_as_badges(browser_page, console_host, traffic):
+def test_the_overview_shows_exact_counts_as_badges(browser_page, shots, console_host, traffic):
     from playwright.sync_api import expect
 
     host, _ = console_host
@@ -152,10 +154,12 @@ def test_the_overview_shows_exact_counts_as_badges(browser_page, console_host, t
     expect(badge(page, SHIPPING, "DeadLettered")).to_have_text("1")
     api = {i["endpointId"]: i for i in api_json(host.base_url, "endpoints")["items"]}
     assert api[BILLING]["counts"]["pendingHandoff"] == 1 and api[BILLING]["poison"] == 2
-    shot(page, "console-endpoints.png")
+    shot(page, shots, "console-endpoints.png")
 
 
-def test_an_event_is_opened_resubmitted_with_changes_and_its_audit_shown(browser_page, console_host, traffic):
+def test_an_event_is_opened_resubmitted_with_changes_and_its_audit_shown(
+    browser_page, shots, console_host, traffic
+):
     from playwright.sync_api import expect
 
     host, _ = console_host
@@ -179,10 +183,10 @@ def test_an_event_is_opened_resubmitted_with_changes_and_its_audit_shown(browser
     assert '"amount": 120' in row["history"][-1]["messageContent"]["EventContent"]["EventJson"].replace(
         ":", ": "
     ).replace(":  ", ": ")
-    shot(page, "console-event.png")
+    shot(page, shots, "console-event.png")
 
 
-def test_a_parked_hand_off_is_settled_from_the_page(browser_page, console_host, traffic):
+def test_a_parked_hand_off_is_settled_from_the_page(browser_page, shots, console_host, traffic):
     from playwright.sync_api import expect
 
     host, _ = console_host
@@ -192,7 +196,7 @@ def test_a_parked_hand_off_is_settled_from_the_page(browser_page, console_host, 
     handoff = page.locator('[aria-label="Handoff details"]')
     expect(handoff).to_contain_text("Posting in the ledger")
     expect(handoff).to_contain_text("job-7781")
-    shot(page, "console-handoff.png")
+    shot(page, shots, "console-handoff.png")
     page.fill("#complete-result", '{"ledgerEntry": 7781}')
     page.click("#complete")
     page.click("#confirm-ok")
@@ -202,7 +206,7 @@ def test_a_parked_hand_off_is_settled_from_the_page(browser_page, console_host, 
     assert httpx.get(f"{host.base_url}/api/v1/handoffs/{BILLING}/next", timeout=30).status_code == 204
 
 
-def test_poison_is_replayed_from_the_page(browser_page, console_host, traffic):
+def test_poison_is_replayed_from_the_page(browser_page, shots, console_host, traffic):
     from playwright.sync_api import expect
 
     host, _ = console_host
@@ -221,7 +225,7 @@ def test_poison_is_replayed_from_the_page(browser_page, console_host, traffic):
     typo.locator("button").click()
     page.click("#confirm-ok")
     expect(page.locator("#toast")).to_contain_text("Replay: poisoned")
-    shot(page, "console-poison.png")
+    shot(page, shots, "console-poison.png")
     assert (
         api_json(host.base_url, f"endpoints/{BILLING}/events/evt-replayed")["resolutionStatus"] == "Pending"
     )
@@ -229,7 +233,7 @@ def test_poison_is_replayed_from_the_page(browser_page, console_host, traffic):
     expect(badge(page, BILLING, "Poison")).to_have_text("1")
 
 
-def test_a_state_record_is_looked_up_and_a_stuck_lock_listed(browser_page, console_host):
+def test_a_state_record_is_looked_up_and_a_stuck_lock_listed(browser_page, shots, console_host):
     from playwright.sync_api import expect
 
     host, _ = console_host
@@ -263,11 +267,11 @@ def test_a_state_record_is_looked_up_and_a_stuck_lock_listed(browser_page, conso
     expect(page.locator("#record")).to_contain_text("Superseded")
     # The page polls: the lock that expired shows up once its expiry index row is written
     expect(page.locator("section")).to_contain_text("INV-STUCK", timeout=WAIT_MS * 2)
-    shot(page, "console-state.png")
+    shot(page, shots, "console-state.png")
 
 
 def test_the_console_is_readable_at_phone_width_and_usable_with_the_keyboard(
-    browser_page, console_host, traffic
+    browser_page, shots, console_host, traffic
 ):
     from playwright.sync_api import expect
 
@@ -279,7 +283,7 @@ def test_the_console_is_readable_at_phone_width_and_usable_with_the_keyboard(
         expect(badge(page, BILLING, "PendingHandoff")).to_be_visible()
         width = page.evaluate("document.documentElement.scrollWidth")
         assert width <= 390, f"the page scrolls sideways at phone width ({width} px)"
-        shot(page, "console-phone.png")
+        shot(page, shots, "console-phone.png")
     finally:
         page.set_viewport_size({"width": 1280, "height": 900})
     # Keyboard only: the page puts focus on its content; Shift+Tab walks back to the Poison link in the
