@@ -6,7 +6,7 @@ projection would serialise them. Instead every projection that moves an event be
 one *delta* row (``+1 Failed, -1 Pending``) in the same entity-group transaction as the event row: the
 delta exists exactly when the change does, and inserts never contend. Readers add the deltas to a
 snapshot row; folding deltas into the snapshot is one ETag-conditional transaction that also deletes
-the deltas it folded (``management/counts_store.py``).
+the deltas it folded (``management/overview.py``).
 """
 
 from __future__ import annotations

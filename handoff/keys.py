@@ -202,14 +202,10 @@ def since_range(group: str) -> tuple[str, str]:
 
 COUNTS_SNAPSHOT = "ct|0"
 COUNTS_RANGE = ("ct|", "ct}")
-DELTA_RANGE = ("ct|d|", "ct|d}")
 
 
 def delta_row(at: datetime, ident: str) -> str:
     return f"ct|d|{stamp(at)}|{ident}"
-
-
-POISON_INDEX_RANGE = ("pz|", "pz}")
 
 
 def poison_index_row(day: str, poison_row_key: str) -> str:

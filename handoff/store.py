@@ -92,6 +92,10 @@ class HandoffStore:
     def _events(self) -> TableClient:
         return self._tables.table(keys.EVENTS_TABLE)
 
+    def table(self, name: str) -> TableClient:
+        """The client of one hand-off table (``keys.*_TABLE``, or the operators' ``hoaudit``)."""
+        return self._tables.table(name)
+
     # -- events partition ---------------------------------------------------------------------------
 
     def get_event(self, endpoint_id: str, event_id: str) -> EventRow | None:

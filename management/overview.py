@@ -59,7 +59,7 @@ class Overview:
         self.clock = clock
 
     def _table(self) -> Any:
-        return self.store._events()
+        return self.store.table(keys.EVENTS_TABLE)
 
     def _range(self, pk: str, low: str, high: str, **kw: Any) -> Any:
         query = f"PartitionKey eq {_quote(pk)} and RowKey ge {_quote(low)} and RowKey lt {_quote(high)}"

@@ -163,7 +163,7 @@ class PoisonDesk:
             "ReplayCount": row.replay_count + 1,
         }
         try:
-            self.store._tables.table(keys.POISON_TABLE).update_entity(
+            self.store.table(keys.POISON_TABLE).update_entity(
                 changes,
                 mode=UpdateMode.MERGE,
                 etag=row.etag or "*",
@@ -217,5 +217,5 @@ class PoisonDesk:
             principal_name=actor.principal_name,
             principal_id=actor.principal_id,
         )
-        table = self.store._tables.table(OPERATOR_AUDIT_TABLE)
+        table = self.store.table(OPERATOR_AUDIT_TABLE)
         table.create_entity(audit.to_entity(now.strftime("%Y%m%d"), f"{keys.stamp(now)}|{uuid.uuid4().hex}"))

@@ -23,7 +23,7 @@ from tests.handoff.conftest import (  # noqa: F401  (fixtures shared with the ha
 
 def recount(endpoint: str) -> dict[str, int]:
     """What the counts must be: every event row of the partition, counted by scanning (tests only)."""
-    table = service.store()._events()
+    table = service.store().table(keys.EVENTS_TABLE)
     pk = keys.partition(endpoint)
     totals = dict.fromkeys(counts.BUCKETS, 0)
     query = f"PartitionKey eq '{pk}' and RowKey ge 'ev|' and RowKey lt 'ev}}'"
