@@ -196,3 +196,14 @@ def test_one_event_for_operators_is_one_read_with_its_actions_and_payload(call, 
     assert [h["messageType"] for h in failed.json["history"]] == ["EventRequest", "ErrorResponse"]
     unknown = call("endpoint_event", method="GET", route_params={"endpointId": endpoint, "eventId": "nope"})
     assert unknown.status == 404
+
+
+def test_the_overview_costs_one_read_plus_four_per_endpoint_plus_two(call, resolve, fresh_tables):
+    seed(resolve, "Alpha")
+    seed(resolve, "Beta")
+    with ROUND_TRIPS.measure() as tally:
+        result = call("endpoints_overview", method="GET")
+    assert [i["endpointId"] for i in result.json["items"]] == ["Alpha", "Beta"]
+    # the endpoint list; per endpoint: counts (range read + ETag check) and the two oldest-first rows;
+    # the unattributed poison counts
+    assert tally.requests == 1 + 4 * 2 + 2
