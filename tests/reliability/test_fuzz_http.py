@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from tests.conftest import Caller
 from tests.reliability.faults import FaultPolicy
-from tests.reliability.tally import TALLY, sized
+from tests.reliability.tally import TALLY, Tally, sized
 
 pytestmark = pytest.mark.slow
 
@@ -263,15 +263,21 @@ def valid_body(data: st.DataObject, name: str, schema: dict[str, Any], component
     return body
 
 
-def check_answer(name: str, status: int, content_type: str, body: bytes, sent: Any) -> None:
+def check_answer(
+    name: str, status: int, content_type: str, body: bytes, sent: Any, *, tally: Tally = TALLY
+) -> None:
+    """The checker: never a 5xx; every error is problem+json with its status, a type and a title."""
     where = f"{name} with {sent!r:.300}"
-    TALLY.check(AREA, status < 500, f"{where}: answered {status} {body!r:.300}")
+    tally.check(AREA, status < 500, f"{where}: answered {status} {body!r:.300}")
     if status >= 400:
-        TALLY.check(
+        tally.check(
             AREA, content_type.startswith("application/problem+json"), f"{where}: {status} as {content_type}"
         )
-        problem = json.loads(body)
-        TALLY.check(
+        try:
+            problem = json.loads(body)
+        except ValueError:
+            problem = None
+        tally.check(
             AREA,
             isinstance(problem, dict)
             and problem.get("status") == status
