@@ -301,7 +301,7 @@ def test_every_function_route_refuses_a_missing_or_wrong_key_and_writes_nothing(
             ("wrong code", {"code": "x" + KEY}),
             ("empty key", {"headers": {"x-functions-key": ""}}),
         ):
-            status = send(host, route, **kwargs)  # type: ignore[arg-type]
+            status = send(host, route, **kwargs)
             # Then every answer is 401
             TALLY.check(
                 AREA, status == 401, f"{route.method} {route.path} ({route.function}), {label}: {status}"

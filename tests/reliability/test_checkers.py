@@ -165,7 +165,8 @@ def test_the_injection_checkers_see_another_tenants_record(faulty_tables, call):
 
     # When a query "leaks" (a caller whose filter reaches the other tenant), the checker counts it
     def leaky(name: str, body: Any = None, **kwargs: Any) -> HttpResult:
-        return call(name, {**body, "tenantId": THEIRS}, **kwargs)
+        result: HttpResult = call(name, {**body, "tenantId": THEIRS}, **kwargs)
+        return result
 
     fires(lambda t: only_mine(leaky, {"tenantId": MINE}, "leak", tally=t), message="read tenants")  # type: ignore[arg-type]
     theirs = call("state_query", {"tenantId": THEIRS}).json["items"]
