@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench import catchup, coldstart, contention, latency, resolver, roundtrips
+from bench import catchup, coldstart, contention, latency, machine, resolver, roundtrips
 from bench.harness import (
     DEFAULT_OUT,
     Environment,
@@ -56,6 +56,7 @@ def run(
     sizes = Sizes.smoke() if smoke else Sizes.full()
     started = time.perf_counter()
     started_at = datetime.now(UTC).isoformat(timespec="seconds")
+    measured_on = machine.describe()
     sections: dict[str, list[Figure]] = {}
     with environment(sizes, smoke=smoke, connection=connection, functions=functions) as env:
         for name, section in SECTIONS.items():
@@ -80,6 +81,7 @@ def run(
         smoke=smoke,
         command=command,
         python=platform.python_version(),
+        machine=measured_on,
         sections=sections,
         details=details,
     )

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import azure.functions as func
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from common import runtime
 
@@ -122,6 +122,7 @@ class Results(BaseModel):
     python: str
     sections: dict[str, list[Figure]]
     details: dict[str, Any]
+    machine: dict[str, Any] = Field(default_factory=dict)
 
 
 def ratio(settle: float | None, baseline: float | None) -> float | None:
