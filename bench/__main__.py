@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import platform
 import sys
 import time
@@ -75,6 +76,8 @@ def run(
                 ]
             log(f"{name} done in {time.perf_counter() - t0:.1f} s")
         details = env.details
+    if hasattr(os, "getloadavg"):
+        details["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     results = Results(
         started_at=started_at,
         duration_s=round(time.perf_counter() - started, 1),

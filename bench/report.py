@@ -87,7 +87,13 @@ def render_benchmark(results: Results) -> str:
         + (f", commit `{machine['commit']}`" if machine.get("commit") else "")
         + ".",
         "",
-        f"Machine: {one_line(machine) if machine else 'not recorded'}.",
+        f"Machine: {one_line(machine) if machine else 'not recorded'}"
+        + (
+            ", load average at the end " + " / ".join(str(x) for x in results.details["load_average_at_end"])
+            if results.details.get("load_average_at_end")
+            else ""
+        )
+        + ".",
         "",
         f"{len(figures)} figures: {len(missed)} missed"
         + (f" ({', '.join(missed)})" if missed else "")

@@ -52,12 +52,23 @@ MINIMUM: dict[str, int] = {
     "settlement (handoff_complete, loopback)": 4,
 }
 WHY = {
-    "lock (refused: held)": "one insert that conflicts, one read that says why",
+    "exists": "one point read of the head",
+    "get": "one point read of the head",
+    "lock (new key)": "one insert of the head",
+    "lock (refused: held)": "one insert that conflicts (or a known head), one read that says why",
+    "lock (refused: held, other instance)": "one insert that conflicts, one read that says why",
     "lock (Failed key)": "one read of the head (or a known head), one conditional replace",
+    "lock (Failed key, other instance)": "one read of the head, one conditional replace",
+    "set (fenced, with token)": "one transaction (head + history row) conditional on the token's ETag",
     "set (without token)": "one read of the head, one transaction (head + history row)",
+    "release (fenced, with token)": "one transaction conditional on the token's ETag",
     "release (without token)": "one read of the head, one transaction",
     "upsert": "one read of the head, one transaction",
+    "lock/extend (with token)": "one transaction conditional on the token's ETag",
     "resolver: EventRequest": "one point read, one transaction (history row + event row)",
+    "resolver: PendingHandoffResponse": "one point read, one transaction (+ queue and job index rows)",
+    "resolver: HandoffCompletedRequest": "one point read, one transaction (+ index rows removed)",
+    "resolver: ResolutionResponse": "one point read, one transaction",
     "settlement (handoff_complete, loopback)": "read, one transaction, then the loopback projection's 2",
 }
 RESOLVER_TYPES = ("EventRequest", "PendingHandoffResponse", "HandoffCompletedRequest", "ResolutionResponse")
