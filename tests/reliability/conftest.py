@@ -113,7 +113,10 @@ def _area(item: pytest.Item) -> str:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    # The table belongs to runs that selected the reliability suite (``-m slow``), not to ``make test``.
+    # The table belongs to runs that selected the reliability suite (``-m slow``), not to ``make test``
+    # (nor to ``--collect-only``, which runs nothing).
+    if session.config.option.collectonly:
+        return
     _run["selected"] = sum(1 for item in session.items if item.get_closest_marker("slow"))
     _run["started"] = time.time()
 
