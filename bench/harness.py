@@ -77,8 +77,8 @@ class Sizes:
         return cls(
             rounds=2,
             roundtrip_rounds=1,
-            roundtrip_ops=2,
-            roundtrip_quiet_s=0.3,
+            roundtrip_ops=1,
+            roundtrip_quiet_s=0.25,
             roundtrip_paced_cycles=0,
             latency_reps=3,
             contention_ks=(2, 8),
