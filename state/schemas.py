@@ -39,7 +39,11 @@ def _storable_instant(value: datetime) -> datetime:
     return value.astimezone(UTC)
 
 
-Text = Annotated[str, AfterValidator(_fits_a_property)]
+Text = Annotated[
+    str,
+    Field(max_length=MAX_TEXT_UNITS, description=f"At most {MAX_TEXT_UNITS} UTF-16 code units."),
+    AfterValidator(_fits_a_property),
+]
 Instant = Annotated[datetime, AfterValidator(_storable_instant)]
 Token = Annotated[str, Field(min_length=1, max_length=MAX_TOKEN_CHARS)]
 
