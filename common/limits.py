@@ -3,8 +3,10 @@
 Limits (docs/tables.md; ``reference/idempotency-anchors.md`` §4.1): a String or Binary property holds at
 most 64 KiB as documented, and the service rejects values over 64 KB (64,000 bytes), so Settle stays at
 64,000 bytes: a string of at most 32,000 UTF-16 code units (an astral character counts two). An entity
-holds at most 1 MiB, a transaction's body at most 4 MiB; Int32 properties hold up to 2^31-1, anything
-larger must be stored as Int64. Azurite is looser on every one of these, so they are enforced here.
+holds at most 1 MiB (a transaction's body at most 4 MiB: Settle's largest, a head and a history row
+of the largest record, is about 2 MB, measured by ``tests/state/test_boundaries.py``); Int32
+properties hold up to 2^31-1, anything larger must be stored as Int64. Azurite is looser on every one
+of these, so they are enforced here.
 
 Entity size follows the service's published estimate: 4 bytes + 2 per key character + for each property
 8 bytes + 2 per name character + the value (String 4 + 2 per UTF-16 unit, Binary 4 + its bytes, DateTime,
@@ -19,7 +21,6 @@ from typing import Any
 MAX_PROPERTY_BYTES = 64_000
 MAX_TEXT_UNITS = MAX_PROPERTY_BYTES // 2
 MAX_ENTITY_BYTES = 1024 * 1024
-MAX_BATCH_BYTES = 4 * 1024 * 1024
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
 

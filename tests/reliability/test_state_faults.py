@@ -211,15 +211,20 @@ def call_with_retries(
 
 
 def count_requests(faults: FaultPolicy, call: Caller, case: Case, restart: Callable[[], None]) -> int:
-    key = new_key()
-    ctx = case.prepare(call, key)
-    if case.cold:
-        restart()
-    with faults.plan() as plan:
-        result = call(case.function, case.body(key, ctx))
-    assert result.status == 200, f"{case.name}: clean run answered {result.status} {result.body!r}"
-    TALLY.add(AREA, operations=1)
-    return len(plan.requests)
+    # Twice, the fewer counted: a process's first lock in a partition and expiry minute also prepares the
+    # expiry index (+2 requests, once); a later run that does so only has more requests to fail.
+    counts = []
+    for _ in range(2):
+        key = new_key()
+        ctx = case.prepare(call, key)
+        if case.cold:
+            restart()
+        with faults.plan() as plan:
+            result = call(case.function, case.body(key, ctx))
+        assert result.status == 200, f"{case.name}: clean run answered {result.status} {result.body!r}"
+        TALLY.add(AREA, operations=1)
+        counts.append(len(plan.requests))
+    return min(counts)
 
 
 def run_case(
