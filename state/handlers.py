@@ -115,7 +115,7 @@ def decode_continuation(signer: Signer, binding: str, text: str | None) -> dict[
         not isinstance(token, dict)
         or not token
         or not set(token) <= _PAGE_KEYS
-        or not all(isinstance(v, str) for v in token.values())
+        or not all(v is None or isinstance(v, str) for v in token.values())  # a header may be absent
     ):
         raise InvalidInput("continuationToken is not one Settle issued.", field="continuationToken")
     if value.get("b") != binding:
