@@ -5,9 +5,8 @@ Settle's table clients (entities in every GET response), so the count does not r
 
 Target: the same number of entities read at both sizes, and time(100k) ÷ time(10k) ≤ 1.5.
 
-Loading uses ``bench_support`` (the bulk loader, 100-entity transactions in the real layout, in
-``bench/`` or, in older trees, ``state/``). Without it the benchmark falls back to the public HTTP
-functions at small sizes and says so.
+Loading uses ``bench.bench_support`` (the bulk loader, 100-entity transactions in the real
+layout). Without it the benchmark falls back to the public HTTP functions at small sizes and says so.
 """
 
 from __future__ import annotations
@@ -80,19 +79,15 @@ class EntityCounter(SansIOHTTPPolicy[Any, Any]):
 
 
 class Loader:
-    """Puts records into the current prefix's tables: bulk (``state.bench_support``) or via HTTP."""
+    """Puts records into the current prefix's tables: bulk (``bench.bench_support``) or via HTTP."""
 
     def __init__(self, env: Environment) -> None:
         self.env = env
         self.state = State(env.app)
-        self.support: Any = None
-        # The bulk loader lives in bench/ (moving there from state/): whichever this tree has.
-        for module in ("bench.bench_support", "state.bench_support"):
-            try:
-                self.support = importlib.import_module(module)
-                break
-            except ImportError:
-                continue
+        try:
+            self.support: Any = importlib.import_module("bench.bench_support")
+        except ImportError:
+            self.support = None
         self.bulk = self.support is not None and hasattr(self.support, "bulk_records")
 
     def records(self, count: int, *, expired_locks: int) -> None:
@@ -157,7 +152,7 @@ def run(env: Environment) -> list[Figure]:
     fallback_note = (
         ""
         if probe.bulk
-        else "bench_support.bulk_records is missing: loaded through HTTP at "
+        else "bench.bench_support.bulk_records is missing: loaded through HTTP at "
         f"{sizes[0]:,} / {sizes[1]:,} records instead of the full sizes"
     )
     prefixes: list[str] = []

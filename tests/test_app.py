@@ -23,10 +23,10 @@ def test_openapi_document_lists_every_http_function(call, functions):
     assert served == documented
 
 
-def test_only_health_and_openapi_are_anonymous(functions):
+def test_only_health_openapi_and_the_state_lookups_are_anonymous(functions):
     anonymous = {
         name
         for name, f in functions.items()
         if f.get_trigger().type == "httpTrigger" and f.get_trigger().auth_level.value == "anonymous"
     }
-    assert anonymous == {"health", "openapi_document"}
+    assert anonymous == {"health", "openapi_document", "state_meta"}

@@ -119,7 +119,7 @@ def check_head_and_history(
 
 def lock_id_of(token: str) -> str:
     """The lock id a token names (the suite compares it with the head's ``LockId``)."""
-    payload = token[3:]
+    payload = token.split(".")[1]  # v2.<payload>.<mac>
     return str(json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))["i"])
 
 

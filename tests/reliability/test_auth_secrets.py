@@ -33,7 +33,7 @@ from tests.reliability.tally import TALLY
 pytestmark = pytest.mark.slow
 
 AREA = "auth & secrets"
-ANONYMOUS = {"health", "openapi_document"}
+ANONYMOUS = {"health", "openapi_document", "state_meta"}  # state_meta: lookup lists, no I/O
 ROOT = Path(__file__).resolve().parents[2]
 
 # A real key is long base64; placeholders ("...", "SAS_KEY_VALUE", a test's "eA==") are not.

@@ -235,15 +235,20 @@ def call_with_retries(
 
 
 def count_requests(faults: FaultPolicy, call: Caller, case: Case, restart: Callable[[], None]) -> int:
-    key = new_key()
-    ctx = case.prepare(call, key)
-    if case.cold:
-        restart()
-    with faults.plan() as plan:
-        result = call(case.function, case.request(key, ctx))
-    assert result.status == 200, f"{case.name}: clean run answered {result.status} {result.body!r}"
-    TALLY.add(AREA, operations=1)
-    return len(plan.requests)
+    # Twice, the fewer counted: a process's first lock in a partition and expiry minute also prepares the
+    # expiry index (+2 requests, once); a later run that does so only has more requests to fail.
+    counts = []
+    for _ in range(2):
+        key = new_key()
+        ctx = case.prepare(call, key)
+        if case.cold:
+            restart()
+        with faults.plan() as plan:
+            result = call(case.function, case.request(key, ctx))
+        assert result.status == 200, f"{case.name}: clean run answered {result.status} {result.body!r}"
+        TALLY.add(AREA, operations=1)
+        counts.append(len(plan.requests))
+    return min(counts)
 
 
 def run_case(
@@ -372,7 +377,6 @@ def test_a_fault_on_any_request_of_catch_up_converts_each_expired_lock_exactly_o
         expired, live = new_key(), new_key()
         _ok(call("state_lock", {"key": expired, "lockSeconds": 60}), "prepare")
         _ok(call("state_lock", {"key": live, "lockSeconds": 3600}), "prepare")
-        service.store().expiry.flush()  # the index rows exist before the timer runs
         return expired, live
 
     later = lambda: utcnow() + timedelta(seconds=600)  # noqa: E731 - the expired lock is past, the live one not
@@ -466,7 +470,6 @@ def test_catch_up_on_several_instances_at_once_converts_each_expired_lock_once(f
     # Given expired and live locks, flushed to the expiry index
     from common import runtime
     from state.catchup import Catchup
-    from state.expiry import ExpiryIndex
     from state.store import StateStore
 
     expired = [new_key() for _ in range(sized(20, 6))]
@@ -475,7 +478,6 @@ def test_catch_up_on_several_instances_at_once_converts_each_expired_lock_once(f
         _ok(call("state_lock", {"key": key, "lockSeconds": 60}), "prepare")
     for key in live:
         _ok(call("state_lock", {"key": key, "lockSeconds": 3600}), "prepare")
-    service.store().expiry.flush()
     when = utcnow() + timedelta(seconds=600)
     # When three instances run catch-up at the same instant, with random storage faults, each retrying
     barrier = threading.Barrier(3)
@@ -483,15 +485,14 @@ def test_catch_up_on_several_instances_at_once_converts_each_expired_lock_once(f
     guard = threading.Lock()
 
     def instance(seed: int) -> None:
-        tables = runtime.tables()
-        store = StateStore(tables, ExpiryIndex(tables))
+        store = StateStore(runtime.tables())
         with faulty_tables.plan(when=WHENS[seed % 2], rate=0.1, limit=4, seed=seed) as plan:
             barrier.wait()
             for _ in range(6):  # the timer fires again after a failed run
                 with guard:
                     runs["count"] += 1
                 try:
-                    Catchup(store, store.expiry).run(now=when)
+                    Catchup(store).run(now=when)
                     break
                 except Exception as exc:
                     TALLY.check(AREA, "injected fault" in str(exc), f"catch-up raised {exc!r}")

@@ -33,7 +33,7 @@ EXISTS = {"Processed", "Skipped"}
 
 
 def lock_id(token: str) -> str:
-    payload = token[3:]
+    payload = token.split(".")[1]
     return str(json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))["i"])
 
 
