@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install chromium run test lint typecheck pytest bench bench-smoke reliability infra-check infra-types azurite clean
+.PHONY: install chromium run test lint typecheck pytest bench bench-smoke bench-report reliability infra-check infra-types azurite clean
 
 CHROMIUM := /usr/bin/chromium
 
@@ -44,10 +44,13 @@ pytest: $(STAMP)
 bench: $(STAMP) ## Side-by-side benchmark (own Azurite); writes bench/results.json.
 	$(PY) -m bench $(BENCH_ARGS)
 
-bench-smoke: $(STAMP)
-	$(PY) -m bench --smoke
+bench-smoke: $(STAMP) ## Tiny sizes (CI): fails only on an error, never on a missed target.
+	$(PY) -m bench --smoke --out bench/results-smoke.json
 
-reliability: $(STAMP) ## Faults, races, fuzzing: prints the violations table (must be 0).
+bench-report: $(STAMP) ## Render docs/benchmark.md and docs/reliability.md from the last full runs.
+	$(PY) -m bench.report
+
+reliability: $(STAMP) ## Faults, races, fuzzing: prints the violations table (must be 0), writes bench/reliability-<scale>.json.
 	$(PY) -m pytest -m slow -p no:cacheprovider $(PYTEST_ARGS)
 
 infra-check: $(STAMP) ## Settle's infra checks (types, roles, rules; full report) + checkov in its own venv.

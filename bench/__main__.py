@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import platform
 import sys
 import time
@@ -18,7 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench import catchup, coldstart, contention, latency, resolver, roundtrips
+from bench import catchup, coldstart, contention, latency, machine, resolver, roundtrips
 from bench.harness import (
     DEFAULT_OUT,
     Environment,
@@ -56,6 +57,7 @@ def run(
     sizes = Sizes.smoke() if smoke else Sizes.full()
     started = time.perf_counter()
     started_at = datetime.now(UTC).isoformat(timespec="seconds")
+    measured_on = machine.describe()
     sections: dict[str, list[Figure]] = {}
     with environment(sizes, smoke=smoke, connection=connection, functions=functions) as env:
         for name, section in SECTIONS.items():
@@ -74,12 +76,15 @@ def run(
                 ]
             log(f"{name} done in {time.perf_counter() - t0:.1f} s")
         details = env.details
+    if hasattr(os, "getloadavg"):
+        details["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     results = Results(
         started_at=started_at,
         duration_s=round(time.perf_counter() - started, 1),
         smoke=smoke,
         command=command,
         python=platform.python_version(),
+        machine=measured_on,
         sections=sections,
         details=details,
     )

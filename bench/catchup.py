@@ -5,7 +5,7 @@ Settle's table clients (entities in every GET response), so the count does not r
 
 Target: the same number of entities read at both sizes, and time(100k) ÷ time(10k) ≤ 1.5.
 
-Loading uses ``state.bench_support`` (the state package's bulk loader, 100-entity transactions in the real
+Loading uses ``bench.bench_support`` (the bulk loader, 100-entity transactions in the real
 layout). Without it the benchmark falls back to the public HTTP functions at small sizes and says so.
 """
 
@@ -79,13 +79,13 @@ class EntityCounter(SansIOHTTPPolicy[Any, Any]):
 
 
 class Loader:
-    """Puts records into the current prefix's tables: bulk (``state.bench_support``) or via HTTP."""
+    """Puts records into the current prefix's tables: bulk (``bench.bench_support``) or via HTTP."""
 
     def __init__(self, env: Environment) -> None:
         self.env = env
         self.state = State(env.app)
         try:
-            self.support: Any = importlib.import_module("state.bench_support")
+            self.support: Any = importlib.import_module("bench.bench_support")
         except ImportError:
             self.support = None
         self.bulk = self.support is not None and hasattr(self.support, "bulk_records")
@@ -152,7 +152,7 @@ def run(env: Environment) -> list[Figure]:
     fallback_note = (
         ""
         if probe.bulk
-        else "state.bench_support.bulk_records is missing: loaded through HTTP at "
+        else "bench.bench_support.bulk_records is missing: loaded through HTTP at "
         f"{sizes[0]:,} / {sizes[1]:,} records instead of the full sizes"
     )
     prefixes: list[str] = []

@@ -19,10 +19,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import azure.functions as func
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from common import runtime
-from common.roundtrips import ROUND_TRIPS
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "bench" / "results.json"
@@ -38,6 +37,10 @@ class Sizes:
     """How much work each section does (the full run and a seconds-long smoke run)."""
 
     rounds: int  # medians are taken over this many rounds
+    roundtrip_rounds: int
+    roundtrip_ops: int  # operations counted together per round (batched work is amortised over them)
+    roundtrip_quiet_s: float  # no storage request for this long: background work has drained
+    roundtrip_paced_cycles: int  # lock + set cycles at one call per 0.3 s (context; 0: skipped)
     latency_reps: int  # calls per operation per round
     contention_ks: tuple[int, ...]
     contention_repeats: int
@@ -53,6 +56,10 @@ class Sizes:
     def full(cls) -> Sizes:
         return cls(
             rounds=7,
+            roundtrip_rounds=3,
+            roundtrip_ops=10,
+            roundtrip_quiet_s=0.5,
+            roundtrip_paced_cycles=10,
             latency_reps=40,
             contention_ks=(2, 8, 32),
             contention_repeats=10,
@@ -60,7 +67,7 @@ class Sizes:
             catchup_fallback_sizes=(1_000, 5_000),
             catchup_expired=100,
             catchup_runs=7,
-            resolver_events=500,
+            resolver_events=300,
             resolver_blocks=10,
             coldstart_processes=11,
         )
@@ -69,6 +76,10 @@ class Sizes:
     def smoke(cls) -> Sizes:
         return cls(
             rounds=2,
+            roundtrip_rounds=1,
+            roundtrip_ops=1,
+            roundtrip_quiet_s=0.25,
+            roundtrip_paced_cycles=0,
             latency_reps=3,
             contention_ks=(2, 8),
             contention_repeats=1,
@@ -111,6 +122,7 @@ class Results(BaseModel):
     python: str
     sections: dict[str, list[Figure]]
     details: dict[str, Any]
+    machine: dict[str, Any] = Field(default_factory=dict)
 
 
 def ratio(settle: float | None, baseline: float | None) -> float | None:
@@ -260,16 +272,31 @@ class Environment:
     _raw_tables: list[str] = field(default_factory=list)
 
     def use_fresh_prefix(
-        self, *, prefix: str | None = None, policies: Sequence[Any] = (), **extra_env: str
+        self,
+        *,
+        prefix: str | None = None,
+        policies: Sequence[Any] = (),
+        connection: str | None = None,
+        **extra_env: str,
     ) -> str:
-        """Point the app at empty tables (a new prefix, or ``prefix``) and rebuild its cached clients."""
+        """Point the app at empty tables (a new prefix, or ``prefix``) and rebuild its cached clients;
+        ``connection`` reaches Azurite another way (through the counting proxy)."""
         prefix = prefix or "b" + uuid.uuid4().hex[:12]
-        os.environ["SETTLE_TABLES"] = self.connection
+        os.environ["SETTLE_TABLES"] = connection or self.connection
         os.environ["SETTLE_TABLE_PREFIX"] = prefix
         os.environ.pop("SETTLE_TABLES__tableServiceUri", None)
         os.environ.update(extra_env)
         runtime.reset(policies=policies)
         return prefix
+
+    def table_endpoint(self) -> str:
+        """``http://host:port`` of Azurite's table service (from the connection string)."""
+        for part in self.connection.split(";"):
+            name, _, value = part.partition("=")
+            if name.strip().lower() == "tableendpoint":
+                scheme, _, rest = value.partition("://")
+                return f"{scheme}://{rest.split('/', 1)[0]}"
+        raise ValueError("the connection string has no TableEndpoint")
 
     def raw_table(self, purpose: str) -> Any:
         """A plain SDK ``TableClient`` on a new table (no Settle code on its path)."""
@@ -314,27 +341,16 @@ def environment(
             azurite.stop()
 
 
-REQUEST_LOG: dict[str, list[list[str]]] = {}
-"""HTTP methods of every counted call, by label (written to the JSON details, to explain a count)."""
-
-
-def count_requests(call: Callable[[], Any], label: str = "") -> tuple[int, Any]:
-    """Run ``call`` and count the Table HTTP requests this thread sent meanwhile."""
-    with ROUND_TRIPS.measure() as tally:
-        result = call()
-    if label:
-        REQUEST_LOG.setdefault(label, []).append(list(tally.methods))
-    return tally.requests, result
-
-
 # ---------------------------------------------------------------------------------------------- output
 
 
 def _fmt(value: float | None, unit: str) -> str:
     if value is None:
         return "-"
-    if unit in ("requests", "entities", "acquirers", "holders") or float(value).is_integer():
+    if float(value).is_integer():
         return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:g}"
+    if unit in ("requests", "entities", "holders"):
+        return f"{value:.2f}"
     if unit == "s":
         return f"{value * 1000:.2f} ms" if value < 1 else f"{value:.2f} s"
     if unit == "msg/s":

@@ -18,7 +18,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_to_datetime
 from typing import Any
 
@@ -91,6 +91,24 @@ SERVER_CLOCK = ServerClock()
 def utcnow() -> datetime:
     """Now, by the storage service's clock (see module docstring)."""
     return SERVER_CLOCK.now()
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def epoch_ms(value: datetime) -> int:
+    """Milliseconds since the epoch (integer arithmetic: exact, no float rounding)."""
+    delta = value.astimezone(UTC) - _EPOCH
+    return (delta.days * 86_400 + delta.seconds) * 1000 + delta.microseconds // 1000
+
+
+def from_epoch_ms(ms: int) -> datetime:
+    return _EPOCH + timedelta(milliseconds=ms)
+
+
+def to_ms(value: datetime) -> datetime:
+    """``value`` truncated to the millisecond (what Settle stores, and what tokens and index keys carry)."""
+    return value.replace(microsecond=value.microsecond - value.microsecond % 1000)
 
 
 def iso(value: datetime) -> str:

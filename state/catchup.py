@@ -1,27 +1,41 @@
 """Catch-up: expired locks become Failed, records past retention become Expired.
 
-It reads the expiry index (``state/expiry.py``), never the records table as a whole, so its cost grows
-with the number of expired locks and retention deadlines, not with the table. Each index row is checked
-against the record's head (a point read) and acted on with an ETag-conditional transaction, so several
-instances may run it at once: one of them wins each record, the others see the change and move on.
-Work per run is bounded by ``max_rows``; what is left waits for the next run.
+It reads the expiry index (``state/expiry.py``), never the records table as a whole: level 1 names the
+(minute, partition) pairs whose minute has begun, and in each such partition a range read returns the
+index rows that are due. Each row is checked against the record's head (a point read) and acted on with
+an ETag-conditional transaction that also deletes the row, so several instances may run at once: one
+of them wins each record, the others see the change and move on. Its cost grows with the expired locks
+and due deadlines (and the partitions holding them), not with the table or with live locks.
+
+A minute whose end lies ``CLOSE_MARGIN_MS`` in the past is closed once every row of it was handled:
+delete the minute's markers in that partition, read its rows again (a transaction that slipped in
+before the markers went is handled now), then delete the level-1 row ``If-Match`` the ETag read at the
+start. If a lock path touched it meanwhile, the delete fails and the next run looks again (ADR-0011).
+
+Work per run is bounded by ``max_rows`` (index rows handled plus partitions visited); what is left waits
+for the next run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
-from common.clock import iso, utcnow
-from state.expiry import LOCK_KIND, RETENTION_KIND, ExpiryIndex, IndexRow
+from common.clock import epoch_ms, iso, to_ms
+from state.expiry import ExpiryIndex, Pointer
+from state.keys import BUCKET_MS, LOCK_KIND, RETENTION_KIND, bucket_range, due_range, is_marker
 from state.model import Status
-from state.store import StateStore, is_conflict, retention_expired
+from state.store import INDEX_COLUMNS, Head, StateStore, is_conflict, retain_until
 
 log = logging.getLogger("settle.state.catchup")
 
 DEFAULT_MAX_ROWS = 500
+CLOSE_MARGIN_MS = 5_000
+_COLUMN_OF_KIND = {kind: column for column, kind in INDEX_COLUMNS.items()}
 
 
 @dataclass
@@ -33,6 +47,8 @@ class CatchupResult:
     locks_failed: int = 0
     records_expired: int = 0
     stale_index_rows: int = 0
+    minutes_visited: int = 0
+    minutes_closed: int = 0
     elapsed_ms: float = 0.0
 
     @property
@@ -40,71 +56,146 @@ class CatchupResult:
         return self.index_rows_read + self.records_read
 
 
+class _Budget:
+    def __init__(self, rows: int) -> None:
+        self.left = rows
+
+    def take(self) -> bool:
+        if self.left <= 0:
+            return False
+        self.left -= 1
+        return True
+
+
 class Catchup:
-    def __init__(self, store: StateStore, expiry: ExpiryIndex) -> None:
+    def __init__(self, store: StateStore, index: ExpiryIndex | None = None) -> None:
         self._store = store
-        self._expiry = expiry
+        self._index = index or store.index
 
     def run(self, *, now: datetime | None = None, max_rows: int = DEFAULT_MAX_ROWS) -> CatchupResult:
         started = time.perf_counter()
         result = CatchupResult()
-        self._expiry.flush()
-        when = now or utcnow()
-        for row in self._expiry.due(LOCK_KIND, when, limit=max_rows):
-            result.index_rows_read += 1
-            self._expire_lock(row, when, result)
-        budget = max_rows - result.index_rows_read
-        if budget > 0:
-            for row in self._expiry.due(RETENTION_KIND, when, limit=budget):
+        when = to_ms(now) if now is not None else self._store.now()
+        budget = _Budget(max_rows)
+        for kind in (LOCK_KIND, RETENTION_KIND):
+            for pointer in self._index.pointers(kind, when):
                 result.index_rows_read += 1
-                self._expire_retention(row, when, result)
+                if not budget.take():
+                    break
+                result.minutes_visited += 1
+                self._visit(pointer, when, result, budget)
         result.elapsed_ms = (time.perf_counter() - started) * 1000
         log.info("state catch-up: %s", result)
         return result
 
-    def _expire_lock(self, row: IndexRow, now: datetime, result: CatchupResult) -> None:
-        for _ in range(2):
-            head = self._store.read_head_at(row.state_pk, row.state_rk)
-            result.records_read += 1
-            until = head.locked_until if head else None
-            if (
-                head is None
-                or head.status is not Status.PROCESSING
-                or head.entity.get("LockId") != row.ident
-                or until is None
-                or until > now
-            ):
-                result.stale_index_rows += 1
-                break
-            try:
-                self._store.conclude(
-                    head,
-                    Status.FAILED,
-                    substatus="LockExpired",
-                    error=f"The lock expired at {iso(until)} before its holder recorded an outcome.",
-                    now=now,
+    def _visit(self, pointer: Pointer, now: datetime, result: CatchupResult, budget: _Budget) -> None:
+        """Handle one partition's due rows of one minute; close the minute when it is over and done."""
+        now_ms = epoch_ms(now)
+        closable = (pointer.bucket + 1) * BUCKET_MS <= now_ms - CLOSE_MARGIN_MS
+        if closable:
+            low, high = bucket_range(pointer.kind, pointer.bucket)
+        else:
+            low, high = due_range(pointer.kind, pointer.bucket, now_ms)
+        rows = self._rows(pointer.partition, low, high, result)
+        if not self._handle_all(pointer, rows, now, result, budget) or not closable:
+            return
+        from azure.core import MatchConditions
+
+        table = self._store.table
+        for row in rows:
+            if is_marker(str(row["RowKey"])):
+                # Every marker listed must go before level 1 may: a lock path still holding one could
+                # otherwise add a row nobody would find.
+                table.delete_entity(
+                    pointer.partition, row["RowKey"], match_condition=MatchConditions.Unconditionally
                 )
+        again = self._rows(pointer.partition, low, high, result)
+        if not self._handle_all(pointer, again, now, result, budget):
+            return
+        if self._index.drop(pointer):
+            result.minutes_closed += 1
+
+    def _rows(self, partition: str, low: str, high: str, result: CatchupResult) -> list[dict[str, Any]]:
+        rows = [
+            dict(e, etag=e.metadata["etag"])
+            for e in self._store.table.query_entities(
+                "PartitionKey eq @pk and RowKey ge @low and RowKey lt @high",
+                parameters={"pk": partition, "low": low, "high": high},
+            )
+        ]
+        result.index_rows_read += len(rows)
+        return rows
+
+    def _handle_all(
+        self,
+        pointer: Pointer,
+        rows: list[dict[str, Any]],
+        now: datetime,
+        result: CatchupResult,
+        budget: _Budget,
+    ) -> bool:
+        """Act on every index row; False when one is still live or the budget ran out."""
+        done = True
+        for row in rows:
+            if is_marker(str(row["RowKey"])):
+                continue
+            if not budget.take() or not self._handle(pointer, row, now, result):
+                done = False
+        return done
+
+    def _handle(self, pointer: Pointer, row: dict[str, Any], now: datetime, result: CatchupResult) -> bool:
+        """Conclude the record the row points at, or drop the row when it is stale; False if still live."""
+        column = _COLUMN_OF_KIND[pointer.kind]
+        for _ in range(3):
+            head = self._store.read_head_at(pointer.partition, str(row["StateRK"]))
+            result.records_read += 1
+            if head is None or head.entity.get(column) != row["RowKey"]:
+                self._drop_stale(pointer.partition, row)
+                result.stale_index_rows += 1
+                return True
+            try:
+                if pointer.kind == LOCK_KIND:
+                    if not self._fail_lock(head, now):
+                        return False
+                    result.locks_failed += 1
+                else:
+                    if not self._expire(head, now):
+                        return False
+                    result.records_expired += 1
+                return True
             except Exception as exc:
                 if not is_conflict(exc):
                     raise
                 continue  # someone changed it meanwhile: look again
-            result.locks_failed += 1
-            break
-        self._expiry.delete(row)
+        return False
 
-    def _expire_retention(self, row: IndexRow, now: datetime, result: CatchupResult) -> None:
-        for _ in range(2):
-            head = self._store.read_head_at(row.state_pk, row.state_rk)
-            result.records_read += 1
-            if head is None or head.version != row.version or not retention_expired(head.entity, now):
-                result.stale_index_rows += 1
-                break
-            try:
-                self._store.conclude(head, Status.EXPIRED, substatus="RetentionExpired", error=None, now=now)
-            except Exception as exc:
-                if not is_conflict(exc):
-                    raise
-                continue
-            result.records_expired += 1
-            break
-        self._expiry.delete(row)
+    def _fail_lock(self, head: Head, now: datetime) -> bool:
+        until = head.locked_until
+        if head.status is not Status.PROCESSING or until is None or until > now:
+            return False
+        self._store.conclude(
+            head,
+            Status.FAILED,
+            substatus="LockExpired",
+            error=f"The lock expired at {iso(until)} before its holder recorded an outcome.",
+            now=now,
+        )
+        return True
+
+    def _expire(self, head: Head, now: datetime) -> bool:
+        if (
+            head.status not in (Status.PROCESSED, Status.SKIPPED, Status.FAILED)
+            or retain_until(head.entity) > now
+        ):
+            return False
+        self._store.conclude(head, Status.EXPIRED, substatus="RetentionExpired", error=None, now=now)
+        return True
+
+    def _drop_stale(self, partition: str, row: dict[str, Any]) -> None:
+        from azure.core import MatchConditions
+        from azure.core.exceptions import ResourceModifiedError
+
+        with contextlib.suppress(ResourceModifiedError):  # rewritten meanwhile: the next run judges it
+            self._store.table.delete_entity(
+                partition, row["RowKey"], etag=row["etag"], match_condition=MatchConditions.IfNotModified
+            )

@@ -28,15 +28,21 @@ def build_envelope(
     data: Any,
     metadata: dict[str, Any] | None,
     handler_key: str,
+    execution_id: int | None = None,
 ) -> dict[str, Any]:
+    """The envelope of one write. ``execution_id``: the run that writes it (the request key's
+    ``entityExecutionId``, sent for every scope); it wins over a caller's ``metadata.executionId``."""
     meta: dict[str, Any] = {
         "nodeType": None,
         "elementKey": None,
-        "executionId": key.entity_execution_id,
+        "executionId": None,
         "runAt": iso(utcnow()),
         "version": ENVELOPE_VERSION,
     }
     meta.update({k: v for k, v in (metadata or {}).items() if v is not None})
+    run = execution_id if execution_id is not None else key.entity_execution_id
+    if run is not None:
+        meta["executionId"] = run
     meta["handlerKey"] = handler_key
     return {
         "metadata": meta,

@@ -1,259 +1,179 @@
-"""The lock-expiry and retention index the catch-up timer range-reads (table ``statelocks``).
+"""The expiry index catch-up reads: two levels, kept atomic with the records (ADR-0011).
 
-Why an index in its own table, written in the background: a lock on a new key must stay a single insert
-(the fastest thing Table Storage does), and an index row in another partition cannot join that insert's
-transaction. So each process buffers its index rows and writes them in entity group transactions of up to
-100 rows (grouped by expiry minute) every :data:`FLUSH_INTERVAL_S`: the hot path pays nothing and the
-index costs about one request per 100 locks. A lock released before the buffer is flushed never reaches
-the table at all; one released later is deleted (ETag-conditional) in the next batch.
+Level 2 lives in each record's own partition of the ``state`` table: one row per live lock
+(``~l|{minute}|{expiry ms}|{lockId}``) and per retention deadline (``~r|...``), pointing at the head's
+RowKey. The head names its index rows (``LockIndexKey``, ``RetainIndexKey``) and the transaction that
+changes the head inserts and deletes them, so a live lock always has its row: no buffer, no background
+thread, nothing a process exit or a kill can lose.
 
-What the buffer can lose: rows of a process that dies within one flush interval of taking a lock. Such a
-lock is still taken over by the next ``lock`` call once it expires (lock judges expiry itself); only the
-timer's early conversion to Failed is missed. Catch-up validates every row against the record's head
-before acting, so a stale or duplicate row is harmless: it is read once and deleted.
+Level 1 (table ``statelocks``) tells catch-up where to look: one row per (kind, expiry minute M, state
+partition P). It cannot join the record's transaction (another table), so it is guarded by **markers**:
+every transaction that inserts a level-2 row of minute M in P also merges (``If-Match: *``) a marker row
+``~{kind}|{M}|m{nonce}`` of P, and fails unless that marker exists. A process makes its marker once per
+(P, kind, M) (:meth:`ExpiryIndex.prepare`): (a) insert a marker with a fresh nonce, (b) insert the level-1
+row or, when it exists, touch it (a merge changes its ETag); only then is the nonce used. Catch-up
+deletes a level-1 row only after deleting every marker it listed and re-reading the minute's rows, and
+only with ``If-Match`` the ETag it read first. A marker listed and deleted cannot be used again (its
+nonce is never re-created); a marker made later was followed by a touch that changed the ETag (the
+delete fails) or re-created the row. So a successful lock transaction always finds a level-1 row, and
+no crash, lost answer or slow request can leave a live lock that catch-up cannot find. The proof is in
+ADR-0011.
+
+The cost on the lock path: the marker merge rides in the lock's own transaction (still one round trip);
+preparing costs two or three requests once per partition, minute and process.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import hashlib
-import logging
 import threading
+import uuid
 from collections import OrderedDict
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from common.clock import epoch_ms
 from common.tables import Tables
-from state.keys import EXPIRY_TABLE
+from state.keys import (
+    EXPIRY_TABLE,
+    STATE_TABLE,
+    bucket_of,
+    index_row_key,
+    level1_partition,
+    marker_row_key,
+    parse_level1_partition,
+    parse_marker_row_key,
+)
 
-log = logging.getLogger("settle.state.expiry")
-
-FLUSH_INTERVAL_S = 0.2
-BATCH = 100
-LOCK_KIND = "l"
-RETENTION_KIND = "r"
-_MAX_REMEMBERED = 20_000
-_MAX_ATTEMPTS = 50
-
-
-def _ms(value: datetime) -> int:
-    return int(value.timestamp() * 1000)
-
-
-def index_keys(kind: str, expires_at: datetime, ident: str) -> tuple[str, str]:
-    ms = _ms(expires_at)
-    return f"{kind}{ms // 60_000:010d}", f"{ms:013d}|{ident}"
+_PREPARED_MAX = 4096
+_TOUCH_ATTEMPTS = 4
 
 
-def retention_ident(state_pk: str, state_rk: str, version: int) -> str:
-    return hashlib.sha256(f"{state_pk}\n{state_rk}\n{version}".encode()).hexdigest()[:32]
+def index_entity(partition: str, kind: str, due: datetime, ident: str, state_row: str) -> dict[str, Any]:
+    """A level-2 row: ``ident`` (lock id or deadline id) of the head ``state_row`` falls due at ``due``."""
+    return {
+        "PartitionKey": partition,
+        "RowKey": index_row_key(kind, epoch_ms(due), ident),
+        "StateRK": state_row,
+    }
+
+
+def level1_entity(kind: str, bucket: int, partition: str) -> dict[str, Any]:
+    return {"PartitionKey": level1_partition(kind, bucket), "RowKey": partition}
 
 
 @dataclass(frozen=True)
-class IndexRow:
-    kind: str
-    ident: str
-    partition_key: str
-    row_key: str
-    state_pk: str
-    state_rk: str
-    version: int
-    etag: str | None = None
+class Pointer:
+    """A level-1 row as catch-up read it: partition ``partition`` holds rows of ``kind`` due in ``bucket``."""
 
-    def entity(self) -> dict[str, Any]:
-        return {
-            "PartitionKey": self.partition_key,
-            "RowKey": self.row_key,
-            "Ident": self.ident,
-            "StatePK": self.state_pk,
-            "StateRK": self.state_rk,
-            "Version": self.version,
-        }
+    kind: str
+    bucket: int
+    partition: str
+    etag: str
 
 
 class ExpiryIndex:
-    """Buffered writer and reader of the expiry index."""
+    """Prepares markers for the lock path and reads level 1 for catch-up."""
 
     def __init__(self, tables: Tables) -> None:
         self._tables = tables
-        self._lock = threading.Lock()  # guards the dictionaries below
-        self._flushing = threading.Lock()  # one flush at a time, so no row is written twice
-        self._pending: dict[str, IndexRow] = {}  # ident -> the row to insert
-        self._written: OrderedDict[str, IndexRow] = OrderedDict()  # ident -> the row in the table
-        self._deletes: dict[str, IndexRow] = {}  # row key -> a written row (with ETag) to delete
-        self._attempts: dict[str, int] = {}
-        self._wake = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._closed = False
+        self._guard = threading.Lock()
+        self._prepared: OrderedDict[tuple[str, str, int], str] = OrderedDict()
+        self._preparing: dict[tuple[str, str, int], threading.Lock] = {}
 
-    # -- writing ---------------------------------------------------------------------------------
-    def track(
-        self, kind: str, expires_at: datetime, ident: str, state_pk: str, state_rk: str, version: int
-    ) -> None:
-        """Catch ``ident`` up at ``expires_at`` (replacing an earlier deadline of the same ident)."""
-        pk, rk = index_keys(kind, expires_at, ident)
-        row = IndexRow(kind, ident, pk, rk, state_pk, state_rk, version)
-        with self._lock:
-            previous = self._written.get(ident)
-            if previous is not None and previous.row_key == rk:
-                self._pending.pop(ident, None)  # already in the table as it should be
-                return
-            self._pending[ident] = row
-            if previous is not None:
-                del self._written[ident]
-                self._deletes[previous.row_key] = previous
-            self._ensure_thread()
+    # -- the lock path -------------------------------------------------------------------------------
+    def marker(self, partition: str, kind: str, bucket: int) -> dict[str, Any]:
+        """The marker a transaction inserting an index row of minute ``bucket`` must merge (``If-Match *``).
 
-    def untrack(self, ident: str) -> None:
-        """The lock (or retention version) ``ident`` no longer needs catching up."""
-        with self._lock:
-            self._pending.pop(ident, None)
-            written = self._written.pop(ident, None)
-            if written is not None:
-                self._deletes[written.row_key] = written
-                self._ensure_thread()
+        Prepares it first when this process has none for that partition and minute (2-3 requests)."""
+        nonce = self._nonce(partition, kind, bucket)
+        return {"PartitionKey": partition, "RowKey": marker_row_key(kind, bucket, nonce)}
 
-    def _ensure_thread(self) -> None:
-        if self._thread is None or not self._thread.is_alive():
-            self._thread = threading.Thread(target=self._run, name="settle-expiry-index", daemon=True)
-            self._thread.start()
-            atexit.register(self._flush_at_exit)
+    def forget(self, marker: dict[str, Any]) -> None:
+        """The transaction found ``marker`` gone (catch-up closed its minute): prepare afresh next time."""
+        kind, bucket, nonce = parse_marker_row_key(str(marker["RowKey"]))
+        key = (str(marker["PartitionKey"]), kind, bucket)
+        with self._guard:
+            if self._prepared.get(key) == nonce:  # not a newer preparation of another thread
+                del self._prepared[key]
 
-    def _run(self) -> None:
-        while not self._closed:
-            self._wake.wait(FLUSH_INTERVAL_S)
-            self._wake.clear()
-            try:
-                self.flush()
-            except Exception:  # the flusher must survive anything; rows stay buffered
-                log.exception("expiry index flush failed; will retry")
+    def _nonce(self, partition: str, kind: str, bucket: int) -> str:
+        key = (partition, kind, bucket)
+        with self._guard:
+            nonce = self._prepared.get(key)
+            if nonce is not None:
+                return nonce
+            preparing = self._preparing.setdefault(key, threading.Lock())
+        with preparing:  # one preparation per key and process; the others wait for it
+            with self._guard:
+                nonce = self._prepared.get(key)
+            if nonce is None:
+                nonce = self._prepare(partition, kind, bucket)
+                with self._guard:
+                    self._prepared[key] = nonce
+                    while len(self._prepared) > _PREPARED_MAX:
+                        self._prepared.popitem(last=False)
+        with self._guard:
+            self._preparing.pop(key, None)
+        return nonce
 
-    def flush(self) -> None:
-        """Write buffered rows now (catch-up calls this first, so a run sees this process's locks)."""
-        with self._flushing:
-            with self._lock:
-                inserts = list(self._pending.values())
-                deletes = list(self._deletes.values())
-            if not inserts and not deletes:
-                return
-            table = self._tables.table(EXPIRY_TABLE)
-            for group in _grouped(inserts):
-                self._submit(table, group, insert=True)
-            for group in _grouped(deletes):
-                self._submit(table, group, insert=False)
-
-    def _submit(self, table: Any, rows: list[IndexRow], *, insert: bool) -> None:
+    def _prepare(self, partition: str, kind: str, bucket: int) -> str:
+        """(a) a marker with a fresh nonce, then (b) the level-1 row inserted or touched. Order matters."""
         from azure.core import MatchConditions
-        from azure.data.tables import TableTransactionError
+        from azure.core.exceptions import ResourceExistsError, ResourceNotFoundError
+        from azure.data.tables import UpdateMode
 
-        remaining = list(rows)
-        while remaining:
-            if insert:
-                ops: list[Any] = [("create", r.entity()) for r in remaining]
-            else:
-                ops = [
-                    ("delete", r.entity(), {"etag": r.etag, "match_condition": MatchConditions.IfNotModified})
-                    for r in remaining
-                ]
+        nonce = uuid.uuid4().hex
+        marker = {"PartitionKey": partition, "RowKey": marker_row_key(kind, bucket, nonce)}
+        with contextlib.suppress(ResourceExistsError):  # our own insert, applied but its answer lost
+            self._tables.table(STATE_TABLE).create_entity(marker)
+        level1 = self._tables.table(EXPIRY_TABLE)
+        row = level1_entity(kind, bucket, partition)
+        for _ in range(_TOUCH_ATTEMPTS):
             try:
-                results = table.submit_transaction(ops)
-            except TableTransactionError as exc:
-                # One row already there (insert) or already gone/changed (delete): drop it, retry the rest.
-                index = exc.index if exc.index is not None and 0 <= exc.index < len(remaining) else 0
-                self._done(remaining.pop(index), insert=insert, etag=None)
-                continue
-            except Exception:
-                for row in remaining:
-                    self._retry_later(row, insert=insert)
-                raise
-            for row, result in zip(remaining, results, strict=True):
-                self._done(row, insert=insert, etag=result.get("etag"))
-            return
+                level1.create_entity(row)
+                return nonce
+            except ResourceExistsError:
+                pass
+            try:
+                # A merge changes the row's ETag: a catch-up that read the old one cannot delete it now.
+                level1.update_entity(
+                    row, mode=UpdateMode.MERGE, match_condition=MatchConditions.Unconditionally
+                )
+                return nonce
+            except ResourceNotFoundError:
+                continue  # deleted between the two requests: insert it again
+        raise RuntimeError("the expiry index row kept changing while it was being prepared")
 
-    def _done(self, row: IndexRow, *, insert: bool, etag: str | None) -> None:
-        with self._lock:
-            self._attempts.pop(row.row_key, None)
-            if not insert:
-                self._deletes.pop(row.row_key, None)
-                return
-            written = replace(row, etag=etag) if etag is not None else None
-            if self._pending.get(row.ident) is row:
-                del self._pending[row.ident]
-                if written is not None:
-                    self._written[row.ident] = written
-                    while len(self._written) > _MAX_REMEMBERED:
-                        self._written.popitem(last=False)
-            elif written is not None:
-                # Untracked or re-tracked while it was being written: it is stale already.
-                self._deletes[row.row_key] = written
-
-    def _retry_later(self, row: IndexRow, *, insert: bool) -> None:
-        with self._lock:
-            attempts = self._attempts.get(row.row_key, 0) + 1
-            self._attempts[row.row_key] = attempts
-            if attempts >= _MAX_ATTEMPTS:
-                log.error("giving up on expiry index row %s after %d attempts", row.row_key, attempts)
-                if insert and self._pending.get(row.ident) is row:
-                    del self._pending[row.ident]
-                if not insert:
-                    self._deletes.pop(row.row_key, None)
-                self._attempts.pop(row.row_key, None)
-
-    def _flush_at_exit(self) -> None:
-        if self._closed:
-            return
-        try:
-            self.flush()
-        except Exception as exc:  # storage may be gone at interpreter exit; catch-up copes
-            log.warning("expiry index rows not written at exit: %s", exc)
-
-    def close(self) -> None:
-        self._closed = True
-        self._wake.set()
-
-    # -- reading (catch-up) ------------------------------------------------------------------------
-    def due(self, kind: str, now: datetime, *, limit: int, page_size: int = 100) -> Iterator[IndexRow]:
-        """Index rows of ``kind`` whose expiry is at or before ``now``, oldest first, at most ``limit``."""
+    # -- catch-up --------------------------------------------------------------------------------------
+    def pointers(self, kind: str, now: datetime, *, page_size: int = 100) -> Iterator[Pointer]:
+        """Level-1 rows of ``kind`` whose minute has begun by ``now``, oldest minute first."""
+        query = "PartitionKey ge @low and PartitionKey le @high"
+        parameters = {
+            "low": level1_partition(kind, 0),
+            "high": level1_partition(kind, bucket_of(epoch_ms(now))),
+        }
         table = self._tables.table(EXPIRY_TABLE)
-        ms = _ms(now)
-        query = "PartitionKey ge @low and PartitionKey le @high and RowKey le @until"
-        parameters = {"low": kind, "high": f"{kind}{ms // 60_000:010d}", "until": f"{ms:013d}|~"}
-        entities = table.query_entities(query, parameters=parameters, results_per_page=page_size)
-        for seen, entity in enumerate(entities, start=1):
-            yield IndexRow(
-                kind=kind,
-                ident=str(entity["Ident"]),
-                partition_key=entity["PartitionKey"],
-                row_key=entity["RowKey"],
-                state_pk=str(entity["StatePK"]),
-                state_rk=str(entity["StateRK"]),
-                version=int(entity["Version"]),
-                etag=entity.metadata.get("etag"),
-            )
-            if seen >= limit:
-                return
+        for entity in table.query_entities(query, parameters=parameters, results_per_page=page_size):
+            found, bucket = parse_level1_partition(str(entity["PartitionKey"]))
+            yield Pointer(found, bucket, str(entity["RowKey"]), str(entity.metadata["etag"]))
 
-    def delete(self, row: IndexRow) -> None:
-        """Remove a row catch-up has dealt with (conditional on its ETag; gone or changed is fine)."""
+    def drop(self, pointer: Pointer) -> bool:
+        """Delete a level-1 row if nobody touched it since catch-up read it; False when it stays."""
         from azure.core import MatchConditions
         from azure.core.exceptions import ResourceModifiedError, ResourceNotFoundError
 
-        with self._lock:
-            if (known := self._written.get(row.ident)) is not None and known.row_key == row.row_key:
-                del self._written[row.ident]
-        with contextlib.suppress(ResourceNotFoundError, ResourceModifiedError):
+        try:
             self._tables.table(EXPIRY_TABLE).delete_entity(
-                row.partition_key, row.row_key, etag=row.etag, match_condition=MatchConditions.IfNotModified
+                level1_partition(pointer.kind, pointer.bucket),
+                pointer.partition,
+                etag=pointer.etag,
+                match_condition=MatchConditions.IfNotModified,
             )
-
-
-def _grouped(rows: list[IndexRow]) -> Iterator[list[IndexRow]]:
-    by_partition: dict[str, list[IndexRow]] = {}
-    for row in rows:
-        by_partition.setdefault(row.partition_key, []).append(row)
-    for group in by_partition.values():
-        for start in range(0, len(group), BATCH):
-            yield group[start : start + BATCH]
+        except ResourceModifiedError:
+            return False
+        except ResourceNotFoundError:
+            return True  # another catch-up run was first
+        return True

@@ -25,6 +25,7 @@ from state.schemas import (
     RecordPage,
     ReleaseRequest,
     SetRequest,
+    StateMeta,
     UpsertRequest,
 )
 
@@ -168,6 +169,21 @@ def state_query(req: func.HttpRequest) -> RecordPage:
 def state_history(req: func.HttpRequest) -> RecordPage:
     body = parse_body(req, HistoryRequest)
     return service.handler(body.handler).history(body)
+
+
+@operation(
+    bp,
+    route="v1/state/meta",
+    method="GET",
+    summary="Codes and names of scopes and statuses, and the handler names (no I/O).",
+    response=StateMeta,
+    anonymous=True,
+    tag="state",
+)
+def state_meta(req: func.HttpRequest) -> StateMeta:
+    from state.handlers import meta
+
+    return meta()
 
 
 @bp.function_name("state_catchup")

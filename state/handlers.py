@@ -7,17 +7,23 @@ Both answer with the same response models, so the HTTP layer does not know which
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hashlib
 import json
 from datetime import datetime
 from typing import Any, Protocol
 
-from common.clock import utcnow
 from common.errors import InvalidInput, NotFound
+from common.signing import Signer
 from state import envelope
-from state.keys import escape, item_entity_range, parse_row_key, partition_key, tenant_prefix
+from state.keys import (
+    INDEX_END,
+    INDEX_MARK,
+    escape,
+    item_entity_range,
+    parse_row_key,
+    partition_key,
+    tenant_prefix,
+)
 from state.model import EXISTS_STATUSES, SETTABLE_STATUSES, Scope, Status
 from state.schemas import (
     DEFAULT_LOCK_SECONDS,
@@ -32,10 +38,17 @@ from state.schemas import (
     Record,
     RecordPage,
     ReleaseRequest,
+    ScopeInfo,
     SetRequest,
+    StateMeta,
+    StatusInfo,
     UpsertRequest,
 )
-from state.store import Head, StateStore, WriteContext, effective_status
+from state.store import FINISHED, Head, StateStore, WriteContext, effective_status
+from state.token import key_digest
+
+PAGE_PURPOSE = "page"
+_PAGE_KEYS = frozenset({"PartitionKey", "RowKey"})
 
 
 class StateHandler(Protocol):
@@ -78,22 +91,85 @@ def lock_seconds(req: LockRequest | ExtendRequest) -> int:
     return req.lock_seconds or req.handler.options.lock_seconds or DEFAULT_LOCK_SECONDS
 
 
-def encode_continuation(token: dict[str, str] | None) -> str | None:
+def encode_continuation(signer: Signer, binding: str, token: dict[str, str] | None) -> str | None:
+    """A signed continuation token, bound to the query (or record) it pages."""
     if not token:
         return None
-    return base64.urlsafe_b64encode(json.dumps(token, separators=(",", ":")).encode()).decode()
+    raw = json.dumps({"b": binding, "t": token}, separators=(",", ":"), ensure_ascii=True)
+    return signer.sign(PAGE_PURPOSE, raw.encode("ascii"))
 
 
-def decode_continuation(text: str | None) -> dict[str, str] | None:
+def decode_continuation(signer: Signer, binding: str, text: str | None) -> dict[str, str] | None:
+    """The storage continuation of a token Settle issued for this very query, or a 400 naming it."""
     if text is None:
         return None
-    try:
-        value = json.loads(base64.urlsafe_b64decode(text.encode() + b"=" * (-len(text) % 4)))
-    except (binascii.Error, ValueError, UnicodeDecodeError) as exc:
-        raise InvalidInput("continuationToken is not one Settle issued.", field="continuationToken") from exc
-    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+    payload = signer.open(PAGE_PURPOSE, text)
+    if payload is None:
+        raise InvalidInput(
+            "continuationToken is not one Settle issued (or it was changed); start again without it.",
+            field="continuationToken",
+        )
+    value = json.loads(payload)
+    token = value.get("t") if isinstance(value, dict) else None
+    if (
+        not isinstance(token, dict)
+        or not token
+        or not set(token) <= _PAGE_KEYS
+        or not all(v is None or isinstance(v, str) for v in token.values())  # a header may be absent
+    ):
         raise InvalidInput("continuationToken is not one Settle issued.", field="continuationToken")
-    return value
+    if value.get("b") != binding:
+        raise InvalidInput(
+            "continuationToken belongs to another query or record: send it with the request it came from.",
+            field="continuationToken",
+        )
+    return token
+
+
+def query_binding(req: QueryRequest) -> str:
+    """What a query's continuation token is bound to: every filter (the page size may change)."""
+    asked = req.model_dump(mode="json", exclude={"page_size", "continuation_token", "handler"})
+    raw = json.dumps(asked, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return "q:" + hashlib.sha256(raw.encode()).hexdigest()[:32]
+
+
+def status_filter(status: Status) -> str:
+    """The OData filter selecting heads whose *effective* status is ``status`` at ``@now``.
+
+    (Spaces around parentheses: the SDK substitutes ``@name`` only in space-separated words.)
+    """
+    if status is Status.PROCESSING:
+        return "Status eq 2"
+    if status is Status.EXPIRED:
+        finished = " or ".join(f"Status eq {int(s)}" for s in sorted(FINISHED))
+        return f"( Status eq 6 or ( ( {finished} ) and RetainUntil le @now ) )"
+    return f"( Status eq {int(status)} and RetainUntil gt @now )"
+
+
+def queryable_status(value: str | int) -> Status:
+    """A status query can filter on (a record's effective status), or a 400 naming ``status``."""
+    try:
+        status = Status.parse(value)
+    except ValueError as exc:
+        raise InvalidInput(f"Unknown status {value!r}.", field="status") from exc
+    if status in (Status.NONE, Status.SUPERSEDED):
+        raise InvalidInput(
+            f"query lists records by their current status; {status.label} is never one "
+            "(superseded versions are in history).",
+            field="status",
+        )
+    return status
+
+
+def meta() -> StateMeta:
+    """Codes and names of scopes and statuses, the handler names, and the statuses exists/set know."""
+    return StateMeta(
+        scopes=[ScopeInfo(id=int(s), name=s.code) for s in Scope],
+        statuses=[StatusInfo(code=int(s), name=s.label) for s in Status],
+        handlers=["built-in", "null"],
+        exists_statuses=[s.label for s in EXISTS_STATUSES],
+        settable_statuses=[s.label for s in SETTABLE_STATUSES],
+    )
 
 
 def _dt(value: Any) -> datetime | None:
@@ -135,13 +211,6 @@ def to_record(entity: dict[str, Any], now: datetime) -> Record:
     )
 
 
-def _page(entities: list[dict[str, Any]], token: dict[str, str] | None) -> RecordPage:
-    now = utcnow()
-    return RecordPage(
-        items=[to_record(e, now) for e in entities], continuation_token=encode_continuation(token)
-    )
-
-
 def _context(req: KeyRequest) -> WriteContext:
     return WriteContext(
         handler_key=req.handler.key,
@@ -161,7 +230,7 @@ class BuiltInHandler:
         head = self._store.read_head(req.key.record_key())
         if head is None:
             return ExistsResponse(exists=False, status=Status.NONE.label)
-        status = effective_status(head.entity, utcnow())
+        status = effective_status(head.entity, self._store.now())
         return ExistsResponse(exists=status in EXISTS_STATUSES, status=status.label)
 
     def lock(self, req: LockRequest) -> LockResponse:
@@ -175,6 +244,7 @@ class BuiltInHandler:
             reason=outcome.reason,
             status=outcome.status.label,
             takeover=outcome.takeover,
+            replayed=outcome.replayed,
         )
 
     def extend(self, req: ExtendRequest) -> ExtendResponse:
@@ -195,7 +265,12 @@ class BuiltInHandler:
         if not isinstance(req, ReleaseRequest):
             metadata = req.metadata.model_dump(by_alias=True, exclude_none=True) if req.metadata else None
             env = envelope.build_envelope(
-                key=key, status=status, data=req.data, metadata=metadata, handler_key=req.handler.key
+                key=key,
+                status=status,
+                data=req.data,
+                metadata=metadata,
+                handler_key=req.handler.key,
+                execution_id=req.key.entity_execution_id,
             )
             props = envelope.encode(env)
         head = self._store.record(
@@ -209,7 +284,7 @@ class BuiltInHandler:
             require_processing=require_processing,
             digest=request_digest(req, status),
         )
-        return to_record(head.entity, utcnow())
+        return to_record(head.entity, self._store.now())
 
     def set(self, req: SetRequest) -> Record:
         status = settable_status(req.status)
@@ -225,22 +300,20 @@ class BuiltInHandler:
         head: Head | None = self._store.read_head(req.key.record_key())
         if head is None:
             raise NotFound("No record for this key.", field="key")
-        return to_record(head.entity, utcnow())
+        return to_record(head.entity, self._store.now())
 
     def history(self, req: HistoryRequest) -> RecordPage:
+        key = req.key.record_key()
+        binding = "h:" + key_digest(key)
         entities, token = self._store.history_page(
-            req.key.record_key(),
-            page_size=req.page_size,
-            continuation=decode_continuation(req.continuation_token),
+            key, page_size=req.page_size, continuation=self._continuation(binding, req.continuation_token)
         )
-        now = utcnow()
-        return RecordPage(
-            items=[to_record(e, now) for e in entities], continuation_token=encode_continuation(token)
-        )
+        return self._page(entities, binding, token, self._store.now())
 
     def query(self, req: QueryRequest) -> RecordPage:
-        filters = ["Status ne 5", "TenantId eq @tenant"]
-        params: dict[str, Any] = {"tenant": req.tenant_id}
+        now = self._store.now()  # one instant for the filter and the labels, so they agree
+        filters = ["Status ne 5", "TenantId eq @tenant", "( RowKey lt @index or RowKey ge @indexend )"]
+        params: dict[str, Any] = {"tenant": req.tenant_id, "index": INDEX_MARK, "indexend": INDEX_END}
         if req.scope_id is not None and req.entity_id is not None:
             filters.insert(0, "PartitionKey eq @pk")
             params["pk"] = partition_key(req.tenant_id, req.scope_id, req.entity_id)
@@ -262,27 +335,33 @@ class BuiltInHandler:
             filters.append("ItemEntityKey eq @iek")
             params["iek"] = escape(req.item_entity_key)
         if req.status is not None:
-            try:
-                status = Status.parse(req.status)
-            except ValueError as exc:
-                raise InvalidInput(f"Unknown status {req.status!r}.", field="status") from exc
-            filters.append("Status eq @status")
-            params["status"] = int(status)
+            filters.append(status_filter(queryable_status(req.status)))
+            params["now"] = now
         if req.updated_from is not None:
             filters.append("UpdatedAt ge @from")
             params["from"] = req.updated_from
         if req.updated_to is not None:
             filters.append("UpdatedAt lt @to")
             params["to"] = req.updated_to
+        binding = query_binding(req)
         entities, token = self._store.query_page(
             " and ".join(filters),
             params,
             page_size=req.page_size,
-            continuation=decode_continuation(req.continuation_token),
+            continuation=self._continuation(binding, req.continuation_token),
         )
-        now = utcnow()
+        return self._page(entities, binding, token, now)
+
+    def _continuation(self, binding: str, text: str | None) -> dict[str, str] | None:
+        return None if text is None else decode_continuation(self._store.signer(), binding, text)
+
+    def _page(
+        self, entities: list[dict[str, Any]], binding: str, token: dict[str, str] | None, now: datetime
+    ) -> RecordPage:
+        signer = self._store.signer() if token else None
         return RecordPage(
-            items=[to_record(e, now) for e in entities], continuation_token=encode_continuation(token)
+            items=[to_record(e, now) for e in entities],
+            continuation_token=encode_continuation(signer, binding, token) if signer else None,
         )
 
 

@@ -11,9 +11,17 @@
     ``{item}`` = ``[{entityExecutionId}|]{itemEntityKey}|{itemKey}|{subItemEntityKey}|{subItemKey}``,
     each text component escaped by :func:`escape`.
 
-``statelocks`` table (lock-expiry and retention index, see ``state/expiry.py``)
-    PartitionKey ``{kind}{epoch minute of expiry}``; RowKey ``{expiry epoch ms}|{token}``. Catch-up
-    range-reads only rows whose expiry has passed, so its cost grows with expired locks, not the table.
+    Index rows (level 2 of the expiry index, ``state/expiry.py``) share the partition of the records they
+    point at, so they are written in the same transaction as the head: ``~{kind}|{minute}|{ms}|{id}``
+    (``l`` a lock's expiry, ``r`` a retention deadline) and the minute's markers
+    ``~{kind}|{minute}|m{nonce}``.
+    ``~`` is escaped inside item paths, so no record row starts with it; record reads that span a
+    partition exclude the range [``~``, ``~~``).
+
+``statelocks`` table (level 1 of the expiry index)
+    PartitionKey ``{kind}{minute:010d}``, RowKey = the state PartitionKey: which partitions hold index rows
+    of that minute. Catch-up range-reads the minutes that have begun, so its cost follows expired locks
+    and the partitions that hold them, not the table.
 
 Text components are escaped by :func:`common.keys.escape` (injective, so distinct keys never collide
 and every key round-trips); keys are at most 1 KiB.
@@ -38,6 +46,14 @@ HISTORY_MARK = "|h"
 PREFIX_END = chr(ord(SEPARATOR) + 1)
 VERSION_DIGITS = 19
 MAX_VERSION = 10**VERSION_DIGITS - 1
+
+# Index rows (see the module docstring).
+INDEX_MARK = "~"
+INDEX_END = INDEX_MARK * 2  # exclusive upper bound of the index rows: index kinds are lowercase letters
+LOCK_KIND = "l"
+RETENTION_KIND = "r"
+BUCKET_MS = 60_000
+MARKER_MARK = "m"
 
 
 def partition_key(tenant_id: int, scope: Scope | int, entity_id: int) -> str:
@@ -123,3 +139,53 @@ def parse_row_key(row_key: str, scope: Scope) -> dict[str, object]:
         item_entity_key=item_entity, item_key=item, sub_item_entity_key=sub_entity, sub_item_key=sub
     )
     return fields
+
+
+def bucket_of(ms: int) -> int:
+    """The expiry minute (epoch minutes) of an instant in epoch milliseconds."""
+    return ms // BUCKET_MS
+
+
+def index_row_key(kind: str, ms: int, ident: str) -> str:
+    """RowKey of the index row of lock/deadline ``ident`` that falls due at ``ms``."""
+    return f"{INDEX_MARK}{kind}{SEPARATOR}{bucket_of(ms):010d}{SEPARATOR}{ms:013d}{SEPARATOR}{ident}"
+
+
+def parse_index_row_key(row_key: str) -> tuple[str, int, int]:
+    """(kind, minute, ms) of an index RowKey."""
+    head, bucket, ms, _ = row_key.split(SEPARATOR, 3)
+    return head[len(INDEX_MARK) :], int(bucket), int(ms)
+
+
+def marker_row_key(kind: str, bucket: int, nonce: str) -> str:
+    return f"{INDEX_MARK}{kind}{SEPARATOR}{bucket:010d}{SEPARATOR}{MARKER_MARK}{nonce}"
+
+
+def parse_marker_row_key(row_key: str) -> tuple[str, int, str]:
+    """(kind, minute, nonce) of a marker RowKey."""
+    head, bucket, last = row_key.split(SEPARATOR, 2)
+    return head[len(INDEX_MARK) :], int(bucket), last[len(MARKER_MARK) :]
+
+
+def is_marker(row_key: str) -> bool:
+    return row_key.rsplit(SEPARATOR, 1)[-1].startswith(MARKER_MARK)
+
+
+def bucket_range(kind: str, bucket: int) -> tuple[str, str]:
+    """RowKey bounds [low, high) of every index row and marker of one minute."""
+    prefix = f"{INDEX_MARK}{kind}{SEPARATOR}{bucket:010d}{SEPARATOR}"
+    return prefix, prefix + INDEX_MARK
+
+
+def due_range(kind: str, bucket: int, now_ms: int) -> tuple[str, str]:
+    """RowKey bounds of the index rows of one minute due at ``now_ms`` (markers excluded)."""
+    prefix = f"{INDEX_MARK}{kind}{SEPARATOR}{bucket:010d}{SEPARATOR}"
+    return prefix, f"{prefix}{now_ms:013d}{SEPARATOR}{INDEX_MARK}"
+
+
+def level1_partition(kind: str, bucket: int) -> str:
+    return f"{kind}{bucket:010d}"
+
+
+def parse_level1_partition(partition: str) -> tuple[str, int]:
+    return partition[:1], int(partition[1:])

@@ -78,10 +78,14 @@ class Status(IntEnum):
         raise ValueError(f"unknown status {value!r}")
 
 
+# Retention (handler option) is at most a hundred years: its deadline must stay a storable DateTime.
+MAX_RETENTION_DAYS = 36_500
+MAX_RETENTION_SECONDS = MAX_RETENTION_DAYS * 86_400
+
 # exists() is true exactly for these (seed 001: terminal, prevents re-processing).
-EXISTS_STATUSES = frozenset({Status.PROCESSED, Status.SKIPPED})
+EXISTS_STATUSES = (Status.PROCESSED, Status.SKIPPED)
 # What `set` may record; Processing comes only from `lock`, Superseded/Expired only from Settle itself.
-SETTABLE_STATUSES = frozenset({Status.PROCESSED, Status.SKIPPED, Status.FAILED})
+SETTABLE_STATUSES = (Status.PROCESSED, Status.SKIPPED, Status.FAILED)
 
 
 @dataclass(frozen=True)

@@ -2,20 +2,50 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, JsonValue, model_validator
+from pydantic import AfterValidator, Field, JsonValue, model_validator
 
+from common.limits import INT32_MAX, MAX_TEXT_UNITS, utf16_units
 from common.models import ApiModel, RequestModel
-from state.model import RecordKey, Scope
+from state.model import MAX_RETENTION_DAYS, MAX_RETENTION_SECONDS, RecordKey, Scope
 
-Int32 = Annotated[int, Field(ge=0, le=2**31 - 1)]
+Int32 = Annotated[int, Field(ge=0, le=INT32_MAX)]
 MAX_LOCK_SECONDS = 7 * 24 * 3600
 DEFAULT_LOCK_SECONDS = 1800
 MAX_PAGE_SIZE = 1000
 DEFAULT_PAGE_SIZE = 100
-MAX_TEXT = 32_000  # substatus/error text: well inside one 64 KB Table property
+MAX_TOKEN_CHARS = 4096
+# Table Storage's DateTime starts at 1601-01-01 (UTC).
+EARLIEST = datetime(1601, 1, 1, tzinfo=UTC)
+
+
+def _fits_a_property(text: str) -> str:
+    units = utf16_units(text)
+    if units > MAX_TEXT_UNITS:
+        raise ValueError(
+            f"at most {MAX_TEXT_UNITS} UTF-16 code units (one Table Storage property; a character outside "
+            f"the Basic Multilingual Plane counts two), got {units}"
+        )
+    return text
+
+
+def _storable_instant(value: datetime) -> datetime:
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)  # times are UTC (SPEC §4)
+    if value < EARLIEST:
+        raise ValueError("must be 1601-01-01T00:00:00Z or later (the earliest instant Table Storage holds)")
+    return value.astimezone(UTC)
+
+
+Text = Annotated[
+    str,
+    Field(max_length=MAX_TEXT_UNITS, description=f"At most {MAX_TEXT_UNITS} UTF-16 code units."),
+    AfterValidator(_fits_a_property),
+]
+Instant = Annotated[datetime, AfterValidator(_storable_instant)]
+Token = Annotated[str, Field(min_length=1, max_length=MAX_TOKEN_CHARS)]
 
 
 class KeyIn(RequestModel):
@@ -69,10 +99,12 @@ class HandlerOptions(RequestModel):
     lock_seconds: Annotated[int, Field(ge=1, le=MAX_LOCK_SECONDS)] | None = Field(
         default=None, description=f"Default lock length for this handler (default {DEFAULT_LOCK_SECONDS})."
     )
-    retention_seconds: Annotated[int, Field(ge=1)] | None = Field(
-        default=None, description="Opt-in: finished records older than this become Expired."
+    retention_seconds: Annotated[int, Field(ge=1, le=MAX_RETENTION_SECONDS)] | None = Field(
+        default=None,
+        description="Opt-in: finished records older than this become Expired "
+        f"(at most {MAX_RETENTION_SECONDS}, i.e. {MAX_RETENTION_DAYS} days).",
     )
-    retention_days: Annotated[int, Field(ge=1, le=36500)] | None = None
+    retention_days: Annotated[int, Field(ge=1, le=MAX_RETENTION_DAYS)] | None = None
 
     @property
     def retention(self) -> int | None:
@@ -98,14 +130,15 @@ class LockRequest(KeyRequest):
     request_id: Annotated[str, Field(min_length=1, max_length=128)] | None = Field(
         default=None,
         description=(
-            "Optional id of this lock attempt. Retrying with the same requestId after a lost answer returns "
-            "the same lock (a new token for it) instead of a refusal."
+            "Optional id of this lock attempt. A call with the same requestId while that lock holds gets "
+            "it back (a new token, replayed: true) instead of a refusal: use a fresh id per attempt and "
+            "reuse it only to retry that attempt's call, never one that a duplicate of your input shares."
         ),
     )
 
 
 class ExtendRequest(KeyRequest):
-    lock_token: Annotated[str, Field(min_length=1, max_length=4096)]
+    lock_token: Token
     lock_seconds: Annotated[int, Field(ge=1, le=MAX_LOCK_SECONDS)] | None = None
 
 
@@ -122,13 +155,13 @@ class MetadataIn(RequestModel):
 class _Outcome(KeyRequest):
     data: JsonValue = None
     metadata: MetadataIn | None = None
-    substatus: Annotated[str, Field(max_length=MAX_TEXT)] | None = None
-    lock_token: Annotated[str, Field(min_length=1, max_length=4096)] | None = None
+    substatus: Text | None = None
+    lock_token: Token | None = None
 
 
 class SetRequest(_Outcome):
     status: str | int = Field(description="Processed, Skipped or Failed (name or code 1, 4, 3).")
-    error: Annotated[str, Field(max_length=MAX_TEXT)] | None = None
+    error: Text | None = None
 
 
 class UpsertRequest(_Outcome):
@@ -136,13 +169,13 @@ class UpsertRequest(_Outcome):
 
 
 class ReleaseRequest(KeyRequest):
-    error: Annotated[str, Field(max_length=MAX_TEXT)] = Field(description="Why processing failed.")
-    lock_token: Annotated[str, Field(min_length=1, max_length=4096)] | None = None
+    error: Text = Field(description="Why processing failed.")
+    lock_token: Token | None = None
 
 
 class HistoryRequest(KeyRequest):
     page_size: Annotated[int, Field(ge=1, le=MAX_PAGE_SIZE)] = DEFAULT_PAGE_SIZE
-    continuation_token: str | None = None
+    continuation_token: Token | None = None
 
 
 class QueryRequest(RequestModel):
@@ -153,10 +186,10 @@ class QueryRequest(RequestModel):
     entity_execution_id: Int32 | None = None
     item_entity_key: Annotated[str, Field(min_length=1)] | None = None
     status: str | int | None = None
-    updated_from: datetime | None = None
-    updated_to: datetime | None = None
+    updated_from: Instant | None = None
+    updated_to: Instant | None = None
     page_size: Annotated[int, Field(ge=1, le=MAX_PAGE_SIZE)] = DEFAULT_PAGE_SIZE
-    continuation_token: str | None = None
+    continuation_token: Token | None = None
     handler: HandlerIn = Field(default_factory=HandlerIn)
 
     @model_validator(mode="after")
@@ -182,6 +215,13 @@ class LockResponse(ApiModel):
     reason: str | None = Field(default=None, description="Why the lock was refused.")
     status: str = Field(description="The record's status after the call.")
     takeover: bool = Field(default=False, description="True when an expired lock was taken over.")
+    replayed: bool = Field(
+        default=False,
+        description=(
+            "True when this call did not take the lock but was handed the one a call with the same "
+            "requestId took (still held). Only the attempt that took it should act on it."
+        ),
+    )
 
 
 class ExtendResponse(ApiModel):
@@ -223,3 +263,23 @@ class Record(ApiModel):
 class RecordPage(ApiModel):
     items: list[Record]
     continuation_token: str | None = None
+
+
+class ScopeInfo(ApiModel):
+    id: int
+    name: str
+
+
+class StatusInfo(ApiModel):
+    code: int
+    name: str
+
+
+class StateMeta(ApiModel):
+    """The seeds' lookup lists (scopes, statuses) and the handler names, so clients need not copy them."""
+
+    scopes: list[ScopeInfo]
+    statuses: list[StatusInfo]
+    handlers: list[str]
+    exists_statuses: list[str]
+    settable_statuses: list[str]

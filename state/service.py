@@ -26,11 +26,9 @@ def store() -> StateStore:
     if _store is None:
         with _lock:
             if _store is None:
-                from state.expiry import ExpiryIndex
                 from state.store import StateStore
 
-                tables = runtime.tables()
-                _store = StateStore(tables, ExpiryIndex(tables))
+                _store = StateStore(runtime.tables())
     return _store
 
 
@@ -46,15 +44,12 @@ def handler(config: HandlerIn) -> StateHandler:
 def catchup() -> Catchup:
     from state.catchup import Catchup
 
-    s = store()
-    return Catchup(s, s.expiry)
+    return Catchup(store())
 
 
 def _reset() -> None:
     global _store
     with _lock:
-        if _store is not None:
-            _store.expiry.close()
         _store = None
 
 

@@ -1,21 +1,22 @@
 """The built-in handler: records on Table Storage (layout in ``state/keys.py``).
 
-Every write is ETag-conditional (``If-Match``) or insert-only, and every change that writes two rows of a
-record (the new head and the history row of the version it supersedes) is one entity group transaction,
-so the head and its history can never disagree.
+Every write is ETag-conditional (``If-Match``) or insert-only, and every change that writes several rows
+of a record (the new head, the history row of the version it supersedes, the expiry-index rows the head
+names) is one entity group transaction, so the head, its history and its index can never disagree.
 
 History is written when a version is superseded: the head holds the current version, and the
 transaction that replaces it also inserts the replaced version as a history row marked Superseded (its
-original status kept in ``RecordedStatus``). A lock on a new key is therefore a single insert, and a
-fenced write a single transaction.
+original status kept in ``RecordedStatus``).
 
-Round trips (each line is one sequential request unless noted):
+Round trips (sequential requests; the table with every case is in docs/tables.md):
 - exists / get: 1 point read.
-- lock: 1 insert on a new key (or when this process already knows the head: 1 conditional replace);
-  2 when refused (insert conflict, then a read that says why); 3 when re-acquiring a Failed/Expired or
-  expired record this process has never seen (insert conflict, read, conditional replace).
+- lock: 1 transaction on a new key (or when this process already knows the head); 2 when refused
+  (insert conflict, then a read that says why); 3 when re-acquiring a Failed/Expired or expired record
+  this process has never seen (conflict, read, transaction).
 - set / release / extend with a token: 1 transaction; without a token: 1 read + 1 transaction.
-- upsert: 1 read + 1 transaction (1 insert on a new key known to this process).
+- upsert: 1 read + 1 transaction.
+- amortised: a process's first lock in a partition and expiry minute first prepares the expiry index
+  (2-3 requests, ``state/expiry.py``), and its first token needs the signing key (1 read).
 """
 
 from __future__ import annotations
@@ -24,28 +25,41 @@ import threading
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from common.clock import iso, utcnow
-from common.errors import Conflict, LockLost
+from common.clock import epoch_ms, from_epoch_ms, iso, to_ms, utcnow
+from common.errors import Conflict, LockLost, PayloadTooLarge
+from common.limits import MAX_ENTITY_BYTES, entity_size, int64, plain_int
+from common.signing import Signer, load_signer
 from common.tables import Tables
 from state import envelope
-from state.expiry import LOCK_KIND, RETENTION_KIND, ExpiryIndex, retention_ident
+from state.expiry import ExpiryIndex
 from state.keys import (
+    EXPIRY_TABLE,
+    LOCK_KIND,
+    RETENTION_KIND,
     STATE_TABLE,
     check_key_size,
     escape,
     head_row_key,
     history_row_key_of,
+    index_row_key,
+    parse_index_row_key,
     partition_key,
     record_range,
 )
 from state.model import LockDecision, RecordKey, Status, lock_decision
-from state.token import LockToken, key_digest
+from state.token import LockClaims, key_digest
 
-_HINTS_MAX = 4096
-_HINT_MAX_CHUNKS = 2  # do not keep heads with more than ~128 KB of data in memory
+# A finished record with no retention is kept for ever; ``RetainUntil`` still holds a date so that query
+# can filter on the effective status (a filter on a missing property never matches).
+NEVER = datetime(9999, 12, 31, tzinfo=UTC)
+FINISHED = frozenset({Status.PROCESSED, Status.SKIPPED, Status.FAILED})
+# Head columns naming the head's own index rows (deleted by the transaction that replaces the head).
+INDEX_COLUMNS = {"LockIndexKey": LOCK_KIND, "RetainIndexKey": RETENTION_KIND}
+
+HINT_BYTES = 16 * 1024 * 1024
 _MAX_ATTEMPTS = 4
 # What a successor version inherits from the version it replaces.
 _IDENTITY = (
@@ -60,6 +74,22 @@ _IDENTITY = (
     "HandlerKey",
     "RetentionSeconds",
 )
+
+
+def retain_until(entity: dict[str, Any]) -> datetime:
+    value = entity.get("RetainUntil")
+    return value if isinstance(value, datetime) else NEVER
+
+
+def retention_expired(entity: dict[str, Any], now: datetime) -> bool:
+    """A finished record past its handler's retention window counts as Expired (may be redone)."""
+    return Status(int(entity["Status"])) in FINISHED and retain_until(entity) <= now
+
+
+def effective_status(entity: dict[str, Any], now: datetime) -> Status:
+    if retention_expired(entity, now):
+        return Status.EXPIRED
+    return Status(int(entity["Status"]))
 
 
 @dataclass(frozen=True)
@@ -85,20 +115,9 @@ class Head:
     def retention_expired(self, now: datetime) -> bool:
         return retention_expired(self.entity, now)
 
-
-def retention_expired(entity: dict[str, Any], now: datetime) -> bool:
-    """A finished record past its handler's retention window counts as Expired (may be redone)."""
-    seconds = entity.get("RetentionSeconds")
-    if not seconds or int(entity["Status"]) not in (Status.PROCESSED, Status.SKIPPED, Status.FAILED):
-        return False
-    updated = entity.get("UpdatedAt")
-    return isinstance(updated, datetime) and updated + timedelta(seconds=int(seconds)) <= now
-
-
-def effective_status(entity: dict[str, Any], now: datetime) -> Status:
-    if retention_expired(entity, now):
-        return Status.EXPIRED
-    return Status(int(entity["Status"]))
+    def index_keys(self) -> dict[str, str]:
+        """The index rows this head owns, by column."""
+        return {c: str(self.entity[c]) for c in INDEX_COLUMNS if self.entity.get(c)}
 
 
 @dataclass(frozen=True)
@@ -119,39 +138,56 @@ class LockOutcome:
     locked_until: datetime | None = None
     reason: str | None = None
     takeover: bool = False
+    replayed: bool = False
 
 
 @dataclass
 class _Hints:
-    """What this process last knew of recently used heads (None = known absent).
+    """What this process last knew of recently used heads (None = known absent), bounded in bytes.
 
     A hint only saves a read: writes made from it are still ETag-conditional, and a stale hint costs
-    one failed attempt and a fresh read.
+    one failed attempt and a fresh read. Heads are counted by their Table size estimate, and a head
+    larger than 1/64 of the budget is not kept, so the cache never holds more than ``max_bytes``.
     """
 
-    entries: OrderedDict[tuple[str, str], Head | None] = field(default_factory=OrderedDict)
+    max_bytes: int = HINT_BYTES
+    entries: OrderedDict[tuple[str, str], tuple[Head | None, int]] = field(default_factory=OrderedDict)
+    bytes: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def get(self, pk: str, rk: str) -> tuple[bool, Head | None]:
         with self.lock:
-            if (pk, rk) not in self.entries:
+            entry = self.entries.get((pk, rk))
+            if entry is None:
                 return False, None
             self.entries.move_to_end((pk, rk))
-            return True, self.entries[(pk, rk)]
+            return True, entry[0]
 
     def put(self, pk: str, rk: str, head: Head | None) -> None:
+        size = 64 + 2 * (len(pk) + len(rk)) + (entity_size(head.entity) if head is not None else 0)
         with self.lock:
-            if head is not None and int(head.entity.get("DataChunks") or 0) > _HINT_MAX_CHUNKS:
-                self.entries.pop((pk, rk), None)
+            self._drop((pk, rk))
+            if size > self.max_bytes // 64:
                 return
-            self.entries[(pk, rk)] = head
-            self.entries.move_to_end((pk, rk))
-            while len(self.entries) > _HINTS_MAX:
-                self.entries.popitem(last=False)
+            self.entries[(pk, rk)] = (head, size)
+            self.bytes += size
+            while self.bytes > self.max_bytes:
+                _, (_, evicted) = self.entries.popitem(last=False)
+                self.bytes -= evicted
 
     def forget(self, pk: str, rk: str) -> None:
         with self.lock:
-            self.entries.pop((pk, rk), None)
+            self._drop((pk, rk))
+
+    def clear(self) -> None:
+        with self.lock:
+            self.entries.clear()
+            self.bytes = 0
+
+    def _drop(self, key: tuple[str, str]) -> None:
+        entry = self.entries.pop(key, None)
+        if entry is not None:
+            self.bytes -= entry[1]
 
 
 def is_conflict(exc: Exception) -> bool:
@@ -169,32 +205,60 @@ def is_conflict(exc: Exception) -> bool:
     return False
 
 
+def _not_found(exc: Exception) -> bool:
+    from azure.data.tables import TableTransactionError
+
+    return isinstance(exc, TableTransactionError) and (
+        exc.status_code == 404 or str(getattr(exc, "error_code", "") or "") == "ResourceNotFound"
+    )
+
+
 class StateStore:
     """Records of the built-in handler."""
 
-    def __init__(self, tables: Tables, expiry: ExpiryIndex) -> None:
+    def __init__(self, tables: Tables, *, hint_bytes: int = HINT_BYTES) -> None:
         self._tables = tables
-        self.expiry = expiry
-        self._hints = _Hints()
+        self.index = ExpiryIndex(tables)
+        self._hints = _Hints(max_bytes=hint_bytes)
+        self._signer: Signer | None = None
+        self._signer_lock = threading.Lock()
 
     @property
     def table(self) -> Any:
         return self._tables.table(STATE_TABLE)
 
+    def signer(self) -> Signer:
+        """The deployment's token signer (its key is read once per process)."""
+        if self._signer is None:
+            with self._signer_lock:
+                if self._signer is None:
+                    # Kept beside level 1 of the expiry index: a table of Settle's own, never range-read
+                    # at ``hmac`` (its partitions are ``l``/``r`` + minute).
+                    self._signer = load_signer(self._tables, EXPIRY_TABLE)
+        return self._signer
+
+    @staticmethod
+    def now() -> datetime:
+        """Now by the storage clock, to the millisecond (every instant Settle stores has that precision)."""
+        return to_ms(utcnow())
+
     # -- reads -------------------------------------------------------------------------------------
     def read_head(self, key: RecordKey) -> Head | None:
-        from azure.core.exceptions import ResourceNotFoundError
-
         check_key_size(key)
         pk, rk = partition_key(key.tenant_id, key.scope, key.entity_id), head_row_key(key)
+        head = self.read_head_at(pk, rk)
+        self._hints.put(pk, rk, head)
+        return head
+
+    def read_head_at(self, pk: str, rk: str) -> Head | None:
+        """Point-read a head by its Table keys (catch-up knows rows, not request keys)."""
+        from azure.core.exceptions import ResourceNotFoundError
+
         try:
             entity = self.table.get_entity(pk, rk)
         except ResourceNotFoundError:
-            self._hints.put(pk, rk, None)
             return None
-        head = Head(dict(entity), entity.metadata["etag"])
-        self._hints.put(pk, rk, head)
-        return head
+        return Head(dict(entity), entity.metadata["etag"])
 
     def history_page(
         self, key: RecordKey, *, page_size: int, continuation: dict[str, str] | None
@@ -202,17 +266,12 @@ class StateStore:
         """Head first, then superseded versions newest first."""
         check_key_size(key)
         low, high = record_range(key)
-        pager = self.table.query_entities(
+        return self.query_page(
             "PartitionKey eq @pk and RowKey ge @low and RowKey lt @high",
-            parameters={
-                "pk": partition_key(key.tenant_id, key.scope, key.entity_id),
-                "low": low,
-                "high": high,
-            },
-            results_per_page=page_size,
-        ).by_page(continuation_token=continuation)
-        page = [dict(e) for e in next(pager, [])]
-        return page, pager.continuation_token
+            {"pk": partition_key(key.tenant_id, key.scope, key.entity_id), "low": low, "high": high},
+            page_size=page_size,
+            continuation=continuation,
+        )
 
     def query_page(
         self, query: str, parameters: dict[str, Any], *, page_size: int, continuation: dict[str, str] | None
@@ -227,22 +286,21 @@ class StateStore:
     def lock(
         self, key: RecordKey, ctx: WriteContext, lock_seconds: int, *, request_id: str | None = None
     ) -> LockOutcome:
-        """Take the lock (see ``lock_decision``). ``request_id``: a caller-chosen id; a retry with the same
-        id after a lost answer gets its own lock back instead of a refusal."""
+        """Take the lock (see ``lock_decision``). ``request_id``: a caller-chosen id; a call with the same
+        id while that lock holds gets it back (``replayed``) instead of a refusal."""
         check_key_size(key)
+        self.signer()  # a lock is only taken when its token can be issued
         pk, rk = partition_key(key.tenant_id, key.scope, key.entity_id), head_row_key(key)
         known, current = self._hints.get(pk, rk)
         if known and current is not None:
+            now = self.now()
             decision = lock_decision(
-                current.status,
-                current.locked_until,
-                utcnow(),
-                retention_expired=current.retention_expired(utcnow()),
+                current.status, current.locked_until, now, retention_expired=current.retention_expired(now)
             )
             if not decision.acquire:
                 current = self.read_head(key)  # refusals are always confirmed by storage
         for _ in range(_MAX_ATTEMPTS):
-            now = utcnow()
+            now = self.now()
             if current is None:
                 new = self._new_head(key, ctx, Status.PROCESSING, now, version=1, created_at=now)
                 decision = LockDecision(acquire=True)
@@ -255,7 +313,7 @@ class StateStore:
                 )
                 if not decision.acquire:
                     if request_id is not None and _same_request(current, request_id, now):
-                        return self._acquired(key, current, str(current.entity["LockId"]))
+                        return self._acquired(key, current, replayed=True)
                     return LockOutcome(
                         acquired=False,
                         status=effective_status(current.entity, now),
@@ -263,68 +321,51 @@ class StateStore:
                         reason=decision.reason,
                     )
                 new = self._next_head(key, ctx, current, Status.PROCESSING, now)
-            lock_id = _lock_fields(new, now, lock_seconds)
+            lock_fields(new, uuid.uuid4().hex, now, now + timedelta(seconds=lock_seconds))
             if request_id is not None:
                 new["LockRequestId"] = request_id
             if decision.takeover and current is not None:
-                previous = current.entity.get("LockedUntil")
+                previous = current.locked_until
                 new["Substatus"] = "LockTakenOver"
                 new["Note"] = (
                     f"Took over lock {current.entity.get('LockId')} that expired at "
-                    f"{iso(previous) if isinstance(previous, datetime) else previous}."
+                    f"{iso(previous) if previous is not None else 'an unknown time'}."
                 )
-            # Index first: if the write applies but its answer is lost, catch-up still finds the lock.
-            self.expiry.track(LOCK_KIND, new["LockedUntil"], lock_id, pk, rk, int(new["Version"]))
             try:
                 head = self._write(current, new)
             except Exception as exc:
                 if not is_conflict(exc):
                     raise
-                self.expiry.untrack(lock_id)
                 current = self.read_head(key)
                 continue
-            if decision.takeover and current is not None and current.entity.get("LockId"):
-                self.expiry.untrack(str(current.entity["LockId"]))
-            return self._acquired(key, head, lock_id, takeover=decision.takeover)
+            return self._acquired(key, head, takeover=decision.takeover)
         raise Conflict("The record changed on every attempt to lock it; retry.", field="key")
 
-    def _acquired(self, key: RecordKey, head: Head, lock_id: str, *, takeover: bool = False) -> LockOutcome:
-        entity = head.entity
-        token = LockToken(
-            lock_id=lock_id,
-            version=head.version,
-            etag=head.etag,
-            locked_at=entity["LockedAt"],
-            locked_until=entity["LockedUntil"],
-            key_digest=key_digest(key),
-            created_at=entity["CreatedAt"],
-            note=entity.get("Substatus"),
-        )
-        self.expiry.track(
-            LOCK_KIND, entity["LockedUntil"], lock_id, entity["PartitionKey"], entity["RowKey"], head.version
-        )
+    def _acquired(
+        self, key: RecordKey, head: Head, *, takeover: bool = False, replayed: bool = False
+    ) -> LockOutcome:
         return LockOutcome(
             acquired=True,
             status=Status.PROCESSING,
-            token=token.encode(),
-            locked_until=entity["LockedUntil"],
+            token=claims_of(key, head).encode(self.signer()),
+            locked_until=head.locked_until,
             takeover=takeover,
+            replayed=replayed,
         )
 
     def extend(self, key: RecordKey, ctx: WriteContext, token_text: str, lock_seconds: int) -> LockOutcome:
-        token = self._check_token(key, token_text)
+        claims = self._check_token(key, token_text)
 
         def build(current: Head, now: datetime) -> dict[str, Any]:
             new = self._next_head(key, ctx, current, Status.PROCESSING, now)
-            new["LockId"] = current.entity["LockId"]
-            new["LockedAt"] = current.entity["LockedAt"]
-            new["LockedUntil"] = now + timedelta(seconds=lock_seconds)
+            entity = current.entity
+            lock_fields(new, str(entity["LockId"]), entity["LockedAt"], now + timedelta(seconds=lock_seconds))
+            if entity.get("LockRequestId"):
+                new["LockRequestId"] = entity["LockRequestId"]  # a replay of the lock call still finds it
             new["Substatus"] = "LockExtended"
             return new
 
-        head = self._fenced(key, ctx, token, build)
-        self.expiry.untrack(token.lock_id)
-        return self._acquired(key, head, token.lock_id)
+        return self._acquired(key, self._fenced(key, ctx, claims, build))
 
     # -- writes of an outcome ----------------------------------------------------------------------------
     def record(
@@ -356,22 +397,9 @@ class StateStore:
             return new
 
         if token_text is not None:
-            token = self._check_token(key, token_text)
-            head = self._fenced(key, ctx, token, build, concludes=status, digest=digest)
-            self.expiry.untrack(token.lock_id)
-        else:
-            head = self._unfenced(key, build, require_processing=require_processing)
-        if ctx.retention_seconds and status in (Status.PROCESSED, Status.SKIPPED, Status.FAILED):
-            updated = head.entity["UpdatedAt"]
-            self.expiry.track(
-                RETENTION_KIND,
-                updated + timedelta(seconds=ctx.retention_seconds),
-                retention_ident(head.entity["PartitionKey"], head.entity["RowKey"], head.version),
-                head.entity["PartitionKey"],
-                head.entity["RowKey"],
-                head.version,
-            )
-        return head
+            claims = self._check_token(key, token_text)
+            return self._fenced(key, ctx, claims, build, concludes=status, digest=digest)
+        return self._unfenced(key, build, require_processing=require_processing)
 
     def _unfenced(self, key: RecordKey, build: Any, *, require_processing: bool) -> Head:
         current = self.read_head(key)
@@ -380,30 +408,26 @@ class StateStore:
                 state = "no record" if current is None else f"the record is {current.status.label}"
                 raise Conflict(f"There is no lock to release: {state}.", field="key")
             try:
-                head = self._write(current, build(current, utcnow()))
+                return self._write(current, build(current, self.now()))
             except Exception as exc:
                 if not is_conflict(exc):
                     raise
                 current = self.read_head(key)
-                continue
-            if current is not None and current.entity.get("LockId") and current.status is Status.PROCESSING:
-                self.expiry.untrack(str(current.entity["LockId"]))
-            return head
         raise Conflict("The record changed on every attempt to write it; retry.", field="key")
 
     # -- fencing -------------------------------------------------------------------------------------
-    def _check_token(self, key: RecordKey, token_text: str) -> LockToken:
+    def _check_token(self, key: RecordKey, token_text: str) -> LockClaims:
         check_key_size(key)
-        token = LockToken.decode(token_text)
-        if token.key_digest != key_digest(key):
+        claims = LockClaims.decode(token_text, self.signer())
+        if claims.k != key_digest(key):
             raise LockLost("The lock token belongs to another record.", field="lockToken")
-        return token
+        return claims
 
     def _fenced(
         self,
         key: RecordKey,
         ctx: WriteContext,
-        token: LockToken,
+        claims: LockClaims,
         build: Any,
         *,
         concludes: Status | None = None,
@@ -415,18 +439,13 @@ class StateStore:
         request. The new head remembers both, so the retry of a write that was applied but whose answer
         was lost gets the record back instead of a false "lock lost"; a different request is refused.
         """
-        now = utcnow()
         current: Head | None = None
-        if token.locked_until > now:
-            current = Head(self._entity_from_token(key, ctx, token), token.etag)
+        if claims.locked_until > self.now():
+            current = Head(entity_of(key, claims), claims.e)
         for _ in range(_MAX_ATTEMPTS):
             if current is None:
                 head = self.read_head(key)
-                if (
-                    concludes is not None
-                    and head is not None
-                    and head.entity.get("ClosedLockId") == token.lock_id
-                ):
+                if concludes is not None and head is not None and head.entity.get("ClosedLockId") == claims.i:
                     if head.status is concludes and head.entity.get("ClosedDigest") == digest:
                         return head  # this very write was already applied
                     raise LockLost(
@@ -434,10 +453,10 @@ class StateStore:
                         "Nothing was written.",
                         field="lockToken",
                     )
-                current = self._holder_head(head, token, utcnow())
-            new = build(current, utcnow())
+                current = self._holder_head(head, claims, self.now())
+            new = build(current, self.now())
             if concludes is not None:
-                new["ClosedLockId"] = token.lock_id
+                new["ClosedLockId"] = claims.i
                 if digest is not None:
                     new["ClosedDigest"] = digest
             try:
@@ -448,9 +467,9 @@ class StateStore:
                 current = None
         raise Conflict("The record changed on every attempt to write it; retry.", field="key")
 
-    def _holder_head(self, head: Head | None, token: LockToken, now: datetime) -> Head:
-        """Make sure ``token`` still holds the lock of ``head``; raise 409 otherwise."""
-        if head is None or head.entity.get("LockId") != token.lock_id or head.status is not Status.PROCESSING:
+    def _holder_head(self, head: Head | None, claims: LockClaims, now: datetime) -> Head:
+        """Make sure the token still holds the lock of ``head``; raise 409 otherwise."""
+        if head is None or head.entity.get("LockId") != claims.i or head.status is not Status.PROCESSING:
             if head is None:
                 why = "the record does not exist"
             elif head.status is Status.PROCESSING:
@@ -466,22 +485,6 @@ class StateStore:
             )
         return head
 
-    def _entity_from_token(self, key: RecordKey, ctx: WriteContext, token: LockToken) -> dict[str, Any]:
-        """The Processing version the token was issued for (what its history row must record)."""
-        entity = self._base_entity(key, ctx, Status.PROCESSING)
-        entity.update(
-            Version=token.version,
-            LockId=token.lock_id,
-            LockedAt=token.locked_at,
-            LockedUntil=token.locked_until,
-            CreatedAt=token.created_at,
-            UpdatedAt=token.locked_at,
-            DataChunks=0,
-        )
-        if token.note:
-            entity["Substatus"] = token.note
-        return entity
-
     # -- building rows ---------------------------------------------------------------------------------
     def _base_entity(self, key: RecordKey, ctx: WriteContext, status: Status) -> dict[str, Any]:
         entity: dict[str, Any] = {
@@ -493,6 +496,7 @@ class StateStore:
             "ItemEntityKey": escape(key.item_entity_key),
             "Status": int(status),
             "HandlerKey": ctx.handler_key,
+            "RetainUntil": NEVER,
         }
         execution = (
             key.entity_execution_id if key.entity_execution_id is not None else ctx.entity_execution_id
@@ -502,7 +506,7 @@ class StateStore:
         if ctx.source_app_id is not None:
             entity["SourceAppId"] = ctx.source_app_id
         if ctx.retention_seconds:
-            entity["RetentionSeconds"] = ctx.retention_seconds
+            entity["RetentionSeconds"] = int64(ctx.retention_seconds)
         return entity
 
     def _new_head(
@@ -517,6 +521,8 @@ class StateStore:
     ) -> dict[str, Any]:
         entity = self._base_entity(key, ctx, status)
         entity.update(Version=version, CreatedAt=created_at, UpdatedAt=now, DataChunks=0)
+        if ctx.retention_seconds and status in FINISHED:
+            _retain(entity, now + timedelta(seconds=ctx.retention_seconds))
         return entity
 
     def _next_head(
@@ -531,16 +537,6 @@ class StateStore:
             created_at=current.entity.get("CreatedAt", now),
         )
 
-    def read_head_at(self, pk: str, rk: str) -> Head | None:
-        """Point-read a head by its Table keys (catch-up knows rows, not request keys)."""
-        from azure.core.exceptions import ResourceNotFoundError
-
-        try:
-            entity = self.table.get_entity(pk, rk)
-        except ResourceNotFoundError:
-            return None
-        return Head(dict(entity), entity.metadata["etag"])
-
     def conclude(
         self, current: Head, status: Status, *, substatus: str, error: str | None, now: datetime
     ) -> Head:
@@ -552,53 +548,167 @@ class StateStore:
             CreatedAt=current.entity.get("CreatedAt", now),
             UpdatedAt=now,
             Substatus=substatus,
+            RetainUntil=NEVER,
         )
         if status is Status.EXPIRED:
             new.update(envelope.data_properties(current.entity))
         else:
             new["DataChunks"] = 0
+            retention = current.entity.get("RetentionSeconds")
+            if retention is not None and status in FINISHED:
+                _retain(new, now + timedelta(seconds=plain_int(retention)))
         if error is not None:
             new["Error"] = error
         return self._write(current, new)
 
     def _write(self, current: Head | None, new: dict[str, Any]) -> Head:
-        """Insert the first version, or replace ``current`` (If-Match) and append its history row."""
+        """Insert the first version, or replace ``current`` (If-Match) and append its history row; in the
+        same transaction delete the index rows ``current`` names and insert the ones ``new`` names."""
         from azure.core import MatchConditions
-        from azure.data.tables import UpdateMode
+        from azure.data.tables import TableTransactionError, UpdateMode
 
         pk, rk = new["PartitionKey"], new["RowKey"]
-        if current is None:
-            meta = self.table.create_entity(new)
-            head = Head(new, meta["etag"])
-        else:
-            history = dict(current.entity)
-            history.update(
-                RowKey=history_row_key_of(rk, current.version),
-                Status=int(Status.SUPERSEDED),
-                RecordedStatus=int(current.status),
-                SupersededAt=new["UpdatedAt"],
-                SupersededByVersion=new["Version"],
+        if entity_size(new) > MAX_ENTITY_BYTES:
+            raise PayloadTooLarge(
+                f"The record would take {entity_size(new)} bytes in Table Storage; the limit is "
+                f"{MAX_ENTITY_BYTES} bytes per row. Send less data.",
+                field="data",
+                limitBytes=MAX_ENTITY_BYTES,
             )
-            ops: list[Any] = [
-                (
-                    "update",
-                    new,
-                    {
-                        "mode": UpdateMode.REPLACE,
-                        "etag": current.etag,
-                        "match_condition": MatchConditions.IfNotModified,
-                    },
-                ),
-                ("create", history),
-            ]
+        old = current.index_keys() if current is not None else {}
+        fresh = {c: str(new[c]) for c in INDEX_COLUMNS if new.get(c)}
+        deletes = [row for c, row in old.items() if fresh.get(c) != row]
+        inserts = [row for c, row in fresh.items() if old.get(c) != row]
+        gone: set[str] = set()
+        for _ in range(_MAX_ATTEMPTS):
+            ops: list[Any] = []
+            if current is None:
+                ops.append(("create", new))
+            else:
+                history = {k: v for k, v in current.entity.items() if k not in INDEX_COLUMNS}
+                history.update(
+                    RowKey=history_row_key_of(rk, current.version),
+                    Status=int(Status.SUPERSEDED),
+                    RecordedStatus=int(current.status),
+                    SupersededAt=new["UpdatedAt"],
+                    SupersededByVersion=new["Version"],
+                )
+                replace = {"mode": UpdateMode.REPLACE, "etag": current.etag}
+                ops.append(("update", new, {**replace, "match_condition": MatchConditions.IfNotModified}))
+                ops.append(("create", history))
+            unconditional = {"match_condition": MatchConditions.Unconditionally}  # If-Match: *
+            deleting = [row for row in deletes if row not in gone]
+            for row in deleting:
+                # Safe unconditionally: the head's If-Match in this transaction proves the row is current.
+                ops.append(("delete", {"PartitionKey": pk, "RowKey": row}, unconditional))
+            markers: list[dict[str, Any]] = []
+            for row in inserts:
+                kind, bucket, _ = parse_index_row_key(row)
+                ops.append(("create", {"PartitionKey": pk, "RowKey": row, "StateRK": rk}))
+                marker = self.index.marker(pk, kind, bucket)
+                if marker not in markers:
+                    markers.append(marker)
+            first_marker = len(ops)
+            ops += [("update", m, {"mode": UpdateMode.MERGE, **unconditional}) for m in markers]
             try:
-                results = self.table.submit_transaction(ops)
+                if len(ops) == 1 and current is None:
+                    etag = self.table.create_entity(new)["etag"]
+                else:
+                    etag = self.table.submit_transaction(ops)[0]["etag"]
+            except TableTransactionError as exc:
+                at = exc.index
+                if _not_found(exc) and at is not None and first_marker <= at < len(ops):
+                    self.index.forget(
+                        markers[at - first_marker]
+                    )  # catch-up closed that minute: prepare again
+                    continue
+                first_delete = len(ops) - len(markers) - len(inserts) - len(deleting)
+                if _not_found(exc) and at is not None and first_delete <= at < first_delete + len(deleting):
+                    gone.add(deleting[at - first_delete])  # already removed (an older layout): skip it
+                    continue
+                self._hints.forget(pk, rk)
+                raise
             except Exception:
                 self._hints.forget(pk, rk)
                 raise
-            head = Head(new, results[0]["etag"])
-        self._hints.put(pk, rk, head)
-        return head
+            head = Head(new, etag)
+            self._hints.put(pk, rk, head)
+            return head
+        raise Conflict("The record's expiry index changed on every attempt to write it; retry.", field="key")
+
+
+def claims_of(key: RecordKey, head: Head) -> LockClaims:
+    """The token claims of a Processing head: everything needed to rebuild it (see :func:`entity_of`)."""
+    entity = head.entity
+    retention = entity.get("RetentionSeconds")
+    return LockClaims(
+        i=str(entity["LockId"]),
+        k=key_digest(key),
+        n=head.version,
+        e=head.etag,
+        a=epoch_ms(entity["LockedAt"]),
+        u=epoch_ms(entity["LockedUntil"]),
+        w=epoch_ms(entity["UpdatedAt"]),
+        c=epoch_ms(entity["CreatedAt"]),
+        h=str(entity["HandlerKey"]),
+        s=entity.get("SourceAppId"),
+        x=entity.get("EntityExecutionId"),
+        t=plain_int(retention) if retention is not None else None,
+        b=entity.get("Substatus"),
+        o=entity.get("Note"),
+        q=entity.get("LockRequestId"),
+    )
+
+
+def entity_of(key: RecordKey, claims: LockClaims) -> dict[str, Any]:
+    """The Processing head a token was issued for, column for column (its history row copies it)."""
+    entity: dict[str, Any] = {
+        "PartitionKey": partition_key(key.tenant_id, key.scope, key.entity_id),
+        "RowKey": head_row_key(key),
+        "TenantId": key.tenant_id,
+        "ScopeId": int(key.scope),
+        "EntityId": key.entity_id,
+        "ItemEntityKey": escape(key.item_entity_key),
+        "Status": int(Status.PROCESSING),
+        "HandlerKey": claims.h,
+        "RetainUntil": NEVER,
+        "Version": claims.n,
+        "CreatedAt": from_epoch_ms(claims.c),
+        "UpdatedAt": from_epoch_ms(claims.w),
+        "DataChunks": 0,
+    }
+    optional = {
+        "EntityExecutionId": claims.x,
+        "SourceAppId": claims.s,
+        "Substatus": claims.b,
+        "Note": claims.o,
+    }
+    entity.update({k: v for k, v in optional.items() if v is not None})
+    if claims.t is not None:
+        entity["RetentionSeconds"] = int64(claims.t)
+    if claims.q is not None:
+        entity["LockRequestId"] = claims.q
+    lock_fields(entity, claims.i, from_epoch_ms(claims.a), from_epoch_ms(claims.u))
+    return entity
+
+
+def lock_fields(entity: dict[str, Any], lock_id: str, locked_at: datetime, until: datetime) -> None:
+    """A Processing head's lock, and the index row that catch-up finds it by."""
+    until = to_ms(until)
+    entity.update(
+        LockId=lock_id,
+        LockedAt=locked_at,
+        LockedUntil=until,
+        LockIndexKey=index_row_key(LOCK_KIND, epoch_ms(until), lock_id),
+    )
+
+
+def _retain(entity: dict[str, Any], until: datetime) -> None:
+    """A finished head's retention deadline, and the index row that catch-up expires it by."""
+    until = to_ms(until)
+    entity.update(
+        RetainUntil=until, RetainIndexKey=index_row_key(RETENTION_KIND, epoch_ms(until), uuid.uuid4().hex)
+    )
 
 
 def _same_request(current: Head, request_id: str, now: datetime) -> bool:
@@ -610,9 +720,3 @@ def _same_request(current: Head, request_id: str, now: datetime) -> bool:
         and until is not None
         and until > now
     )
-
-
-def _lock_fields(entity: dict[str, Any], now: datetime, lock_seconds: int) -> str:
-    lock_id = uuid.uuid4().hex
-    entity.update(LockId=lock_id, LockedAt=now, LockedUntil=now + timedelta(seconds=lock_seconds))
-    return lock_id

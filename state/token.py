@@ -1,28 +1,41 @@
-"""Lock tokens: what a lock holder must present to write while it holds the lock (fencing).
+"""Lock tokens: what a lock holder presents to write while it holds the lock (fencing).
 
-A token names the lock (a random id stored on the head row) and carries what the holder's next write
-needs to be a single round trip: the head's ETag and version at acquisition, when the lock was taken and
-until when, and a digest of the record key (a token of another record is refused at once). The store
-writes with ``If-Match: <etag>``, so the write succeeds only if nobody changed the record since the
-token was issued; when the ETag is stale the store re-reads the head and compares the lock id.
+A token carries the whole Processing version it was issued for (lock id, version, the head's ETag, when
+it was locked, until when, the version's ``updatedAt`` and ``createdAt``, who locked it: source app and
+execution, the handler's retention, the takeover/extension substatus and note, the lock's requestId) and a
+digest of the record key. With it the fenced write is one transaction: ``If-Match`` the ETag replaces the
+head, and the superseded version's history row is rebuilt from the token exactly as it was stored (the
+ETag match proves the head is that version).
 
-Tokens are bearer capabilities: the head's ETag is never exposed by the API, and the lock id is 128
-random bits.
+Tokens are signed (``common/signing.py``): the MAC is checked before a field is read, so an edited,
+truncated or foreign token holds no lock. The payload is then validated strictly (types, ranges): a bad
+one can only come from our own bug, and is refused like a forgery.
 """
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
-from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
+from typing import Annotated
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from common.clock import from_epoch_ms
 from common.errors import LockLost
-from state.model import RecordKey
+from common.limits import INT32_MAX
+from common.signing import Signer
+from state.model import MAX_RETENTION_SECONDS, RecordKey
+
+PURPOSE = "lock"
+MAX_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z
+
+_Ms = Annotated[int, Field(ge=0, le=MAX_MS)]
+_Int32 = Annotated[int, Field(ge=0, le=INT32_MAX)]
 
 
 def key_digest(key: RecordKey) -> str:
+    """128 bits of SHA-256 over the record's identity: binds a token (or a page) to one record."""
     raw = json.dumps(
         [
             key.tenant_id,
@@ -36,62 +49,49 @@ def key_digest(key: RecordKey) -> str:
         ],
         ensure_ascii=True,
     )
-    return hashlib.sha256(raw.encode("ascii")).hexdigest()[:16]
+    return hashlib.sha256(raw.encode("ascii")).hexdigest()[:32]
 
 
-def _ms(value: datetime) -> int:
-    return int(value.timestamp() * 1000)
+class LockClaims(BaseModel):
+    """The signed payload (short names keep the token short)."""
 
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
 
-def _dt(ms: int) -> datetime:
-    return datetime.fromtimestamp(ms / 1000, tz=UTC)
+    i: Annotated[str, Field(pattern=r"^[0-9a-f]{32}$")]  # lock id
+    k: Annotated[str, Field(pattern=r"^[0-9a-f]{32}$")]  # key digest
+    n: Annotated[int, Field(ge=1, le=INT32_MAX)]  # version
+    e: Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[\x21-\x7e]+$")]  # the head's ETag
+    a: _Ms  # lockedAt
+    u: _Ms  # lockedUntil
+    w: _Ms  # updatedAt of this version
+    c: _Ms  # createdAt of the record
+    h: Annotated[str, Field(min_length=1, max_length=32)]  # handler key
+    s: _Int32 | None = None  # sourceAppId of the locker
+    x: _Int32 | None = None  # entityExecutionId of the locker
+    t: Annotated[int, Field(ge=1, le=MAX_RETENTION_SECONDS)] | None = None  # retention seconds
+    b: Annotated[str, Field(max_length=64)] | None = None  # substatus (LockTakenOver, LockExtended)
+    o: Annotated[str, Field(max_length=1024)] | None = None  # note (which lock was taken over)
+    q: Annotated[str, Field(max_length=128)] | None = None  # the lock's requestId
 
+    @property
+    def lock_id(self) -> str:
+        return self.i
 
-@dataclass(frozen=True)
-class LockToken:
-    lock_id: str
-    version: int
-    etag: str
-    locked_at: datetime
-    locked_until: datetime
-    key_digest: str
-    created_at: datetime
-    note: str | None = None
+    @property
+    def locked_until(self) -> datetime:
+        return from_epoch_ms(self.u)
 
-    def encode(self) -> str:
-        body = {
-            "i": self.lock_id,
-            "n": self.version,
-            "e": self.etag,
-            "a": _ms(self.locked_at),
-            "u": _ms(self.locked_until),
-            "k": self.key_digest,
-            "c": _ms(self.created_at),
-        }
-        if self.note:
-            body["o"] = self.note
-        raw = json.dumps(body, separators=(",", ":")).encode()
-        return "v1." + base64.urlsafe_b64encode(raw).decode().rstrip("=")
+    def encode(self, signer: Signer) -> str:
+        raw = json.dumps(self.model_dump(exclude_none=True), separators=(",", ":"), ensure_ascii=True)
+        return signer.sign(PURPOSE, raw.encode("ascii"))
 
     @classmethod
-    def decode(cls, text: str) -> LockToken:
-        """Parse a token, or raise 409 ``lock-lost`` naming ``lockToken`` (a malformed or foreign token
-        cannot hold any lock)."""
+    def decode(cls, text: str, signer: Signer) -> LockClaims:
+        """The claims of a token Settle signed, or 409 ``lock-lost`` naming ``lockToken``."""
+        payload = signer.open(PURPOSE, text)
+        if payload is None:
+            raise LockLost("The lock token is not one Settle issued (or it was changed).", field="lockToken")
         try:
-            if not text.startswith("v1."):
-                raise ValueError("version")
-            payload = text[3:]
-            raw = base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4))
-            body = json.loads(raw)
-            return cls(
-                lock_id=str(body["i"]),
-                version=int(body["n"]),
-                etag=str(body["e"]),
-                locked_at=_dt(int(body["a"])),
-                locked_until=_dt(int(body["u"])),
-                key_digest=str(body["k"]),
-                created_at=_dt(int(body["c"])),
-                note=body.get("o"),
-            )
-        except (ValueError, KeyError, TypeError) as exc:
+            return cls.model_validate_json(payload)
+        except ValidationError as exc:
             raise LockLost("The lock token is not one Settle issued.", field="lockToken") from exc

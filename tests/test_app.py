@@ -42,10 +42,10 @@ OPERATOR_ROUTES = {
 }
 
 
-def test_only_health_openapi_and_the_operator_routes_are_anonymous(functions):
+def test_only_health_openapi_the_state_lookups_and_the_operator_routes_are_anonymous(functions):
     anonymous = {
         name
         for name, f in functions.items()
         if f.get_trigger().type == "httpTrigger" and f.get_trigger().auth_level.value == "anonymous"
     }
-    assert anonymous == {"health", "openapi_document"} | OPERATOR_ROUTES
+    assert anonymous == {"health", "openapi_document", "state_meta"} | OPERATOR_ROUTES

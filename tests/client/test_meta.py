@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 from settle_client import EXISTS_STATUSES, HANDLERS, SETTABLE_STATUSES, Scope, Status
 
 
@@ -29,7 +28,6 @@ def test_the_enums_match_the_seeds():
     assert Status.parse(" processed ") is Status.PROCESSED
 
 
-@pytest.mark.xfail(strict=True, reason="until issue 10 merges: GET /api/v1/state/meta is not served yet")
 def test_the_enums_equal_the_servers_meta(settle):
     meta = settle.meta()
     assert [(s.id, s.name) for s in meta.scopes] == [(s.value, s.label) for s in Scope]

@@ -6,17 +6,24 @@ bounds it for CI. The table printed at the end is what the tests counted (``tall
 
 from __future__ import annotations
 
+import json
 import os
+import time
+from collections import Counter
 from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from bench import machine
 from common import runtime
 from tests.conftest import new_prefix
 from tests.reliability.faults import FAULTS, FaultPolicy
 from tests.reliability.tally import TALLY, scale
 
+ROOT = Path(__file__).resolve().parents[2]
 _AREA_OF_MODULE = {
     "test_state_faults": "state faults",
     "test_state_model": "state model",
@@ -29,7 +36,8 @@ _AREA_OF_MODULE = {
     "test_auth_secrets": "auth & secrets",
     "test_checkers": "self-checks",
 }
-_ran = {"count": 0, "known": 0}
+_run: dict[str, Any] = {"selected": 0, "known": 0, "started": time.time()}
+_outcomes: dict[str, str] = {}  # test id -> passed | failed | error | skipped
 # Whether the SDK's own retry policy stays on for the current fault-injecting test (restarts keep it).
 _sdk = {"retries": False}
 
@@ -99,34 +107,91 @@ def new_tables(azurite_connection: str) -> Any:
     return switch
 
 
+def _area(item: pytest.Item) -> str:
+    module = item.path.stem
+    return _AREA_OF_MODULE.get(module, module)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    # The table belongs to runs that selected the reliability suite (``-m slow``), not to ``make test``
+    # (nor to ``--collect-only``, which runs nothing).
+    if session.config.option.collectonly:
+        return
+    _run["selected"] = sum(1 for item in session.items if item.get_closest_marker("slow"))
+    _run["started"] = time.time()
+
+
+def pytest_collectreport(report: pytest.CollectReport) -> None:
+    if report.failed:
+        TALLY.failed("collection", f"{report.nodeid or 'session'} could not be collected")
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
     report = yield
-    here = os.path.dirname(__file__)
-    if str(item.path).startswith(here) and report.when == "call":
-        _ran["count"] += 1
-        if report.skipped and hasattr(report, "wasxfail"):
-            _ran["known"] += 1  # a known bug shown by a strict xfail test (see docs/reliability.md)
-        if report.failed:
-            module = item.path.stem
-            area = _AREA_OF_MODULE.get(module, module)
-            text = str(report.longrepr)
-            if "violation:" not in text:  # Tally.check already counted it
-                TALLY.add(area, violations=1)
+    if report.when == "call" and report.skipped and hasattr(report, "wasxfail"):
+        _run["known"] += 1  # a known bug shown by a strict xfail test (see docs/reliability.md)
+    if report.failed:
+        # Every failing phase is a broken promise or a suite that could not check it: a fixture that
+        # cannot reach Azurite (setup), a plain assert (call), cleanup that raised (teardown).
+        _outcomes[item.nodeid] = "failed" if report.when == "call" else "error"
+        if "] violation: " not in str(report.longrepr):  # Tally.check counted it already
+            TALLY.failed(_area(item), f"{item.nodeid} failed in {report.when}")
+    elif report.when == "call":
+        _outcomes.setdefault(item.nodeid, "skipped" if report.skipped else "passed")
+    elif report.skipped:
+        _outcomes.setdefault(item.nodeid, "skipped")
     return report
 
 
+def results_path() -> Path:
+    """Where the table is written: ``SETTLE_RELIABILITY_OUT``, else ``bench/reliability-<scale>.json``."""
+    given = os.environ.get("SETTLE_RELIABILITY_OUT")
+    return Path(given) if given else ROOT / "bench" / f"reliability-{scale()}.json"
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if not _run["selected"]:
+        return
+    # The exit status and the table must tell the same story, in both directions.
+    if TALLY.total("violations") and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    elif not TALLY.total("violations") and session.exitstatus != pytest.ExitCode.OK:
+        TALLY.failed("session", f"pytest ended with exit status {int(session.exitstatus)}")
+    outcomes = Counter(_outcomes.values())
+    document = {
+        "kind": "reliability",
+        "scale": scale(),
+        "started_at": datetime.fromtimestamp(_run["started"], UTC).isoformat(timespec="seconds"),
+        "duration_s": round(time.time() - _run["started"], 1),
+        "command": " ".join(["python -m pytest", *(str(a) for a in session.config.invocation_params.args)]),
+        "exit_status": int(session.exitstatus),
+        "tests": {k: outcomes.get(k, 0) for k in ("passed", "failed", "error", "skipped")},
+        "known_bugs": _run["known"],
+        "machine": machine.describe(),
+        **TALLY.snapshot(),
+    }
+    path = results_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+    _run["written"] = str(path)
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    if not _ran["count"]:
+    if not _run["selected"]:
         return
     terminalreporter.section(f"Settle reliability (scale: {scale()})")
     for line in TALLY.render():
         terminalreporter.write_line(line)
     violations = TALLY.total("violations")
+    for failure in TALLY.snapshot()["failures"]:
+        terminalreporter.write_line(f"counted: {failure}")
     terminalreporter.write_line(
         f"violations found: {violations}" + (" (must be 0)" if violations else " - every promise held")
     )
-    if _ran["known"]:
+    if _run["known"]:
         terminalreporter.write_line(
-            f"known bugs shown by strict xfail tests: {_ran['known']} (docs/reliability.md, Findings)"
+            f"known bugs shown by strict xfail tests: {_run['known']} (docs/reliability.md, Findings)"
         )
+    if _run.get("written"):
+        terminalreporter.write_line(f"table written to {_run['written']}")

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import base64
+import json
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -112,3 +115,50 @@ def check_head_and_history(
         f"{head['version']}/{head['status']}",
     )
     return rows
+
+
+def lock_id_of(token: str) -> str:
+    """The lock id a token names (the suite compares it with the head's ``LockId``)."""
+    payload = token.split(".")[1]  # v2.<payload>.<mac>
+    return str(json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))["i"])
+
+
+def check_one_holder(
+    area: str,
+    answers: Sequence[dict[str, Any]],
+    callers: int,
+    head: dict[str, Any] | None,
+    where: str,
+    *,
+    tally: Tally = TALLY,
+) -> dict[str, Any]:
+    """After a lock race and every caller's retries: each caller got an answer, exactly one of them holds
+    the lock (never two: safety; never none: liveness), and its token names the lock the head holds."""
+    check = tally.check
+    check(area, len(answers) == callers, f"{where}: {len(answers)} of {callers} callers got an answer")
+    holders = [a for a in answers if a.get("acquired")]
+    check(area, len(holders) == 1, f"{where}: {len(holders)} callers hold the lock")
+    check(
+        area,
+        head is not None and int(head["Status"]) == int(Status.PROCESSING),
+        f"{where}: the head is not Processing: {None if head is None else head.get('Status')}",
+    )
+    assert head is not None
+    check(
+        area,
+        lock_id_of(str(holders[0].get("lockToken"))) == head.get("LockId"),
+        f"{where}: the holder's token names another lock than the head's {head.get('LockId')}",
+    )
+    return holders[0]
+
+
+def check_recorded_once(
+    area: str, rows: Rows, allowed: Sequence[Sequence[str]], where: str, *, tally: Tally = TALLY
+) -> None:
+    """The record's versions are the status sequence the operation must leave: a change recorded twice
+    (a doubled version) or not at all (a lost one) is a violation."""
+    tally.check(
+        area,
+        rows.statuses in [list(a) for a in allowed],
+        f"{where}: statuses {rows.statuses}, expected one of {[list(a) for a in allowed]}",
+    )

@@ -1,23 +1,41 @@
-"""Auth levels of every function, and no secret in any committed file."""
+"""Auth, tried for real, and no secret in any committed file.
+
+The development host runs as a separate process with ``SETTLE_DEV_FUNCTION_KEY`` set, and every route
+the app declares (read from ``app.get_functions()``, not a hand list) is called over HTTP: each FUNCTION
+route without a key, with a wrong key (header and ``?code=``) answers 401 and writes nothing (storage
+is read afterwards); anonymous routes answer without a key; the same calls with the right key reach the
+functions (the control that shows the 401s were the key's doing and the storage check can see writes).
+"""
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 
 from common.settings import AZURITE_ACCOUNT_KEY
-from tests.conftest import Caller
+from devtools.azurite import free_port
+from devtools.host import route_prefix
+from tests.conftest import Caller, new_prefix
 from tests.reliability.tally import TALLY
 from tests.test_app import OPERATOR_ROUTES
 
 pytestmark = pytest.mark.slow
 
 AREA = "auth & secrets"
-# The operator routes are anonymous for the host and check the principal in code (ADR-0013).
-ANONYMOUS = {"health", "openapi_document"} | OPERATOR_ROUTES
+# state_meta: lookup lists, no I/O; the operator routes check the principal in code (ADR-0013).
+ANONYMOUS = {"health", "openapi_document", "state_meta"} | OPERATOR_ROUTES
 ROOT = Path(__file__).resolve().parents[2]
 
 # A real key is long base64; placeholders ("...", "SAS_KEY_VALUE", a test's "eA==") are not.
@@ -31,11 +49,13 @@ SECRET_PATTERNS = {
     "Functions key in a URL": re.compile(r"[?&]code=([A-Za-z0-9_\-]{40,}={0,2})"),
 }
 ALLOWED_VALUES = {AZURITE_ACCOUNT_KEY}
+KEY = "reliability-" + uuid.uuid4().hex
+# Settings the developer's shell must not hand the host: the test decides them.
+UNSET = {"ServiceBusConnection", "ServiceBusConnection__fullyQualifiedNamespace", "SETTLE_DEV_FUNCTION_KEY"}
 
 
 def test_only_health_and_the_openapi_document_are_anonymous(functions):
     http = {n: f for n, f in functions.items() if type(f.get_trigger()).__name__ == "HttpTrigger"}
-    TALLY.add(AREA, operations=len(functions))
     for name, fn in http.items():
         level = str(getattr(fn.get_trigger().auth_level, "value", fn.get_trigger().auth_level)).lower()
         expected = "anonymous" if name in ANONYMOUS else "function"
@@ -70,7 +90,6 @@ def test_no_secret_is_committed():
             text = path.read_text(encoding="utf-8")
         except (UnicodeDecodeError, FileNotFoundError, IsADirectoryError):
             continue
-        TALLY.add(AREA, operations=1)
         for kind, pattern in SECRET_PATTERNS.items():
             for match in pattern.finditer(text):
                 value = match.group(1) if match.groups() else match.group(0)
@@ -92,3 +111,228 @@ def test_the_scanner_finds_what_it_looks_for():
     azurite = f"AccountKey={AZURITE_ACCOUNT_KEY};"
     hits = [m.group(1) for p in SECRET_PATTERNS.values() for m in p.finditer(azurite) if m.groups()]
     TALLY.check(AREA, all(h in ALLOWED_VALUES for h in hits), "the Azurite well-known key is not a secret")
+
+
+# ------------------------------------------------------------------------------------ auth, over HTTP
+
+
+@dataclass
+class Host:
+    base_url: str
+    process: subprocess.Popen[bytes]
+    log: Path
+    prefix: str
+
+
+@pytest.fixture(scope="module")
+def host(azurite_connection: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
+    """``python -m devtools.host`` with a function key, on tables of its own, timers off (they write)."""
+    folder = tmp_path_factory.mktemp("auth-host")
+    settings = folder / "local.settings.json"
+    settings.write_text((ROOT / "local.settings.json.example").read_text(encoding="utf-8"), encoding="utf-8")
+    port, prefix = free_port(), new_prefix()
+    environ = {k: v for k, v in os.environ.items() if k not in UNSET}
+    environ.update(
+        SETTLE_DEV_FUNCTION_KEY=KEY,
+        SETTLE_TABLES=azurite_connection,
+        SETTLE_TABLE_PREFIX=prefix,
+        SETTLE_LOOPBACK="true",
+        PYTHONUNBUFFERED="1",
+    )
+    log = folder / "host.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "devtools.host",
+                "--port",
+                str(port),
+                "--settings",
+                str(settings),
+                "--no-timers",
+            ],
+            cwd=ROOT,
+            env=environ,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    running = Host(f"http://127.0.0.1:{port}", process, log, prefix)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert process.poll() is None, f"the development host exited:\n{log.read_text()}"
+            try:
+                httpx.get(running.base_url + "/", timeout=2.0)
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline, f"the development host did not answer:\n{log.read_text()}"
+                time.sleep(0.2)
+        yield running
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@dataclass(frozen=True)
+class Route:
+    function: str
+    method: str
+    path: str
+    auth: str
+    body: Any
+
+
+def _fill(template: str) -> str:
+    """A concrete path for a route template (a value per parameter that satisfies its constraint)."""
+
+    def value(match: re.Match[str]) -> str:
+        spec = match.group(1)
+        if ":guid" in spec:
+            return str(uuid.uuid4())
+        if any(c in spec for c in (":int", ":long", ":min", ":max", ":range")):
+            return "1"
+        return "auth-probe-" + uuid.uuid4().hex[:6]
+
+    return re.sub(r"\{([^}]*)\}", value, template)
+
+
+def _minimal(schema: dict[str, Any], components: dict[str, Any], name: str = "") -> Any:
+    """A small valid value of an OpenAPI schema (required fields only), shaped to reach storage."""
+    while "$ref" in schema:
+        schema = components[schema["$ref"].rsplit("/", 1)[-1]]
+    if name == "key":
+        return {
+            "tenantId": 1,
+            "scopeId": 4,
+            "entityId": 1,
+            "itemEntityKey": "auth",
+            "itemKey": uuid.uuid4().hex,
+        }
+    if name == "status":
+        return "Processed"
+    for union in ("anyOf", "oneOf"):
+        if union in schema:
+            return _minimal(next(s for s in schema[union] if s.get("type") != "null"), components, name)
+    if "enum" in schema:
+        return schema["enum"][0]
+    kind = schema.get("type")
+    if kind == "object" or "properties" in schema:
+        props = schema.get("properties", {})
+        return {k: _minimal(v, components, k) for k, v in props.items() if k in schema.get("required", [])}
+    if kind == "integer":
+        return max(1, int(schema.get("minimum", 1)))
+    if kind == "array":
+        return []
+    if kind == "boolean":
+        return True
+    return "auth-probe"
+
+
+def declared_routes(functions: dict[str, Any]) -> list[Route]:
+    """Every HTTP route the app declares, with its auth level, plus the admin endpoint of every other
+    function (the host's own admin level); bodies built from the served OpenAPI document."""
+    document = Caller(functions)("openapi_document", method="GET").json
+    components = document["components"]["schemas"]
+    schemas = {
+        op["operationId"]: op.get("requestBody", {})
+        .get("content", {})
+        .get("application/json", {})
+        .get("schema")
+        for ops in document["paths"].values()
+        for op in ops.values()
+    }
+    prefix = route_prefix(ROOT / "host.json")
+    routes: list[Route] = []
+    for name, fn in sorted(functions.items()):
+        trigger = fn.get_trigger()
+        if type(trigger).__name__ != "HttpTrigger":
+            routes.append(Route(name, "POST", f"/admin/functions/{name}", "admin", {}))
+            continue
+        level = str(getattr(trigger.auth_level, "value", trigger.auth_level) or "function").lower()
+        schema = schemas.get(name)
+        body = _minimal(schema, components) if schema else None
+        for method in trigger.methods or ["GET"]:
+            verb = str(getattr(method, "value", method)).upper()
+            routes.append(Route(name, verb, f"/{prefix}/{_fill(trigger.route or name)}", level, body))
+    return routes
+
+
+def stored_entities(connection: str, prefix: str) -> dict[str, int]:
+    """Entities in every table of ``prefix`` (a table that exists at all shows up, even empty)."""
+    from azure.data.tables import TableServiceClient
+
+    service = TableServiceClient.from_connection_string(connection)
+    found: dict[str, int] = {}
+    for table in service.list_tables():
+        if table.name.startswith(prefix):
+            found[table.name] = sum(1 for _ in service.get_table_client(table.name).list_entities())
+    return found
+
+
+def send(host: Host, route: Route, *, headers: dict[str, str] | None = None, code: str | None = None) -> int:
+    params = {"code": code} if code is not None else None
+    response = httpx.request(
+        route.method,
+        host.base_url + route.path,
+        json=route.body,
+        headers=headers,
+        params=params,
+        timeout=60.0,
+    )
+    TALLY.add(AREA, operations=1)
+    return response.status_code
+
+
+def test_every_function_route_refuses_a_missing_or_wrong_key_and_writes_nothing(
+    host, functions, azurite_connection
+):
+    # Given the host with a function key, and the routes the app declares
+    routes = declared_routes(functions)
+    secured = [r for r in routes if r.auth != "anonymous"]
+    TALLY.check(AREA, len(secured) > 10, f"only {len(secured)} secured routes found: {routes}")
+    # When each secured route is called without a key, a wrong key (header or ?code=) or an empty one
+    for route in secured:
+        for label, kwargs in (
+            ("no key", {}),
+            ("wrong key", {"headers": {"x-functions-key": KEY + "x"}}),
+            ("wrong code", {"code": "x" + KEY}),
+            ("empty key", {"headers": {"x-functions-key": ""}}),
+        ):
+            status = send(host, route, **kwargs)
+            # Then every answer is 401
+            TALLY.check(
+                AREA, status == 401, f"{route.method} {route.path} ({route.function}), {label}: {status}"
+            )
+    # And nothing was written: not a row, not even a table
+    TALLY.check(
+        AREA,
+        not stored_entities(azurite_connection, host.prefix),
+        f"unauthorised calls wrote: {stored_entities(azurite_connection, host.prefix)}",
+    )
+
+
+def test_anonymous_routes_answer_without_a_key_and_the_key_opens_the_others(
+    host, functions, azurite_connection
+):
+    routes = declared_routes(functions)
+    anonymous = [r for r in routes if r.auth == "anonymous"]
+    TALLY.check(AREA, {r.function for r in anonymous} == ANONYMOUS, f"anonymous routes: {anonymous}")
+    for route in anonymous:
+        status = send(host, route)
+        TALLY.check(AREA, status == 200, f"{route.method} {route.path} without a key: {status}")
+    # The control: with the right key (header, then ?code=) every secured route reaches its function...
+    for route in routes:
+        if route.auth == "anonymous":
+            continue
+        for status in (send(host, route, headers={"x-functions-key": KEY}), send(host, route, code=KEY)):
+            TALLY.check(AREA, status != 401, f"{route.method} {route.path} with the right key: {status}")
+    # ... and what they write is seen by the same storage check that saw nothing before.
+    written = stored_entities(azurite_connection, host.prefix)
+    TALLY.check(
+        AREA, sum(written.values()) > 0, f"authorised calls wrote nothing the check could see: {written}"
+    )

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from handoff import service
 from tests.reliability.nimbus_model import STATUS
-from tests.reliability.tally import TALLY, sized
+from tests.reliability.tally import TALLY, Tally, sized
 
 pytestmark = pytest.mark.slow
 
@@ -91,6 +91,15 @@ def messages(draw: st.DrawFn) -> ServiceBusMessage:
     )
 
 
+def deliver_hostile(resolver: Any, msg: ServiceBusMessage, *, tally: Tally = TALLY) -> None:
+    """The checker: the resolver returns (projected or poisoned); raising is a violation."""
+    tally.add(AREA, operations=1, fuzz_cases=1)
+    try:
+        resolver(msg)
+    except Exception as exc:
+        tally.check(AREA, False, f"resolver raised {exc!r:.300} for {msg.application_properties!r:.300}")
+
+
 @settings(
     max_examples=sized(1000, 60),
     deadline=None,
@@ -99,9 +108,4 @@ def messages(draw: st.DrawFn) -> ServiceBusMessage:
 @given(msg=messages())
 def test_a_hostile_message_is_projected_or_poisoned_never_a_crash(faulty_tables, functions, msg):
     service.resolver_service().sleep = lambda _s: None
-    resolver = functions["resolver"].get_user_function()
-    TALLY.add(AREA, operations=1, fuzz_cases=1)
-    try:
-        resolver(msg)
-    except Exception as exc:
-        TALLY.check(AREA, False, f"resolver raised {exc!r:.300} for {msg.application_properties!r:.300}")
+    deliver_hostile(functions["resolver"].get_user_function(), msg)

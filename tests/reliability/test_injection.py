@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from tests.conftest import Caller
 from tests.reliability.nimbus_model import Msg, service_bus_message
-from tests.reliability.tally import TALLY, sized
+from tests.reliability.tally import TALLY, Tally, sized
 
 pytestmark = pytest.mark.slow
 
@@ -67,13 +67,22 @@ def tenants(faulty_tables, call: Caller) -> dict[str, Any]:
     return {"mine": MINE, "theirs": THEIRS}
 
 
-def only_mine(call: Caller, body: dict[str, Any], where: str) -> None:
+def only_mine(call: Caller, body: dict[str, Any], where: str, *, tally: Tally = TALLY) -> None:
+    """The checker: a query of my tenant answers 200 or 400, and never with another tenant's record."""
     result = call("state_query", body)
-    TALLY.add(AREA, operations=1, fuzz_cases=1)
-    TALLY.check(AREA, result.status in (200, 400), f"{where}: {result.status} {result.body!r:.200}")
+    tally.add(AREA, operations=1, fuzz_cases=1)
+    tally.check(AREA, result.status in (200, 400), f"{where}: {result.status} {result.body!r:.200}")
     if result.status == 200:
         tenants = {item["tenantId"] for item in result.json["items"]}
-        TALLY.check(AREA, tenants <= {MINE}, f"{where}: read tenants {tenants}")
+        tally.check(AREA, tenants <= {MINE}, f"{where}: read tenants {tenants}")
+
+
+def only_this_key(
+    items: list[dict[str, Any]], field: str, text: str, where: str, *, tally: Tally = TALLY
+) -> None:
+    """The checker for a crafted key: every record read is my tenant's, with exactly that key text."""
+    for item in items:
+        tally.check(AREA, item["tenantId"] == MINE and item[field] == text, f"{where}: read {item!r:.200}")
 
 
 def test_a_query_always_requires_a_tenant(tenants, call):
@@ -124,10 +133,8 @@ def test_crafted_keys_never_reach_another_tenants_record(tenants, call, text, fi
         items = [result.json] if name == "state_get" and result.status == 200 else []
         if name == "state_history" and result.status == 200:
             items = result.json["items"]
-        for item in items:  # only ever this very key of my tenant (an earlier example may have locked it)
-            TALLY.check(
-                AREA, item["tenantId"] == MINE and item[field] == text, f"{where} {name}: read {item!r:.200}"
-            )
+        # only ever this very key of my tenant (an earlier example may have locked it)
+        only_this_key(items, field, text, f"{where} {name}")
     lock = call("state_lock", {"key": k, "lockSeconds": 5})
     TALLY.add(AREA, operations=1, fuzz_cases=1)
     TALLY.check(AREA, lock.status in (200, 400), f"{where} lock: {lock.status}")

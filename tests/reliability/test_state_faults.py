@@ -10,13 +10,17 @@ same HTTP call while it answers 503 (the documented contract). Afterwards:
   ambiguous fault may legitimately record its outcome twice: nothing identifies the first attempt);
 * no lock is held by two callers: a second caller is refused while the record is Processing, and a
   token handed out names the lock the head holds;
-* a lock orphaned by an ambiguous failure is free again once it expires (taken over by the next lock).
+* a fenced write (with its token) retried after an ambiguous fault is answered with its record, never
+  409: the retry is recognised;
+* a lock call retried with its ``requestId`` ends up holding its lock; without one, a lock orphaned by an
+  ambiguous failure is free again once it expires (taken over by the next lock).
+
+Racing lock callers under random faults, each retrying with its own ``requestId``, end with exactly one
+holder: never two (safety) and never none (liveness).
 """
 
 from __future__ import annotations
 
-import base64
-import json
 import threading
 import time
 from collections.abc import Callable
@@ -30,7 +34,14 @@ from common.clock import utcnow
 from state import service
 from tests.conftest import Caller, HttpResult
 from tests.reliability.faults import WHENS, FaultPolicy, When
-from tests.reliability.records import check_head_and_history, new_key, read_rows
+from tests.reliability.records import (
+    check_head_and_history,
+    check_one_holder,
+    check_recorded_once,
+    lock_id_of,
+    new_key,
+    read_rows,
+)
 from tests.reliability.tally import TALLY, scale, sized
 
 pytestmark = pytest.mark.slow
@@ -38,11 +49,6 @@ pytestmark = pytest.mark.slow
 AREA = "state faults"
 ORPHAN_LOCK_SECONDS = 3
 PROBLEM = "application/problem+json"
-
-
-def lock_id_of(token: str) -> str:
-    payload = token[3:]
-    return str(json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))["i"])
 
 
 @dataclass
@@ -61,6 +67,14 @@ class Case:
     ambiguous_answers: tuple[int, ...] = ()
     # Run the operation on "another instance" (no cached head hints): the longer request paths.
     cold: bool = False
+    # The caller sends a requestId (the same on every retry): then it must end up holding its lock.
+    request_id: bool = False
+
+    def request(self, key: dict[str, Any], ctx: dict[str, Any]) -> dict[str, Any]:
+        body = self.body(key, ctx)
+        if self.request_id:
+            body["requestId"] = "retry-" + key["itemKey"]
+        return body
 
 
 def _ok(result: HttpResult, what: str) -> dict[str, Any]:
@@ -131,7 +145,6 @@ _CASES = [
         lambda k, c: {"key": k, "status": "Processed", "lockToken": c["token"], "data": {"n": 2}},
         ["Processing"],
         "Processed",
-        ambiguous_answers=(409,),
     ),
     Case(
         "set Skipped without a token",
@@ -167,7 +180,6 @@ _CASES = [
         lambda k, c: {"key": k, "error": "gave up", "lockToken": c["token"]},
         ["Processing"],
         "Failed",
-        ambiguous_answers=(409,),
     ),
     Case(
         "release without a token",
@@ -190,11 +202,23 @@ _CASES = [
 ]
 
 
+# The lock cases once more with a requestId: a retry after a lost answer must get the lock back.
+_CASES += [
+    replace(c, name=c.name + " with a requestId", request_id=True)
+    for c in _CASES
+    if c.function == "state_lock"
+]
+
 # Every operation once on the instance that prepared the record (hints warm), once on another one.
 # In CI (small scale) only the cold variants: they take the longest request paths.
+# The expired-lock takeover with a requestId waits for a lock to expire per fault: full scale only.
 CASES = [
     *(_CASES if scale() == "full" else []),
-    *(replace(c, name=c.name + " (cold instance)", cold=True) for c in _CASES),
+    *(
+        replace(c, name=c.name + " (cold instance)", cold=True)
+        for c in _CASES
+        if scale() == "full" or not (c.request_id and c.name.startswith("take over"))
+    ),
 ]
 
 
@@ -211,15 +235,20 @@ def call_with_retries(
 
 
 def count_requests(faults: FaultPolicy, call: Caller, case: Case, restart: Callable[[], None]) -> int:
-    key = new_key()
-    ctx = case.prepare(call, key)
-    if case.cold:
-        restart()
-    with faults.plan() as plan:
-        result = call(case.function, case.body(key, ctx))
-    assert result.status == 200, f"{case.name}: clean run answered {result.status} {result.body!r}"
-    TALLY.add(AREA, operations=1)
-    return len(plan.requests)
+    # Twice, the fewer counted: a process's first lock in a partition and expiry minute also prepares the
+    # expiry index (+2 requests, once); a later run that does so only has more requests to fail.
+    counts = []
+    for _ in range(2):
+        key = new_key()
+        ctx = case.prepare(call, key)
+        if case.cold:
+            restart()
+        with faults.plan() as plan:
+            result = call(case.function, case.request(key, ctx))
+        assert result.status == 200, f"{case.name}: clean run answered {result.status} {result.body!r}"
+        TALLY.add(AREA, operations=1)
+        counts.append(len(plan.requests))
+    return min(counts)
 
 
 def run_case(
@@ -232,17 +261,15 @@ def run_case(
     if case.cold:
         restart()
     with faults.plan(index, when) as plan:
-        result, attempts = call_with_retries(call, case.function, case.body(key, ctx), where)
+        result, attempts = call_with_retries(call, case.function, case.request(key, ctx), where)
     TALLY.add(AREA, operations=attempts, faults=len(plan.injected))
     TALLY.check(AREA, len(plan.injected) == 1, f"{where}: expected one injected fault, got {plan.injected}")
     rows = check_head_and_history(AREA, call, key, where)
 
-    # The status sequence the operation must leave.
+    # The status sequence the operation must leave (nothing lost, nothing recorded twice).
     once = [*case.before, case.records]
     allowed = [once] + ([[*once, case.records]] if case.may_repeat and when == "after" else [])
-    TALLY.check(
-        AREA, rows.statuses in allowed, f"{where}: statuses {rows.statuses}, expected one of {allowed}"
-    )
+    check_recorded_once(AREA, rows, allowed, where)
 
     # The answer: success, or (ambiguous only) the documented refusal of a retry whose first try applied.
     if result.status != 200:
@@ -264,13 +291,17 @@ def run_case(
                 AREA, token and lock_id_of(token) == rows.head.get("LockId"), f"{where}: token/head lock"
             )
         else:
-            # Refused only because its own first attempt took the lock (ambiguous): an orphan, held by nobody.
-            TALLY.check(AREA, when == "after" and holding, f"{where}: lock refused: {result.body!r}")
+            # Refused only because its own first attempt took the lock (ambiguous): an orphan, held by
+            # nobody. With a requestId the retry is recognised, so a refusal is a lost lock (liveness).
+            TALLY.check(
+                AREA,
+                not case.request_id and when == "after" and holding,
+                f"{where}: lock refused: {result.body!r}",
+            )
     if case.function == "state_lock_extend":
         TALLY.check(AREA, token and lock_id_of(token) == rows.head.get("LockId"), f"{where}: extended token")
     if holding:
-        other = call("state_lock", {"key": key})
-        TALLY.add(AREA, operations=1)
+        other = call("state_lock", {"key": key})  # the suite's probe of the invariant: not an operation
         TALLY.check(
             AREA,
             other.status == 200 and other.json["acquired"] is False,
@@ -346,7 +377,6 @@ def test_a_fault_on_any_request_of_catch_up_converts_each_expired_lock_exactly_o
         expired, live = new_key(), new_key()
         _ok(call("state_lock", {"key": expired, "lockSeconds": 60}), "prepare")
         _ok(call("state_lock", {"key": live, "lockSeconds": 3600}), "prepare")
-        service.store().expiry.flush()  # the index rows exist before the timer runs
         return expired, live
 
     later = lambda: utcnow() + timedelta(seconds=600)  # noqa: E731 - the expired lock is past, the live one not
@@ -391,7 +421,8 @@ def test_a_fault_on_any_request_of_catch_up_converts_each_expired_lock_exactly_o
 def _race_lock(
     faults: FaultPolicy, call: Caller, key: dict[str, Any], seeds: list[int]
 ) -> tuple[list[dict[str, Any]], int, int]:
-    """Callers lock ``key`` at the same instant, each with random faults, retrying 503s."""
+    """Callers lock ``key`` at the same instant, each with random faults, retrying 503s with the same
+    ``requestId`` (the documented remedy for a lost answer)."""
     barrier = threading.Barrier(len(seeds))
     answers: list[dict[str, Any]] = []
     counts = {"attempts": 0, "faults": 0}
@@ -400,7 +431,8 @@ def _race_lock(
     def caller(seed: int) -> None:
         with faults.plan(when=WHENS[seed % 2], rate=0.33, limit=3, seed=seed) as plan:
             barrier.wait()
-            result, attempts = call_with_retries(call, "state_lock", {"key": key, "lockSeconds": 600}, "race")
+            body = {"key": key, "lockSeconds": 600, "requestId": f"racer-{seed}"}
+            result, attempts = call_with_retries(call, "state_lock", body, "race")
         with guard:
             answers.append(result.json if result.status == 200 else {"status": result.status})
             counts["attempts"] += attempts
@@ -414,8 +446,9 @@ def _race_lock(
     return answers, counts["attempts"], counts["faults"]
 
 
-def test_racing_lock_callers_under_random_faults_never_both_hold_the_lock(faulty_tables, call):
-    # Given keys that eight callers lock at the same instant, a third of their storage requests failing
+def test_racing_lock_callers_under_random_faults_end_with_exactly_one_holder(faulty_tables, call):
+    # Given keys that eight callers lock at the same instant, a third of their storage requests failing,
+    # each caller retrying a 503 with its own requestId
     threads = 8
     for round_no in range(sized(30, 6)):
         key = new_key()
@@ -424,27 +457,19 @@ def test_racing_lock_callers_under_random_faults_never_both_hold_the_lock(faulty
         seeds = [round_no * threads + i for i in range(threads)]
         answers, attempts, injected = _race_lock(faulty_tables, call, key, seeds)
         TALLY.add(AREA, operations=attempts, faults=injected, races=1)
-        # Then at most one caller holds the lock, and it is the lock the head holds
+        # Then exactly one caller holds the lock (never two, never none), and it is the lock the head holds
         where = f"lock race {round_no}"
-        holders = [a for a in answers if a.get("acquired")]
-        TALLY.check(AREA, len(answers) == threads, f"{where}: {len(answers)} answers")
-        TALLY.check(AREA, len(holders) <= 1, f"{where}: {len(holders)} callers hold the lock")
         rows = check_head_and_history(AREA, call, key, where)
-        assert rows.head is not None
-        if holders:
-            TALLY.check(
-                AREA, lock_id_of(holders[0]["lockToken"]) == rows.head["LockId"], f"{where}: wrong lock"
-            )
+        check_one_holder(AREA, answers, threads, rows.head, where)
         # and the record went to Processing exactly once in this round
         expected = ["Processing"] if round_no % 2 == 0 else ["Processing", "Failed", "Processing"]
-        TALLY.check(AREA, rows.statuses == expected, f"{where}: statuses {rows.statuses}")
+        check_recorded_once(AREA, rows, [expected], where)
 
 
 def test_catch_up_on_several_instances_at_once_converts_each_expired_lock_once(faulty_tables, call):
     # Given expired and live locks, flushed to the expiry index
     from common import runtime
     from state.catchup import Catchup
-    from state.expiry import ExpiryIndex
     from state.store import StateStore
 
     expired = [new_key() for _ in range(sized(20, 6))]
@@ -453,7 +478,6 @@ def test_catch_up_on_several_instances_at_once_converts_each_expired_lock_once(f
         _ok(call("state_lock", {"key": key, "lockSeconds": 60}), "prepare")
     for key in live:
         _ok(call("state_lock", {"key": key, "lockSeconds": 3600}), "prepare")
-    service.store().expiry.flush()
     when = utcnow() + timedelta(seconds=600)
     # When three instances run catch-up at the same instant, with random storage faults, each retrying
     barrier = threading.Barrier(3)
@@ -461,15 +485,14 @@ def test_catch_up_on_several_instances_at_once_converts_each_expired_lock_once(f
     guard = threading.Lock()
 
     def instance(seed: int) -> None:
-        tables = runtime.tables()
-        store = StateStore(tables, ExpiryIndex(tables))
+        store = StateStore(runtime.tables())
         with faulty_tables.plan(when=WHENS[seed % 2], rate=0.1, limit=4, seed=seed) as plan:
             barrier.wait()
             for _ in range(6):  # the timer fires again after a failed run
                 with guard:
                     runs["count"] += 1
                 try:
-                    Catchup(store, store.expiry).run(now=when)
+                    Catchup(store).run(now=when)
                     break
                 except Exception as exc:
                     TALLY.check(AREA, "injected fault" in str(exc), f"catch-up raised {exc!r}")

@@ -268,3 +268,39 @@ def test_a_used_token_cannot_record_different_data(state, key):
     different = state.upsert(key, data={"n": 2}, lockToken=token)
     assert different.status == 409
     assert state.get(key).json["data"]["data"] == {"n": 1}
+
+
+def test_the_envelope_names_the_run_that_wrote_it_in_every_scope(state):
+    # the seed's own example: Element scope (4), executionId 98231
+    for scope in range(1, 8):
+        key = new_key(scopeId=scope, entityExecutionId=98231)
+        record = state.set(key, status="Processed", data={"ok": True}).json
+        assert record["data"]["metadata"]["executionId"] == 98231, scope
+        # a later run's write names that run (scopes 1-4 share the record across runs)
+        later = dict(key, entityExecutionId=98232) if scope <= 4 else key
+        upserted = state.upsert(later, data={"ok": 2}).json
+        assert upserted["data"]["metadata"]["executionId"] == later["entityExecutionId"]
+    # without an execution id the caller's metadata may still say which run it was
+    record = state.set(new_key(), status="Processed", data={}, metadata={"executionId": 5}).json
+    assert record["data"]["metadata"]["executionId"] == 5
+
+
+def test_a_lock_replayed_by_request_id_says_so(state, key):
+    first = state.lock(key, requestId="msg-1").json
+    assert first["acquired"] is True and first["replayed"] is False
+    # a caller with the same id (a lost answer's retry, or a duplicate sharing the id) is told
+    again = state.lock(key, requestId="msg-1").json
+    assert again["acquired"] is True and again["replayed"] is True
+    refused = state.lock(key, requestId="msg-2").json
+    assert refused["acquired"] is False and refused["replayed"] is False
+    # once the lock ended, the same id takes a new lock (not a replay)
+    state.set(key, status="Failed", error="x", lockToken=again["lockToken"])
+    fresh = state.lock(key, requestId="msg-1").json
+    assert fresh["acquired"] is True and fresh["replayed"] is False
+
+
+def test_a_request_id_does_not_replay_an_expired_lock(state, key):
+    state.lock(key, requestId="msg-1", lockSeconds=1)
+    time.sleep(1.3)
+    takeover = state.lock(key, requestId="msg-1").json
+    assert takeover["acquired"] and takeover["takeover"] and not takeover["replayed"]

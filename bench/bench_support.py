@@ -1,7 +1,8 @@
-"""Loading many records fast, for the benchmark (not used by the functions; excluded from deployment).
+"""Loading many records fast, for the benchmark (never deployed: it lives in ``bench/``).
 
 Records are written in the real layout (heads built by the store itself) with 100-row transactions, so a
-100,000-record table takes seconds instead of 100,000 lock+set calls.
+100,000-record table takes seconds instead of 100,000 lock+set calls. Expired locks get their expiry
+index rows (level 2 beside the head, level 1 in ``statelocks``), exactly what a lock would have written.
 """
 
 from __future__ import annotations
@@ -9,14 +10,14 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
-from common.clock import utcnow
 from state import service
 from state.catchup import CatchupResult
-from state.expiry import LOCK_KIND
-from state.keys import STATE_TABLE
+from state.expiry import index_entity, level1_entity
+from state.keys import EXPIRY_TABLE, LOCK_KIND, STATE_TABLE, bucket_of, parse_index_row_key
 from state.model import RecordKey, Scope, Status
-from state.store import WriteContext
+from state.store import WriteContext, lock_fields
 
 BATCH = 100
 
@@ -33,29 +34,34 @@ def bulk_records(
     """Write ``count`` Processed records spread over ``entity_ids`` partitions, plus ``expired_locks``
     Processing records whose lock expired ``expired_ago_s`` seconds ago (with their expiry-index rows)."""
     store = service.store()
-    table = store._tables.table(STATE_TABLE)
+    tables = store._tables
     ctx = WriteContext()
-    now = utcnow()
+    now = store.now()
     run = uuid.uuid4().hex[:8]
-    by_partition: dict[str, list[dict[str, object]]] = {}
+    by_partition: dict[str, list[dict[str, Any]]] = {}
     for i in range(count):
         key = RecordKey(tenant_id, Scope.ELEMENT, i % entity_ids, "bench", f"{run}-{i}")
         entity = store._new_head(key, ctx, Status.PROCESSED, now, version=1, created_at=now)
         by_partition.setdefault(str(entity["PartitionKey"]), []).append(entity)
     expired: list[RecordKey] = []
+    pointers: set[tuple[int, str]] = set()
     until = now - timedelta(seconds=expired_ago_s)
     for i in range(expired_locks):
         key = RecordKey(tenant_id, Scope.ELEMENT, i % entity_ids, "bench-lock", f"{run}-{i}")
         entity = store._new_head(key, ctx, Status.PROCESSING, until, version=1, created_at=until)
         lock_id = uuid.uuid4().hex
-        entity.update(LockId=lock_id, LockedAt=until - timedelta(seconds=1), LockedUntil=until)
-        by_partition.setdefault(str(entity["PartitionKey"]), []).append(entity)
-        store.expiry.track(LOCK_KIND, until, lock_id, str(entity["PartitionKey"]), str(entity["RowKey"]), 1)
+        lock_fields(entity, lock_id, until - timedelta(seconds=1), until)
+        pk, rk = str(entity["PartitionKey"]), str(entity["RowKey"])
+        by_partition.setdefault(pk, []).extend([entity, index_entity(pk, LOCK_KIND, until, lock_id, rk)])
+        pointers.add((bucket_of(parse_index_row_key(str(entity["LockIndexKey"]))[2]), pk))
         expired.append(key)
+    state_table = tables.table(STATE_TABLE)
     for rows in by_partition.values():
         for start in range(0, len(rows), BATCH):
-            table.submit_transaction([("create", row) for row in rows[start : start + BATCH]])
-    store.expiry.flush()
+            state_table.submit_transaction([("create", row) for row in rows[start : start + BATCH]])
+    level1 = tables.table(EXPIRY_TABLE)
+    for bucket, pk in pointers:
+        level1.upsert_entity(level1_entity(LOCK_KIND, bucket, pk))
     return Loaded(records=count + expired_locks, expired_locks=expired)
 
 
