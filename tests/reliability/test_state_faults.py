@@ -222,6 +222,10 @@ CASES = [
 ]
 
 
+# How often a case is re-run when its path turned out shorter than the fault's request number.
+SHORTER_PATH_RETRIES = 3
+
+
 def call_with_retries(
     call: Caller, function: str, body: dict[str, Any], where: str
 ) -> tuple[HttpResult, int]:
@@ -256,13 +260,19 @@ def run_case(
 ) -> dict[str, Any] | None:
     """One fault; returns the key when the record is left Processing (its lock must free itself)."""
     where = f"{case.name}, request #{index} fails {when}"
-    key = new_key()
-    ctx = case.prepare(call, key)
-    if case.cold:
-        restart()
-    with faults.plan(index, when) as plan:
-        result, attempts = call_with_retries(call, case.function, case.request(key, ctx), where)
-    TALLY.add(AREA, operations=attempts, faults=len(plan.injected))
+    for _ in range(SHORTER_PATH_RETRIES):
+        key = new_key()
+        ctx = case.prepare(call, key)
+        if case.cold:
+            restart()
+        with faults.plan(index, when) as plan:
+            result, attempts = call_with_retries(call, case.function, case.request(key, ctx), where)
+        TALLY.add(AREA, operations=attempts, faults=len(plan.injected))
+        # The path may be one request shorter than counted: when the lock's expiry minute turns between the
+        # preparation and the call, the level-1 row of the new minute is inserted, not inserted-then-touched.
+        # Then request #index was never made; the same fault is tried again on a fresh key.
+        if plan.injected or len(plan.requests) >= index:
+            break
     TALLY.check(AREA, len(plan.injected) == 1, f"{where}: expected one injected fault, got {plan.injected}")
     rows = check_head_and_history(AREA, call, key, where)
 
