@@ -38,6 +38,15 @@ def _tracer_provider() -> TracerProvider:
     return _PROVIDER
 
 
+def attrs(span: ReadableSpan) -> dict[str, Any]:
+    return dict(span.attributes or {})
+
+
+def parent_of(span: ReadableSpan) -> Any:
+    assert span.parent is not None, f"{span.name} has no parent"
+    return span.parent
+
+
 @dataclass
 class Recorded:
     """What telemetry recorded during one test."""
@@ -72,7 +81,7 @@ class Recorded:
         total = 0.0
         for attrs, point in self.points(name):
             if all(attrs.get(k) == v for k, v in attributes.items()):
-                total += getattr(point, "count", None) if hasattr(point, "bucket_counts") else point.value
+                total += point.count if hasattr(point, "bucket_counts") else point.value
         return total
 
 

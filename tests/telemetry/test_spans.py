@@ -18,7 +18,7 @@ from handoff import service
 from handoff.contract import MessageType
 from tests.handoff.conftest import CaptureTransport, Flow, nimbus
 from tests.handoff.test_settlement import complete, parked
-from tests.telemetry.conftest import Recorded
+from tests.telemetry.conftest import Recorded, attrs, parent_of
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_ID = "00f067aa0ba902b7"
@@ -39,7 +39,7 @@ def is_storage(span) -> bool:
     """A span the Azure SDK made for a Table call (azure-core's OpenTelemetry plugin)."""
     return (
         span.name.startswith(("TableClient.", "TableServiceClient."))
-        or span.attributes.get("az.namespace") == "Microsoft.Data.Tables"
+        or attrs(span).get("az.namespace") == "Microsoft.Data.Tables"
     )
 
 
@@ -53,22 +53,22 @@ def test_lock_then_set_is_two_spans_with_their_storage_calls_as_children(otel: R
     locked, recorded = otel.span("settle.state.lock"), otel.span("settle.state.set")
     # The caller's traceparent is the parent of the lock (no host context in-process).
     assert f"{locked.context.trace_id:032x}" == TRACE_ID
-    assert f"{locked.parent.span_id:016x}" == PARENT_ID
-    assert locked.attributes["settle.outcome"] == "acquired"
-    assert locked.attributes["settle.status_before"] == "None"
-    assert locked.attributes["settle.status_after"] == "Processing"
-    assert locked.attributes["settle.tenant_id"] == 7
-    assert locked.attributes["settle.scope"] == "Element"
-    assert locked.attributes["settle.entity_id"] == 100
-    assert locked.attributes["settle.item_key"] == k["itemKey"]
-    assert locked.attributes["http.response.status_code"] == 200
-    assert locked.attributes["settle.storage.round_trips"] >= 1
+    assert f"{parent_of(locked).span_id:016x}" == PARENT_ID
+    assert attrs(locked)["settle.outcome"] == "acquired"
+    assert attrs(locked)["settle.status_before"] == "None"
+    assert attrs(locked)["settle.status_after"] == "Processing"
+    assert attrs(locked)["settle.tenant_id"] == 7
+    assert attrs(locked)["settle.scope"] == "Element"
+    assert attrs(locked)["settle.entity_id"] == 100
+    assert attrs(locked)["settle.item_key"] == k["itemKey"]
+    assert attrs(locked)["http.response.status_code"] == 200
+    assert attrs(locked)["settle.storage.round_trips"] >= 1
 
-    assert recorded.attributes["settle.outcome"] == "applied"
-    assert recorded.attributes["settle.status_before"] == "Processing"
-    assert recorded.attributes["settle.status_after"] == "Processed"
-    assert recorded.attributes["settle.version"] == 2
-    assert recorded.attributes["settle.storage.round_trips"] == 1  # a fenced set: one transaction
+    assert attrs(recorded)["settle.outcome"] == "applied"
+    assert attrs(recorded)["settle.status_before"] == "Processing"
+    assert attrs(recorded)["settle.status_after"] == "Processed"
+    assert attrs(recorded)["settle.version"] == 2
+    assert attrs(recorded)["settle.storage.round_trips"] == 1  # a fenced set: one transaction
 
     for parent in (locked, recorded):
         storage = [s for s in otel.children(parent) if is_storage(s)]
@@ -87,12 +87,12 @@ def test_a_refused_lock_and_a_lost_lock_are_outcomes_not_failures(otel: Recorded
     )
     assert stale.status == 409
 
-    refused = [s for s in otel.spans("settle.state.lock") if s.attributes["settle.outcome"] == "refused"]
+    refused = [s for s in otel.spans("settle.state.lock") if attrs(s)["settle.outcome"] == "refused"]
     assert len(refused) == 1 and refused[0].status.status_code is StatusCode.UNSET
-    assert refused[0].attributes["settle.status_before"] == "Processing"
+    assert attrs(refused[0])["settle.status_before"] == "Processing"
     lost = otel.span("settle.state.set")
-    assert lost.attributes["settle.outcome"] == "lock-lost"
-    assert lost.attributes["settle.problem.field"] == "lockToken"
+    assert attrs(lost)["settle.outcome"] == "lock-lost"
+    assert attrs(lost)["settle.problem.field"] == "lockToken"
     assert lost.status.status_code is StatusCode.UNSET
 
 
@@ -109,23 +109,23 @@ def test_a_storage_outage_is_a_failed_span_with_its_problem_slug(otel: Recorded,
     assert answer.status == 503
     span = otel.span("settle.state.get")
     assert span.status.status_code is StatusCode.ERROR
-    assert span.attributes["settle.outcome"] == "unavailable"
-    assert span.attributes["error.type"] == "ServiceRequestError"
+    assert attrs(span)["settle.outcome"] == "unavailable"
+    assert attrs(span)["error.type"] == "ServiceRequestError"
 
 
 def test_the_resolver_continues_the_trace_of_the_message_it_projects(otel: Recorded, resolve, flow: Flow):
     resolve(flow.request(traceparent=TRACEPARENT))
     span = otel.span("settle.resolver.project")
     assert f"{span.context.trace_id:032x}" == TRACE_ID
-    assert f"{span.parent.span_id:016x}" == PARENT_ID and span.parent.is_remote
-    assert span.attributes["settle.outcome"] == "applied"
-    assert span.attributes["nimbus.event_id"] == flow.event_id
-    assert span.attributes["nimbus.message_id"] == "req-1"
-    assert span.attributes["nimbus.session_id"] == "session-1"
-    assert span.attributes["nimbus.message_type"] == "EventRequest"
-    assert span.attributes["nimbus.endpoint"] == flow.endpoint
-    assert span.attributes["settle.status_before"] == "None"
-    assert span.attributes["settle.status_after"] == "Pending"
+    assert f"{parent_of(span).span_id:016x}" == PARENT_ID and parent_of(span).is_remote
+    assert attrs(span)["settle.outcome"] == "applied"
+    assert attrs(span)["nimbus.event_id"] == flow.event_id
+    assert attrs(span)["nimbus.message_id"] == "req-1"
+    assert attrs(span)["nimbus.session_id"] == "session-1"
+    assert attrs(span)["nimbus.message_type"] == "EventRequest"
+    assert attrs(span)["nimbus.endpoint"] == flow.endpoint
+    assert attrs(span)["settle.status_before"] == "None"
+    assert attrs(span)["settle.status_after"] == "Pending"
     assert any(is_storage(s) for s in otel.children(span))
 
 
@@ -137,14 +137,14 @@ def test_diagnostic_id_is_the_fallback_and_a_bad_traceparent_starts_a_new_trace(
     first, second = otel.spans("settle.resolver.project")
     assert f"{first.context.trace_id:032x}" == TRACE_ID
     assert f"{second.context.trace_id:032x}" != TRACE_ID and second.parent is None
-    assert second.attributes["settle.status_after"] == "Pending+Handoff"
+    assert attrs(second)["settle.status_after"] == "Pending+Handoff"
 
 
 def test_a_duplicate_and_a_poison_message_are_outcomes_of_the_projection(otel: Recorded, resolve, flow):
     resolve(flow.request())
     resolve(flow.request())
     resolve(nimbus("NoSuchType", endpoint=flow.endpoint, event_id=flow.event_id))
-    outcomes = [s.attributes["settle.outcome"] for s in otel.spans("settle.resolver.project")]
+    outcomes = [attrs(s)["settle.outcome"] for s in otel.spans("settle.resolver.project")]
     assert outcomes == ["applied", "duplicate", "poison"]
 
 
@@ -168,17 +168,17 @@ def test_a_settlement_s_control_message_carries_the_settlement_span_s_context(
     from azure.servicebus import ServiceBusMessage
 
     assert isinstance(message, ServiceBusMessage) and topic == flow.endpoint
-    props = {str(k): v for k, v in message.application_properties.items()}
+    props = {str(k): v for k, v in (message.application_properties or {}).items()}
     flags = int(settled.context.trace_flags)
     expected = f"00-{settled.context.trace_id:032x}-{settled.context.span_id:016x}-{flags:02x}"
     assert props["traceparent"] == expected
     assert props["Diagnostic-Id"] == expected
-    assert settled.attributes["settle.outcome"] == "sent"
-    assert settled.attributes["nimbus.event_id"] == flow.event_id
-    assert settled.attributes["nimbus.parked_message_id"] == "park-1"
-    assert settled.attributes["nimbus.control_message_id"] == str(message.message_id)
-    assert settled.attributes["nimbus.endpoint"] == flow.endpoint
-    assert settled.attributes["settle.status_before"] == "Pending+Handoff"
+    assert attrs(settled)["settle.outcome"] == "sent"
+    assert attrs(settled)["nimbus.event_id"] == flow.event_id
+    assert attrs(settled)["nimbus.parked_message_id"] == "park-1"
+    assert attrs(settled)["nimbus.control_message_id"] == str(message.message_id)
+    assert attrs(settled)["nimbus.endpoint"] == flow.endpoint
+    assert attrs(settled)["settle.status_before"] == "Pending+Handoff"
 
     # The resolver's projection of that control message continues the settlement's trace.
     from handoff.transport import to_trigger_message
@@ -186,8 +186,8 @@ def test_a_settlement_s_control_message_carries_the_settlement_span_s_context(
     resolve(to_trigger_message(message, enqueued=utcnow()))
     projected = otel.spans("settle.resolver.project")[-1]
     assert projected.context.trace_id == settled.context.trace_id
-    assert projected.parent.span_id == settled.context.span_id
-    assert projected.attributes["nimbus.message_type"] == MessageType.HandoffCompletedRequest.name
+    assert parent_of(projected).span_id == settled.context.span_id
+    assert attrs(projected)["nimbus.message_type"] == MessageType.HandoffCompletedRequest.name
 
 
 def test_a_re_send_by_the_reconciler_carries_the_original_context_and_links_it(
@@ -214,7 +214,7 @@ def test_a_re_send_by_the_reconciler_carries_the_original_context_and_links_it(
     resend = otel.span("settle.handoff.resend")
     [link] = resend.links
     assert original["traceparent"].startswith(f"00-{link.context.trace_id:032x}-{link.context.span_id:016x}-")
-    assert resend.attributes["settle.outcome"] == "sent"
+    assert attrs(resend)["settle.outcome"] == "sent"
     run = otel.span("settle.reconciler.run")
-    assert resend.parent.span_id == run.context.span_id
-    assert run.attributes["settle.reconciler.resent"] == 1
+    assert parent_of(resend).span_id == run.context.span_id
+    assert attrs(run)["settle.reconciler.resent"] == 1
