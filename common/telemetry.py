@@ -52,11 +52,11 @@ APP_INSIGHTS = "APPLICATIONINSIGHTS_CONNECTION_STRING"
 APP_INSIGHTS_AUTH = "APPLICATIONINSIGHTS_AUTHENTICATION_STRING"
 TRACES_EXPORTER = "OTEL_TRACES_EXPORTER"
 METRICS_EXPORTER = "OTEL_METRICS_EXPORTER"
-OTLP_ENDPOINTS = (
-    "OTEL_EXPORTER_OTLP_ENDPOINT",
-    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
-    "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
-)
+OTLP_ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT"
+OTLP_TRACES_ENDPOINT = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+OTLP_METRICS_ENDPOINT = "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"
+SDK_DISABLED = "OTEL_SDK_DISABLED"
+OTEL_SERVICE_NAME = "OTEL_SERVICE_NAME"
 SERVICE_NAME = "settle"
 INSTRUMENTATION_SCOPE = "settle"
 
@@ -293,9 +293,8 @@ def _enable(tracer_provider: TracerProvider, meter_provider: MeterProvider) -> _
 # -- configuration from the environment -------------------------------------------------------------
 
 
-def _exporters(name: str) -> list[str]:
-    raw = env(name) or ""
-    return [part.strip().lower() for part in raw.split(",") if part.strip()]
+def _exporters(raw: str | None) -> list[str]:
+    return [part.strip().lower() for part in (raw or "").split(",") if part.strip()]
 
 
 @dataclass(frozen=True)
@@ -313,11 +312,11 @@ class Plan:
 
 def plan_from_env() -> Plan:
     """Read the switches; an OTLP endpoint alone means OTLP (the SDK's default exporter)."""
-    if (env(SWITCH) or "").strip().lower() in {"off", "false", "0", "no"} or env_flag("OTEL_SDK_DISABLED"):
+    if (env(SWITCH) or "").strip().lower() in {"off", "false", "0", "no"} or env_flag(SDK_DISABLED):
         return Plan(None, (), ())
-    otlp = any(env(name) for name in OTLP_ENDPOINTS)
-    traces = _exporters(TRACES_EXPORTER) or (["otlp"] if otlp else [])
-    metrics = _exporters(METRICS_EXPORTER) or (["otlp"] if otlp else [])
+    otlp = bool(env(OTLP_ENDPOINT) or env(OTLP_TRACES_ENDPOINT) or env(OTLP_METRICS_ENDPOINT))
+    traces = _exporters(env(TRACES_EXPORTER)) or (["otlp"] if otlp else [])
+    metrics = _exporters(env(METRICS_EXPORTER)) or (["otlp"] if otlp else [])
     return Plan(
         app_insights=env(APP_INSIGHTS),
         traces=tuple(e for e in traces if e != "none"),
@@ -382,7 +381,7 @@ def _resource() -> Any:
     from opentelemetry.sdk.resources import Resource
 
     # OTEL_SERVICE_NAME / OTEL_RESOURCE_ATTRIBUTES win when set (Resource.create reads them).
-    return Resource.create({} if env("OTEL_SERVICE_NAME") else {"service.name": SERVICE_NAME})
+    return Resource.create({} if env(OTEL_SERVICE_NAME) else {"service.name": SERVICE_NAME})
 
 
 def _span_processor(name: str) -> Any:

@@ -65,7 +65,9 @@ def report_parked(store: HandoffStore, now: datetime, *, sweeping: bool) -> None
             log.warning("could not count the parked hand-offs of %s", endpoint_id, exc_info=True)
             continue
         telemetry.gauge("settle.handoff.parked", parked, endpoint=endpoint_id)
-        telemetry.gauge("settle.handoff.overdue", overdue, endpoint=endpoint_id, sweeper_enabled=sweeping)
+        telemetry.gauge(
+            "settle.handoff.overdue", overdue, endpoint=endpoint_id, sweeper="on" if sweeping else "off"
+        )
 
 
 class Sweeper:

@@ -98,7 +98,7 @@ def test_the_sweeper_tick_reports_parked_and_overdue_hand_offs_per_endpoint(
     functions["handoff_sweeper"].get_user_function()(TimerRequest(past_due=False))
 
     assert otel.value("settle.handoff.parked", endpoint=endpoint) == 2
-    assert otel.value("settle.handoff.overdue", endpoint=endpoint, sweeper_enabled=False) == 1
+    assert otel.value("settle.handoff.overdue", endpoint=endpoint, sweeper="off") == 1
     tick = otel.span("settle.sweeper.run")
     assert tick.attributes is not None and tick.attributes["settle.sweeper.enabled"] is False
     assert otel.span("settle.reconciler.run").parent is not None
