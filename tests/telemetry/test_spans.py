@@ -129,6 +129,22 @@ def test_the_resolver_continues_the_trace_of_the_message_it_projects(otel: Recor
     assert any(is_storage(s) for s in otel.children(span))
 
 
+def test_the_message_s_trace_wins_over_the_host_s_invocation_which_becomes_a_link(
+    otel: Recorded, resolve, flow: Flow
+):
+    from common import telemetry
+
+    # Given the worker made the host's invocation current (PYTHON_ENABLE_OPENTELEMETRY in Azure)
+    with telemetry.span("host.invocation (test)"):
+        resolve(flow.request(traceparent=TRACEPARENT))
+    host, span = otel.span("host.invocation (test)"), otel.span("settle.resolver.project")
+    # Then the projection continues the message's trace, and links the invocation
+    assert f"{span.context.trace_id:032x}" == TRACE_ID
+    assert f"{parent_of(span).span_id:016x}" == PARENT_ID
+    [link] = span.links
+    assert link.context.span_id == host.context.span_id and link.context.trace_id == host.context.trace_id
+
+
 def test_diagnostic_id_is_the_fallback_and_a_bad_traceparent_starts_a_new_trace(
     otel: Recorded, resolve, flow
 ):
