@@ -107,8 +107,11 @@ class Reconciler:
             report.unconfirmed.append(claim.event_id)
         else:
             report.waiting.append(claim.event_id)
-        outcome = "resent" if after.state is ClaimState.sent else after.state.name
-        telemetry.add("settle.reconciler.claims", outcome=outcome if after.state is not before else "waiting")
+        if after.state is before:
+            outcome = "waiting"
+        else:
+            outcome = "resent" if after.state is ClaimState.sent else after.state.name
+        telemetry.add("settle.reconciler.claims", outcome=outcome)
         if after.state is before and after.reconcile_key == claim.reconcile_key:
             self._postpone(endpoint_id, due)  # nothing could be recorded: do not spin on this row
 

@@ -31,6 +31,7 @@ from typing import Any
 from common import telemetry
 from common.clock import utcnow
 from common.errors import Conflict, NotFound, PayloadTooLarge, SettleError
+from common.http import dependency_problem
 from handoff import keys, store
 from handoff.contract import (
     Coordinates,
@@ -171,9 +172,7 @@ class SettlementService:
                 telemetry.add("settle.handoff.settlements", kind=kind, outcome=outcome)
                 raise
             except Exception as exc:
-                from common.http import dependency_problem  # what the HTTP answer will be (503 mostly)
-
-                mapped = dependency_problem(exc)
+                mapped = dependency_problem(exc)  # what the HTTP answer will be (a 503 mostly)
                 outcome = mapped.slug if mapped is not None else "error"
                 span.failed(exc, slug=outcome)
                 telemetry.add("settle.handoff.settlements", kind=kind, outcome=outcome)
