@@ -29,8 +29,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from azure.core.pipeline.policies import SansIOHTTPPolicy
 
@@ -89,8 +88,7 @@ LOG_KEYS = (
 _DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
-@dataclass(frozen=True)
-class Instrument:
+class Instrument(NamedTuple):
     kind: str  # counter, histogram or gauge
     unit: str
     description: str
@@ -197,13 +195,15 @@ NO_SPAN: SpanHandle = _NoSpan()
 # -- process state ---------------------------------------------------------------------------------
 
 
-@dataclass
 class _Telemetry:
-    tracer: Tracer
-    meter_provider: MeterProvider
-    instruments: dict[str, Any] = field(default_factory=dict)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    owns_azure_tracing: bool = False
+    """The providers Settle records into, and its instruments (created on first use)."""
+
+    def __init__(self, tracer: Tracer, meter_provider: MeterProvider, *, owns_azure_tracing: bool) -> None:
+        self.tracer = tracer
+        self.meter_provider = meter_provider
+        self.owns_azure_tracing = owns_azure_tracing
+        self.instruments: dict[str, Any] = {}
+        self.lock = threading.Lock()
 
     def instrument(self, name: str) -> Any:
         found = self.instruments.get(name)
@@ -297,8 +297,7 @@ def _exporters(raw: str | None) -> list[str]:
     return [part.strip().lower() for part in (raw or "").split(",") if part.strip()]
 
 
-@dataclass(frozen=True)
-class Plan:
+class Plan(NamedTuple):
     """What the environment asks for (pure: decided without importing anything)."""
 
     app_insights: str | None
