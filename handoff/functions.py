@@ -235,12 +235,14 @@ def event_get(req: func.HttpRequest) -> EventView:
 @bp.function_name("handoff_sweeper")
 @bp.timer_trigger(arg_name="timer", schedule="%HANDOFF_SWEEPER_SCHEDULE%", run_on_startup=False)
 def handoff_sweeper(timer: func.TimerRequest) -> None:
-    """Reconcile open settlement claims (always), then fail parked hand-offs past ExpectedBy (opt-in:
-    ``HANDOFF_SWEEPER_ENABLED``). Each part reports per-endpoint failures and goes on. With telemetry on,
-    the tick also counts parked and overdue hand-offs per endpoint (gauges)."""
+    """Reconcile open settlement claims (always), fold the operator counts' deltas (always), then fail
+    parked hand-offs past ExpectedBy (opt-in: ``HANDOFF_SWEEPER_ENABLED``). Each part reports
+    per-endpoint failures and goes on. With telemetry on, the tick also counts parked and overdue
+    hand-offs per endpoint (gauges)."""
     sweeping = env_flag("HANDOFF_SWEEPER_ENABLED")
     with telemetry.span("settle.sweeper.run", {"settle.sweeper.enabled": sweeping}):
         service.reconciler().run()
+        service.overview().fold_all(service.store().endpoints())
         if sweeping:
             report = service.sweeper().sweep()
             telemetry.annotate(

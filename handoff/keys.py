@@ -17,6 +17,12 @@ RowKey                             row
 ``ex|{expectedBy}|{eventId}``      parked rows by ExpectedBy (timeout sweeper)
 ``rc|{due}|{eventId}|{parked}``    open claims by when the reconciler looks at them next
 ``uc|{eventId}|{parked}``          claims that could not be confirmed (operators)
+``ad|{inverted updatedAt}|{eventId}``        every event, newest change first (operator listing)
+``sd|{bucket}|{inverted updatedAt}|{eventId}``  events of one status bucket, newest first
+``sa|{group}|{since}|{eventId}``   open events by when they became Pending (P) or failed (F), oldest first
+``ct|0``                           the counts snapshot of the endpoint
+``ct|d|{stamp}|{id}``              a counts delta (insert-only, written with the change it counts)
+``pz|{day}|{poisonRowKey}``        an unreplayed poison message attributed to this endpoint
 =================================  =====================================================================
 
 Every row of one event shares the prefix ``ev|{eventId}|``, so the event read (row + history + audits)
@@ -40,6 +46,8 @@ ENDPOINTS_TABLE = "hoendpoints"
 POISON_TABLE = "hopoison"
 
 ENDPOINTS_PARTITION = "endpoint"
+# Counts of poison that names no endpoint: a partition no encoded endpoint id can equal (``~`` is escaped).
+UNATTRIBUTED_PARTITION = "~unattributed"
 
 
 def encode(value: str) -> str:
@@ -152,3 +160,53 @@ def poison_keys(enqueued: datetime, message_id: str | None) -> tuple[str, str]:
     if not ident or len(ident) > 200:
         ident = "h-" + hashlib.sha256((message_id or "").encode()).hexdigest()
     return enqueued.astimezone(UTC).strftime("%Y%m%d"), f"{stamp(enqueued)}|{ident}"
+
+
+# -- operator listings and counts (see management/ and docs/tables.md) --------------------------------
+
+_INVERT_FROM = 10**17 - 1  # microseconds since 1970: fixed width (17 digits) until the year 5138
+
+
+def inverted(value: datetime) -> str:
+    """Fixed-width key part that sorts *newest first*."""
+    micros = int(value.astimezone(UTC).timestamp() * 1_000_000)
+    return f"{_INVERT_FROM - micros:017d}"
+
+
+def all_events_row(updated_at: datetime, event_id: str) -> str:
+    return checked(f"ad|{inverted(updated_at)}|{encode(event_id)}", field="eventId")
+
+
+def bucket_row(bucket: str, updated_at: datetime, event_id: str) -> str:
+    return checked(f"sd|{bucket}|{inverted(updated_at)}|{encode(event_id)}", field="eventId")
+
+
+def listing_range(bucket: str | None, newest: datetime | None, oldest: datetime | None) -> tuple[str, str]:
+    """``[low, high)`` of the listing rows of ``bucket`` (all events when None) changed in [oldest, newest].
+
+    Newest first: ``newest`` (the ``to`` filter) is the low end, ``oldest`` (``from``) the high end.
+    """
+    prefix = "ad|" if bucket is None else f"sd|{bucket}|"
+    low = prefix + inverted(newest) if newest else prefix
+    high = prefix + inverted(oldest) + "}" if oldest else prefix[:-1] + "}"
+    return low, high
+
+
+def since_row(group: str, since: datetime, event_id: str) -> str:
+    return checked(f"sa|{group}|{stamp(since)}|{encode(event_id)}", field="eventId")
+
+
+def since_range(group: str) -> tuple[str, str]:
+    return f"sa|{group}|", f"sa|{group}}}"
+
+
+COUNTS_SNAPSHOT = "ct|0"
+COUNTS_RANGE = ("ct|", "ct}")
+
+
+def delta_row(at: datetime, ident: str) -> str:
+    return f"ct|d|{stamp(at)}|{ident}"
+
+
+def poison_index_row(day: str, poison_row_key: str) -> str:
+    return checked(f"pz|{day}|{encode(poison_row_key)}", field="id")

@@ -226,6 +226,7 @@ class AuditEntry(ApiModel):
     data: str | None
     principal_name: str | None
     principal_id: str | None
+    access_denied: bool = Field(default=False, description="Refused: the principal lacked the operator role.")
 
     @classmethod
     def of(cls, row: AuditRow) -> AuditEntry:
@@ -237,6 +238,7 @@ class AuditEntry(ApiModel):
             data=row.data,
             principal_name=row.principal_name,
             principal_id=row.principal_id,
+            access_denied=row.access_denied,
         )
 
 

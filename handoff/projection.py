@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from handoff import guard, keys
+from handoff import counts, guard, keys
 from handoff.contract import InboundMessage, MessageType, ResolutionStatus
 from handoff.records import EventRow, HistoryRow
 from handoff.status_map import overrides_processing_time, pending_sub_status, status_for
@@ -93,6 +93,21 @@ def project(m: InboundMessage, current: EventRow | None, *, now: datetime) -> Pr
     sub_status = pending_sub_status(m.message_type)
     parked = status is ResolutionStatus.Pending and sub_status is not None
     error = m.content.ErrorContent
+    # Operator listings: newest change first per bucket; the oldest-first row keeps the time the event
+    # entered its group (Pending, or Failed/DeadLettered) for as long as it stays there.
+    group = counts.group_of(status)
+    stays = (
+        current is not None
+        and current.counted
+        and current.since_key is not None
+        and counts.group_of(current.resolution_status) == group
+    )
+    since_at = (current.since_at if current and stays else now) if group else None
+    since_key = (
+        (current.since_key if current and stays else keys.since_row(group, now, m.event_id))
+        if group
+        else None
+    )
     row = EventRow(
         updated_at=now,
         enqueued_time_utc=m.enqueued_time_utc,
@@ -129,6 +144,13 @@ def project(m: InboundMessage, current: EventRow | None, *, now: datetime) -> Pr
         queue_key=keys.queue_row(m.enqueued_time_utc, m.event_id) if parked else None,
         job_key=keys.job_row(m.external_job_id, m.event_id) if parked and m.external_job_id else None,
         expiry_key=keys.expiry_row(m.expected_by, m.event_id) if parked and m.expected_by else None,
+        counted=True,
+        all_key=keys.all_events_row(now, m.event_id),
+        bucket_keys="\n".join(
+            keys.bucket_row(b, now, m.event_id) for b in counts.buckets_of(status, sub_status)
+        ),
+        since_key=since_key,
+        since_at=since_at,
     )
     return Projection(status, True, row, request_at, handoff_seen)
 

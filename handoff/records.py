@@ -201,6 +201,19 @@ class EventRow(TableRecord):
     queue_key: str | None = None
     job_key: str | None = None
     expiry_key: str | None = None
+    # Operator listings and counts (handoff/counts.py): whether this row's buckets are in the counts,
+    # the keys of its listing rows (``ad|``, ``sd|`` newline-joined) and of its oldest-first row
+    # (``sa|``) with the time it entered that group.
+    counted: bool = False
+    all_key: str | None = None
+    bucket_keys: str | None = None
+    since_key: str | None = None
+    since_at: datetime | None = None
+
+    @property
+    def listing_keys(self) -> list[str]:
+        keys = [self.all_key] if self.all_key else []
+        return keys + [k for k in (self.bucket_keys or "").split("\n") if k]
 
     @property
     def is_pending_handoff(self) -> bool:
@@ -257,6 +270,8 @@ class AuditRow(TableRecord):
     event_type_id: str | None = None
     principal_name: str | None = None
     principal_id: str | None = None
+    # NimBus ``MessageAuditEntity.AccessDenied``: the action was refused for lack of the operator role.
+    access_denied: bool = False
 
 
 class ClaimRow(TableRecord):
@@ -323,6 +338,32 @@ class QueueRow(TableRecord):
     claimed_until: str = "0"
 
 
+class ListingRow(TableRecord):
+    """Index: one event in an operator listing (all events, or one status bucket), newest change first.
+
+    It carries the summary the listing shows, so a page of events is one range read.
+    """
+
+    event_id: str
+    event_type_id: str | None = None
+    resolution_status: ResolutionStatus
+    pending_sub_status: str | None = None
+    message_type: MessageType
+    last_message_id: str | None = None
+    session_id: str | None = None
+    updated_at: datetime
+    enqueued_time_utc: datetime
+    reason: str | None = None
+    external_job_id: str | None = None
+
+
+class SinceRow(TableRecord):
+    """Index: an open event by when it became Pending or failed, oldest first (the overview's ages)."""
+
+    event_id: str
+    since_at: datetime
+
+
 class JobRow(TableRecord):
     """Index: a parked event by its external job id."""
 
@@ -366,6 +407,14 @@ class PoisonRow(TableRecord):
     application_properties: str
     message_content: str | None = None
     message_content_base64: str | None = None
+    # The endpoint the message names (To for a request, From for a response), when it names one.
+    endpoint_id: str | None = None
+    # Operator replays: when, by whom, what the resolver did, how often (merged If-Match the row's ETag).
+    replayed_at: datetime | None = None
+    replayed_by: str | None = None
+    replay_outcome: str | None = None
+    replay_detail: str | None = None
+    replay_count: int = 0
 
     @classmethod
     def body_columns(cls, body: bytes) -> dict[str, str]:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from common import telemetry
 from common.clock import utcnow
 from common.errors import KeyTooLong
-from handoff import keys, store
+from handoff import counts, keys, store
 from handoff.contract import (
     MANAGER_ID,
     InboundMessage,
@@ -40,8 +40,10 @@ from handoff.records import (
     EventRow,
     ExpiryRow,
     JobRow,
+    ListingRow,
     PoisonRow,
     QueueRow,
+    SinceRow,
     TableRecord,
     int64,
 )
@@ -139,6 +141,46 @@ def _status_of(row: EventRow | None) -> str:
         return "None"
     sub = f"+{row.pending_sub_status}" if row.pending_sub_status else ""
     return row.resolution_status.name + sub
+
+
+def poison_endpoint(props: dict[str, Any]) -> str | None:
+    """The endpoint a poison message names, by NimBus's attribution where its type is known."""
+    from handoff.contract import RESOLVER_ID
+
+    kind = MessageType.parse(props.get(Prop.MESSAGE_TYPE))
+    to = str(props.get(Prop.TO) or "") or None
+    from_ = str(props.get(Prop.FROM) or "") or None
+    if kind is not None and kind.is_request:
+        return to
+    if kind is not None:
+        return from_
+    return from_ if (to is None or to == RESOLVER_ID) else to
+
+
+def delta_entity(pk: str, at: datetime, change: dict[str, int]) -> dict[str, Any]:
+    """A counts delta row (insert-only; see :mod:`handoff.counts`)."""
+    entity: dict[str, Any] = {"PartitionKey": pk, "RowKey": keys.delta_row(at, uuid.uuid4().hex)}
+    entity.update({counts.column(bucket): value for bucket, value in change.items()})
+    return entity
+
+
+def _error_text(message_content: str | None) -> str | None:
+    """``ErrorContent.ErrorText`` of a stored body, if it has one."""
+    if not message_content:
+        return None
+    try:
+        data = json.loads(message_content)
+    except ValueError:
+        return None
+    error = data.get("ErrorContent") if isinstance(data, dict) else None
+    text = error.get("ErrorText") if isinstance(error, dict) else None
+    return text if isinstance(text, str) else None
+
+
+def _short(text: str | None, limit: int = 300) -> str | None:
+    if text is None:
+        return None
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def retry_delay(attempt: int) -> float:
@@ -244,7 +286,8 @@ class ResolverService:
             ]
             if decision.applied:
                 assert decision.row is not None
-                if decision.row.queue_key and endpoint not in self._registered:
+                if endpoint not in self._registered:
+                    # The operator overview, the sweeper and the reconciler walk the listed endpoints.
                     self.store.register_endpoint(endpoint)
                     self._registered.add(endpoint)
                 ops += self._applied_ops(pk, decision.row, current)
@@ -320,6 +363,50 @@ class ResolverService:
                 ops.append(store.delete(pk, before))
             if after and index_row is not None:
                 ops.append(store.insert(index_row.to_entity(pk, after)))
+        return ops + self._operator_ops(pk, row, current)
+
+    def _operator_ops(self, pk: str, row: EventRow, current: EventRow | None) -> list[Operation]:
+        """Listing rows, the oldest-first row and the counts delta, in the event row's transaction."""
+        ops: list[Operation] = []
+        counted = current is not None and current.counted
+        old_keys = current.listing_keys if current and counted else []
+        summary = ListingRow(
+            event_id=row.event_id,
+            event_type_id=row.event_type_id,
+            resolution_status=row.resolution_status,
+            pending_sub_status=row.pending_sub_status,
+            message_type=row.message_type,
+            last_message_id=row.last_message_id,
+            session_id=row.session_id,
+            updated_at=row.updated_at,
+            enqueued_time_utc=row.enqueued_time_utc,
+            reason=_short(row.reason or _error_text(row.message_content)),
+            external_job_id=row.external_job_id,
+        )
+        for key in old_keys:
+            if key not in row.listing_keys:
+                ops.append(store.delete(pk, key))
+        for key in row.listing_keys:
+            entity = summary.to_entity(pk, key)
+            ops.append(store.replace(entity, "*") if key in old_keys else store.insert(entity))
+        old_since = current.since_key if current and counted else None
+        if old_since != row.since_key:
+            if old_since:
+                ops.append(store.delete(pk, old_since))
+            if row.since_key and row.since_at:
+                ops.append(
+                    store.insert(
+                        SinceRow(event_id=row.event_id, since_at=row.since_at).to_entity(pk, row.since_key)
+                    )
+                )
+        before = (
+            counts.buckets_of(current.resolution_status, current.pending_sub_status)
+            if current and counted
+            else ()
+        )
+        change = counts.delta(before, counts.buckets_of(row.resolution_status, row.pending_sub_status))
+        if change:
+            ops.append(store.insert(delta_entity(pk, row.updated_at, change)))
         return ops
 
     @staticmethod
@@ -373,7 +460,9 @@ class ResolverService:
 
     # -- failure paths -----------------------------------------------------------------------------
 
-    def _store_poison(self, msg: func.ServiceBusMessage, props: dict[str, Any], reason: str) -> None:
+    def _store_poison(
+        self, msg: func.ServiceBusMessage, props: dict[str, Any], reason: str, *, final: bool = False
+    ) -> None:
         now = self.clock()
         body = msg.get_body() or b""
         row = PoisonRow(
@@ -386,9 +475,10 @@ class ResolverService:
             recorded_at=now,
             # Whole, so a replay can re-send it (the row splits long text across properties).
             application_properties=json.dumps(props, default=str, ensure_ascii=False),
+            endpoint_id=poison_endpoint(props),
             **PoisonRow.body_columns(body),
         )
-        self.store.store_poison(row, msg.message_id)
+        self.store.store_poison(row, msg.message_id, count_or_raise=not final)
         log.error("poison resolver message %s stored for operators: %s", msg.message_id, reason)
 
     def _retry_later(self, msg: func.ServiceBusMessage, props: dict[str, Any], exc: BaseException) -> Outcome:
@@ -402,6 +492,7 @@ class ResolverService:
                     msg,
                     props,
                     f"retry budget exhausted after {attempt} attempts: {type(exc).__name__}: {exc}",
+                    final=True,
                 )
             except Exception:
                 log.warning("could not store %s after its retry budget", msg.message_id, exc_info=True)

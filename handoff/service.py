@@ -21,6 +21,9 @@ if TYPE_CHECKING:
     from handoff.store import HandoffStore
     from handoff.sweeper import Sweeper
     from handoff.transport import Transport
+    from management.actions import OperatorActions
+    from management.overview import Overview
+    from management.poison import PoisonDesk
 
 _lock = threading.RLock()
 _store: HandoffStore | None = None
@@ -97,6 +100,24 @@ def reconciler() -> Reconciler:
     from handoff.reconciler import Reconciler
 
     return Reconciler(settlement_service())
+
+
+def overview() -> Overview:
+    from management.overview import Overview
+
+    return Overview(store())
+
+
+def operator_actions() -> OperatorActions:
+    from management.actions import OperatorActions
+
+    return OperatorActions(settlement_service())
+
+
+def poison_desk() -> PoisonDesk:
+    from management.poison import PoisonDesk
+
+    return PoisonDesk(store(), resolver_service)
 
 
 def use_transport(replacement: Transport) -> None:

@@ -130,8 +130,40 @@ def result_json(result: Any) -> str | None:
     return json.dumps(result, separators=(",", ":"), ensure_ascii=False)
 
 
+@dataclass(frozen=True)
+class ClaimOrder:
+    """What one outbox claim records, whoever asks: a settlement, or an operator's resubmit / skip.
+
+    ``addressed_message_id`` keys the claim (the parked message of a hand-off, the row's last message
+    for an operator action), so two different control messages for the same state of an event can never
+    both be claimed; ``digest`` identifies the request, so its retry is answered from the claim.
+    """
+
+    kind: MessageType
+    endpoint_id: str
+    event_id: str
+    addressed_message_id: str
+    by: str
+    audit_type: str
+    digest: str
+    audit_comment: str | None = None
+    agent_id: str | None = None
+    principal_name: str | None = None
+    principal_id: str | None = None
+    # A hand-off settlement also marks the agent queue row (``ClaimedUntil``).
+    marks_queue: bool = False
+    # An operator action also pins the event row as it was checked (``If-Match`` its ETag, in the claim's
+    # transaction): a projection between the check and the claim fails the claim instead of letting a
+    # control message go out for a state the operator never saw.
+    pins_event: bool = False
+
+
+SETTLEMENT_KINDS = frozenset({MessageType.HandoffCompletedRequest, MessageType.HandoffFailedRequest})
+
+
 class SettlementService:
-    """Settles parked hand-offs, and follows up claims whose send was not confirmed."""
+    """Settles parked hand-offs (and sends operator control messages) through the outbox, and follows up
+    claims whose send was not confirmed."""
 
     def __init__(
         self,
@@ -197,7 +229,7 @@ class SettlementService:
             raise NotFound(f"Event {s.coordinates.event_id!r} is unknown on endpoint {s.endpoint_id!r}.")
         digest = s.digest()
         if not row.is_pending_handoff:
-            return self._replay_or_refuse(s, digest, self._not_parked(row))
+            return self.replay_or_refuse(s.endpoint_id, s.coordinates.event_id, digest, self._not_parked(row))
         parked = self._check(row, s.coordinates)
         coords = self._complete_coordinates(s.coordinates, row)
         content = settlement_content(
@@ -214,10 +246,30 @@ class SettlementService:
         size = encoded_size(message)
         if size > MAX_SEND_BYTES:
             raise self._too_large(s, size)
-        claim, existing = self._claim(s, row, parked, message, digest)
+        order = ClaimOrder(
+            kind=s.kind,
+            endpoint_id=s.endpoint_id,
+            event_id=row.event_id,
+            addressed_message_id=parked,
+            by=s.settled_by,
+            audit_type=s.audit_type,
+            digest=digest,
+            agent_id=s.agent_id,
+            principal_name=s.principal_name,
+            principal_id=s.principal_id,
+            marks_queue=True,
+        )
+        return self.submit(order, row, message, audit_data(s, message.message_id, parked))
+
+    def submit(
+        self, order: ClaimOrder, row: EventRow, message: OutboxMessage, data: str
+    ) -> SettlementAccepted:
+        """Claim (with the audit row, ``data`` its ``Data``), send, answer: the outbox path of any control
+        message. A claim already there for the same request answers its retry; another request's is a 409."""
+        claim, existing = self._claim(order, row, message, data)
         if existing is not None:
-            return self._answer(s.endpoint_id, existing, replayed=True)
-        return self._send_claimed(s.endpoint_id, row, claim)
+            return self._answer(order.endpoint_id, existing, replayed=True)
+        return self._send_claimed(order.endpoint_id, row, claim)
 
     @staticmethod
     def _too_large(s: Settlement, size: int) -> PayloadTooLarge:
@@ -270,11 +322,12 @@ class SettlementService:
     # -- the claim transaction --------------------------------------------------------------------
 
     def _claim(
-        self, s: Settlement, row: EventRow, parked: str, message: OutboxMessage, digest: str
+        self, s: ClaimOrder, row: EventRow, message: OutboxMessage, data: str
     ) -> tuple[ClaimRow, ClaimRow | None]:
-        """Write claim + audit + reconcile row + queue mark; or return the claim already there."""
+        """Write claim + audit + reconcile row (+ queue mark); or return the claim already there."""
         from azure.data.tables import TableTransactionError
 
+        parked, digest = s.addressed_message_id, s.digest
         pk = keys.partition(s.endpoint_id)
         claim_key = keys.claim_row(row.event_id, parked)
         now = self.clock()
@@ -289,7 +342,7 @@ class SettlementService:
             control_message_id=message.message_id,
             message_type=s.kind,
             request_digest=digest,
-            settled_by=s.settled_by,
+            settled_by=s.by,
             agent_id=s.agent_id,
             principal_name=s.principal_name,
             principal_id=s.principal_id,
@@ -300,10 +353,11 @@ class SettlementService:
             control_body=message.body,
         )
         audit = AuditRow(
-            auditor_name=s.settled_by,
+            auditor_name=s.by,
             audit_timestamp=now,
             audit_type=s.audit_type,
-            data=audit_data(s, message.message_id, parked),
+            comment=s.audit_comment,
+            data=data,
             event_id=row.event_id,
             endpoint_id=s.endpoint_id,
             event_type_id=row.event_type_id,
@@ -316,9 +370,17 @@ class SettlementService:
             store.insert(audit.to_entity(pk, audit_key)),
             store.insert(due.to_entity(pk, reconcile_key)),
         ]
-        if row.queue_key:
+        if s.marks_queue and row.queue_key:
             # If-Match *: the index row must still exist, i.e. the hand-off was not projected away.
             ops.append(store.merge({"PartitionKey": pk, "RowKey": row.queue_key, "ClaimedUntil": CLAIMED}))
+        pin = len(ops)
+        if s.pins_event:
+            if row.etag is None:
+                raise ValueError("an operator action needs the event row's ETag")
+            event_key = keys.event_row(row.event_id)
+            ops.append(
+                store.merge({"PartitionKey": pk, "RowKey": event_key, "OperatorClaimAt": now}, row.etag)
+            )
         for _ in range(_CLAIM_ATTEMPTS):
             try:
                 etags = self.store.submit(ops)
@@ -328,6 +390,12 @@ class SettlementService:
                     if existing is None:
                         continue  # released between our write and our read: try again
                     return claim, self._same_or_refuse(existing, digest)
+                if s.pins_event and exc.index == pin:
+                    raise Conflict(
+                        f"Event {row.event_id!r} changed while the {s.audit_type} was being claimed "
+                        "(a newer message was projected); look at it again.",
+                        field="eventId",
+                    ) from exc
                 if exc.status_code == 404:
                     raise self._not_parked_any_more(row) from exc
                 raise
@@ -373,11 +441,14 @@ class SettlementService:
             field="coordinates.messageId",
         )
 
-    def _replay_or_refuse(self, s: Settlement, digest: str, refusal: Conflict) -> SettlementAccepted:
-        """The row is not (or no longer) parked: answer a retry of a settlement made before, else 409."""
-        for claim in self.store.claims(s.endpoint_id, s.coordinates.event_id):
+    def replay_or_refuse(
+        self, endpoint_id: str, event_id: str, digest: str, refusal: Conflict
+    ) -> SettlementAccepted:
+        """The row is not (or no longer) in a state the request needs: answer a retry of a request made
+        before (the event's claims are one short range read), else raise ``refusal``."""
+        for claim in self.store.claims(endpoint_id, event_id):
             if claim.request_digest == digest and claim.state is not ClaimState.superseded:
-                return self._answer(s.endpoint_id, claim, replayed=True)
+                return self._answer(endpoint_id, claim, replayed=True)
         raise refusal
 
     # -- send and follow-up -------------------------------------------------------------------------
@@ -452,9 +523,11 @@ class SettlementService:
         moved_on = False
         if not projected:
             row = self.store.get_event(endpoint_id, claim.event_id)
-            moved_on = row is None or not (
-                row.is_pending_handoff and row.last_message_id == claim.parked_message_id
-            )
+            # A hand-off moved on when it is no longer parked by that message; an operator action's
+            # event moved on when a newer message than the one it addressed was projected.
+            moved_on = row is None or row.last_message_id != claim.parked_message_id
+            if row is not None and not moved_on and claim.message_type in SETTLEMENT_KINDS:
+                moved_on = not row.is_pending_handoff
         window = self.transport().duplicate_window
         step = next_step(
             claim.state,

@@ -8,10 +8,13 @@ submitted as one entity-group transaction (``submit``).
 from __future__ import annotations
 
 import contextlib
+import logging
+import uuid
 from collections.abc import Iterator, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from common.errors import KeyTooLong
 from common.tables import Tables
 from handoff import keys
 from handoff.records import (
@@ -29,6 +32,8 @@ from handoff.records import (
 
 if TYPE_CHECKING:
     from azure.data.tables import TableClient
+
+log = logging.getLogger("settle.handoff.store")
 
 Operation = tuple[Any, ...]
 # Azure's limit; Azurite breaks the connection beyond it instead of answering.
@@ -87,6 +92,10 @@ class HandoffStore:
     def _events(self) -> TableClient:
         return self._tables.table(keys.EVENTS_TABLE)
 
+    def table(self, name: str) -> TableClient:
+        """The client of one hand-off table (``keys.*_TABLE``, or the operators' ``hoaudit``)."""
+        return self._tables.table(name)
+
     # -- events partition ---------------------------------------------------------------------------
 
     def get_event(self, endpoint_id: str, event_id: str) -> EventRow | None:
@@ -107,6 +116,18 @@ class HandoffStore:
         keys.checked(high, field="eventId")
         query = f"PartitionKey eq {_quote(pk)} and RowKey ge {_quote(low)} and RowKey lt {_quote(high)}"
         return iter(self._events().query_entities(query))
+
+    def point_rows(self, endpoint_id: str, row_keys: list[str]) -> list[Any]:
+        """Rows of the endpoint partition by key (one point read each; missing ones are left out)."""
+        from azure.core.exceptions import ResourceNotFoundError
+
+        found = []
+        for row_key in row_keys:
+            try:
+                found.append(self._events().get_entity(keys.partition(endpoint_id), row_key))
+            except ResourceNotFoundError:
+                continue
+        return found
 
     def get_claim(self, endpoint_id: str, event_id: str, parked_message_id: str) -> ClaimRow | None:
         from azure.core.exceptions import ResourceNotFoundError
@@ -263,17 +284,76 @@ class HandoffStore:
             return False
         return True
 
-    def store_poison(self, row: PoisonRow, message_id: str | None) -> None:
-        """Insert-only (a redelivered poison message lands on the same key)."""
-        from azure.core.exceptions import ResourceExistsError
+    def store_poison(
+        self, row: PoisonRow, message_id: str | None, *, count_or_raise: bool = True
+    ) -> tuple[str, str]:
+        """Insert-only (a redelivered poison message lands on the same key), then count it.
+
+        The count is an index row in the endpoint's partition (``pz|``, or the unattributed partition)
+        inserted with its ``+1 Poison`` delta in one transaction; a redelivery finds both or inserts both,
+        so a crash between the two writes is repaired by the broker's redelivery. Returns the row's keys.
+        ``count_or_raise=False`` (the message's retry budget is spent: no redelivery will come) logs a
+        transient failure of the count instead of raising it.
+        """
+        from azure.core.exceptions import HttpResponseError, ResourceExistsError
+        from azure.data.tables import TableTransactionError
+
+        from handoff.counts import POISON, column
 
         pk, rk = keys.poison_keys(row.enqueued_time_utc, message_id)
         with contextlib.suppress(ResourceExistsError):
             self._tables.table(keys.POISON_TABLE).create_entity(row.to_entity(pk, rk))
+        endpoint_pk = self.poison_partition(row.endpoint_id)
+        index = {"PartitionKey": endpoint_pk, "RowKey": keys.poison_index_row(pk, rk), "Day": pk, "Id": rk}
+        delta = {
+            "PartitionKey": endpoint_pk,
+            "RowKey": keys.delta_row(row.recorded_at, uuid.uuid4().hex),
+            column(POISON): 1,
+        }
+        try:
+            self.submit([insert(index), insert(delta)])
+        except TableTransactionError:
+            pass  # the index row exists: counted before
+        except HttpResponseError as exc:
+            transient = exc.status_code is None or exc.status_code >= 500 or exc.status_code in (408, 429)
+            if transient and count_or_raise:
+                raise  # the resolver retries the message, which lands here again
+            log.warning("poison %s/%s stored but not counted: %s", pk, rk, exc)
+        return pk, rk
+
+    @staticmethod
+    def poison_partition(endpoint_id: str | None) -> str:
+        """The partition that counts a poison message: its endpoint's, else the unattributed one."""
+        if endpoint_id:
+            with contextlib.suppress(KeyTooLong):
+                return keys.partition(endpoint_id)
+        return keys.UNATTRIBUTED_PARTITION
+
+    def get_poison(self, day: str, row_key: str) -> PoisonRow | None:
+        from azure.core.exceptions import ResourceNotFoundError
+
+        try:
+            entity = self._tables.table(keys.POISON_TABLE).get_entity(day, row_key)
+        except ResourceNotFoundError:
+            return None
+        row: PoisonRow = PoisonRow.from_entity(entity)
+        return row
+
+    def poison_page(self, day: str, *, after: str | None, limit: int) -> tuple[list[PoisonRow], str | None]:
+        """One day's poison rows in key order (enqueue time), at most ``limit`` after the key ``after``."""
+        query = f"PartitionKey eq {_quote(day)}"
+        if after:
+            query += f" and RowKey gt {_quote(after)}"
+        rows: list[PoisonRow] = []
+        table = self._tables.table(keys.POISON_TABLE)
+        for entity in table.query_entities(query, results_per_page=min(limit + 1, 1000)):
+            if len(rows) == limit:
+                return rows, rows[-1].row_key
+            rows.append(PoisonRow.from_entity(entity))
+        return rows, None
 
     def poison_rows(self, day: str) -> list[PoisonRow]:
-        query = f"PartitionKey eq {_quote(day)}"
-        return [PoisonRow.from_entity(e) for e in self._tables.table(keys.POISON_TABLE).query_entities(query)]
+        return self.poison_page(day, after=None, limit=10_000)[0]
 
 
 def classify_event_rows(entities: Iterator[Any]) -> tuple[EventRow | None, list[HistoryRow], list[AuditRow]]:

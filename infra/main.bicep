@@ -38,6 +38,12 @@ param tablePrefix string = 'settle'
 @description('NCRONTAB (6 fields, UTC) of the state catch-up timer.')
 param stateCatchupSchedule string = '0 */1 * * * *'
 
+@description('Client id of the Entra ID app registration operators sign in to the console with; it defines the app role Settle.Operator (ADR-0013). Empty: no sign-in, the management API refuses every request.')
+param operatorAppClientId string = ''
+
+@description('Entra ID tenant of the operators\' app registration (default: the deployment\'s tenant).')
+param operatorTenantId string = tenant().tenantId
+
 @description('Run the hand-off timeout sweeper (fails parked rows whose ExpectedBy has passed).')
 param handoffSweeperEnabled bool = false
 
@@ -246,6 +252,8 @@ module functionApp 'modules/functionapp.bicep' = {
     instanceMemoryMB: instanceMemoryMB
     httpAlwaysReadyInstances: httpAlwaysReadyInstances
     zoneRedundant: zoneRedundant
+    operatorAppClientId: operatorAppClientId
+    operatorTenantId: operatorTenantId
   }
   // Start the app only once its identity holds its roles (storage, tables, bus, telemetry).
   dependsOn: [

@@ -23,10 +23,29 @@ def test_openapi_document_lists_every_http_function(call, functions):
     assert served == documented
 
 
-def test_only_health_openapi_and_the_state_lookups_are_anonymous(functions):
+# ADR-0013: the console and the management API are anonymous for the Functions host; App Service
+# authentication signs operators in and the code checks the principal (401/403, fail closed in Azure).
+OPERATOR_ROUTES = {
+    "console",
+    "console_asset",
+    "endpoints_overview",
+    "endpoint_events",
+    "endpoint_event",
+    "event_resubmit",
+    "event_skip",
+    "event_complete",
+    "event_fail",
+    "poison_list",
+    "poison_replay",
+    "records_lookup",
+    "records_stuck",
+}
+
+
+def test_only_health_openapi_the_state_lookups_and_the_operator_routes_are_anonymous(functions):
     anonymous = {
         name
         for name, f in functions.items()
         if f.get_trigger().type == "httpTrigger" and f.get_trigger().auth_level.value == "anonymous"
     }
-    assert anonymous == {"health", "openapi_document", "state_meta"}
+    assert anonymous == {"health", "openapi_document", "state_meta"} | OPERATOR_ROUTES

@@ -86,6 +86,12 @@ param httpAlwaysReadyInstances int
 @description('Zone-redundant plan (only in regions that support it for Flex Consumption).')
 param zoneRedundant bool
 
+@description('Client id of the Entra ID app registration operators sign in to the console with (App Service authentication); empty: no sign-in, and the management API refuses every request (ADR-0013).')
+param operatorAppClientId string
+
+@description('Entra ID tenant of that app registration.')
+param operatorTenantId string
+
 // The complete set of app settings (siteConfig.appSettings replaces the whole collection on every
 // deployment). tests/infra/test_app_settings.py checks that every setting the code reads is here.
 var appSettings = {
@@ -118,6 +124,9 @@ var appSettings = {
   STATE_CATCHUP_SCHEDULE: stateCatchupSchedule
   HANDOFF_SWEEPER_ENABLED: handoffSweeperEnabled ? 'true' : 'false'
   HANDOFF_SWEEPER_SCHEDULE: handoffSweeperSchedule
+  // The management API and the console demand a signed-in principal (App Service authentication) with
+  // the app role Settle.Operator; the code also fails closed wherever WEBSITE_INSTANCE_ID is set.
+  SETTLE_OPERATOR_AUTH: 'required'
 }
 
 // "http" is the Flex function group of every HTTP-triggered function (Flex "always ready" instances).
@@ -212,6 +221,48 @@ resource scmPublishing 'Microsoft.Web/sites/basicPublishingCredentialsPolicies@2
   name: 'scm'
   properties: {
     allow: false
+  }
+}
+
+// App Service authentication (Entra ID) for the console and the management API (ADR-0013). Requests
+// without a session pass through (AllowAnonymous): the machine APIs keep their function keys, and the
+// management routes, anonymous for the Functions host, refuse a request without a principal (401) or
+// without the app role Settle.Operator (403) in code. App Service strips client-sent x-ms-client-principal*
+// headers, so the principal the code reads is the one it authenticated.
+resource auth 'Microsoft.Web/sites/config@2024-04-01' = if (!empty(operatorAppClientId)) {
+  parent: site
+  name: 'authsettingsV2'
+  properties: {
+    platform: {
+      enabled: true
+    }
+    globalValidation: {
+      requireAuthentication: false
+      unauthenticatedClientAction: 'AllowAnonymous'
+    }
+    httpSettings: {
+      requireHttps: true
+    }
+    login: {
+      tokenStore: {
+        enabled: true
+      }
+    }
+    identityProviders: {
+      azureActiveDirectory: {
+        enabled: true
+        registration: {
+          clientId: operatorAppClientId
+          openIdIssuer: '${environment().authentication.loginEndpoint}${operatorTenantId}/v2.0'
+        }
+        validation: {
+          allowedAudiences: [
+            'api://${operatorAppClientId}'
+            operatorAppClientId
+          ]
+        }
+      }
+    }
   }
 }
 

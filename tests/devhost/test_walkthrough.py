@@ -133,6 +133,8 @@ def test_the_walkthrough_parses_into_commands_with_answers() -> None:
         assert needed in commands
     for needed in ("/api/v1/handoffs/Billing/next", "/api/v1/handoffs/complete", "ResolutionResponse"):
         assert needed in commands
+    for needed in ("/api/console", "/api/v1/endpoints", "/resubmit", "/api/v1/poison"):
+        assert needed in commands
 
 
 def test_subset_matching_is_strict_where_it_must_be() -> None:
@@ -167,6 +169,11 @@ NEEDED_OPERATIONS = (
     ("get", "/api/v1/handoffs/{endpointId}/next", "handoff/functions.py"),
     ("post", "/api/v1/handoffs/complete", "handoff/functions.py"),
     ("get", "/api/v1/events/{endpointId}/{eventId}", "handoff/functions.py"),
+    ("get", "/api/v1/endpoints", "management/functions.py"),
+    ("get", "/api/v1/endpoints/{endpointId}/events", "management/functions.py"),
+    ("post", "/api/v1/events/{endpointId}/{eventId}/resubmit", "management/functions.py"),
+    ("get", "/api/v1/poison", "management/functions.py"),
+    ("post", "/api/v1/poison/{day}/{id}/replay", "management/functions.py"),
 )
 
 

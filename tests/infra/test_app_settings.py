@@ -24,6 +24,11 @@ TELEMETRY_OPTIONS = {
     "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "an OTLP collector for metrics only",
     "OTEL_SERVICE_NAME": "the distro names the service after the function app",
 }
+
+# Set by App Service itself on every instance (not an app setting): the management API fails closed
+# (requires a signed-in principal) where it is present (management/principal.py, ADR-0013).
+PLATFORM_SET = {"WEBSITE_INSTANCE_ID"}
+
 # Settings the Functions host (not our code) needs in Azure.
 HOST_SETTINGS = {
     "AzureWebJobsStorage__credential",
@@ -62,7 +67,10 @@ def test_every_setting_the_code_reads_is_set_by_the_bicep() -> None:
     missing = {
         name: sorted(files)
         for name, files in scan.reads.items()
-        if name not in bicep_settings() and name not in LOCAL_ONLY and name not in TELEMETRY_OPTIONS
+        if name not in bicep_settings()
+        and name not in LOCAL_ONLY
+        and name not in TELEMETRY_OPTIONS
+        and name not in PLATFORM_SET
     }
     assert missing == {}
 

@@ -74,7 +74,7 @@ def test_the_package_is_the_app_and_nothing_else(project: Path) -> None:
     expected = {"function_app.py", "host.json", "requirements.txt"} | {
         name for name in tracked() if name.split("/")[0] in app_packages and name != "state/bench_support.py"
     }
-    assert app_packages == {"common", "state", "handoff"}
+    assert app_packages == {"common", "state", "handoff", "management", "console"}
     assert set(files) == expected
 
 

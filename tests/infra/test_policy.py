@@ -197,9 +197,11 @@ def test_app_settings_are_all_of_the_site_and_come_from_one_object() -> None:
     loop = site_config["appSettings"]
     assert isinstance(loop, Loop) and loop.iterable.text == "items(appSettings)"
     assert {k: v.text for k, v in loop.body.items()} == {"name": "setting.key", "value": "setting.value"}
-    # No second place sets app settings (a sites/config 'appsettings' resource would replace them).
+    # No second place sets app settings (a sites/config 'appsettings' resource would replace them); the
+    # only sites/config resource is App Service authentication (authsettingsV2, ADR-0013).
     for path in bicep_files():
-        assert "'Microsoft.Web/sites/config" not in path.read_text(), path.name
+        for config in load_infra(str(path.relative_to(REPO / "infra"))).of_type("Microsoft.Web/sites/config"):
+            assert config.body.get("name") == "authsettingsV2", f"{path.name}: {config.symbol}"
 
 
 def test_no_flex_deprecated_app_setting() -> None:

@@ -1,0 +1,448 @@
+// Settle console: one page, hash routes, the management API under /api/v1/, polling refresh.
+// DOM is built with createElement/textContent only (never innerHTML), so nothing from the data can run.
+"use strict";
+
+const API = location.pathname.replace(/\/console\/?$/, "/") + "v1/";
+const REFRESH_MS = 5000;
+const BUCKETS = [
+  ["Pending", "pending", "Pending"],
+  ["PendingHandoff", "pendingHandoff", "Pending + Handoff"],
+  ["Deferred", "deferred", "Deferred"],
+  ["Failed", "failed", "Failed"],
+  ["DeadLettered", "deadLettered", "Dead-lettered"],
+  ["Unsupported", "unsupported", "Unsupported"],
+];
+const STATUSES = ["Pending", "PendingHandoff", "Deferred", "Failed", "DeadLettered", "Unsupported", "Completed", "Skipped"];
+
+let timer = null;
+let lastRoute = "";
+
+// -- small helpers ------------------------------------------------------------------------------------
+
+function h(tag, attrs, ...children) {
+  const el = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs || {})) {
+    if (value === null || value === undefined || value === false) continue;
+    if (key.startsWith("on")) el.addEventListener(key.slice(2), value);
+    else if (key === "class") el.className = value;
+    else el.setAttribute(key, value === true ? "" : String(value));
+  }
+  for (const child of children.flat()) {
+    if (child === null || child === undefined || child === false) continue;
+    el.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return el;
+}
+
+function when(iso) {
+  if (!iso) return "–";
+  const t = new Date(iso);
+  return t.toISOString().replace("T", " ").replace(/\.\d+Z$/, "Z");
+}
+
+function age(iso) {
+  if (!iso) return "–";
+  const s = Math.max(0, (Date.now() - new Date(iso).getTime()) / 1000);
+  if (s < 90) return `${Math.round(s)} s`;
+  if (s < 5400) return `${Math.round(s / 60)} min`;
+  if (s < 172800) return `${Math.round(s / 3600)} h`;
+  return `${Math.round(s / 86400)} d`;
+}
+
+function pretty(text) {
+  if (text === null || text === undefined) return "";
+  if (typeof text !== "string") return JSON.stringify(text, null, 2);
+  try { return JSON.stringify(JSON.parse(text), null, 2); } catch { return text; }
+}
+
+function toast(text) {
+  const el = document.getElementById("toast");
+  el.textContent = text;
+  clearTimeout(toast.t);
+  toast.t = setTimeout(() => { el.textContent = ""; }, 6000);
+}
+
+class ApiError extends Error {
+  constructor(status, problem) {
+    super((problem && (problem.detail || problem.title)) || `HTTP ${status}`);
+    this.status = status;
+    this.problem = problem || {};
+  }
+}
+
+async function api(path, options = {}) {
+  const init = { method: options.method || "GET", headers: { Accept: "application/json" }, credentials: "same-origin" };
+  if (options.body !== undefined) {
+    init.headers["Content-Type"] = "application/json";
+    init.body = JSON.stringify(options.body);
+  }
+  const response = await fetch(API + path, init);
+  const text = await response.text();
+  const data = text ? JSON.parse(text) : null;
+  if (!response.ok) throw new ApiError(response.status, data);
+  return data;
+}
+
+function segment(value) { return encodeURIComponent(value); }
+
+function badge(bucket, count, href) {
+  const cls = `badge ${bucket}${count ? "" : " zero"}`;
+  const label = `${count} ${bucket === "PendingHandoff" ? "Pending + Handoff" : bucket}`;
+  return href
+    ? h("a", { class: cls, href, "aria-label": label, "data-bucket": bucket }, String(count))
+    : h("span", { class: cls, "aria-label": label, "data-bucket": bucket }, String(count));
+}
+
+function statusBadge(status, subStatus) {
+  if (status === "Pending" && subStatus === "Handoff") {
+    return h("span", { class: "badge PendingHandoff" }, "Pending + Handoff");
+  }
+  return h("span", { class: `badge ${status}` }, status);
+}
+
+function problemView(error) {
+  if (error.status === 401) {
+    const login = "/.auth/login/aad?post_login_redirect_uri=" + encodeURIComponent(location.pathname + location.hash);
+    return h("div", { class: "card" }, h("h1", {}, "Sign in"),
+      h("p", {}, "The management API needs a signed-in operator. "), h("a", { href: login }, "Sign in with Entra ID"));
+  }
+  return h("div", { class: "card error", role: "alert" }, h("strong", {}, `${error.status || ""} `), error.message);
+}
+
+function confirmDialog(title, body, okLabel, danger) {
+  const dialog = document.getElementById("confirm");
+  document.getElementById("confirm-title").textContent = title;
+  const holder = document.getElementById("confirm-body");
+  holder.replaceChildren(...(Array.isArray(body) ? body : [body]));
+  const ok = document.getElementById("confirm-ok");
+  ok.textContent = okLabel;
+  ok.className = danger ? "danger" : "";
+  return new Promise((resolve) => {
+    dialog.addEventListener("close", () => resolve(dialog.returnValue === "ok"), { once: true });
+    dialog.returnValue = "";
+    dialog.showModal();
+    (holder.querySelector("input, textarea") || ok).focus();
+  });
+}
+
+// -- routing -----------------------------------------------------------------------------------------
+
+function parseRoute() {
+  const raw = location.hash.replace(/^#/, "") || "/";
+  const [path, query] = raw.split("?");
+  const parts = path.split("/").filter(Boolean).map(decodeURIComponent);
+  return { parts, params: new URLSearchParams(query || "") };
+}
+
+function editing() {
+  const active = document.activeElement;
+  return document.getElementById("confirm").open ||
+    (active && ["INPUT", "TEXTAREA", "SELECT"].includes(active.tagName));
+}
+
+async function render({ quiet } = {}) {
+  const main = document.getElementById("main");
+  const route = parseRoute();
+  const section = route.parts[0] || "endpoints";
+  for (const link of document.querySelectorAll("[data-nav]")) {
+    const current = link.dataset.nav === (section === "endpoint" || section === "event" ? "endpoints" : section);
+    if (current) link.setAttribute("aria-current", "page"); else link.removeAttribute("aria-current");
+  }
+  let view;
+  try {
+    if (section === "endpoint") view = await endpointView(route.parts[1], route.params);
+    else if (section === "event") view = await eventView(route.parts[1], route.parts[2]);
+    else if (section === "poison") view = await poisonView(route.params);
+    else if (section === "state") view = await stateView();
+    else view = await endpointsView();
+  } catch (error) {
+    view = problemView(error);
+  }
+  if (quiet && editing()) return; // never replace what the operator is typing into
+  main.replaceChildren(view);
+  document.getElementById("refresh").textContent = `Updated ${new Date().toLocaleTimeString()} · every ${REFRESH_MS / 1000} s`;
+  if (!quiet && location.hash !== lastRoute) main.focus();
+  lastRoute = location.hash;
+}
+
+function schedule() {
+  clearInterval(timer);
+  timer = setInterval(() => { if (!document.hidden) render({ quiet: true }); }, REFRESH_MS);
+}
+
+// -- endpoints overview ---------------------------------------------------------------------------------
+
+async function endpointsView() {
+  const data = await api("endpoints");
+  const rows = data.items.map((item) => {
+    const base = `#/endpoint/${segment(item.endpointId)}`;
+    return h("tr", { "data-endpoint": item.endpointId },
+      h("td", { "data-label": "Endpoint" }, h("a", { href: base }, item.endpointId)),
+      BUCKETS.map(([bucket, key, label]) =>
+        h("td", { class: "num", "data-label": label }, badge(bucket, item.counts[key], `${base}?status=${bucket}`))),
+      h("td", { class: "num", "data-label": "Poison" }, badge("Poison", item.poison, "#/poison")),
+      h("td", { "data-label": "Oldest pending" }, age(item.oldestPendingAt)),
+      h("td", { "data-label": "Oldest failed" }, age(item.oldestFailedAt)));
+  });
+  return h("section", { "aria-labelledby": "endpoints-title" },
+    h("h1", { id: "endpoints-title" }, "Endpoints"),
+    h("p", { class: "muted" }, "Everything that needs a human: counts are exact; Pending includes Pending + Handoff."),
+    data.items.length ? h("div", { class: "scroll" }, h("table", { class: "stack" },
+      h("thead", {}, h("tr", {}, h("th", {}, "Endpoint"), BUCKETS.map(([, , label]) => h("th", { class: "num" }, label)),
+        h("th", { class: "num" }, "Poison"), h("th", {}, "Oldest pending"), h("th", {}, "Oldest failed"))),
+      h("tbody", {}, rows))) : h("p", {}, "No endpoint has sent anything to the resolver yet."),
+    data.unattributedPoison ? h("p", {}, `Poison naming no endpoint: `, h("a", { href: "#/poison" }, String(data.unattributedPoison))) : null);
+}
+
+// -- event list of one endpoint -----------------------------------------------------------------------
+
+async function endpointView(endpointId, params) {
+  const query = new URLSearchParams();
+  for (const name of ["status", "eventTypeId", "from", "to", "continuationToken"]) {
+    if (params.get(name)) query.set(name, params.get(name));
+  }
+  query.set("pageSize", "25");
+  const page = await api(`endpoints/${segment(endpointId)}/events?${query}`);
+  const filters = h("form", { class: "filters card", "aria-label": "Filters", onsubmit: (e) => {
+    e.preventDefault();
+    const form = new FormData(e.target);
+    const next = new URLSearchParams();
+    for (const [k, v] of form.entries()) {
+      if (!v) continue;
+      next.set(k, (k === "from" || k === "to") ? new Date(v + "Z").toISOString() : v);
+    }
+    location.hash = `#/endpoint/${segment(endpointId)}?${next}`;
+  } },
+    h("label", {}, "Status", h("select", { name: "status" }, h("option", { value: "" }, "Any"),
+      STATUSES.map((s) => h("option", { value: s, selected: params.get("status") === s }, s === "PendingHandoff" ? "Pending + Handoff" : s)))),
+    h("label", {}, "Event type", h("input", { name: "eventTypeId", value: params.get("eventTypeId") || "", placeholder: "InvoiceCreated" })),
+    h("label", {}, "Changed from (UTC)", h("input", { name: "from", type: "datetime-local", value: localValue(params.get("from")) })),
+    h("label", {}, "to (UTC)", h("input", { name: "to", type: "datetime-local", value: localValue(params.get("to")) })),
+    h("button", { type: "submit" }, "Apply"));
+  const rows = page.items.map((e) => h("tr", { "data-event": e.eventId },
+    h("td", { "data-label": "Event" }, h("a", { href: `#/event/${segment(endpointId)}/${segment(e.eventId)}` }, e.eventId)),
+    h("td", { "data-label": "Status" }, statusBadge(e.resolutionStatus, e.pendingSubStatus)),
+    h("td", { "data-label": "Type" }, e.eventTypeId || "–"),
+    h("td", { "data-label": "Last message" }, e.messageType),
+    h("td", { "data-label": "Changed" }, when(e.updatedAt)),
+    h("td", { "data-label": "Reason" }, e.reason || "")));
+  const pager = h("div", { class: "pager" },
+    params.get("continuationToken") ? h("a", { href: withParam(params, endpointId, null) }, "First page") : null,
+    page.continuationToken ? h("a", { href: withParam(params, endpointId, page.continuationToken) }, "Next page") : null);
+  return h("section", { "aria-labelledby": "list-title" },
+    h("p", {}, h("a", { href: "#/" }, "← Endpoints")),
+    h("h1", { id: "list-title" }, `Events of ${endpointId}`),
+    filters,
+    page.items.length ? h("div", { class: "scroll" }, h("table", { class: "stack" },
+      h("thead", {}, h("tr", {}, ["Event", "Status", "Type", "Last message", "Changed", "Reason"].map((t) => h("th", {}, t)))),
+      h("tbody", {}, rows))) : h("p", {}, "No event matches."),
+    pager);
+}
+
+function localValue(iso) {
+  return iso ? new Date(iso).toISOString().slice(0, 16) : "";
+}
+
+function withParam(params, endpointId, token) {
+  const next = new URLSearchParams(params);
+  if (token) next.set("continuationToken", token); else next.delete("continuationToken");
+  return `#/endpoint/${segment(endpointId)}?${next}`;
+}
+
+// -- one event --------------------------------------------------------------------------------------
+
+async function eventView(endpointId, eventId) {
+  const e = await api(`endpoints/${segment(endpointId)}/events/${segment(eventId)}`);
+  const facts = h("dl", { class: "facts" }, [
+    ["Status", statusBadge(e.resolutionStatus, e.pendingSubStatus)],
+    ["Event type", e.eventTypeId], ["Session", e.sessionId], ["Correlation", e.correlationId],
+    ["Last message", `${e.messageType} ${e.lastMessageId || ""}`], ["From → To", `${e.from || "?"} → ${e.to || "?"}`],
+    ["Updated", when(e.updatedAt)], ["Reason", e.reason || e.deadLetterErrorDescription || "–"],
+    ["Processing time", e.processingTimeMs === null ? "–" : `${e.processingTimeMs} ms`],
+  ].flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v || "–")]));
+  const handoff = e.pendingSubStatus === "Handoff" ? h("div", { class: "card handoff", "aria-label": "Handoff details" },
+    h("h2", {}, "Awaiting external work"),
+    h("dl", { class: "facts" }, h("dt", {}, "Reason"), h("dd", {}, e.handoffReason || "–"),
+      h("dt", {}, "External job"), h("dd", {}, e.externalJobId || "–"),
+      h("dt", {}, "Expected by"), h("dd", {}, e.expectedBy ? `${when(e.expectedBy)} (${new Date(e.expectedBy) < new Date() ? "overdue" : "in " + age(new Date(2 * Date.now() - new Date(e.expectedBy).getTime()).toISOString())})` : "–"))) : null;
+  const timeline = h("ol", { class: "timeline", "aria-label": "Message history" }, e.history.map((m) => h("li", {},
+    h("strong", {}, `${m.sequence || ""}. ${m.messageType}`), " ",
+    h("span", { class: "muted" }, `${m.from || "?"} → ${m.to || "?"} · ${when(m.enqueuedTimeUtc)} · ${m.messageId}`),
+    m.messageContent && m.messageContent.ErrorContent && m.messageContent.ErrorContent.ErrorText
+      ? h("div", { class: "error" }, m.messageContent.ErrorContent.ErrorText) : null)));
+  const audits = e.audits.length ? h("div", { class: "scroll" }, h("table", { class: "stack", "aria-label": "Audits" },
+    h("thead", {}, h("tr", {}, ["When", "Type", "By", "Comment", "Data"].map((t) => h("th", {}, t)))),
+    h("tbody", {}, e.audits.map((a) => h("tr", { "data-audit": a.auditType },
+      h("td", { "data-label": "When" }, when(a.auditTimestamp)),
+      h("td", { "data-label": "Type" }, a.auditType + (a.accessDenied ? " (denied)" : "")),
+      h("td", { "data-label": "By" }, a.auditorName),
+      h("td", { "data-label": "Comment" }, a.comment || ""),
+      h("td", { "data-label": "Data" }, a.data || "")))))) : h("p", { class: "muted" }, "No audit yet.");
+  return h("section", { "aria-labelledby": "event-title" },
+    h("p", {}, h("a", { href: `#/endpoint/${segment(endpointId)}` }, `← Events of ${endpointId}`)),
+    h("h1", { id: "event-title" }, `Event ${eventId}`),
+    h("div", { class: "grid2" }, h("div", { class: "card" }, facts), actionsCard(e, endpointId, eventId)),
+    handoff,
+    h("h2", {}, "Payload"), h("pre", { tabindex: "0", "aria-label": "Payload" }, pretty(e.eventJson) || "–"),
+    h("h2", {}, "History"), h("div", { class: "card" }, timeline),
+    h("h2", {}, "Audits"), audits);
+}
+
+function actionsCard(e, endpointId, eventId) {
+  const base = `events/${segment(endpointId)}/${segment(eventId)}/`;
+  const done = (result) => {
+    toast(`${result.action} accepted: ${result.messageType} ${result.controlMessageId} by ${result.by}`);
+    render();
+  };
+  const failed = (error) => toast(`Refused: ${error.message}`);
+  const card = h("div", { class: "card", "aria-label": "Actions" }, h("h2", {}, "Actions"));
+  if (!e.actions.length) card.append(h("p", { class: "muted" }, "Nothing to do: this event's state allows no action."));
+  if (e.actions.includes("complete")) {
+    const result = h("textarea", { id: "complete-result", class: "short", rows: 3 }, "");
+    card.append(h("label", {}, "Result (JSON, optional)", result),
+      h("div", { class: "buttons" },
+        h("button", { type: "button", id: "complete", onclick: async () => {
+          let value = null;
+          if (result.value.trim()) {
+            try { value = JSON.parse(result.value); } catch { return toast("The result is not valid JSON."); }
+          }
+          if (!(await confirmDialog("Complete the hand-off?", h("p", {}, `One HandoffCompletedRequest goes to ${endpointId}.`), "Complete"))) return;
+          api(base + "complete", { method: "POST", body: { result: value } }).then(done, failed);
+        } }, "Complete hand-off"),
+        h("button", { type: "button", class: "danger", id: "fail", onclick: async () => {
+          const reason = h("input", { id: "fail-reason", "aria-label": "Why it failed", required: true });
+          if (!(await confirmDialog("Fail the hand-off?", [h("label", {}, "Why it failed", reason)], "Fail"))) return;
+          if (!reason.value.trim()) return toast("A reason is needed to fail a hand-off.");
+          api(base + "fail", { method: "POST", body: { errorText: reason.value } }).then(done, failed);
+        } }, "Fail hand-off")));
+  }
+  if (e.actions.includes("resubmit")) {
+    const editor = h("textarea", { id: "resubmit-payload", "aria-label": "Payload to resubmit (EventJson)" }, pretty(e.eventJson));
+    card.append(h("label", {}, "Payload to resubmit (edit to resubmit with changes)", editor),
+      h("div", { class: "buttons" }, h("button", { type: "button", id: "resubmit", onclick: async () => {
+        let edited = null;
+        try {
+          const original = e.eventJson ? JSON.stringify(JSON.parse(e.eventJson)) : null;
+          const now = JSON.stringify(JSON.parse(editor.value));
+          if (now !== original) edited = now;
+        } catch { return toast("The payload is not valid JSON."); }
+        const what = edited ? "Resubmit with changes" : "Resubmit";
+        if (!(await confirmDialog(`${what}?`, h("p", {}, `One ResubmissionRequest goes to ${endpointId}; the handler runs again.`), what))) return;
+        api(base + "resubmit", { method: "POST", body: edited ? { eventJson: edited } : {} }).then(done, failed);
+      } }, "Resubmit")));
+  }
+  if (e.actions.includes("skip")) {
+    card.append(h("div", { class: "buttons" }, h("button", { type: "button", class: "secondary", id: "skip", onclick: async () => {
+      const reason = h("input", { id: "skip-reason", "aria-label": "Reason (optional)" });
+      if (!(await confirmDialog("Skip this event?", [h("p", {}, `One SkipRequest goes to ${endpointId}; the event is not handled.`), h("label", {}, "Reason (optional)", reason)], "Skip", true))) return;
+      api(base + "skip", { method: "POST", body: reason.value.trim() ? { reason: reason.value.trim() } : {} }).then(done, failed);
+    } }, "Skip")));
+  }
+  return card;
+}
+
+// -- poison ------------------------------------------------------------------------------------------
+
+async function poisonView(params) {
+  const day = params.get("day") || new Date().toISOString().slice(0, 10).replace(/-/g, "");
+  const page = await api(`poison?day=${day}&pageSize=100`);
+  const picker = h("form", { class: "filters card", "aria-label": "Day", onsubmit: (ev) => {
+    ev.preventDefault();
+    const value = new FormData(ev.target).get("day");
+    if (value) location.hash = `#/poison?day=${String(value).replace(/-/g, "")}`;
+  } }, h("label", {}, "Day (UTC)", h("input", { type: "date", name: "day", value: `${day.slice(0, 4)}-${day.slice(4, 6)}-${day.slice(6, 8)}` })),
+    h("button", { type: "submit" }, "Show"));
+  const rows = page.items.map((p) => h("tr", { "data-poison": p.messageId || p.id },
+    h("td", { "data-label": "Enqueued" }, when(p.enqueuedTimeUtc)),
+    h("td", { "data-label": "Endpoint" }, p.endpointId ? h("a", { href: `#/endpoint/${segment(p.endpointId)}` }, p.endpointId) : "–"),
+    h("td", { "data-label": "Message" }, h("details", {}, h("summary", {}, p.messageId || "(no id)"),
+      h("pre", { tabindex: "0", "aria-label": "Application properties" }, pretty(p.applicationProperties)),
+      h("pre", { tabindex: "0", "aria-label": "Body" }, p.messageContent !== null ? pretty(p.messageContent) : `base64: ${p.messageContentBase64 || ""}`))),
+    h("td", { "data-label": "Reason" }, p.reason),
+    h("td", { "data-label": "Replay" }, p.replayOutcome
+      ? `${p.replayOutcome} by ${p.replayedBy} at ${when(p.replayedAt)}${p.replayDetail ? " — " + p.replayDetail : ""}` : "–"),
+    h("td", {}, ["applied", "refused", "duplicate"].includes(p.replayOutcome) ? null :
+      h("button", { type: "button", class: "secondary", "data-replay": p.id, onclick: async () => {
+        if (!(await confirmDialog("Replay this message?", h("p", {}, "It goes through the resolver again; the answer says what happened."), "Replay"))) return;
+        try {
+          const answer = await api(`poison/${segment(p.day)}/${segment(p.id)}/replay`, { method: "POST", body: {} });
+          toast(`Replay: ${answer.outcome}${answer.detail ? " — " + answer.detail : ""}`);
+        } catch (error) { toast(`Refused: ${error.message}`); }
+        render();
+      } }, "Replay"))));
+  return h("section", { "aria-labelledby": "poison-title" },
+    h("h1", { id: "poison-title" }, "Poison"),
+    h("p", { class: "muted" }, "Resolver input that could never be projected, with its reason and whole body."),
+    picker,
+    page.items.length ? h("div", { class: "scroll" }, h("table", { class: "stack" },
+      h("thead", {}, h("tr", {}, ["Enqueued", "Endpoint", "Message", "Reason", "Last replay", ""].map((t) => h("th", {}, t)))),
+      h("tbody", {}, rows))) : h("p", {}, "No poison on this day."));
+}
+
+// -- state -------------------------------------------------------------------------------------------
+
+const KEY_FIELDS = [
+  ["tenantId", "Tenant id", "number", true], ["scopeId", "Scope id (1-7)", "number", true],
+  ["entityId", "Entity id", "number", true], ["entityExecutionId", "Entity execution id", "number", false],
+  ["sourceAppId", "Source app id", "number", false], ["itemEntityKey", "Item entity key", "text", true],
+  ["itemKey", "Item key", "text", true], ["subItemEntityKey", "Sub-item entity key", "text", false],
+  ["subItemKey", "Sub-item key", "text", false],
+];
+let lookupResult = null;
+
+async function stateView() {
+  const stuck = await api("records/stuck");
+  const form = h("form", { class: "card filters", "aria-label": "Record key", onsubmit: async (ev) => {
+    ev.preventDefault();
+    const data = new FormData(ev.target);
+    const key = {};
+    for (const [name, , type] of KEY_FIELDS) {
+      const value = String(data.get(name) || "");
+      if (value === "") continue;
+      key[name] = type === "number" ? Number(value) : value;
+    }
+    try {
+      lookupResult = { ...(await api("records/lookup", { method: "POST", body: { key, pageSize: 50 } })), key };
+    } catch (error) {
+      lookupResult = { error, key };
+    }
+    render();
+  } }, KEY_FIELDS.map(([name, label, type, required]) => h("label", {}, label,
+    h("input", { name, type, required, value: (lookupResult && lookupResult.key && lookupResult.key[name]) || "" }))),
+    h("button", { type: "submit", id: "lookup" }, "Look up"));
+  return h("section", { "aria-labelledby": "state-title" },
+    h("h1", { id: "state-title" }, "State records"),
+    form, lookupView(),
+    h("h2", {}, `Stuck in Processing past their lock (${stuck.count})`),
+    stuck.count ? recordTable(stuck.items) : h("p", { class: "muted" }, "None: every expired lock has been caught up."));
+}
+
+function lookupView() {
+  if (!lookupResult) return null;
+  if (lookupResult.error) return problemView(lookupResult.error);
+  const r = lookupResult.record;
+  return h("div", { class: "card", id: "record" },
+    h("h2", {}, r ? `Record: ${r.status}` : "No record for this key"),
+    r ? h("dl", { class: "facts" }, [["Item", `${r.itemEntityKey} / ${r.itemKey}`], ["Version", r.version],
+      ["Locked until", when(r.lockedUntil)], ["Updated", when(r.updatedAt)], ["Error", r.error || "–"]]
+      .flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v)])) : null,
+    r ? h("pre", { tabindex: "0" }, pretty(r.data)) : null,
+    h("h2", {}, "History"), recordTable(lookupResult.history.items));
+}
+
+function recordTable(items) {
+  return h("div", { class: "scroll" }, h("table", { class: "stack" },
+    h("thead", {}, h("tr", {}, ["Status", "Item", "Version", "Locked until", "Updated"].map((t) => h("th", {}, t)))),
+    h("tbody", {}, items.map((r) => h("tr", {},
+      h("td", { "data-label": "Status" }, r.status + (r.originalStatus ? ` (was ${r.originalStatus})` : "")),
+      h("td", { "data-label": "Item" }, `${r.itemEntityKey} / ${r.itemKey}`),
+      h("td", { "data-label": "Version" }, String(r.version)),
+      h("td", { "data-label": "Locked until" }, when(r.lockedUntil)),
+      h("td", { "data-label": "Updated" }, when(r.updatedAt)))))));
+}
+
+window.addEventListener("hashchange", () => {
+  document.getElementById("toast").textContent = ""; // a message belongs to the view it came from
+  render();
+});
+window.addEventListener("DOMContentLoaded", () => { render(); schedule(); });

@@ -1,0 +1,324 @@
+"""Operator actions on an event: resubmit (as is, or with an edited payload), skip, and settling a parked
+hand-off from the console. Each goes through the settlement outbox (:mod:`handoff.settlement`): one
+claim, one control message, one audit row, a retry answered from its claim, the reconciler behind it.
+
+Wire shape (``reference/nimbus-contract.md`` §1.5, ``ManagerClient``): ``ResubmissionRequest`` carries
+``EventContent{EventTypeId, EventJson}`` (the latest request message in the event's history that carries
+EventJson, or the edited payload); ``SkipRequest`` an empty body and CorrelationId = the addressed
+message. Both: To = the endpoint, From = Manager, SessionId from the row, ParentMessageId = the row's
+last message (the failed response), a new MessageId. NimBus's rules decide what is allowed (409 else).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+
+from common.clock import utcnow
+from common.errors import Conflict, InvalidInput, NotFound
+from handoff import keys, store
+from handoff.contract import (
+    Coordinates,
+    EventPart,
+    MessageContent,
+    MessageType,
+    ResolutionStatus,
+    control_message,
+)
+from handoff.models import SettlementAccepted
+from handoff.outbox import bounded_json, request_digest
+from handoff.records import AuditRow, EventRow, HistoryRow
+from handoff.settlement import ClaimOrder, Settlement, SettlementService
+from handoff.store import classify_event_rows
+from handoff.transport import MAX_SEND_BYTES, encoded_size
+from management.principal import Actor, allowed, denial
+
+RESUBMIT = "Resubmit"
+RESUBMIT_WITH_CHANGES = "ResubmitWithChanges"
+SKIP = "Skip"
+
+# NimBus's rules (the WebApp's buttons): what each action may act on.
+RESUBMITTABLE = frozenset(
+    {
+        ResolutionStatus.Failed,
+        ResolutionStatus.DeadLettered,
+        ResolutionStatus.Unsupported,
+        ResolutionStatus.Completed,
+    }
+)
+SKIPPABLE = frozenset(
+    {
+        ResolutionStatus.Failed,
+        ResolutionStatus.DeadLettered,
+        ResolutionStatus.Unsupported,
+        ResolutionStatus.Deferred,
+    }
+)
+# Messages whose EventJson is the event to resubmit (NimBus ``GetLatestEventRequestMessage`` and the
+# WebApp's sourcing: the original request, or a later resubmission / retry / continuation).
+_PAYLOAD_SOURCES = frozenset(
+    {
+        MessageType.EventRequest,
+        MessageType.ResubmissionRequest,
+        MessageType.RetryRequest,
+        MessageType.ContinuationRequest,
+    }
+)
+
+
+def allowed_actions(row: EventRow) -> list[str]:
+    """What the console offers for this row."""
+    actions: list[str] = []
+    if row.is_pending_handoff:
+        actions += ["complete", "fail"]
+    if row.resolution_status in RESUBMITTABLE:
+        actions.append("resubmit")
+    if row.resolution_status in SKIPPABLE:
+        actions.append("skip")
+    return actions
+
+
+def payload_of(history: list[HistoryRow], row: EventRow) -> tuple[str | None, str | None]:
+    """(EventTypeId, EventJson) to resubmit: the latest request message carrying EventJson, else the
+    row's own message."""
+    for entry in sorted(history, key=lambda h: h.sequence or 0, reverse=True):
+        if entry.message_type in _PAYLOAD_SOURCES:
+            part = _event_part(entry.message_content)
+            if part is not None and part.EventJson:
+                return part.EventTypeId or entry.event_type_id, part.EventJson
+    part = _event_part(row.message_content)
+    if part is not None and part.EventJson:
+        return part.EventTypeId or row.event_type_id, part.EventJson
+    return row.event_type_id, None
+
+
+def _event_part(text: str | None) -> EventPart | None:
+    if not text:
+        return None
+    try:
+        content = MessageContent.model_validate_json(text)
+    except ValueError:
+        return None
+    return content.EventContent
+
+
+@dataclass(frozen=True)
+class ActionResult:
+    """The accepted action and the audit row it wrote."""
+
+    accepted: SettlementAccepted
+    action: str
+    audit: AuditRow | None
+
+
+class OperatorActions:
+    def __init__(self, settlement: SettlementService, *, clock: Callable[[], datetime] = utcnow) -> None:
+        self.settlement = settlement
+        self.store = settlement.store
+        self.clock = clock
+
+    # -- resubmit / skip ----------------------------------------------------------------------------
+
+    def resubmit(
+        self, endpoint_id: str, event_id: str, actor: Actor, *, event_json: str | None, reason: str | None
+    ) -> ActionResult:
+        action = RESUBMIT_WITH_CHANGES if event_json is not None else RESUBMIT
+        if event_json is not None:
+            try:
+                json.loads(event_json)
+            except ValueError as exc:
+                raise InvalidInput("eventJson must be a JSON document (as text).", field="eventJson") from exc
+        row, history = self._load(endpoint_id, event_id)
+        self._authorise(row, actor, action)
+        digest = self._digest(MessageType.ResubmissionRequest, row, actor, event_json, reason)
+        if row.resolution_status not in RESUBMITTABLE:
+            refusal = self._refusal(row, action, RESUBMITTABLE)
+            return self._answer(
+                self.settlement.replay_or_refuse(endpoint_id, event_id, digest, refusal), action
+            )
+        event_type_id, original = payload_of(history, row)
+        payload = event_json if event_json is not None else original
+        if payload is None:
+            raise Conflict(
+                f"Event {event_id!r} has no EventJson in its history to resubmit; resubmit it with changes.",
+                field="eventJson",
+            )
+        content = MessageContent(EventContent=EventPart(EventTypeId=event_type_id, EventJson=payload))
+        return self._send(
+            MessageType.ResubmissionRequest, row, actor, action, content, digest, reason, payload=payload
+        )
+
+    def skip(self, endpoint_id: str, event_id: str, actor: Actor, *, reason: str | None) -> ActionResult:
+        row, _ = self._load(endpoint_id, event_id)
+        self._authorise(row, actor, SKIP)
+        digest = self._digest(MessageType.SkipRequest, row, actor, None, reason)
+        if row.resolution_status not in SKIPPABLE:
+            refusal = self._refusal(row, SKIP, SKIPPABLE)
+            return self._answer(
+                self.settlement.replay_or_refuse(endpoint_id, event_id, digest, refusal), SKIP
+            )
+        return self._send(MessageType.SkipRequest, row, actor, SKIP, MessageContent(), digest, reason)
+
+    # -- settle a parked hand-off (the console's complete / fail) -----------------------------------
+
+    def settle(
+        self,
+        endpoint_id: str,
+        event_id: str,
+        actor: Actor,
+        *,
+        kind: MessageType,
+        result: object = None,
+        error_text: str | None = None,
+        error_type: str | None = None,
+    ) -> ActionResult:
+        """Complete or fail the parked hand-off of an event: NimBus's WebApp settle, audited as the
+        operator (``CompleteHandoff`` / ``FailHandoff``)."""
+        row, _ = self._load(endpoint_id, event_id)
+        audit_type = "CompleteHandoff" if kind is MessageType.HandoffCompletedRequest else "FailHandoff"
+        self._authorise(row, actor, audit_type)
+        accepted = self.settlement.settle(
+            Settlement(
+                kind=kind,
+                endpoint_id=endpoint_id,
+                coordinates=Coordinates(event_id=row.event_id, message_id=row.last_message_id or ""),
+                settled_by=actor.by,
+                result=result,
+                error_text=error_text,
+                error_type=error_type,
+                principal_name=actor.principal_name,
+                principal_id=actor.principal_id,
+            ),
+            current=row,
+        )
+        return self._answer(accepted, audit_type)
+
+    # -- shared -------------------------------------------------------------------------------------
+
+    def _load(self, endpoint_id: str, event_id: str) -> tuple[EventRow, list[HistoryRow]]:
+        row, history, _ = classify_event_rows(self.store.event_rows(endpoint_id, event_id))
+        if row is None:
+            raise NotFound(f"Event {event_id!r} is unknown on endpoint {endpoint_id!r}.")
+        return row, history
+
+    def _authorise(self, row: EventRow, actor: Actor, action: str) -> None:
+        """A principal without the operator role: an ``AccessDenied`` audit row, then 403; nothing sent."""
+        if allowed(actor):
+            return
+        now = self.clock()
+        audit = AuditRow(
+            auditor_name=actor.by,
+            audit_timestamp=now,
+            audit_type=action,
+            comment="Access denied",
+            access_denied=True,
+            data=bounded_json({"principalName": actor.principal_name, "principalId": actor.principal_id}),
+            event_id=row.event_id,
+            endpoint_id=row.endpoint_id,
+            event_type_id=row.event_type_id,
+            principal_name=actor.principal_name,
+            principal_id=actor.principal_id,
+        )
+        pk = keys.partition(row.endpoint_id)
+        self.store.submit(
+            [store.insert(audit.to_entity(pk, keys.audit_row(row.event_id, now, uuid.uuid4().hex)))]
+        )
+        raise denial(actor)
+
+    @staticmethod
+    def _refusal(row: EventRow, action: str, allowed_states: frozenset[ResolutionStatus]) -> Conflict:
+        names = ", ".join(sorted(s.name for s in allowed_states))
+        shown = row.resolution_status.name + (
+            f" + {row.pending_sub_status}" if row.pending_sub_status else ""
+        )
+        return Conflict(
+            f"{action} is not allowed for event {row.event_id!r}: it is {shown} ({action} needs {names}).",
+            field="eventId",
+        )
+
+    @staticmethod
+    def _digest(
+        kind: MessageType, row: EventRow, actor: Actor, event_json: str | None, reason: str | None
+    ) -> str:
+        return request_digest(
+            kind=kind.name,
+            endpoint_id=row.endpoint_id,
+            event_id=row.event_id,
+            addressed_message_id=row.last_message_id or "",
+            settled_by=actor.by,
+            principal_id=actor.principal_id,
+            result_json=event_json,
+            error_text=reason,
+            error_type=None,
+        )
+
+    def _send(
+        self,
+        kind: MessageType,
+        row: EventRow,
+        actor: Actor,
+        action: str,
+        content: MessageContent,
+        digest: str,
+        reason: str | None,
+        *,
+        payload: str | None = None,
+    ) -> ActionResult:
+        addressed = row.last_message_id
+        if not addressed:
+            raise Conflict(f"Event {row.event_id!r} has no last message to address.", field="eventId")
+        coords = Coordinates(
+            event_id=row.event_id,
+            message_id=addressed,
+            session_id=row.session_id,
+            event_type_id=row.event_type_id,
+            # NimBus: a SkipRequest correlates with the message it skips, a resubmission keeps the row's.
+            correlation_id=addressed if kind is MessageType.SkipRequest else row.correlation_id,
+            originating_message_id=row.originating_message_id,
+        )
+        message = control_message(kind, row.endpoint_id, coords, content, message_id=str(uuid.uuid4()))
+        size = encoded_size(message)
+        if size > MAX_SEND_BYTES:
+            from common.errors import PayloadTooLarge
+
+            raise PayloadTooLarge(
+                f"The {kind.name} would be {size:,} bytes as sent; Service Bus Standard accepts 262,144.",
+                field="eventJson",
+            )
+        order = ClaimOrder(
+            kind=kind,
+            endpoint_id=row.endpoint_id,
+            event_id=row.event_id,
+            addressed_message_id=addressed,
+            by=actor.by,
+            audit_type=action,
+            digest=digest,
+            audit_comment=reason,
+            principal_name=actor.principal_name,
+            principal_id=actor.principal_id,
+            pins_event=True,
+        )
+        data = bounded_json(
+            {
+                "controlMessageId": message.message_id,
+                "addressedMessageId": addressed,
+                "eventJson": payload if action == RESUBMIT_WITH_CHANGES else None,
+                "reason": reason,
+                "principalName": actor.principal_name,
+                "principalId": actor.principal_id,
+            }
+        )
+        return self._answer(self.settlement.submit(order, row, message, data), action)
+
+    def _answer(self, accepted: SettlementAccepted, action: str) -> ActionResult:
+        claim = self.store.get_claim(accepted.endpoint_id, accepted.event_id, accepted.parked_message_id)
+        audit = None
+        if claim is not None:
+            _, _, audits = classify_event_rows(
+                iter(self.store.point_rows(accepted.endpoint_id, [claim.audit_key]))
+            )
+            audit = audits[0] if audits else None
+        return ActionResult(accepted=accepted, action=action, audit=audit)

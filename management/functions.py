@@ -1,0 +1,431 @@
+"""The management blueprint: counts, listings, operator actions, poison, state records.
+
+Every route is anonymous for the Functions host: in Azure, App Service authentication (Entra ID) signs
+the operator in and the code checks the principal and its app role (:mod:`management.principal`,
+``docs/adr/0013-console-auth.md``); locally no key or sign-in is needed. Thin: parse, check who, call.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import azure.functions as func
+
+from common.errors import InvalidInput
+from common.http import operation, parse_body
+from handoff import service
+from handoff.contract import MessageType
+from management.models import (
+    ActionAccepted,
+    CompleteRequest,
+    Counts,
+    EndpointsOverview,
+    EndpointSummary,
+    EventPage,
+    EventSummary,
+    FailRequest,
+    OperatorEventView,
+    PoisonEntry,
+    PoisonPage,
+    RecordLookup,
+    ReplayAnswer,
+    ReplayRequest,
+    ResubmitRequest,
+    SkipRequest,
+    StuckRecords,
+)
+from management.principal import actor_of, require_operator
+from state.schemas import HistoryRequest
+
+bp = func.Blueprint()
+
+_TAG = "management"
+_AUTH = {401: "No signed-in principal (in Azure)", 403: "The principal lacks the app role Settle.Operator"}
+_ACTION = {
+    **_AUTH,
+    400: "Invalid input (the problem names the field)",
+    404: "Unknown event",
+    409: "The event's state does not allow it, or another action on it is in flight",
+    413: "The control message would exceed 256 KB",
+    503: "Service Bus or storage unavailable and nothing was sent (retry)",
+}
+_ENDPOINT = {"name": "endpointId", "in": "path", "required": True, "schema": {"type": "string"}}
+_EVENT = {"name": "eventId", "in": "path", "required": True, "schema": {"type": "string"}}
+BUCKET_NAMES = (
+    "Pending",
+    "PendingHandoff",
+    "Deferred",
+    "Failed",
+    "DeadLettered",
+    "Unsupported",
+    "Completed",
+    "Skipped",
+)
+
+
+def _route(req: func.HttpRequest, name: str) -> str:
+    value = req.route_params.get(name) or ""
+    if not value:
+        raise InvalidInput(f"{name} is required.", field=name)
+    return value
+
+
+def _body(req: func.HttpRequest, model: type[Any]) -> Any:
+    """The JSON body, or the model's defaults when there is none (every field is optional)."""
+    if not (req.get_body() or b"").strip():
+        return model()
+    return parse_body(req, model)
+
+
+def _time(req: func.HttpRequest, name: str) -> datetime | None:
+    raw = req.params.get(name)
+    if not raw:
+        return None
+    try:
+        value = datetime.fromisoformat(raw.replace("Z", "+00:00"))
+    except ValueError as exc:
+        raise InvalidInput(f"{name} must be an ISO-8601 time (2026-12-01T09:00:00Z).", field=name) from exc
+    if value.tzinfo is None:
+        raise InvalidInput(f"{name} needs a time zone (Z for UTC).", field=name)
+    return value
+
+
+def _page_size(req: func.HttpRequest, default: int, maximum: int) -> int:
+    raw = req.params.get("pageSize")
+    if not raw:
+        return default
+    if not raw.isdigit() or not 1 <= int(raw) <= maximum:
+        raise InvalidInput(f"pageSize must be 1-{maximum}.", field="pageSize")
+    return int(raw)
+
+
+# -- overview and listings ------------------------------------------------------------------------
+
+
+@operation(
+    bp,
+    route="v1/endpoints",
+    method="GET",
+    summary="Every endpoint with exact counts by status, oldest ages and poison (no scan)",
+    response=EndpointsOverview,
+    responses=_AUTH,
+    anonymous=True,
+    tag=_TAG,
+)
+def endpoints_overview(req: func.HttpRequest) -> EndpointsOverview:
+    require_operator(req)
+    from handoff.counts import FAILED_GROUP, PENDING_GROUP, POISON
+
+    overview = service.overview()
+    items = []
+    for endpoint_id in sorted(service.store().endpoints()):
+        totals = overview.counts(endpoint_id)
+        items.append(
+            EndpointSummary(
+                endpoint_id=endpoint_id,
+                counts=Counts(
+                    pending=totals["Pending"],
+                    pending_handoff=totals["PendingHandoff"],
+                    deferred=totals["Deferred"],
+                    failed=totals["Failed"],
+                    dead_lettered=totals["DeadLettered"],
+                    unsupported=totals["Unsupported"],
+                    completed=totals["Completed"],
+                    skipped=totals["Skipped"],
+                ),
+                oldest_pending_at=overview.oldest(endpoint_id, PENDING_GROUP),
+                oldest_failed_at=overview.oldest(endpoint_id, FAILED_GROUP),
+                poison=totals[POISON],
+            )
+        )
+    return EndpointsOverview(items=items, unattributed_poison=overview.counts(None)[POISON])
+
+
+@operation(
+    bp,
+    route="v1/endpoints/{endpointId}/events",
+    method="GET",
+    summary="A page of an endpoint's events, newest change first (status, type and time filters)",
+    response=EventPage,
+    responses={**_AUTH, 400: "Invalid parameter"},
+    parameters=(
+        _ENDPOINT,
+        {"name": "status", "in": "query", "schema": {"type": "string", "enum": list(BUCKET_NAMES)}},
+        {"name": "eventTypeId", "in": "query", "schema": {"type": "string"}, "description": "Repeatable."},
+        {"name": "from", "in": "query", "schema": {"type": "string", "format": "date-time"}},
+        {"name": "to", "in": "query", "schema": {"type": "string", "format": "date-time"}},
+        {"name": "pageSize", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 200}},
+        {"name": "continuationToken", "in": "query", "schema": {"type": "string"}},
+    ),
+    anonymous=True,
+    tag=_TAG,
+)
+def endpoint_events(req: func.HttpRequest) -> EventPage:
+    require_operator(req)
+    endpoint_id = _route(req, "endpointId")
+    status = req.params.get("status") or None
+    if status is not None and status not in BUCKET_NAMES:
+        raise InvalidInput(f"status must be one of {', '.join(BUCKET_NAMES)}.", field="status")
+    types = [t.strip() for t in (req.params.get("eventTypeId") or "").split(",") if t.strip()]
+    if len(types) > 32:
+        raise InvalidInput("At most 32 eventTypeId filters.", field="eventTypeId")
+    oldest, newest = _time(req, "from"), _time(req, "to")
+    if oldest and newest and oldest > newest:
+        raise InvalidInput("from must not be after to.", field="from")
+    page = service.overview().events(
+        endpoint_id,
+        bucket=status,
+        event_type_ids=types,
+        oldest=oldest,
+        newest=newest,
+        page_size=_page_size(req, 50, 200),
+        continuation=req.params.get("continuationToken") or None,
+    )
+    return EventPage(
+        items=[EventSummary.of(endpoint_id, row) for row in page.items], continuation_token=page.continuation
+    )
+
+
+@operation(
+    bp,
+    route="v1/endpoints/{endpointId}/events/{eventId}",
+    method="GET",
+    summary="One event with its history, audits, the actions it allows and the payload to resubmit",
+    response=OperatorEventView,
+    responses={**_AUTH, 404: "Unknown event"},
+    parameters=(_ENDPOINT, _EVENT),
+    anonymous=True,
+    tag=_TAG,
+)
+def endpoint_event(req: func.HttpRequest) -> OperatorEventView:
+    require_operator(req)
+    from common.errors import NotFound
+    from handoff.models import EventView
+    from handoff.store import classify_event_rows
+    from management.actions import allowed_actions, payload_of
+
+    endpoint_id, event_id = _route(req, "endpointId"), _route(req, "eventId")
+    row, history, audits = classify_event_rows(service.store().event_rows(endpoint_id, event_id))
+    if row is None:
+        raise NotFound(f"Event {event_id!r} is unknown on endpoint {endpoint_id!r}.")
+    view = EventView.of(row, history, audits)
+    return OperatorEventView(
+        **view.model_dump(by_alias=False),
+        actions=allowed_actions(row),
+        event_json=payload_of(history, row)[1],
+    )
+
+
+# -- actions ------------------------------------------------------------------------------------------
+
+
+def _accepted(result: Any) -> ActionAccepted:
+    from handoff.models import AuditEntry
+
+    audit = AuditEntry.of(result.audit) if result.audit is not None else None
+    return ActionAccepted.of(result.action, result.accepted, audit)
+
+
+@operation(
+    bp,
+    route="v1/events/{endpointId}/{eventId}/resubmit",
+    method="POST",
+    summary="Resubmit an event (optionally with an edited EventJson): one ResubmissionRequest, audited",
+    request=ResubmitRequest,
+    response=ActionAccepted,
+    responses=_ACTION,
+    parameters=(_ENDPOINT, _EVENT),
+    anonymous=True,
+    ok_status=202,
+    tag=_TAG,
+)
+def event_resubmit(req: func.HttpRequest) -> ActionAccepted:
+    body: ResubmitRequest = _body(req, ResubmitRequest)
+    actor = actor_of(req, body.by)
+    result = service.operator_actions().resubmit(
+        _route(req, "endpointId"),
+        _route(req, "eventId"),
+        actor,
+        event_json=body.event_json,
+        reason=body.reason,
+    )
+    return _accepted(result)
+
+
+@operation(
+    bp,
+    route="v1/events/{endpointId}/{eventId}/skip",
+    method="POST",
+    summary="Skip an event: one SkipRequest, audited",
+    request=SkipRequest,
+    response=ActionAccepted,
+    responses=_ACTION,
+    parameters=(_ENDPOINT, _EVENT),
+    anonymous=True,
+    ok_status=202,
+    tag=_TAG,
+)
+def event_skip(req: func.HttpRequest) -> ActionAccepted:
+    body: SkipRequest = _body(req, SkipRequest)
+    actor = actor_of(req, body.by)
+    result = service.operator_actions().skip(
+        _route(req, "endpointId"), _route(req, "eventId"), actor, reason=body.reason
+    )
+    return _accepted(result)
+
+
+@operation(
+    bp,
+    route="v1/events/{endpointId}/{eventId}/complete",
+    method="POST",
+    summary="Complete the event's parked hand-off as an operator (one HandoffCompletedRequest, audited)",
+    request=CompleteRequest,
+    response=ActionAccepted,
+    responses=_ACTION,
+    parameters=(_ENDPOINT, _EVENT),
+    anonymous=True,
+    ok_status=202,
+    tag=_TAG,
+)
+def event_complete(req: func.HttpRequest) -> ActionAccepted:
+    body: CompleteRequest = _body(req, CompleteRequest)
+    actor = actor_of(req, body.by)
+    result = service.operator_actions().settle(
+        _route(req, "endpointId"),
+        _route(req, "eventId"),
+        actor,
+        kind=MessageType.HandoffCompletedRequest,
+        result=body.result,
+    )
+    return _accepted(result)
+
+
+@operation(
+    bp,
+    route="v1/events/{endpointId}/{eventId}/fail",
+    method="POST",
+    summary="Fail the event's parked hand-off as an operator (one HandoffFailedRequest, audited)",
+    request=FailRequest,
+    response=ActionAccepted,
+    responses=_ACTION,
+    parameters=(_ENDPOINT, _EVENT),
+    anonymous=True,
+    ok_status=202,
+    tag=_TAG,
+)
+def event_fail(req: func.HttpRequest) -> ActionAccepted:
+    body = parse_body(req, FailRequest)
+    actor = actor_of(req, body.by)
+    result = service.operator_actions().settle(
+        _route(req, "endpointId"),
+        _route(req, "eventId"),
+        actor,
+        kind=MessageType.HandoffFailedRequest,
+        error_text=body.error_text,
+        error_type=body.error_type,
+    )
+    return _accepted(result)
+
+
+# -- poison ---------------------------------------------------------------------------------------
+
+
+@operation(
+    bp,
+    route="v1/poison",
+    method="GET",
+    summary="Poison messages of one UTC day (reason, whole body, replay record), in enqueue order",
+    response=PoisonPage,
+    responses={**_AUTH, 400: "Invalid parameter"},
+    parameters=(
+        {"name": "day", "in": "query", "required": True, "schema": {"type": "string", "pattern": "^\\d{8}$"}},
+        {"name": "pageSize", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 200}},
+        {"name": "continuationToken", "in": "query", "schema": {"type": "string"}},
+    ),
+    anonymous=True,
+    tag=_TAG,
+)
+def poison_list(req: func.HttpRequest) -> PoisonPage:
+    require_operator(req)
+    from management.overview import decode_continuation, encode_continuation
+
+    day = req.params.get("day") or ""
+    if not day:
+        raise InvalidInput("day (YYYYMMDD) is required.", field="day")
+    token = req.params.get("continuationToken")
+    rows, last = service.poison_desk().page(
+        day, after=decode_continuation(token) if token else None, limit=_page_size(req, 50, 200)
+    )
+    return PoisonPage(
+        day=day,
+        items=[PoisonEntry.of(day, r) for r in rows],
+        continuation_token=encode_continuation(last) if last else None,
+    )
+
+
+@operation(
+    bp,
+    route="v1/poison/{day}/{id}/replay",
+    method="POST",
+    summary="Replay a poison message through the resolver; answers the outcome (409 if replayed before)",
+    request=ReplayRequest,
+    response=ReplayAnswer,
+    responses={**_AUTH, 404: "Unknown poison message", 409: "Replayed before", 503: "Storage unavailable"},
+    parameters=(
+        {"name": "day", "in": "path", "required": True, "schema": {"type": "string"}},
+        {"name": "id", "in": "path", "required": True, "schema": {"type": "string"}},
+    ),
+    anonymous=True,
+    tag=_TAG,
+)
+def poison_replay(req: func.HttpRequest) -> ReplayAnswer:
+    body: ReplayRequest = _body(req, ReplayRequest)
+    actor = actor_of(req, body.by)
+    result = service.poison_desk().replay(_route(req, "day"), _route(req, "id"), actor)
+    return ReplayAnswer(
+        outcome=result.outcome,
+        detail=result.detail,
+        replayed=result.replayed,
+        poison=PoisonEntry.of(result.day, result.row),
+    )
+
+
+# -- state records ----------------------------------------------------------------------------------
+
+
+@operation(
+    bp,
+    route="v1/records/lookup",
+    method="POST",
+    summary="A state record by its key, with its history (for operators)",
+    request=HistoryRequest,
+    response=RecordLookup,
+    responses={**_AUTH, 400: "Invalid key (the problem names the field)"},
+    anonymous=True,
+    tag=_TAG,
+)
+def records_lookup(req: func.HttpRequest) -> RecordLookup:
+    require_operator(req)
+    from management.records import lookup
+
+    record, history = lookup(parse_body(req, HistoryRequest))
+    return RecordLookup(record=record, history=history)
+
+
+@operation(
+    bp,
+    route="v1/records/stuck",
+    method="GET",
+    summary="Records stuck in Processing past their lock (from the lock-expiry index, never a scan)",
+    response=StuckRecords,
+    responses=_AUTH,
+    anonymous=True,
+    tag=_TAG,
+)
+def records_stuck(req: func.HttpRequest) -> StuckRecords:
+    require_operator(req)
+    from management.records import stuck
+
+    items = stuck()
+    return StuckRecords(count=len(items), items=items)

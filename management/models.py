@@ -1,0 +1,231 @@
+"""HTTP models of the management API (camelCase JSON; NimBus names where NimBus has one)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any
+
+from pydantic import Field, StringConstraints
+
+from common.models import ApiModel, RequestModel
+from handoff.models import AuditEntry, EventView, SettlementAccepted
+from handoff.records import ListingRow, PoisonRow
+from state.schemas import Record, RecordPage
+
+Name = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=256)]
+Reason = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=4000)]
+NonBlank = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=32_000)]
+EventJson = Annotated[str, StringConstraints(min_length=1, max_length=240_000)]
+
+
+class Counts(ApiModel):
+    """Exact counts of an endpoint's events by status (``pending`` includes ``pendingHandoff``)."""
+
+    pending: int
+    pending_handoff: int
+    deferred: int
+    failed: int
+    dead_lettered: int
+    unsupported: int
+    completed: int
+    skipped: int
+
+
+class EndpointSummary(ApiModel):
+    endpoint_id: str
+    counts: Counts
+    oldest_pending_at: datetime | None = Field(
+        description="When the oldest open Pending event became Pending."
+    )
+    oldest_failed_at: datetime | None = Field(
+        description="When the oldest Failed / DeadLettered event failed."
+    )
+    poison: int = Field(description="Poison messages naming this endpoint that were not replayed.")
+
+
+class EndpointsOverview(ApiModel):
+    items: list[EndpointSummary]
+    unattributed_poison: int = Field(description="Poison messages that name no endpoint, not replayed.")
+
+
+class EventSummary(ApiModel):
+    endpoint_id: str
+    event_id: str
+    event_type_id: str | None
+    resolution_status: str
+    pending_sub_status: str | None
+    message_type: str
+    last_message_id: str | None
+    session_id: str | None
+    updated_at: datetime
+    enqueued_time_utc: datetime
+    reason: str | None
+    external_job_id: str | None
+
+    @classmethod
+    def of(cls, endpoint_id: str, row: ListingRow) -> EventSummary:
+        return cls(
+            endpoint_id=endpoint_id,
+            event_id=row.event_id,
+            event_type_id=row.event_type_id,
+            resolution_status=row.resolution_status.name,
+            pending_sub_status=row.pending_sub_status,
+            message_type=row.message_type.name,
+            last_message_id=row.last_message_id,
+            session_id=row.session_id,
+            updated_at=row.updated_at,
+            enqueued_time_utc=row.enqueued_time_utc,
+            reason=row.reason,
+            external_job_id=row.external_job_id,
+        )
+
+
+class EventPage(ApiModel):
+    items: list[EventSummary]
+    continuation_token: str | None
+
+
+class OperatorEventView(EventView):
+    """The event with what an operator may do with it and the payload a resubmission would send."""
+
+    actions: list[str] = Field(description="complete, fail (a parked hand-off), resubmit, skip.")
+    event_json: str | None = Field(description="The EventJson a plain resubmission sends.")
+
+
+class ResubmitRequest(RequestModel):
+    event_json: EventJson | None = Field(
+        default=None, description="Resubmit with changes: the edited EventJson (JSON as text)."
+    )
+    reason: Reason | None = None
+    by: Name | None = Field(default=None, description="Who, when no principal is signed in (local runs).")
+
+
+class SkipRequest(RequestModel):
+    reason: Reason | None = None
+    by: Name | None = None
+
+
+class CompleteRequest(RequestModel):
+    result: Any = Field(default=None, description="Any JSON; a string is sent verbatim as EventJson.")
+    by: Name | None = None
+
+
+class FailRequest(RequestModel):
+    error_text: NonBlank
+    error_type: Name | None = None
+    by: Name | None = None
+
+
+class ReplayRequest(RequestModel):
+    by: Name | None = None
+
+
+class ActionAccepted(ApiModel):
+    """202: the control message is Settle's to deliver, exactly once (the settlement outbox)."""
+
+    action: str
+    endpoint_id: str
+    event_id: str
+    message_type: str
+    control_message_id: str
+    addressed_message_id: str
+    by: str
+    transport: str
+    confirmed: bool
+    state: str
+    replayed: bool
+    claimed_at: datetime
+    audit: AuditEntry | None
+
+    @classmethod
+    def of(cls, action: str, accepted: SettlementAccepted, audit: AuditEntry | None) -> ActionAccepted:
+        return cls(
+            action=action,
+            endpoint_id=accepted.endpoint_id,
+            event_id=accepted.event_id,
+            message_type=accepted.message_type,
+            control_message_id=accepted.control_message_id,
+            addressed_message_id=accepted.parked_message_id,
+            by=accepted.settled_by,
+            transport=accepted.transport,
+            confirmed=accepted.confirmed,
+            state=accepted.state,
+            replayed=accepted.replayed,
+            claimed_at=accepted.claimed_at,
+            audit=audit,
+        )
+
+
+class PoisonEntry(ApiModel):
+    day: str
+    id: str
+    reason: str
+    endpoint_id: str | None
+    message_id: str | None
+    session_id: str | None
+    correlation_id: str | None
+    delivery_count: int | None
+    enqueued_time_utc: datetime
+    recorded_at: datetime
+    application_properties: Any
+    message_content: str | None
+    message_content_base64: str | None
+    content_truncated: bool
+    replayed_at: datetime | None
+    replayed_by: str | None
+    replay_outcome: str | None
+    replay_detail: str | None
+    replay_count: int
+
+    @classmethod
+    def of(cls, day: str, row: PoisonRow) -> PoisonEntry:
+        import json
+
+        try:
+            props: Any = json.loads(row.application_properties)
+        except ValueError:
+            props = row.application_properties
+        return cls(
+            day=day,
+            id=row.row_key or "",
+            reason=row.reason,
+            endpoint_id=row.endpoint_id,
+            message_id=row.message_id,
+            session_id=row.session_id,
+            correlation_id=row.correlation_id,
+            delivery_count=row.delivery_count,
+            enqueued_time_utc=row.enqueued_time_utc,
+            recorded_at=row.recorded_at,
+            application_properties=props,
+            message_content=row.message_content,
+            message_content_base64=row.message_content_base64,
+            content_truncated=row.content_truncated,
+            replayed_at=row.replayed_at,
+            replayed_by=row.replayed_by,
+            replay_outcome=row.replay_outcome,
+            replay_detail=row.replay_detail or None,
+            replay_count=row.replay_count,
+        )
+
+
+class PoisonPage(ApiModel):
+    day: str
+    items: list[PoisonEntry]
+    continuation_token: str | None
+
+
+class ReplayAnswer(ApiModel):
+    outcome: str = Field(description="applied, refused, duplicate (projected before) or poisoned (again).")
+    detail: str | None = Field(description="Why it was poisoned again.")
+    replayed: bool = Field(description="False: another replay recorded first; this is its outcome.")
+    poison: PoisonEntry
+
+
+class RecordLookup(ApiModel):
+    record: Record | None
+    history: RecordPage
+
+
+class StuckRecords(ApiModel):
+    count: int
+    items: list[Record]

@@ -1,0 +1,221 @@
+"""Poison for operators: list a day's rows, replay one through the resolver.
+
+A replay rebuilds the message the resolver trigger received (stored body, application properties,
+MessageId, session, correlation, enqueue time) and hands it to the resolver in-process, so the answer
+says what happened: ``applied`` / ``refused`` (Spec 030) / ``duplicate`` (it had been projected since),
+``poisoned`` (still unprojectable: the reason), or 503 when storage fails (nothing recorded; retry). A
+replay is safe to repeat: the projection is idempotent per EventId + MessageId.
+
+The row records the last replay (``ReplayedAt``, ``ReplayedBy``, ``ReplayOutcome``, ``ReplayCount``,
+merged ``If-Match`` its ETag), and a projected replay removes the row's count (``pz|`` index row and a
+``-1 Poison`` delta in one transaction). **A second replay** of a row whose replay was projected
+(applied, refused or duplicate) is refused with 409 ``already-replayed`` naming when and by whom: it
+could only be a duplicate. A row whose replay was poisoned again may be replayed again (after a fix).
+Two replays at once both reach the resolver, which projects the message once; the row keeps the record
+of the replay that wrote first, and the other answers with it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from common.clock import utcnow
+from common.errors import Conflict, InvalidInput, NotFound, Unavailable
+from handoff import counts, keys, store
+from handoff.records import AuditRow, PoisonRow
+from handoff.resolver import Outcome, ResolverService, TransientProjectionError, delta_entity
+from handoff.store import HandoffStore
+from management.principal import Actor, allowed, denial
+
+OPERATOR_AUDIT_TABLE = "hoaudit"
+PROJECTED = frozenset({Outcome.APPLIED.value, Outcome.REFUSED.value, Outcome.DUPLICATE.value})
+MAX_PAGE = 200
+
+
+class AlreadyReplayed(Conflict):
+    slug = "already-replayed"
+    title = "This poison message was replayed already"
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    row: PoisonRow
+    day: str
+    outcome: str
+    detail: str | None
+    replayed: bool  # False: answered from an earlier replay
+
+
+def check_day(day: str) -> str:
+    if len(day) != 8 or not day.isdigit():
+        raise InvalidInput("day must be a UTC date as YYYYMMDD.", field="day")
+    try:
+        datetime.strptime(day, "%Y%m%d")
+    except ValueError as exc:
+        raise InvalidInput("day must be a UTC date as YYYYMMDD.", field="day") from exc
+    return day
+
+
+class _ReplayResolver(ResolverService):
+    """The resolver for one replay: remembers why the message was poisoned again."""
+
+    poison_reason: str | None = None
+
+    def _store_poison(self, msg: Any, props: dict[str, Any], reason: str, *, final: bool = False) -> None:
+        self.poison_reason = reason
+        super()._store_poison(msg, props, reason, final=final)
+
+
+class PoisonDesk:
+    def __init__(
+        self,
+        store_: HandoffStore,
+        resolver: Callable[[], ResolverService],
+        *,
+        clock: Callable[[], datetime] = utcnow,
+    ) -> None:
+        self.store = store_
+        self.resolver = resolver
+        self.clock = clock
+
+    def page(self, day: str, *, after: str | None, limit: int) -> tuple[list[PoisonRow], str | None]:
+        return self.store.poison_page(check_day(day), after=after, limit=limit)
+
+    def replay(self, day: str, row_key: str, actor: Actor) -> ReplayResult:
+        day = check_day(day)
+        row = self.store.get_poison(day, row_key)
+        if row is None:
+            raise NotFound(f"No poison message {row_key!r} on {day}.")
+        if not allowed(actor):
+            self._audit(day, row_key, actor, "ReplayPoison", denied=True)
+            raise denial(actor)
+        if row.replay_outcome in PROJECTED:
+            raise AlreadyReplayed(
+                f"Poison message {row_key!r} was replayed at {row.replayed_at} by {row.replayed_by!r} "
+                f"({row.replay_outcome}); a second replay could only be a duplicate.",
+                field="id",
+            )
+        outcome, detail = self._project(row)
+        recorded = self._record(day, row_key, row, actor, outcome, detail)
+        if recorded is None:  # another replay recorded first: answer with its record
+            again = self.store.get_poison(day, row_key)
+            assert again is not None
+            return ReplayResult(again, day, again.replay_outcome or outcome, again.replay_detail, False)
+        if outcome in PROJECTED:
+            self._uncount(day, row_key, recorded)
+        self._audit(day, row_key, actor, "ReplayPoison", outcome=outcome)
+        return ReplayResult(recorded, day, outcome, detail, True)
+
+    def _project(self, row: PoisonRow) -> tuple[str, str | None]:
+        """The stored message through the resolver once (no rescheduling, no sleeping: 503 on a fault)."""
+        from azure.functions.servicebus import ServiceBusMessage
+
+        from handoff.contract import Prop
+
+        try:
+            props: dict[str, Any] = json.loads(row.application_properties or "{}")
+        except ValueError:
+            props = {}
+        if not isinstance(props, dict):
+            props = {}
+        props.pop(Prop.THROTTLE_RETRY_COUNT, None)  # a replay starts a fresh retry budget
+        msg = ServiceBusMessage(
+            body=row.body_bytes(),
+            message_id=row.message_id or "",
+            session_id=row.session_id,
+            correlation_id=row.correlation_id,
+            application_properties=props,
+            user_properties={},
+            enqueued_time_utc=row.enqueued_time_utc,
+            delivery_count=1,
+        )
+        base = self.resolver()
+        once = _ReplayResolver(base.store, redelivery=lambda: None, clock=base.clock, sleep=lambda _s: None)
+        try:
+            outcome = once.handle(msg)
+        except TransientProjectionError as exc:
+            raise Unavailable(
+                f"Storage failed during the replay; nothing was recorded, retry: {exc}"
+            ) from exc
+        return outcome.value, once.poison_reason if outcome is Outcome.POISONED else None
+
+    def _record(
+        self, day: str, row_key: str, row: PoisonRow, actor: Actor, outcome: str, detail: str | None
+    ) -> PoisonRow | None:
+        from azure.core import MatchConditions
+        from azure.core.exceptions import ResourceModifiedError
+        from azure.data.tables import UpdateMode
+
+        now = self.clock()
+        changes = {
+            "PartitionKey": day,
+            "RowKey": row_key,
+            "ReplayedAt": now,
+            "ReplayedBy": actor.by,
+            "ReplayOutcome": outcome,
+            "ReplayDetail": detail or "",
+            "ReplayCount": row.replay_count + 1,
+        }
+        try:
+            self.store.table(keys.POISON_TABLE).update_entity(
+                changes,
+                mode=UpdateMode.MERGE,
+                etag=row.etag or "*",
+                match_condition=MatchConditions.IfNotModified,
+            )
+        except ResourceModifiedError:
+            return None
+        return row.model_copy(
+            update={
+                "replayed_at": now,
+                "replayed_by": actor.by,
+                "replay_outcome": outcome,
+                "replay_detail": detail,
+                "replay_count": row.replay_count + 1,
+            }
+        )
+
+    def _uncount(self, day: str, row_key: str, row: PoisonRow) -> None:
+        """The poison is dealt with: its index row and a ``-1 Poison`` delta, in one transaction."""
+        from azure.data.tables import TableTransactionError
+
+        pk = self.store.poison_partition(row.endpoint_id)
+        ops = [
+            store.delete(pk, keys.poison_index_row(day, row_key)),
+            store.insert(delta_entity(pk, self.clock(), {counts.POISON: -1})),
+        ]
+        with contextlib.suppress(TableTransactionError):  # not counted (or uncounted already)
+            self.store.submit(ops)
+
+    def _audit(
+        self,
+        day: str,
+        row_key: str,
+        actor: Actor,
+        kind: str,
+        *,
+        denied: bool = False,
+        outcome: str | None = None,
+    ) -> None:
+        """Operator actions without an event row of their own go to ``hoaudit`` (by UTC day)."""
+        now = self.clock()
+        audit = AuditRow(
+            auditor_name=actor.by,
+            audit_timestamp=now,
+            audit_type=kind,
+            comment="Access denied" if denied else outcome,
+            access_denied=denied,
+            data=json.dumps({"day": day, "id": row_key}),
+            event_id="",
+            endpoint_id="",
+            principal_name=actor.principal_name,
+            principal_id=actor.principal_id,
+        )
+        table = self.store.table(OPERATOR_AUDIT_TABLE)
+        table.create_entity(audit.to_entity(now.strftime("%Y%m%d"), f"{keys.stamp(now)}|{uuid.uuid4().hex}"))

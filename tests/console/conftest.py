@@ -1,0 +1,143 @@
+"""The console in a real browser: Debian's Chromium driven by Playwright, against the development host.
+
+The browser is ``/usr/bin/chromium`` (``make install`` installs Debian's package when it is missing;
+Playwright never downloads one), headless, with a fresh profile and the flags that keep it off the
+network. The development host runs on Azurite with the loopback transport (``SETTLE_LOOPBACK=true``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import new_prefix
+from tests.devhost.conftest import HostProcess, StartHost, start_host  # noqa: F401  (fixture)
+
+CHROMIUM = os.environ.get("SETTLE_CHROMIUM") or "/usr/bin/chromium"
+ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+]
+# The README's screenshots. Every run takes them; they replace the committed ones only when asked
+# (SETTLE_UPDATE_SCREENSHOTS=1), so an ordinary test run leaves the work tree clean.
+DOCS_IMG = Path(__file__).resolve().parents[2] / "docs" / "img"
+WAIT_MS = 30_000  # generous: several suites share two cores
+
+
+@pytest.fixture(scope="module")
+def console_host(start_host: StartHost) -> tuple[HostProcess, str]:  # noqa: F811
+    """A development host of our own (its table prefix is known, so a test can write rows directly)."""
+    prefix = new_prefix()
+    host = start_host(
+        env={
+            "SETTLE_TABLE_PREFIX": prefix,
+            # Keep expired locks visible as "stuck" (catch-up would turn them Failed within a minute).
+            "AzureWebJobs.state_catchup.Disabled": "true",
+            "AzureWebJobs.handoff_sweeper.Disabled": "true",
+        }
+    )
+    return host, prefix
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if os.environ.get("SETTLE_UPDATE_SCREENSHOTS") == "1":
+        return DOCS_IMG
+    return tmp_path_factory.mktemp("screenshots")
+
+
+@pytest.fixture(scope="module")
+def browser_page(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    from playwright.sync_api import sync_playwright
+
+    assert Path(CHROMIUM).exists(), (
+        f"No Chromium at {CHROMIUM}: `make install` installs Debian's chromium (or set SETTLE_CHROMIUM)"
+    )
+    profile = tmp_path_factory.mktemp("chromium-profile")
+    with sync_playwright() as playwright:
+        context = playwright.chromium.launch_persistent_context(
+            str(profile),
+            executable_path=CHROMIUM,
+            headless=True,
+            args=ARGS,
+            viewport={"width": 1280, "height": 900},
+        )
+        context.set_default_timeout(WAIT_MS)
+        from playwright.sync_api import expect
+
+        expect.set_options(timeout=WAIT_MS)
+        page = context.pages[0] if context.pages else context.new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
+        yield page
+        context.close()
+        assert not [e for e in errors if "401" not in e], f"the page logged errors: {errors}"
+
+
+def resolver_message(base_url: str, **message: Any) -> None:
+    """Drop one message on the resolver through the host's admin endpoint (what Service Bus would do)."""
+    response = httpx.post(f"{base_url}/admin/functions/resolver", json=message, timeout=30)
+    assert response.status_code == 202, response.text
+
+
+def nimbus_message(
+    kind: str,
+    *,
+    endpoint: str,
+    event_id: str,
+    message_id: str,
+    parent: str = "self",
+    event_json: str | None = '{"invoiceId": "INV-1"}',
+    error_text: str | None = None,
+    **props: Any,
+) -> dict[str, Any]:
+    request = kind.endswith("Request")
+    application = {
+        "MessageType": kind,
+        "To": endpoint if request else "Resolver",
+        "From": "Erp" if request else endpoint,
+        "EventId": event_id,
+        "EventTypeId": "InvoiceCreated",
+        "OriginatingMessageId": "self",
+        "ParentMessageId": parent,
+        "OriginatingFrom": "self",
+        "RetryCount": 0,
+        **props,
+    }
+    body: dict[str, Any] = {"EventContent": None, "ErrorContent": None}
+    if event_json is not None:
+        body["EventContent"] = {"EventTypeId": "InvoiceCreated", "EventJson": event_json}
+    if error_text is not None:
+        body["ErrorContent"] = {"ErrorText": error_text, "ErrorType": "TimeoutException"}
+    return {
+        "messageId": message_id,
+        "sessionId": f"session-{event_id}",
+        "correlationId": f"corr-{event_id}",
+        "applicationProperties": application,
+        "body": body,
+        "enqueuedTimeUtc": datetime.now(UTC).isoformat(),
+    }
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:6]}"
+
+
+def api_json(base_url: str, path: str) -> Any:
+    response = httpx.get(f"{base_url}/api/v1/{path}", timeout=30)
+    assert response.status_code == 200, response.text
+    return json.loads(response.text)

@@ -1,0 +1,72 @@
+"""Operator fixtures: the hand-off fixtures, a recount that scans (tests only), principals."""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+from handoff import counts, keys, service
+from handoff.contract import ResolutionStatus
+from handoff.records import EventRow
+from tests.handoff.conftest import (  # noqa: F401  (fixtures shared with the hand-off suite)
+    CaptureTransport,
+    Flow,
+    event_of,
+    flow,
+    nimbus,
+    no_sleep,
+    resolve,
+    transport,
+)
+
+
+def recount(endpoint: str) -> dict[str, int]:
+    """What the counts must be: every event row of the partition, counted by scanning (tests only)."""
+    table = service.store().table(keys.EVENTS_TABLE)
+    pk = keys.partition(endpoint)
+    totals = dict.fromkeys(counts.BUCKETS, 0)
+    query = f"PartitionKey eq '{pk}' and RowKey ge 'ev|' and RowKey lt 'ev}}'"
+    for entity in table.query_entities(query):
+        if str(entity["RowKey"]).endswith("|e"):
+            row = EventRow.from_entity(entity)
+            for bucket in counts.buckets_of(row.resolution_status, row.pending_sub_status):
+                totals[bucket] += 1
+    return totals
+
+
+def counted(endpoint: str) -> dict[str, int]:
+    totals = service.overview().counts(endpoint)
+    return {bucket: totals[bucket] for bucket in counts.BUCKETS}
+
+
+def principal_headers(
+    name: str, *roles: str, principal_id: str = "00000000-0000-0000-0000-000000000001"
+) -> dict[str, str]:
+    """The headers App Service authentication passes for a signed-in Entra ID user."""
+    document = {
+        "auth_typ": "aad",
+        "name_typ": "name",
+        "role_typ": "roles",
+        "claims": [{"typ": "name", "val": name}] + [{"typ": "roles", "val": r} for r in roles],
+    }
+    return {
+        "x-ms-client-principal": base64.b64encode(json.dumps(document).encode()).decode(),
+        "x-ms-client-principal-name": name,
+        "x-ms-client-principal-id": principal_id,
+    }
+
+
+def failed_event(project: Any, event: Flow, *, error_message_id: str = "err-1") -> None:
+    """An event whose subscriber answered ErrorResponse."""
+    project(event.request())
+    project(event.response(_error(), message_id=error_message_id, error_text="ERP timeout"))
+
+
+def _error() -> Any:
+    from handoff.contract import MessageType
+
+    return MessageType.ErrorResponse
+
+
+STATUS = ResolutionStatus

@@ -1,0 +1,159 @@
+"""Exact counts without scans: deltas in the projection's transaction, folded into a snapshot."""
+
+from __future__ import annotations
+
+import random
+import threading
+import uuid
+from typing import Any
+
+from common.roundtrips import ROUND_TRIPS
+from handoff import keys, service
+from handoff.contract import MessageType
+from tests.handoff.conftest import Flow, nimbus
+
+from .conftest import counted, recount
+
+
+def test_counts_follow_every_transition_of_an_event(resolve, flow: Flow):
+    resolve(flow.request())
+    assert counted(flow.endpoint)["Pending"] == 1
+    resolve(flow.park())
+    c = counted(flow.endpoint)
+    assert (c["Pending"], c["PendingHandoff"]) == (1, 1)
+    resolve(flow.response(MessageType.ErrorResponse, message_id="err-1", error_text="boom"))
+    c = counted(flow.endpoint)
+    assert (c["Pending"], c["PendingHandoff"], c["Failed"]) == (0, 0, 1)
+    resolve(flow.control(MessageType.ResubmissionRequest, message_id="rs-1", parent="err-1"))
+    resolve(flow.response(MessageType.ResolutionResponse, message_id="ok-1", parent="rs-1"))
+    assert counted(flow.endpoint) == recount(flow.endpoint)
+    assert counted(flow.endpoint)["Completed"] == 1
+
+
+def test_a_duplicate_or_a_refused_stale_copy_counts_nothing(resolve, flow: Flow):
+    resolve(flow.request())
+    resolve(flow.response(MessageType.ResolutionResponse, message_id="ok-1"))
+    resolve(flow.request())  # duplicate of req-1: refused by Spec 030 (the row already holds its outcome)
+    resolve(flow.response(MessageType.ResolutionResponse, message_id="ok-1"))  # exact duplicate
+    assert counted(flow.endpoint) == recount(flow.endpoint)
+    assert counted(flow.endpoint)["Completed"] == 1 and counted(flow.endpoint)["Pending"] == 0
+
+
+def test_counts_stay_exact_when_projections_and_folds_race(resolve):
+    # Given one endpoint, 24 events, and every message of each event delivered twice, from 6 threads at
+    # once (duplicates, lost ETag races and concurrent folds all happen)
+    endpoint = "Race-" + uuid.uuid4().hex[:8]
+    flows = [Flow(endpoint=endpoint, event_id=f"ev-{i}") for i in range(24)]
+    plans: list[list[Any]] = []
+    for i, f in enumerate(flows):
+        steps = [f.request()]
+        if i % 3 == 0:
+            steps.append(f.park(message_id=f"park-{i}"))
+        if i % 2 == 0:
+            steps.append(f.response(MessageType.ErrorResponse, message_id=f"err-{i}", error_text="x"))
+        if i % 4 == 0:
+            steps.append(f.response(MessageType.ResolutionResponse, message_id=f"ok-{i}"))
+        plans.append(steps)
+    overview = service.overview()
+    errors: list[BaseException] = []
+
+    def worker(seed: int) -> None:
+        rng = random.Random(seed)
+        try:
+            for steps in plans[seed::6]:
+                for msg in steps:
+                    resolve(msg)
+                    if rng.random() < 0.3:
+                        resolve(msg)  # a redelivery
+                if rng.random() < 0.5:
+                    overview.fold(endpoint)
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=240)
+    assert not errors, errors
+    # Then the counts equal a recount of the event rows, before and after folding everything
+    assert counted(endpoint) == recount(endpoint)
+    while overview.fold(endpoint):
+        pass
+    assert counted(endpoint) == recount(endpoint)
+    assert sum(counted(endpoint)[b] for b in ("Pending", "Failed", "Completed")) == 24
+
+
+def test_a_fold_that_loses_its_race_changes_nothing(resolve, flow: Flow):
+    for i in range(5):
+        resolve(
+            nimbus(MessageType.EventRequest, endpoint=flow.endpoint, event_id=f"e{i}", message_id=f"r{i}")
+        )
+    overview = service.overview()
+    pk = keys.partition(flow.endpoint)
+    stale = overview.read_counts(pk)
+    assert overview.fold(flow.endpoint) == 5  # another instance folds first
+    assert overview._fold(pk, stale) == 0  # our fold, from the read before, loses and writes nothing
+    assert counted(flow.endpoint)["Pending"] == 5
+
+
+def test_reading_the_counts_costs_two_round_trips(resolve, flow: Flow):
+    resolve(flow.request())
+    with ROUND_TRIPS.measure() as tally:
+        service.overview().counts(flow.endpoint)
+    assert tally.requests == 2  # one range read (snapshot + deltas) and the snapshot's ETag check
+
+
+def test_a_projection_that_fails_writes_no_delta(resolve, flow: Flow, monkeypatch):
+
+    resolve(flow.request())
+    resolver = service.resolver_service()
+    original = resolver.store.submit
+    calls = {"n": 0}
+
+    def conflict_once(ops):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            # another writer changed the event row between our read and our write: the transaction fails
+            # whole (412 on the event row), so its delta must not exist either
+            event = ops[1][1]
+            changed = {"PartitionKey": event["PartitionKey"], "RowKey": event["RowKey"], "Reason": "another"}
+            original([("update", changed, {})])
+        return original(ops)
+
+    monkeypatch.setattr(resolver.store, "submit", conflict_once)
+    resolve(flow.response(MessageType.ErrorResponse, message_id="err-1", error_text="boom"))
+    assert calls["n"] == 2  # the first transaction failed whole and the projection was decided again
+    assert counted(flow.endpoint) == recount(flow.endpoint)
+    assert counted(flow.endpoint)["Failed"] == 1 and counted(flow.endpoint)["Pending"] == 0
+
+
+def test_a_fold_during_a_paged_read_of_a_count_makes_it_read_again(resolve, flow: Flow, monkeypatch):
+    # Given a snapshot of 3 and 2 newer deltas
+    for i in range(3):
+        resolve(
+            nimbus(MessageType.EventRequest, endpoint=flow.endpoint, event_id=f"e{i}", message_id=f"r{i}")
+        )
+    overview = service.overview()
+    assert overview.fold(flow.endpoint) == 3
+    for i in range(3, 5):
+        resolve(
+            nimbus(MessageType.EventRequest, endpoint=flow.endpoint, event_id=f"e{i}", message_id=f"r{i}")
+        )
+    original = overview._range
+    folded = {"done": False}
+
+    def paged_with_a_fold_between(pk, low, high, **kw):
+        # The range read returns the snapshot (first page), then another instance folds, then the read
+        # continues (next page): the deltas it would have counted are gone, folded into a newer snapshot.
+        rows = iter(original(pk, low, high, results_per_page=1))
+        first = next(rows, None)
+        if first is not None and not folded["done"] and low == keys.COUNTS_RANGE[0]:
+            folded["done"] = True
+            assert service.overview().fold(flow.endpoint) == 2
+        return iter(([first] if first is not None else []) + list(rows))
+
+    monkeypatch.setattr(overview, "_range", paged_with_a_fold_between)
+    # When the counts are read across that fold, Then they are still exact (the snapshot's ETag changed)
+    assert overview.counts(flow.endpoint)["Pending"] == 5
+    assert folded["done"]

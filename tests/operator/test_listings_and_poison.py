@@ -1,0 +1,209 @@
+"""Event listings from index rows (newest first, filters, paging) and poison list / replay."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+
+from common.roundtrips import ROUND_TRIPS
+from handoff import service
+from handoff.contract import MessageType
+from handoff.resolver import RETRY_BUDGET, Outcome
+from tests.handoff.conftest import Flow, nimbus
+
+from .conftest import principal_headers
+
+
+def listing(call, endpoint: str, **params: str):
+    return call("endpoint_events", method="GET", route_params={"endpointId": endpoint}, params=params)
+
+
+def seed(resolve, endpoint: str) -> None:
+    """e0 Pending, e1 parked, e2 Failed, e3 Completed (of another type): projected in that order, one
+    second apart by the resolver's clock (the storage clock's estimate may step back by milliseconds)."""
+    resolver = service.resolver_service()
+    start = datetime.now(UTC) - timedelta(minutes=10)
+    ticks = iter(range(1000))
+    original = resolver.clock
+    resolver.clock = lambda: start + timedelta(seconds=next(ticks))
+    try:
+        _seed(resolve, endpoint)
+    finally:
+        resolver.clock = original
+
+
+def _seed(resolve, endpoint: str) -> None:
+    for i in range(4):
+        f = Flow(endpoint=endpoint, event_id=f"e{i}")
+        kind = "Sales.OrderPlaced" if i == 3 else "Billing.InvoiceCreated"
+        resolve(f.request(event_type=kind))
+        if i == 1:
+            resolve(f.park(event_type=kind))
+        if i == 2:
+            resolve(
+                f.response(MessageType.ErrorResponse, message_id="err", error_text="boom", event_type=kind)
+            )
+        if i == 3:
+            resolve(f.response(MessageType.ResolutionResponse, message_id="ok", event_type=kind))
+
+
+def ids(result) -> list[str]:
+    assert result.status == 200, result.body
+    return [item["eventId"] for item in result.json["items"]]
+
+
+def test_listing_is_newest_change_first_and_filters_by_status_and_type(call, resolve):
+    endpoint = "List-" + uuid.uuid4().hex[:8]
+    seed(resolve, endpoint)
+    assert ids(listing(call, endpoint)) == ["e3", "e2", "e1", "e0"]
+    assert ids(listing(call, endpoint, status="Pending")) == ["e1", "e0"]  # Pending includes hand-offs
+    assert ids(listing(call, endpoint, status="PendingHandoff")) == ["e1"]
+    assert ids(listing(call, endpoint, status="Failed")) == ["e2"]
+    assert ids(listing(call, endpoint, eventTypeId="Sales.OrderPlaced")) == ["e3"]
+    failed = listing(call, endpoint, status="Failed").json["items"][0]
+    assert failed["reason"] == "boom" and failed["resolutionStatus"] == "Failed"
+
+
+def test_listing_pages_with_a_continuation_token_it_checks(call, resolve):
+    endpoint = "Page-" + uuid.uuid4().hex[:8]
+    seed(resolve, endpoint)
+    first = listing(call, endpoint, pageSize="3")
+    assert ids(first) == ["e3", "e2", "e1"]
+    token = first.json["continuationToken"]
+    second = listing(call, endpoint, pageSize="3", continuationToken=token)
+    assert ids(second) == ["e0"] and second.json["continuationToken"] is None
+    # A token of the all-events listing cannot position a Failed listing (it lies outside its range)
+    bad = listing(call, endpoint, status="Failed", continuationToken=token)
+    assert bad.status == 400 and bad.json["field"] == "continuationToken"
+    assert listing(call, endpoint, continuationToken="garbage!").status == 400
+
+
+def test_listing_filters_by_time_and_reads_one_page(call, resolve):
+    endpoint = "Time-" + uuid.uuid4().hex[:8]
+    seed(resolve, endpoint)
+    future = (datetime.now(UTC) + timedelta(hours=1)).isoformat().replace("+00:00", "Z")
+    assert ids(listing(call, endpoint, **{"from": future})) == []
+    with ROUND_TRIPS.measure() as tally:
+        assert ids(listing(call, endpoint, status="Failed")) == ["e2"]
+    assert tally.requests == 1
+    assert listing(call, endpoint, status="Bogus").status == 400
+    assert listing(call, endpoint, to="yesterday").json["field"] == "to"
+
+
+def test_the_overview_lists_counts_ages_and_poison_per_endpoint(call, resolve):
+    endpoint = "Over-" + uuid.uuid4().hex[:8]
+    seed(resolve, endpoint)
+    result = call("endpoints_overview", method="GET")
+    assert result.status == 200, result.body
+    [item] = [i for i in result.json["items"] if i["endpointId"] == endpoint]
+    assert item["counts"] == {
+        "pending": 2,
+        "pendingHandoff": 1,
+        "deferred": 0,
+        "failed": 1,
+        "deadLettered": 0,
+        "unsupported": 0,
+        "completed": 1,
+        "skipped": 0,
+    }
+    assert item["oldestPendingAt"] is not None and item["oldestFailedAt"] is not None
+    assert item["poison"] == 0
+
+
+def _poison_after_budget(resolve_service, flow: Flow, monkeypatch):
+    """A message whose projection kept failing until its retry budget was spent: stored as poison."""
+    from tests.handoff.test_resolver_failures import _status_error
+
+    resolver = resolve_service
+    original = resolver.store.submit
+
+    def throttled(operations):
+        if any(str(op[1]["RowKey"]).startswith("ev|") for op in operations):
+            raise _status_error(503)  # the projection keeps failing (the poison count goes through)
+        return original(operations)
+
+    monkeypatch.setattr(resolver.store, "submit", throttled)
+    msg = flow.request(message_id=f"req-{flow.event_id}", ThrottleRetryCount=RETRY_BUDGET - 1)
+    assert resolver.handle(msg) is Outcome.POISONED
+    monkeypatch.undo()
+    return msg
+
+
+def test_poison_is_listed_by_day_replayed_once_and_uncounted(call, flow, monkeypatch):
+    resolver = service.resolver_service()
+    resolver.redelivery = lambda: None
+    msg = _poison_after_budget(resolver, flow, monkeypatch)
+    day = _day(msg)
+    page = call("poison_list", method="GET", params={"day": day, "pageSize": "200"})
+    assert page.status == 200
+    [entry] = [p for p in page.json["items"] if p["messageId"] == msg.message_id]
+    assert entry["reason"].startswith("retry budget exhausted") and entry["endpointId"] == flow.endpoint
+    assert service.overview().counts(flow.endpoint)["Poison"] == 1
+
+    replay = call("poison_replay", {"by": "olivia"}, route_params={"day": day, "id": entry["id"]})
+    assert replay.status == 200, replay.body
+    assert replay.json["outcome"] == "applied"
+    assert replay.json["poison"]["replayedBy"] == "olivia" and replay.json["poison"]["replayCount"] == 1
+    assert service.store().get_event(flow.endpoint, flow.event_id) is not None
+    assert service.overview().counts(flow.endpoint)["Poison"] == 0
+    again = call("poison_replay", {"by": "olivia"}, route_params={"day": day, "id": entry["id"]})
+    assert again.status == 409 and again.json["type"] == "urn:settle:problem:already-replayed"
+
+
+def test_a_replay_that_is_still_poison_says_why_and_may_be_replayed_later(call, resolve, flow):
+    msg = nimbus("Bogus", endpoint=flow.endpoint, event_id=flow.event_id)
+    resolve(msg)
+    day = _day(msg)
+    [entry] = [
+        p
+        for p in call("poison_list", method="GET", params={"day": day, "pageSize": "200"}).json["items"]
+        if p["messageId"] == msg.message_id
+    ]
+    first = call("poison_replay", route_params={"day": day, "id": entry["id"]})
+    assert first.status == 200 and first.json["outcome"] == "poisoned"
+    assert "Unknown MessageType" in first.json["detail"]
+    assert call("poison_replay", route_params={"day": day, "id": entry["id"]}).status == 200
+    assert service.overview().counts(flow.endpoint)["Poison"] == 1  # still poison, still counted
+
+
+def test_a_replay_by_a_principal_without_the_role_is_403(call, resolve, flow):
+    msg = nimbus("Bogus", endpoint=flow.endpoint, event_id=flow.event_id)
+    resolve(msg)
+    day = _day(msg)
+    items = call("poison_list", method="GET", params={"day": day, "pageSize": "200"}).json["items"]
+    [entry] = [p for p in items if p["messageId"] == msg.message_id]
+    denied = call(
+        "poison_replay", route_params={"day": day, "id": entry["id"]}, headers=principal_headers("mallory")
+    )
+    assert denied.status == 403
+    assert call("poison_list", method="GET", params={"day": "2026-12-01"}).json["field"] == "day"
+    assert call("poison_replay", route_params={"day": day, "id": "nope"}).status == 404
+
+
+def _day(msg) -> str:
+    assert msg.enqueued_time_utc is not None
+    return str(msg.enqueued_time_utc.strftime("%Y%m%d"))
+
+
+def test_one_event_for_operators_is_one_read_with_its_actions_and_payload(call, resolve):
+    endpoint = "One-" + uuid.uuid4().hex[:8]
+    seed(resolve, endpoint)
+    with ROUND_TRIPS.measure() as tally:
+        failed = call("endpoint_event", method="GET", route_params={"endpointId": endpoint, "eventId": "e2"})
+    assert failed.status == 200 and tally.requests == 1
+    assert failed.json["actions"] == ["resubmit", "skip"]
+    assert failed.json["eventJson"] == '{"invoice": 42}'
+    assert [h["messageType"] for h in failed.json["history"]] == ["EventRequest", "ErrorResponse"]
+    unknown = call("endpoint_event", method="GET", route_params={"endpointId": endpoint, "eventId": "nope"})
+    assert unknown.status == 404
+
+
+def test_the_overview_costs_one_read_plus_four_per_endpoint_plus_two(call, resolve, fresh_tables):
+    seed(resolve, "Alpha")
+    seed(resolve, "Beta")
+    with ROUND_TRIPS.measure() as tally:
+        result = call("endpoints_overview", method="GET")
+    assert [i["endpointId"] for i in result.json["items"]] == ["Alpha", "Beta"]
+    # the endpoint list; per endpoint: counts (range read + ETag check) and the two oldest-first rows;
+    # the unattributed poison counts
+    assert tally.requests == 1 + 4 * 2 + 2
