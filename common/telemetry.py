@@ -119,6 +119,9 @@ INSTRUMENTS: dict[str, Instrument] = {
     "settle.handoff.overdue": Instrument(
         "gauge", "{hand-off}", "Parked hand-offs past their ExpectedBy per endpoint, on each sweeper tick."
     ),
+    "settle.operator.actions": Instrument(
+        "counter", "{action}", "Operator actions (resubmit, skip, complete, fail, replay) by outcome."
+    ),
     "settle.storage.retries": Instrument(
         "counter", "{request}", "Table Storage requests the SDK sent again (throttling, timeouts, 5xx)."
     ),
