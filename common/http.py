@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import azure.functions as func
 from pydantic import BaseModel, ValidationError
 
-from common import openapi
+from common import openapi, telemetry
 from common.errors import Conflict, InvalidInput, InvalidJson, PayloadTooLarge, SettleError, Unavailable
 
 log = logging.getLogger("settle.http")
@@ -200,31 +200,73 @@ def dependency_problem(exc: Exception) -> SettleError | None:
     return None
 
 
-def guard(handler: Handler, *, ok_status: int = 200) -> Callable[[func.HttpRequest], func.HttpResponse]:
-    """Wrap ``handler`` so every outcome is an HTTP answer (problem+json for errors)."""
+def guard(
+    handler: Handler, *, ok_status: int = 200, span: str | None = None, route: str | None = None
+) -> Callable[[func.HttpRequest], func.HttpResponse]:
+    """Wrap ``handler`` so every outcome is an HTTP answer (problem+json for errors).
+
+    With telemetry on, the request's ``traceparent`` is the parent when the worker gave none, and
+    ``span`` (e.g. ``settle.state.lock``) wraps the call with the answer's status and outcome; a state
+    operation also counts in ``settle.state.operations`` / ``settle.state.duration``.
+    """
 
     @functools.wraps(handler)
     def wrapper(req: func.HttpRequest) -> func.HttpResponse:
-        try:
-            result = handler(req)
-        except SettleError as exc:
-            return problem_response(exc)
-        except ValidationError as exc:  # a model built inside the handler from request data
-            return problem_response(validation_problem(exc))
-        except Exception as exc:
-            mapped = dependency_problem(exc)
-            if mapped is not None:
-                log.warning("dependency fault in %s: %s", getattr(handler, "__name__", "handler"), exc)
-                return problem_response(mapped)
-            log.exception("unhandled error in %s", getattr(handler, "__name__", "handler"))
-            return problem_response(SettleError("An unexpected error occurred; it was logged."))
-        if isinstance(result, func.HttpResponse):
-            return result
-        if result is None:
-            return func.HttpResponse(status_code=204)
-        return json_response(result, status=ok_status)
+        with telemetry.incoming(req.headers):
+            if span is None:
+                return _answer(handler, req, ok_status, telemetry.NO_SPAN)
+            watch = telemetry.Stopwatch()
+            attributes = {"http.request.method": req.method, "http.route": route}
+            with telemetry.span(span, attributes) as current:
+                response = _answer(handler, req, ok_status, current)
+                current.set("http.response.status_code", response.status_code)
+                if current.outcome is None:
+                    current.set_outcome("ok")
+            if span.startswith(_STATE_SPAN):
+                telemetry.state_operation(span[len(_STATE_SPAN) :], current.outcome or "ok", watch.seconds)
+            return response
 
     return wrapper
+
+
+_STATE_SPAN = "settle.state."
+
+
+def _answer(
+    handler: Handler, req: func.HttpRequest, ok_status: int, current: telemetry.SpanHandle
+) -> func.HttpResponse:
+    try:
+        result = handler(req)
+    except SettleError as exc:
+        _note(current, exc)
+        return problem_response(exc)
+    except ValidationError as exc:  # a model built inside the handler from request data
+        problem = validation_problem(exc)
+        _note(current, problem)
+        return problem_response(problem)
+    except Exception as exc:
+        mapped = dependency_problem(exc)
+        if mapped is not None:
+            log.warning("dependency fault in %s: %s", getattr(handler, "__name__", "handler"), exc)
+            current.failed(exc, slug=mapped.slug)
+            return problem_response(mapped)
+        log.exception("unhandled error in %s", getattr(handler, "__name__", "handler"))
+        current.failed(exc)
+        return problem_response(SettleError("An unexpected error occurred; it was logged."))
+    if isinstance(result, func.HttpResponse):
+        return result
+    if result is None:
+        return func.HttpResponse(status_code=204)
+    return json_response(result, status=ok_status)
+
+
+def _note(current: telemetry.SpanHandle, error: SettleError) -> None:
+    """A refusal is an outcome (its problem slug), not a failure; a 5xx is a failure."""
+    if error.status >= 500:
+        current.failed(error, slug=error.slug)
+    else:
+        current.set_outcome(error.slug)
+        current.set("settle.problem.field", error.field)
 
 
 def operation(
@@ -240,8 +282,12 @@ def operation(
     anonymous: bool = False,
     ok_status: int = 200,
     tag: str = "settle",
+    span: str | None = None,
 ) -> Callable[[Handler], Any]:
-    """Register an HTTP function (route under ``/api``) and document it in the OpenAPI document."""
+    """Register an HTTP function (route under ``/api``) and document it in the OpenAPI document.
+
+    ``span``: the name of the span that wraps each call (``common/telemetry.py``), if any.
+    """
 
     def decorate(handler: Handler) -> Any:
         name = handler.__name__
@@ -259,7 +305,7 @@ def operation(
                 tag=tag,
             )
         )
-        wrapped = guard(handler, ok_status=ok_status)
+        wrapped = guard(handler, ok_status=ok_status, span=span, route=f"/{ROUTE_PREFIX}/{route}")
         auth = func.AuthLevel.ANONYMOUS if anonymous else func.AuthLevel.FUNCTION
         routed = bp.route(route=route, methods=[method], auth_level=auth)(wrapped)
         return bp.function_name(name)(routed)

@@ -16,7 +16,7 @@ from typing import Any
 from azure.core.pipeline.policies import SansIOHTTPPolicy
 
 
-@dataclass
+@dataclass(eq=False)  # nested measures hold equal tallies: each is removed by identity
 class Tally:
     methods: list[str] = field(default_factory=list)
 

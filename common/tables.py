@@ -2,8 +2,8 @@
 
 ``Tables`` hands out a ``TableClient`` per logical table name (the prefix from settings is applied
 here and nowhere else) and makes sure each table exists the first time it is used in this process.
-Every client carries the round-trip counter and the server-clock policy, plus any extra policies a test
-or the benchmark passes (fault injection).
+Every client carries the round-trip counter, the storage-retry counter (telemetry) and the server-clock
+policy, plus any extra policies a test or the benchmark passes (fault injection).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from common.clock import SERVER_CLOCK, ServerClockPolicy
 from common.roundtrips import ROUND_TRIPS
 from common.settings import TableSettings
+from common.telemetry import STORAGE_RETRIES
 
 if TYPE_CHECKING:
     from azure.data.tables import TableClient, TableServiceClient
@@ -46,7 +47,7 @@ class Tables:
         if self._service is None:
             from azure.data.tables import TableServiceClient
 
-            per_retry = [ROUND_TRIPS, ServerClockPolicy(SERVER_CLOCK), *self._policies]
+            per_retry = [ROUND_TRIPS, STORAGE_RETRIES, ServerClockPolicy(SERVER_CLOCK), *self._policies]
             kwargs: dict[str, Any] = {"per_retry_policies": per_retry, **_TIMEOUTS, **self._client_options}
             if self.settings.connection_string:
                 self._service = TableServiceClient.from_connection_string(

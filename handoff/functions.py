@@ -6,6 +6,7 @@ import logging
 
 import azure.functions as func
 
+from common import telemetry
 from common.errors import InvalidInput
 from common.http import operation, parse_body
 from common.settings import env_flag
@@ -149,6 +150,8 @@ def _route(req: func.HttpRequest, name: str) -> str:
     value = req.route_params.get(name) or ""
     if not value:
         raise InvalidInput(f"{name} is required.", field=name)
+    if name == "endpointId":
+        telemetry.annotate({"nimbus.endpoint": value})
     return value
 
 
@@ -176,6 +179,7 @@ def _route(req: func.HttpRequest, name: str) -> str:
             "description": f"Long-poll up to this many seconds (clamped to {MAX_WAIT_SECONDS}).",
         },
     ),
+    span="settle.handoff.next",
 )
 def handoff_next(req: func.HttpRequest) -> PendingHandoffView | None:
     return service.receive_service().next(_route(req, "endpointId"), _event_types(req), _wait_seconds(req))
@@ -192,6 +196,7 @@ def handoff_next(req: func.HttpRequest) -> PendingHandoffView | None:
         {"name": "endpointId", "in": "path", "required": True, "schema": {"type": "string"}},
         {"name": "externalJobId", "in": "path", "required": True, "schema": {"type": "string"}},
     ),
+    span="settle.handoff.job",
 )
 def handoff_job(req: func.HttpRequest) -> PendingHandoffView:
     return service.receive_service().job(_route(req, "endpointId"), _route(req, "externalJobId"))
@@ -204,6 +209,7 @@ def handoff_job(req: func.HttpRequest) -> PendingHandoffView:
     summary="Settlements Settle could neither confirm nor safely re-send (an operator must check them)",
     response=UnconfirmedList,
     parameters=({"name": "endpointId", "in": "path", "required": True, "schema": {"type": "string"}},),
+    span="settle.handoff.unconfirmed",
 )
 def handoff_unconfirmed(req: func.HttpRequest) -> UnconfirmedList:
     return service.receive_service().unconfirmed(_route(req, "endpointId"))
@@ -220,6 +226,7 @@ def handoff_unconfirmed(req: func.HttpRequest) -> UnconfirmedList:
         {"name": "endpointId", "in": "path", "required": True, "schema": {"type": "string"}},
         {"name": "eventId", "in": "path", "required": True, "schema": {"type": "string"}},
     ),
+    span="settle.events.get",
 )
 def event_get(req: func.HttpRequest) -> EventView:
     return service.receive_service().event(_route(req, "endpointId"), _route(req, "eventId"))
@@ -230,8 +237,18 @@ def event_get(req: func.HttpRequest) -> EventView:
 def handoff_sweeper(timer: func.TimerRequest) -> None:
     """Reconcile open settlement claims (always), fold the operator counts' deltas (always), then fail
     parked hand-offs past ExpectedBy (opt-in: ``HANDOFF_SWEEPER_ENABLED``). Each part reports
-    per-endpoint failures and goes on."""
-    service.reconciler().run()
-    service.overview().fold_all(service.store().endpoints())
-    if env_flag("HANDOFF_SWEEPER_ENABLED"):
-        service.sweeper().sweep()
+    per-endpoint failures and goes on. With telemetry on, the tick also counts parked and overdue
+    hand-offs per endpoint (gauges)."""
+    sweeping = env_flag("HANDOFF_SWEEPER_ENABLED")
+    with telemetry.span("settle.sweeper.run", {"settle.sweeper.enabled": sweeping}):
+        service.reconciler().run()
+        service.overview().fold_all(service.store().endpoints())
+        if sweeping:
+            report = service.sweeper().sweep()
+            telemetry.annotate(
+                {"settle.sweeper.failed": len(report.failed), "settle.sweeper.skipped": len(report.skipped)}
+            )
+        if telemetry.enabled():
+            from handoff.sweeper import report_parked
+
+            report_parked(service.store(), service.settlement_service().clock(), sweeping=sweeping)

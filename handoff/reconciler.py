@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from common import telemetry
 from handoff import keys, store
 from handoff.outbox import RETRY_AFTER, ClaimState
 from handoff.records import ReconcileRow
@@ -55,6 +56,13 @@ class Reconciler:
         return self._clock() if self._clock else self.settlement.clock()
 
     def run(self) -> ReconcileReport:
+        with telemetry.span("settle.reconciler.run") as span:
+            report = self._run()
+            span.update({f"settle.reconciler.{k}": len(v) for k, v in vars(report).items()})
+            span.set_outcome("errors" if report.errors else "done")
+            return report
+
+    def _run(self) -> ReconcileReport:
         report = ReconcileReport()
         for endpoint_id in self.store.endpoints():
             try:
@@ -99,6 +107,11 @@ class Reconciler:
             report.unconfirmed.append(claim.event_id)
         else:
             report.waiting.append(claim.event_id)
+        if after.state is before:
+            outcome = "waiting"
+        else:
+            outcome = "resent" if after.state is ClaimState.sent else after.state.name
+        telemetry.add("settle.reconciler.claims", outcome=outcome)
         if after.state is before and after.reconcile_key == claim.reconcile_key:
             self._postpone(endpoint_id, due)  # nothing could be recorded: do not spin on this row
 

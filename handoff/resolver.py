@@ -18,6 +18,7 @@ from datetime import datetime
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Protocol
 
+from common import telemetry
 from common.clock import utcnow
 from common.errors import KeyTooLong
 from handoff import counts, keys, store
@@ -119,6 +120,29 @@ def is_transient(exc: BaseException) -> bool:
     return False
 
 
+# The outcome as telemetry names it (docs/observability.md).
+_OUTCOME_NAMES = {
+    Outcome.APPLIED: "applied",
+    Outcome.REFUSED: "refused-stale",
+    Outcome.DUPLICATE: "duplicate",
+    Outcome.HEARTBEAT: "heartbeat",
+    Outcome.POISONED: "poison",
+    Outcome.RESCHEDULED: "rescheduled",
+}
+
+
+def _text_of(value: object) -> str | None:
+    return None if value is None else str(value)
+
+
+def _status_of(row: EventRow | None) -> str:
+    """``Pending+Handoff``, ``Completed``, ... or ``None`` (no row yet)."""
+    if row is None:
+        return "None"
+    sub = f"+{row.pending_sub_status}" if row.pending_sub_status else ""
+    return row.resolution_status.name + sub
+
+
 def poison_endpoint(props: dict[str, Any]) -> str | None:
     """The endpoint a poison message names, by NimBus's attribution where its type is known."""
     from handoff.contract import RESOLVER_ID
@@ -185,8 +209,39 @@ class ResolverService:
     # -- entry point -------------------------------------------------------------------------------
 
     def handle(self, msg: func.ServiceBusMessage) -> Outcome:
-        """Project one message. Returns normally to complete it; raises to have the host retry it."""
+        """Project one message. Returns normally to complete it; raises to have the host retry it.
+
+        Its span (``settle.resolver.project``) continues the trace of the message (``traceparent``, else
+        ``Diagnostic-Id``), so a settlement and the projection of its control message are one trace.
+        """
         props = properties_of(msg)
+        parsed = MessageType.parse(props.get(Prop.MESSAGE_TYPE))
+        message_type = parsed.name if parsed is not None else "Unparsed"
+        attributes = {
+            "messaging.system": "servicebus",
+            "nimbus.message_type": message_type,
+            "nimbus.message_id": msg.message_id,
+            "nimbus.session_id": msg.session_id,
+            "nimbus.event_id": _text_of(props.get(Prop.EVENT_ID)),
+            "nimbus.event_type_id": _text_of(props.get(Prop.EVENT_TYPE_ID)),
+            "messaging.servicebus.message.delivery_count": parse_int(msg.delivery_count),
+        }
+        with telemetry.span(
+            "settle.resolver.project", attributes, carrier=props, continue_carrier=True
+        ) as span:
+            try:
+                outcome = self._handle(msg, props)
+            except Exception as exc:
+                span.failed(exc, slug="retry")  # raised to the host: the message comes again
+                telemetry.add("settle.resolver.messages", message_type=message_type, outcome="retry")
+                raise
+            span.set_outcome(_OUTCOME_NAMES[outcome])
+            telemetry.add(
+                "settle.resolver.messages", message_type=message_type, outcome=_OUTCOME_NAMES[outcome]
+            )
+            return outcome
+
+    def _handle(self, msg: func.ServiceBusMessage, props: dict[str, Any]) -> Outcome:
         if is_heartbeat(event_type_of(props, msg.get_body())):
             log.debug("heartbeat %s bypassed", msg.message_id)
             return Outcome.HEARTBEAT
@@ -251,6 +306,13 @@ class ResolverService:
                 if exc.status_code in (404, 409, 412):
                     continue  # another writer changed the row between our read and write: re-decide
                 raise
+            telemetry.annotate(
+                {
+                    "nimbus.endpoint": endpoint,
+                    "settle.status_before": _status_of(current),
+                    "settle.status_after": _status_of(decision.row if decision.applied else current),
+                }
+            )
             if decision.applied:
                 log.info("projected %s %s on %s/%s", m.message_type.name, m.message_id, endpoint, m.event_id)
                 return Outcome.APPLIED

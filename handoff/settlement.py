@@ -19,6 +19,7 @@ of one hand-off can never both be sent, on any number of instances: the claim is
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import uuid
@@ -27,8 +28,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from common import telemetry
 from common.clock import utcnow
-from common.errors import Conflict, NotFound, PayloadTooLarge
+from common.errors import Conflict, NotFound, PayloadTooLarge, SettleError
+from common.http import dependency_problem
 from handoff import keys, store
 from handoff.contract import (
     Coordinates,
@@ -68,6 +71,16 @@ class SettlementInFlight(Conflict):
 
     slug = "settlement-in-flight"
     title = "Another settlement of this hand-off is in flight"
+
+
+# Telemetry outcomes of refused settlements (others are named by their problem slug).
+_REFUSALS: dict[type[SettleError], str] = {
+    SettlementInFlight: "in-flight",
+    Conflict: "refused",
+    NotFound: "not-found",
+    PayloadTooLarge: "too-large",
+    SendRefused: "unavailable",
+}
 
 
 @dataclass(frozen=True)
@@ -167,7 +180,47 @@ class SettlementService:
     # -- settle ---------------------------------------------------------------------------------------
 
     def settle(self, s: Settlement, *, current: EventRow | None = None) -> SettlementAccepted:
-        """Send exactly one control message for a Pending + Handoff row (see the module docstring)."""
+        """Send exactly one control message for a Pending + Handoff row (see the module docstring).
+
+        Its span is ``settle.handoff.complete`` / ``settle.handoff.fail``; the control message carries that
+        span's ``traceparent`` (and ``Diagnostic-Id``), stored with the claim, so a re-send carries it too.
+        """
+        kind = "complete" if s.kind is MessageType.HandoffCompletedRequest else "fail"
+        attributes = {
+            "nimbus.endpoint": s.endpoint_id,
+            "nimbus.event_id": s.coordinates.event_id,
+            "nimbus.parked_message_id": s.coordinates.message_id,
+            "settle.settled_by": s.settled_by,
+        }
+        with telemetry.span(f"settle.handoff.{kind}", attributes) as span:
+            try:
+                accepted = self._settle(s, current)
+            except SettleError as exc:
+                outcome = _REFUSALS.get(type(exc), exc.slug)
+                if exc.status >= 500:
+                    span.failed(exc, slug=outcome)
+                else:
+                    span.set_outcome(outcome)
+                telemetry.add("settle.handoff.settlements", kind=kind, outcome=outcome)
+                raise
+            except Exception as exc:
+                mapped = dependency_problem(exc)  # what the HTTP answer will be (a 503 mostly)
+                outcome = mapped.slug if mapped is not None else "error"
+                span.failed(exc, slug=outcome)
+                telemetry.add("settle.handoff.settlements", kind=kind, outcome=outcome)
+                raise
+            outcome = "replayed" if accepted.replayed else "sent" if accepted.confirmed else "unconfirmed"
+            span.set_outcome(outcome)
+            span.update(
+                {
+                    "nimbus.control_message_id": accepted.control_message_id,
+                    "settle.claim_state": accepted.state,
+                }
+            )
+            telemetry.add("settle.handoff.settlements", kind=kind, outcome=outcome)
+            return accepted
+
+    def _settle(self, s: Settlement, current: EventRow | None) -> SettlementAccepted:
         payload = result_json(s.result)
         if payload is not None and len(payload.encode("utf-8")) > MAX_SEND_BYTES:
             raise self._too_large(s, len(payload.encode("utf-8")))
@@ -183,6 +236,13 @@ class SettlementService:
             s.kind, coords, result_json=payload, error_text=s.error_text, error_type=s.error_type
         )
         message = control_message(s.kind, s.endpoint_id, coords, content, message_id=str(uuid.uuid4()))
+        traced = telemetry.trace_properties()
+        if traced:
+            # Part of the stored outbox message: a re-send by the reconciler carries the same context.
+            message = dataclasses.replace(message, properties={**message.properties, **traced})
+        telemetry.annotate(
+            {"nimbus.session_id": coords.session_id, "settle.status_before": "Pending+Handoff"}
+        )
         size = encoded_size(message)
         if size > MAX_SEND_BYTES:
             raise self._too_large(s, size)
@@ -531,8 +591,31 @@ class SettlementService:
         taken, won = self._pinned(endpoint_id, claim, count=True)
         if not won:
             return taken  # changed by someone else meanwhile: they own this attempt
+        message = taken.outbox_message()
+        with telemetry.span(
+            "settle.handoff.resend",
+            {
+                "nimbus.endpoint": endpoint_id,
+                "nimbus.event_id": claim.event_id,
+                "nimbus.control_message_id": claim.control_message_id,
+                "settle.attempts": taken.attempts,
+            },
+            links=[message.properties],  # the settlement that claimed it (its context travels unchanged)
+        ) as span:
+            return self._resend_claimed(endpoint_id, claim, taken, message, span, bookkeeping=bookkeeping)
+
+    def _resend_claimed(
+        self,
+        endpoint_id: str,
+        claim: ClaimRow,
+        taken: ClaimRow,
+        message: OutboxMessage,
+        span: telemetry.SpanHandle,
+        *,
+        bookkeeping: bool,
+    ) -> ClaimRow:
         try:
-            self.transport().send(endpoint_id, taken.outbox_message().to_service_bus())
+            self.transport().send(endpoint_id, message.to_service_bus())
         except Exception:
             log.warning(
                 "re-send of %s for %s/%s failed",
@@ -541,10 +624,12 @@ class SettlementService:
                 claim.event_id,
                 exc_info=True,
             )
+            span.set_outcome("failed")
             if not bookkeeping:
                 return taken
             return self._transition(endpoint_id, taken, taken.state, due=self.clock() + RETRY_AFTER)
         log.info("re-sent %s for %s/%s", claim.control_message_id, endpoint_id, claim.event_id)
+        span.set_outcome("sent")
         return self._transition(endpoint_id, taken, ClaimState.sent, sent=True)
 
     def _pinned(self, endpoint_id: str, claim: ClaimRow, *, count: bool) -> tuple[ClaimRow, bool]:

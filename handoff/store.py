@@ -219,6 +219,19 @@ class HandoffStore:
         rows = self._range(endpoint_id, after or low, high, after=bool(after), limit=limit)
         return [dict(e) for e in rows]
 
+    def count_range(self, endpoint_id: str, low: str, high: str, *, cap: int) -> int:
+        """Rows of ``[low, high)`` in the endpoint's partition, counted up to ``cap`` (keys only)."""
+        query = (
+            f"PartitionKey eq {_quote(keys.partition(endpoint_id))} and RowKey ge {_quote(low)}"
+            f" and RowKey lt {_quote(high)}"
+        )
+        count = 0
+        for _ in self._events().query_entities(query, select=["RowKey"], results_per_page=1000):
+            count += 1
+            if count >= cap:
+                break
+        return count
+
     def due_reconcile(self, endpoint_id: str, now: datetime, *, limit: int = 200) -> list[ReconcileRow]:
         """Open claims to look at now, oldest due first."""
         low, high = keys.reconcile_range_until(now)

@@ -20,11 +20,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from common import telemetry
 from common.clock import iso
 from common.errors import Conflict, NotFound
+from handoff import keys
 from handoff.contract import Coordinates, MessageType
 from handoff.records import EndpointRow
 from handoff.settlement import Settlement, SettlementService
+from handoff.store import HandoffStore
 
 log = logging.getLogger("settle.sweeper")
 
@@ -40,6 +43,31 @@ class SweepReport:
     failed: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     errors: dict[str, dict[str, str]] = field(default_factory=dict)
+
+
+# Gauges count at most this many index rows per endpoint and tick (10 pages of keys; beyond it the gauge
+# says "at least this many", which is enough to alert on).
+GAUGE_CAP = 10_000
+
+
+def report_parked(store: HandoffStore, now: datetime, *, sweeping: bool) -> None:
+    """``settle.handoff.parked`` and ``settle.handoff.overdue`` per endpoint, from the queue and expiry
+    index rows (keys only; run on the sweeper tick, and only when telemetry is on)."""
+    if not telemetry.enabled():
+        return
+    for endpoint_id in store.endpoints():
+        try:
+            low, high = keys.QUEUE_RANGE
+            parked = store.count_range(endpoint_id, low, high, cap=GAUGE_CAP)
+            low, high = keys.expiry_range_until(now)
+            overdue = store.count_range(endpoint_id, low, high, cap=GAUGE_CAP)
+        except Exception:
+            log.warning("could not count the parked hand-offs of %s", endpoint_id, exc_info=True)
+            continue
+        telemetry.gauge("settle.handoff.parked", parked, endpoint=endpoint_id)
+        telemetry.gauge(
+            "settle.handoff.overdue", overdue, endpoint=endpoint_id, sweeper="on" if sweeping else "off"
+        )
 
 
 class Sweeper:

@@ -10,7 +10,8 @@
 //   servicebus-rbac.bicep       the identity's Service Bus roles (in the namespace's resource group)
 //   rbac.bicep                  the identity's storage and telemetry roles
 //   functionapp.bicep           Flex Consumption plan + Python 3.11 function app + app settings
-//   alerts.bicep                dead letters on the resolver, function failures, Service Bus throttling
+//   alerts.bicep                dead letters on the resolver, function failures, Service Bus throttling,
+//                               and Settle's own signals (poison, expired locks, overdue hand-offs, 503s)
 //
 // Role IDs come from builtin-roles.json (by name); tests/infra type-checks every file against Azure's
 // resource types (tests/infra/bicep-types) because no Bicep compiler runs in CI.
@@ -270,6 +271,7 @@ module alerts 'modules/alerts.bicep' = {
     resolverTopicName: serviceBus.outputs.resolverTopicName
     applicationInsightsId: monitoring.outputs.applicationInsightsId
     alertEmail: alertEmail
+    location: location
   }
 }
 

@@ -7,13 +7,16 @@ the operator in and the code checks the principal and its app role (:mod:`manage
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
 import azure.functions as func
 
-from common.errors import InvalidInput
-from common.http import operation, parse_body
+from common import telemetry
+from common.errors import InvalidInput, SettleError
+from common.http import dependency_problem, operation, parse_body
 from handoff import service
 from handoff.contract import MessageType
 from management.models import (
@@ -224,13 +227,42 @@ def _accepted(result: Any) -> ActionAccepted:
     from handoff.models import AuditEntry
 
     audit = AuditEntry.of(result.audit) if result.audit is not None else None
-    return ActionAccepted.of(result.action, result.accepted, audit)
+    accepted = result.accepted
+    telemetry.current().set_outcome(
+        "replayed" if accepted.replayed else "sent" if accepted.confirmed else "unconfirmed"
+    )
+    telemetry.annotate({"nimbus.control_message_id": accepted.control_message_id})
+    return ActionAccepted.of(result.action, accepted, audit)
+
+
+@contextmanager
+def _counted(action: str, req: func.HttpRequest, *ids: str) -> Iterator[None]:
+    """Names the item on the action's span and counts the action in ``settle.operator.actions`` by
+    outcome (the span's, once the block has set it; a refusal's slug; a dependency's 503). The principal
+    is in the audit row, not in telemetry."""
+    names = (
+        ("nimbus.endpoint", "nimbus.event_id")
+        if action != "replay"
+        else ("settle.poison.day", "settle.poison.id")
+    )
+    telemetry.annotate({name: req.route_params.get(route) for name, route in zip(names, ids, strict=True)})
+    try:
+        yield
+    except SettleError as exc:
+        telemetry.add("settle.operator.actions", action=action, outcome=exc.slug)
+        raise
+    except Exception as exc:
+        mapped = dependency_problem(exc)
+        telemetry.add("settle.operator.actions", action=action, outcome=mapped.slug if mapped else "error")
+        raise
+    telemetry.add("settle.operator.actions", action=action, outcome=telemetry.current().outcome or "ok")
 
 
 @operation(
     bp,
     route="v1/events/{endpointId}/{eventId}/resubmit",
     method="POST",
+    span="settle.operator.resubmit",
     summary="Resubmit an event (optionally with an edited EventJson): one ResubmissionRequest, audited",
     request=ResubmitRequest,
     response=ActionAccepted,
@@ -241,22 +273,24 @@ def _accepted(result: Any) -> ActionAccepted:
     tag=_TAG,
 )
 def event_resubmit(req: func.HttpRequest) -> ActionAccepted:
-    body: ResubmitRequest = _body(req, ResubmitRequest)
-    actor = actor_of(req, body.by)
-    result = service.operator_actions().resubmit(
-        _route(req, "endpointId"),
-        _route(req, "eventId"),
-        actor,
-        event_json=body.event_json,
-        reason=body.reason,
-    )
-    return _accepted(result)
+    with _counted("resubmit", req, "endpointId", "eventId"):
+        body: ResubmitRequest = _body(req, ResubmitRequest)
+        actor = actor_of(req, body.by)
+        result = service.operator_actions().resubmit(
+            _route(req, "endpointId"),
+            _route(req, "eventId"),
+            actor,
+            event_json=body.event_json,
+            reason=body.reason,
+        )
+        return _accepted(result)
 
 
 @operation(
     bp,
     route="v1/events/{endpointId}/{eventId}/skip",
     method="POST",
+    span="settle.operator.skip",
     summary="Skip an event: one SkipRequest, audited",
     request=SkipRequest,
     response=ActionAccepted,
@@ -267,18 +301,20 @@ def event_resubmit(req: func.HttpRequest) -> ActionAccepted:
     tag=_TAG,
 )
 def event_skip(req: func.HttpRequest) -> ActionAccepted:
-    body: SkipRequest = _body(req, SkipRequest)
-    actor = actor_of(req, body.by)
-    result = service.operator_actions().skip(
-        _route(req, "endpointId"), _route(req, "eventId"), actor, reason=body.reason
-    )
-    return _accepted(result)
+    with _counted("skip", req, "endpointId", "eventId"):
+        body: SkipRequest = _body(req, SkipRequest)
+        actor = actor_of(req, body.by)
+        result = service.operator_actions().skip(
+            _route(req, "endpointId"), _route(req, "eventId"), actor, reason=body.reason
+        )
+        return _accepted(result)
 
 
 @operation(
     bp,
     route="v1/events/{endpointId}/{eventId}/complete",
     method="POST",
+    span="settle.operator.complete",
     summary="Complete the event's parked hand-off as an operator (one HandoffCompletedRequest, audited)",
     request=CompleteRequest,
     response=ActionAccepted,
@@ -289,22 +325,24 @@ def event_skip(req: func.HttpRequest) -> ActionAccepted:
     tag=_TAG,
 )
 def event_complete(req: func.HttpRequest) -> ActionAccepted:
-    body: CompleteRequest = _body(req, CompleteRequest)
-    actor = actor_of(req, body.by)
-    result = service.operator_actions().settle(
-        _route(req, "endpointId"),
-        _route(req, "eventId"),
-        actor,
-        kind=MessageType.HandoffCompletedRequest,
-        result=body.result,
-    )
-    return _accepted(result)
+    with _counted("complete", req, "endpointId", "eventId"):
+        body: CompleteRequest = _body(req, CompleteRequest)
+        actor = actor_of(req, body.by)
+        result = service.operator_actions().settle(
+            _route(req, "endpointId"),
+            _route(req, "eventId"),
+            actor,
+            kind=MessageType.HandoffCompletedRequest,
+            result=body.result,
+        )
+        return _accepted(result)
 
 
 @operation(
     bp,
     route="v1/events/{endpointId}/{eventId}/fail",
     method="POST",
+    span="settle.operator.fail",
     summary="Fail the event's parked hand-off as an operator (one HandoffFailedRequest, audited)",
     request=FailRequest,
     response=ActionAccepted,
@@ -315,17 +353,18 @@ def event_complete(req: func.HttpRequest) -> ActionAccepted:
     tag=_TAG,
 )
 def event_fail(req: func.HttpRequest) -> ActionAccepted:
-    body = parse_body(req, FailRequest)
-    actor = actor_of(req, body.by)
-    result = service.operator_actions().settle(
-        _route(req, "endpointId"),
-        _route(req, "eventId"),
-        actor,
-        kind=MessageType.HandoffFailedRequest,
-        error_text=body.error_text,
-        error_type=body.error_type,
-    )
-    return _accepted(result)
+    with _counted("fail", req, "endpointId", "eventId"):
+        body = parse_body(req, FailRequest)
+        actor = actor_of(req, body.by)
+        result = service.operator_actions().settle(
+            _route(req, "endpointId"),
+            _route(req, "eventId"),
+            actor,
+            kind=MessageType.HandoffFailedRequest,
+            error_text=body.error_text,
+            error_type=body.error_type,
+        )
+        return _accepted(result)
 
 
 # -- poison ---------------------------------------------------------------------------------------
@@ -368,6 +407,7 @@ def poison_list(req: func.HttpRequest) -> PoisonPage:
     bp,
     route="v1/poison/{day}/{id}/replay",
     method="POST",
+    span="settle.operator.replay",
     summary="Replay a poison message through the resolver; answers the outcome (409 if replayed before)",
     request=ReplayRequest,
     response=ReplayAnswer,
@@ -380,15 +420,17 @@ def poison_list(req: func.HttpRequest) -> PoisonPage:
     tag=_TAG,
 )
 def poison_replay(req: func.HttpRequest) -> ReplayAnswer:
-    body: ReplayRequest = _body(req, ReplayRequest)
-    actor = actor_of(req, body.by)
-    result = service.poison_desk().replay(_route(req, "day"), _route(req, "id"), actor)
-    return ReplayAnswer(
-        outcome=result.outcome,
-        detail=result.detail,
-        replayed=result.replayed,
-        poison=PoisonEntry.of(result.day, result.row),
-    )
+    with _counted("replay", req, "day", "id"):
+        body: ReplayRequest = _body(req, ReplayRequest)
+        actor = actor_of(req, body.by)
+        result = service.poison_desk().replay(_route(req, "day"), _route(req, "id"), actor)
+        telemetry.current().set_outcome(result.outcome)
+        return ReplayAnswer(
+            outcome=result.outcome,
+            detail=result.detail,
+            replayed=result.replayed,
+            poison=PoisonEntry.of(result.day, result.row),
+        )
 
 
 # -- state records ----------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from common import telemetry
 from common.clock import epoch_ms, iso, to_ms
 from state.expiry import ExpiryIndex, Pointer
 from state.keys import BUCKET_MS, LOCK_KIND, RETENTION_KIND, bucket_range, due_range, is_marker
@@ -73,20 +74,23 @@ class Catchup:
         self._index = index or store.index
 
     def run(self, *, now: datetime | None = None, max_rows: int = DEFAULT_MAX_ROWS) -> CatchupResult:
-        started = time.perf_counter()
-        result = CatchupResult()
-        when = to_ms(now) if now is not None else self._store.now()
-        budget = _Budget(max_rows)
-        for kind in (LOCK_KIND, RETENTION_KIND):
-            for pointer in self._index.pointers(kind, when):
-                result.index_rows_read += 1
-                if not budget.take():
-                    break
-                result.minutes_visited += 1
-                self._visit(pointer, when, result, budget)
-        result.elapsed_ms = (time.perf_counter() - started) * 1000
-        log.info("state catch-up: %s", result)
-        return result
+        with telemetry.span("settle.catchup.run", {"settle.catchup.max_rows": max_rows}) as span:
+            started = time.perf_counter()
+            result = CatchupResult()
+            when = to_ms(now) if now is not None else self._store.now()
+            budget = _Budget(max_rows)
+            for kind in (LOCK_KIND, RETENTION_KIND):
+                for pointer in self._index.pointers(kind, when):
+                    result.index_rows_read += 1
+                    if not budget.take():
+                        break
+                    result.minutes_visited += 1
+                    self._visit(pointer, when, result, budget)
+            result.elapsed_ms = (time.perf_counter() - started) * 1000
+            span.update({f"settle.catchup.{k}": v for k, v in vars(result).items() if k != "elapsed_ms"})
+            span.set_outcome("done" if budget.left > 0 else "budget-exhausted")
+            log.info("state catch-up: %s", result)
+            return result
 
     def _visit(self, pointer: Pointer, now: datetime, result: CatchupResult, budget: _Budget) -> None:
         """Handle one partition's due rows of one minute; close the minute when it is over and done."""
@@ -179,6 +183,17 @@ class Catchup:
             substatus="LockExpired",
             error=f"The lock expired at {iso(until)} before its holder recorded an outcome.",
             now=now,
+        )
+        telemetry.add("settle.catchup.expired_locks")
+        entity = head.entity
+        telemetry.current().event(
+            "settle.catchup.lock_expired",
+            {
+                "settle.tenant_id": entity.get("TenantId"),
+                "settle.entity_id": entity.get("EntityId"),
+                "settle.item_entity_key": entity.get("ItemEntityKey"),
+                "settle.lock_id": entity.get("LockId"),
+            },
         )
         return True
 

@@ -7,11 +7,14 @@ problem+json (see ``common/http.py``).
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 import azure.functions as func
 
+from common import telemetry
 from common.http import operation, parse_body
 from state import service
+from state.model import Scope
 from state.schemas import (
     ExistsResponse,
     ExtendRequest,
@@ -29,8 +32,41 @@ from state.schemas import (
     UpsertRequest,
 )
 
+if TYPE_CHECKING:
+    from state.handlers import StateHandler
+
 bp = func.Blueprint()
 log = logging.getLogger("settle.state")
+
+
+def _handler(body: KeyRequest | QueryRequest) -> StateHandler:
+    """The handler the body selects; the request's ids go on the operation's span first."""
+    if isinstance(body, KeyRequest):
+        key = body.key
+        telemetry.annotate(
+            {
+                "settle.tenant_id": key.tenant_id,
+                "settle.scope": Scope(key.scope_id).code if key.scope_id else None,
+                "settle.entity_id": key.entity_id,
+                "settle.entity_execution_id": key.entity_execution_id,
+                "settle.item_entity_key": key.item_entity_key,
+                "settle.item_key": key.item_key,
+                "settle.sub_item_entity_key": key.sub_item_entity_key or None,
+                "settle.sub_item_key": key.sub_item_key or None,
+                "settle.handler": body.handler.key,
+            }
+        )
+    else:
+        telemetry.annotate(
+            {
+                "settle.tenant_id": body.tenant_id,
+                "settle.scope": Scope(body.scope_id).code if body.scope_id else body.scope,
+                "settle.entity_id": body.entity_id,
+                "settle.handler": body.handler.key,
+            }
+        )
+    return service.handler(body.handler)
+
 
 _BAD = {400: "Invalid input (problem+json names the field)", 413: "Data too large"}
 _FENCED = {**_BAD, 409: "The lock token no longer holds the lock"}
@@ -45,10 +81,11 @@ _FENCED = {**_BAD, 409: "The lock token no longer holds the lock"}
     response=ExistsResponse,
     responses=_BAD,
     tag="state",
+    span="settle.state.exists",
 )
 def state_exists(req: func.HttpRequest) -> ExistsResponse:
     body = parse_body(req, KeyRequest)
-    return service.handler(body.handler).exists(body)
+    return _handler(body).exists(body)
 
 
 @operation(
@@ -60,10 +97,11 @@ def state_exists(req: func.HttpRequest) -> ExistsResponse:
     response=LockResponse,
     responses=_BAD,
     tag="state",
+    span="settle.state.lock",
 )
 def state_lock(req: func.HttpRequest) -> LockResponse:
     body = parse_body(req, LockRequest)
-    return service.handler(body.handler).lock(body)
+    return _handler(body).lock(body)
 
 
 @operation(
@@ -75,10 +113,11 @@ def state_lock(req: func.HttpRequest) -> LockResponse:
     response=ExtendResponse,
     responses=_FENCED,
     tag="state",
+    span="settle.state.extend",
 )
 def state_lock_extend(req: func.HttpRequest) -> ExtendResponse:
     body = parse_body(req, ExtendRequest)
-    return service.handler(body.handler).extend(body)
+    return _handler(body).extend(body)
 
 
 @operation(
@@ -90,10 +129,11 @@ def state_lock_extend(req: func.HttpRequest) -> ExtendResponse:
     response=Record,
     responses={**_FENCED, 204: "Null handler: nothing written"},
     tag="state",
+    span="settle.state.set",
 )
 def state_set(req: func.HttpRequest) -> Record | None:
     body = parse_body(req, SetRequest)
-    return service.handler(body.handler).set(body)
+    return _handler(body).set(body)
 
 
 @operation(
@@ -105,10 +145,11 @@ def state_set(req: func.HttpRequest) -> Record | None:
     response=Record,
     responses={**_FENCED, 204: "Null handler: nothing written"},
     tag="state",
+    span="settle.state.upsert",
 )
 def state_upsert(req: func.HttpRequest) -> Record | None:
     body = parse_body(req, UpsertRequest)
-    return service.handler(body.handler).upsert(body)
+    return _handler(body).upsert(body)
 
 
 @operation(
@@ -120,10 +161,11 @@ def state_upsert(req: func.HttpRequest) -> Record | None:
     response=Record,
     responses={**_FENCED, 204: "Null handler: nothing written"},
     tag="state",
+    span="settle.state.release",
 )
 def state_release(req: func.HttpRequest) -> Record | None:
     body = parse_body(req, ReleaseRequest)
-    return service.handler(body.handler).release(body)
+    return _handler(body).release(body)
 
 
 @operation(
@@ -135,10 +177,11 @@ def state_release(req: func.HttpRequest) -> Record | None:
     response=Record,
     responses={**_BAD, 404: "No record"},
     tag="state",
+    span="settle.state.get",
 )
 def state_get(req: func.HttpRequest) -> Record:
     body = parse_body(req, KeyRequest)
-    return service.handler(body.handler).get(body)
+    return _handler(body).get(body)
 
 
 @operation(
@@ -150,10 +193,11 @@ def state_get(req: func.HttpRequest) -> Record:
     response=RecordPage,
     responses=_BAD,
     tag="state",
+    span="settle.state.query",
 )
 def state_query(req: func.HttpRequest) -> RecordPage:
     body = parse_body(req, QueryRequest)
-    return service.handler(body.handler).query(body)
+    return _handler(body).query(body)
 
 
 @operation(
@@ -165,10 +209,11 @@ def state_query(req: func.HttpRequest) -> RecordPage:
     response=RecordPage,
     responses=_BAD,
     tag="state",
+    span="settle.state.history",
 )
 def state_history(req: func.HttpRequest) -> RecordPage:
     body = parse_body(req, HistoryRequest)
-    return service.handler(body.handler).history(body)
+    return _handler(body).history(body)
 
 
 @operation(
@@ -179,6 +224,7 @@ def state_history(req: func.HttpRequest) -> RecordPage:
     response=StateMeta,
     anonymous=True,
     tag="state",
+    span="settle.state.meta",
 )
 def state_meta(req: func.HttpRequest) -> StateMeta:
     from state.handlers import meta

@@ -12,6 +12,7 @@ import json
 from datetime import datetime
 from typing import Any, Protocol
 
+from common import telemetry
 from common.errors import InvalidInput, NotFound
 from common.signing import Signer
 from state import envelope
@@ -161,6 +162,19 @@ def queryable_status(value: str | int) -> Status:
     return status
 
 
+def note_lock(acquired: bool, takeover: bool, replayed: bool, status: str, handler: str) -> None:
+    """The lock's outcome on its span and in ``settle.state.locks``."""
+    if replayed:
+        outcome = "replayed"
+    elif takeover:
+        outcome = "takeover"
+    else:
+        outcome = "acquired" if acquired else "refused"
+    telemetry.current().set_outcome(outcome)
+    telemetry.annotate({"settle.status_after": status})
+    telemetry.add("settle.state.locks", outcome=outcome, handler=handler)
+
+
 def meta() -> StateMeta:
     """Codes and names of scopes and statuses, the handler names, and the statuses exists/set know."""
     return StateMeta(
@@ -229,14 +243,17 @@ class BuiltInHandler:
     def exists(self, req: KeyRequest) -> ExistsResponse:
         head = self._store.read_head(req.key.record_key())
         if head is None:
+            telemetry.annotate({"settle.status_before": Status.NONE.label})
             return ExistsResponse(exists=False, status=Status.NONE.label)
         status = effective_status(head.entity, self._store.now())
+        telemetry.annotate({"settle.status_before": status.label})
         return ExistsResponse(exists=status in EXISTS_STATUSES, status=status.label)
 
     def lock(self, req: LockRequest) -> LockResponse:
         outcome = self._store.lock(
             req.key.record_key(), _context(req), lock_seconds(req), request_id=req.request_id
         )
+        note_lock(outcome.acquired, outcome.takeover, outcome.replayed, outcome.status.label, req.handler.key)
         return LockResponse(
             acquired=outcome.acquired,
             lock_token=outcome.token,
@@ -300,7 +317,9 @@ class BuiltInHandler:
         head: Head | None = self._store.read_head(req.key.record_key())
         if head is None:
             raise NotFound("No record for this key.", field="key")
-        return to_record(head.entity, self._store.now())
+        record = to_record(head.entity, self._store.now())
+        telemetry.annotate({"settle.status_before": record.status})
+        return record
 
     def history(self, req: HistoryRequest) -> RecordPage:
         key = req.key.record_key()
@@ -359,6 +378,7 @@ class BuiltInHandler:
         self, entities: list[dict[str, Any]], binding: str, token: dict[str, str] | None, now: datetime
     ) -> RecordPage:
         signer = self._store.signer() if token else None
+        telemetry.annotate({"settle.items": len(entities), "settle.more": token is not None})
         return RecordPage(
             items=[to_record(e, now) for e in entities],
             continuation_token=encode_continuation(signer, binding, token) if signer else None,
@@ -372,6 +392,7 @@ class NullHandler:
         return ExistsResponse(exists=False, status=Status.NONE.label)
 
     def lock(self, req: LockRequest) -> LockResponse:
+        note_lock(True, False, False, Status.NONE.label, req.handler.key)
         return LockResponse(acquired=True, status=Status.NONE.label)
 
     def extend(self, req: ExtendRequest) -> ExtendResponse:

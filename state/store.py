@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from common import telemetry
 from common.clock import epoch_ms, from_epoch_ms, iso, to_ms, utcnow
 from common.errors import Conflict, LockLost, PayloadTooLarge
 from common.limits import MAX_ENTITY_BYTES, entity_size, int64, plain_int
@@ -312,6 +313,7 @@ class StateStore:
                     retention_expired=current.retention_expired(now),
                 )
                 if not decision.acquire:
+                    telemetry.annotate({"settle.status_before": current.status.label})
                     if request_id is not None and _same_request(current, request_id, now):
                         return self._acquired(key, current, replayed=True)
                     return LockOutcome(
@@ -332,7 +334,7 @@ class StateStore:
                     f"{iso(previous) if previous is not None else 'an unknown time'}."
                 )
             try:
-                head = self._write(current, new)
+                head = _noted(current, self._write(current, new))
             except Exception as exc:
                 if not is_conflict(exc):
                     raise
@@ -408,7 +410,7 @@ class StateStore:
                 state = "no record" if current is None else f"the record is {current.status.label}"
                 raise Conflict(f"There is no lock to release: {state}.", field="key")
             try:
-                return self._write(current, build(current, self.now()))
+                return _noted(current, self._write(current, build(current, self.now())))
             except Exception as exc:
                 if not is_conflict(exc):
                     raise
@@ -447,6 +449,7 @@ class StateStore:
                 head = self.read_head(key)
                 if concludes is not None and head is not None and head.entity.get("ClosedLockId") == claims.i:
                     if head.status is concludes and head.entity.get("ClosedDigest") == digest:
+                        telemetry.current().set_outcome("replayed")
                         return head  # this very write was already applied
                     raise LockLost(
                         f"This lock already ended with {head.status.label} (another request). "
@@ -460,7 +463,7 @@ class StateStore:
                 if digest is not None:
                     new["ClosedDigest"] = digest
             try:
-                return self._write(current, new)
+                return _noted(current, self._write(current, new))
             except Exception as exc:
                 if not is_conflict(exc):
                     raise
@@ -635,6 +638,20 @@ class StateStore:
             self._hints.put(pk, rk, head)
             return head
         raise Conflict("The record's expiry index changed on every attempt to write it; retry.", field="key")
+
+
+def _noted(current: Head | None, head: Head) -> Head:
+    """The write on the operation's span: applied, and the status it moved from and to."""
+    span = telemetry.current()
+    span.set_outcome("applied")
+    span.update(
+        {
+            "settle.status_before": current.status.label if current is not None else Status.NONE.label,
+            "settle.status_after": head.status.label,
+            "settle.version": head.version,
+        }
+    )
+    return head
 
 
 def claims_of(key: RecordKey, head: Head) -> LockClaims:

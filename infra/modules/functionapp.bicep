@@ -102,6 +102,8 @@ var appSettings = {
   // Telemetry, authenticated with Entra (Monitoring Metrics Publisher on the component).
   APPLICATIONINSIGHTS_CONNECTION_STRING: applicationInsightsConnectionString
   APPLICATIONINSIGHTS_AUTHENTICATION_STRING: 'ClientId=${identityClientId};Authorization=AAD'
+  // The Python worker makes the host's invocation the current trace context, so Settle's spans join it.
+  PYTHON_ENABLE_OPENTELEMETRY: 'true'
   // SDK clients in code (DefaultAzureCredential / ManagedIdentityCredential) use this identity.
   AZURE_CLIENT_ID: identityClientId
   // Settle's tables (common/settings.py): endpoint + identity, never a connection string.

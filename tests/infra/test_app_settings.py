@@ -12,6 +12,19 @@ LOCAL_ONLY = {
     "ServiceBusConnection": "connection-string form for the emulator/local runs; Azure uses "
     "ServiceBusConnection__fullyQualifiedNamespace + __credential + __clientId, and SAS is disabled",
 }
+# Telemetry switches the code reads that Azure leaves unset on purpose: Application Insights (set) is the
+# destination there; these add or redirect exporters, or switch telemetry off (common/telemetry.py).
+TELEMETRY_OPTIONS = {
+    "SETTLE_TELEMETRY": "off switch; unset means on wherever a destination is configured",
+    "OTEL_SDK_DISABLED": "the standard off switch",
+    "OTEL_TRACES_EXPORTER": "console/otlp exporters in addition to Application Insights",
+    "OTEL_METRICS_EXPORTER": "console/otlp exporters in addition to Application Insights",
+    "OTEL_EXPORTER_OTLP_ENDPOINT": "an OTLP collector, if one is used",
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "an OTLP collector for traces only",
+    "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "an OTLP collector for metrics only",
+    "OTEL_SERVICE_NAME": "the distro names the service after the function app",
+}
+
 # Set by App Service itself on every instance (not an app setting): the management API fails closed
 # (requires a signed-in principal) where it is present (management/principal.py, ADR-0013).
 PLATFORM_SET = {"WEBSITE_INSTANCE_ID"}
@@ -54,7 +67,10 @@ def test_every_setting_the_code_reads_is_set_by_the_bicep() -> None:
     missing = {
         name: sorted(files)
         for name, files in scan.reads.items()
-        if name not in bicep_settings() and name not in LOCAL_ONLY and name not in PLATFORM_SET
+        if name not in bicep_settings()
+        and name not in LOCAL_ONLY
+        and name not in TELEMETRY_OPTIONS
+        and name not in PLATFORM_SET
     }
     assert missing == {}
 
@@ -69,6 +85,16 @@ def test_every_binding_connection_has_its_identity_settings() -> None:
 
 def test_local_only_settings_are_not_set_in_azure() -> None:
     assert set(LOCAL_ONLY) & bicep_settings() == set()
+
+
+def test_telemetry_exports_to_application_insights_only_and_joins_the_host_s_trace() -> None:
+    # Unset in Azure: no console/OTLP exporter, telemetry not switched off.
+    assert set(TELEMETRY_OPTIONS) & bicep_settings() == set()
+    settings = load_infra("modules/functionapp.bicep").variables["appSettings"]
+    assert isinstance(settings, dict)
+    assert settings["PYTHON_ENABLE_OPENTELEMETRY"] == "true"
+    # The worker would configure the distro itself (and a second pipeline): Settle configures it.
+    assert "PYTHON_APPLICATIONINSIGHTS_ENABLE_TELEMETRY" not in settings
 
 
 def test_the_host_settings_and_the_sdk_identity_are_set() -> None:

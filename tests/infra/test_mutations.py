@@ -280,6 +280,35 @@ MUTATIONS = [
         "output hostBlobEndpoint string = dataStorage.properties.primaryEndpoints.blob",
         "must be a blob container of dataStorage",
     ),
+    # -- issue 16: the log search alerts on Settle's own metrics --
+    edit(
+        "log-alert-api-version-that-does-not-exist",
+        "modules/alerts.bicep",
+        "'Microsoft.Insights/scheduledQueryRules@2023-12-01'",
+        "'Microsoft.Insights/scheduledQueryRules@2023-12-02'",
+        "API version 2023-12-02 does not exist for Microsoft.Insights/scheduledQueryRules",
+    ),
+    edit(
+        "log-alert-failing-periods-typo",
+        "modules/alerts.bicep",
+        "            failingPeriods: {",
+        "            failingPeriod: {",
+        "criteria.allOf[0].failingPeriod: unknown property (did you mean failingPeriods?)",
+    ),
+    edit(
+        "log-alert-frequency-as-minutes",
+        "modules/alerts.bicep",
+        "      evaluationFrequency: 'PT5M'\n      windowSize: alert.windowSize",
+        "      evaluationFrequency: 5\n      windowSize: alert.windowSize",
+        "properties.evaluationFrequency: 5 is an int, but a string belongs here",
+    ),
+    edit(
+        "log-alert-without-a-location",
+        "modules/alerts.bicep",
+        "    location: location\n    tags: tags\n    kind: 'LogAlert'",
+        "    tags: tags\n    kind: 'LogAlert'",
+        "settleSignals location: required property is missing",
+    ),
 ]
 
 
