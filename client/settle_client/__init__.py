@@ -11,6 +11,7 @@ from settle_client.enums import EXISTS_STATUSES, HANDLERS, SETTABLE_STATUSES, Sc
 from settle_client.errors import (
     AlreadyProcessed,
     Conflict,
+    ContentTruncated,
     InvalidInput,
     LockHeld,
     LockLost,
@@ -51,6 +52,7 @@ __all__ = [
     "AsyncSettleClient",
     "AuditEntry",
     "Conflict",
+    "ContentTruncated",
     "Coordinates",
     "Event",
     "ExtendResult",

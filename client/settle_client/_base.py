@@ -60,6 +60,16 @@ class ClientBase:
             self.default_headers["x-agent-id"] = agent_id  # the default settledBy of settlements
         self._rng = random.Random()
 
+    def lock_seconds_for(self, given: int | None) -> int:
+        """The lock length of a processing block: ``given``, else the handler's ``lockSeconds`` option
+        (the client's settings), else :data:`DEFAULT_LOCK_SECONDS`. The block always sends it, since
+        its extensions are timed from it."""
+        if given is not None:
+            return given
+        options = self.requests.handler.options if self.requests.handler is not None else {}
+        configured = options.get("lockSeconds", options.get("lock_seconds"))
+        return configured if isinstance(configured, int) else DEFAULT_LOCK_SECONDS
+
     def timeout_for(self, call: Call[Any]) -> httpx.Timeout:
         t = self.timeout
         if call.wait <= 0 or t.read is None:

@@ -15,7 +15,7 @@ from typing import Any, ParamSpec, TypeVar
 
 import httpx
 
-from settle_client._base import DEFAULT_LOCK_SECONDS, ClientBase, HandlerLike, read, transport_failure
+from settle_client._base import ClientBase, HandlerLike, read, transport_failure
 from settle_client._calls import Call, query_filters
 from settle_client.auth import TokenCredentialLike
 from settle_client.enums import Scope, Status
@@ -233,18 +233,20 @@ class AsyncSettleClient(ClientBase):
         self,
         key: KeyLike,
         *,
-        lock_seconds: int = DEFAULT_LOCK_SECONDS,
+        lock_seconds: int | None = None,
         metadata: MetadataLike | None = None,
     ) -> AsyncProcessing:
         """``async with client.processing(key) as item:`` (see :meth:`SettleClient.processing`); the
         lock is extended by a task while the block runs."""
-        return AsyncProcessing(self, Key.of(key), lock_seconds=lock_seconds, metadata=metadata)
+        return AsyncProcessing(
+            self, Key.of(key), lock_seconds=self.lock_seconds_for(lock_seconds), metadata=metadata
+        )
 
     def idempotent(
         self,
         key: Callable[..., KeyLike],
         *,
-        lock_seconds: int = DEFAULT_LOCK_SECONDS,
+        lock_seconds: int | None = None,
         wait_seconds: float = 0.0,
     ) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Awaitable[R]]]:
         """:meth:`SettleClient.idempotent` for ``async def`` functions."""

@@ -14,7 +14,7 @@ from typing import Any, ParamSpec, TypeVar
 
 import httpx
 
-from settle_client._base import DEFAULT_LOCK_SECONDS, ClientBase, HandlerLike, read, transport_failure
+from settle_client._base import ClientBase, HandlerLike, read, transport_failure
 from settle_client._calls import Call, query_filters
 from settle_client.auth import TokenCredentialLike
 from settle_client.enums import Scope, Status
@@ -252,21 +252,24 @@ class SettleClient(ClientBase):
         self,
         key: KeyLike,
         *,
-        lock_seconds: int = DEFAULT_LOCK_SECONDS,
+        lock_seconds: int | None = None,
         metadata: MetadataLike | None = None,
     ) -> Processing:
         """``with client.processing(key) as item:`` lock → act → record (see :mod:`settle_client.processing`).
 
         Raises :class:`AlreadyProcessed` or :class:`LockHeld` on entry when the lock is refused. The lock
-        lasts ``lock_seconds`` and is extended in the background while the block runs.
+        lasts ``lock_seconds`` (default: the client's handler option ``lockSeconds``, else 60) and is
+        extended in the background while the block runs.
         """
-        return Processing(self, Key.of(key), lock_seconds=lock_seconds, metadata=metadata)
+        return Processing(
+            self, Key.of(key), lock_seconds=self.lock_seconds_for(lock_seconds), metadata=metadata
+        )
 
     def idempotent(
         self,
         key: Callable[..., KeyLike],
         *,
-        lock_seconds: int = DEFAULT_LOCK_SECONDS,
+        lock_seconds: int | None = None,
         wait_seconds: float = 0.0,
     ) -> Callable[[Callable[P, R]], Callable[P, R]]:
         """Run the decorated function once per key; later calls return the stored result.

@@ -104,6 +104,16 @@ class TransportFailure(SettleError):
         self.maybe_applied = maybe_applied
 
 
+class ContentTruncated(SettleError, ValueError):
+    """A parked body Settle stored truncated (too large for a row): the whole body is not in Settle.
+    Raised by ``payload_json()`` so a cut body is never read as an empty one."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(
+            detail, type=CLIENT_PREFIX + "content-truncated", title="Body stored truncated", field="payload"
+        )
+
+
 class LockNotAcquired(SettleError):
     """The lock was refused. ``record_status``: the record's status (``Processed``, ``Processing``...);
     ``reason``: the server's explanation."""

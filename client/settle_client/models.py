@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from pydantic.alias_generators import to_camel
 
 from settle_client.enums import Scope
-from settle_client.errors import InvalidInput
+from settle_client.errors import ContentTruncated, InvalidInput
 
 
 class _Wire(BaseModel):
@@ -213,9 +213,19 @@ class HandoffView(_Wire):
     external_job_id: str | None = None
     expected_by: datetime | None = None
     parked_at: datetime | None = None
+    # Settle stored the parked body truncated (too large for a row): ``payload`` is not the whole body.
+    content_truncated: bool = False
 
     def payload_json(self) -> Any:
-        """The parked event's body (EventJson) parsed as JSON (``None`` when absent)."""
+        """The parked event's body (EventJson) parsed as JSON (``None`` when absent).
+
+        Raises :class:`ContentTruncated` when Settle stored the body truncated: read it from its source
+        (or fail the hand-off) rather than act on a body that is not there."""
+        if self.content_truncated:
+            raise ContentTruncated(
+                f"The body of event {self.coordinates.event_id} was too large for Settle to store whole; "
+                "it is not available here."
+            )
         return json.loads(self.payload) if self.payload else None
 
 
@@ -251,6 +261,7 @@ class HistoryEntry(_Wire):
     originating_message_id: str | None = None
     enqueued_time_utc: datetime | None = None
     message_content: Any = None
+    content_truncated: bool = False  # ``message_content`` is not the whole message
     pending_sub_status: str | None = None
     handoff_reason: str | None = None
     external_job_id: str | None = None
@@ -285,6 +296,7 @@ class Event(_Wire):
     reason: str | None = None
     updated_at: datetime | None = None
     message_content: Any = None
+    content_truncated: bool = False  # ``message_content`` is not the whole message
     history: list[HistoryEntry] = Field(default_factory=list)
     audits: list[AuditEntry] = Field(default_factory=list)
 

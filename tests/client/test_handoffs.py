@@ -10,7 +10,7 @@ import threading
 import uuid
 
 import pytest
-from settle_client import Conflict, SettleClient
+from settle_client import Conflict, ContentTruncated, SettleClient
 
 from tests.client.conftest import FAST_RETRY, Gate, LoseAnswers, park, some
 
@@ -117,3 +117,22 @@ def test_watch_stops_from_another_thread_within_one_poll(host, endpoint):
         stop.set()
         thread.join(30)
         assert finished.is_set()
+
+
+def test_a_parked_body_settle_stored_truncated_is_said_not_read_as_empty(settle, host, endpoint):
+    """Settle stores a body too large for a row truncated (issue 11); ``next`` then has no payload. The
+    agent must learn the body was cut, not read it as "no body" and settle on nothing."""
+    park(host, endpoint, body={"invoiceId": "INV-BIG", "rows": "x" * 600_000})
+    handoff = some(settle.handoffs.next(endpoint))
+    assert handoff.content_truncated is True
+    with pytest.raises(ContentTruncated) as cut:
+        handoff.payload_json()
+    assert cut.value.field == "payload" and isinstance(cut.value, ValueError)
+    event = some(settle.events.get(endpoint, handoff.coordinates.event_id))
+    assert event.content_truncated is True
+    assert any(h.content_truncated for h in event.history)
+
+    small = park(host, f"{endpoint}s", body={"invoiceId": "INV-SMALL"})
+    whole = some(settle.handoffs.next(f"{endpoint}s"))
+    assert whole.coordinates.event_id == small and whole.content_truncated is False
+    assert whole.payload_json() == {"invoiceId": "INV-SMALL"}

@@ -269,6 +269,17 @@ def test_a_lock_lost_during_long_work_raises_lock_lost_and_writes_nothing(host, 
         assert all(r.data != {"by": "holder"} for r in rival.history(key))
 
 
+def test_the_handlers_lock_seconds_is_the_blocks_default_lock_length(host, key):
+    """A client whose handler options say ``lockSeconds`` locks that long, unless the block says."""
+    handler = {"key": "built-in", "options": {"lockSeconds": 600}}
+    with SettleClient(host.base_url, handler=handler) as client:
+        with client.processing(key) as item:
+            assert some(item.locked_until) > datetime.now(UTC) + timedelta(seconds=300)
+        other = {**key, "itemKey": key["itemKey"] + "-own"}
+        with client.processing(other, lock_seconds=30) as item:
+            assert some(item.locked_until) < datetime.now(UTC) + timedelta(seconds=300)
+
+
 def test_leaving_after_the_lock_expired_unextended_raises_lock_lost(host, key):
     gate = Gate("/v1/state/lock/extend")
     with SettleClient(host.base_url, transport=gate) as holder, SettleClient(host.base_url) as rival:
