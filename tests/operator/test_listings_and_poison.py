@@ -207,3 +207,14 @@ def test_the_overview_costs_one_read_plus_four_per_endpoint_plus_two(call, resol
     # the endpoint list; per endpoint: counts (range read + ETag check) and the two oldest-first rows;
     # the unattributed poison counts
     assert tally.requests == 1 + 4 * 2 + 2
+
+
+def test_poison_for_an_endpoint_that_never_projected_is_on_the_overview(call, resolve):
+    # Given the first message the resolver ever sees for an endpoint is poison (a MessageType typo)
+    endpoint = "New-" + uuid.uuid4().hex[:8]
+    resolve(nimbus("EventRequested", endpoint=endpoint, event_id="e-first"))
+    # Then the overview lists that endpoint with its poison (not only endpoints that projected a row)
+    result = call("endpoints_overview", method="GET")
+    assert result.status == 200, result.body
+    [item] = [i for i in result.json["items"] if i["endpointId"] == endpoint]
+    assert item["poison"] == 1 and item["counts"]["pending"] == 0
