@@ -104,7 +104,8 @@ function problemView(error) {
   if (error.status === 401) {
     const login = "/.auth/login/aad?post_login_redirect_uri=" + encodeURIComponent(location.pathname + location.hash);
     return h("div", { class: "card" }, h("h1", {}, "Sign in"),
-      h("p", {}, "The management API needs a signed-in operator. "), h("a", { href: login }, "Sign in with Entra ID"));
+      h("p", {}, "The management API needs a signed-in operator. "), h("p", { class: "muted" }, error.message),
+      h("a", { href: login }, "Sign in with Entra ID"));
   }
   return h("div", { class: "card error", role: "alert" }, h("strong", {}, `${error.status || ""} `), error.message);
 }

@@ -164,6 +164,21 @@ def test_in_azure_no_principal_means_401(call, resolve, flow, transport, monkeyp
     assert call("endpoints_overview", method="GET").status == 401
 
 
+def test_in_azure_without_app_service_authentication_forged_operator_headers_send_nothing(
+    call, resolve, flow, transport, monkeypatch
+):
+    failed_event(resolve, flow)
+    monkeypatch.setenv("WEBSITE_INSTANCE_ID", "abc123")
+    monkeypatch.setenv("SETTLE_OPERATOR_AUTH", "disabled")  # the Bicep without operatorAppClientId
+    forged = principal_headers("eve", "Settle.Operator")
+    answer = act(call, flow, "resubmit", headers=forged)
+    assert answer.status == 401 and transport.sent == []
+    assert call("endpoints_overview", method="GET", headers=forged).status == 401
+    monkeypatch.delenv("SETTLE_OPERATOR_AUTH")
+    monkeypatch.delenv("WEBSITE_INSTANCE_ID")
+    assert event_of(call, flow)["audits"] == []
+
+
 def test_two_operators_resubmitting_at_once_send_one_message(call, resolve, flow, transport):
     failed_event(resolve, flow)
     answers = []
