@@ -17,6 +17,20 @@ from tests.handoff.conftest import Flow, event_of
 from .conftest import failed_event, principal_headers
 
 
+# The application properties NimBus always writes on a Manager request (contract §1.2, §1.5).
+NIMBUS_PROPERTIES = {
+    "To",
+    "From",
+    "MessageType",
+    "EventId",
+    "OriginatingMessageId",
+    "ParentMessageId",
+    "RetryCount",
+    "OriginatingFrom",
+    "EventTypeId",
+}
+
+
 def act(call, flow: Flow, action: str, body=None, headers=None):
     return call(
         f"event_{action}",
@@ -46,6 +60,8 @@ def test_resubmit_sends_exactly_the_nimbus_resubmission_request_and_audits_it(ca
     assert p["MessageType"] == "ResubmissionRequest"
     assert (p["To"], p["From"], p["EventId"]) == (flow.endpoint, "Manager", flow.event_id)
     assert p["ParentMessageId"] == "err-1"  # the failed response it answers
+    assert set(p) == NIMBUS_PROPERTIES  # contract §1.2: exactly these names, nothing of Settle's own
+    assert (p["OriginatingFrom"], p["RetryCount"], p["EventTypeId"]) == ("self", 0, "Billing.InvoiceCreated")
     assert message.session_id == "session-1" and message.correlation_id == "req-1"
     assert body_of(message)["EventContent"] == {
         "EventTypeId": "Billing.InvoiceCreated",
@@ -92,6 +108,8 @@ def test_skip_sends_an_empty_skip_request_correlated_with_the_skipped_message(ca
     [(_, message)] = transport.sent
     p = props(message)
     assert p["MessageType"] == "SkipRequest" and p["From"] == "Manager" and p["ParentMessageId"] == "err-1"
+    assert set(p) == NIMBUS_PROPERTIES and p["To"] == flow.endpoint and p["EventId"] == flow.event_id
+    assert message.session_id == "session-1"
     assert message.correlation_id == "err-1"
     assert body_of(message) == {"EventContent": None, "ErrorContent": None}
     assert answer.json["audit"]["auditType"] == "Skip"
@@ -108,6 +126,10 @@ def test_skip_sends_an_empty_skip_request_correlated_with_the_skipped_message(ca
         ("deferred", "resubmit", 409),
         ("unsupported", "resubmit", 202),
         ("deadlettered", "skip", 202),
+        ("parked", "resubmit", 409),  # Pending + Handoff: settle it (complete / fail), not resubmit
+        ("parked", "skip", 409),
+        ("skipped", "resubmit", 409),
+        ("skipped", "skip", 409),
     ],
 )
 def test_nimbus_state_rules_decide_what_is_allowed(call, resolve, flow, transport, last, action, status):
@@ -117,6 +139,8 @@ def test_nimbus_state_rules_decide_what_is_allowed(call, resolve, flow, transpor
         "deferred": (MessageType.DeferralResponse, {}),
         "unsupported": (MessageType.UnsupportedResponse, {}),
         "deadlettered": (MessageType.ErrorResponse, {"DeadLetterErrorDescription": "poison"}),
+        "parked": (MessageType.PendingHandoffResponse, {"HandoffReason": "DMF", "ExternalJobId": "j-1"}),
+        "skipped": (MessageType.SkipResponse, {}),
     }
     if last in kinds:
         kind, extra = kinds[last]
