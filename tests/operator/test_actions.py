@@ -16,7 +16,6 @@ from tests.handoff.conftest import Flow, event_of
 
 from .conftest import failed_event, principal_headers
 
-
 # The application properties NimBus always writes on a Manager request (contract §1.2, §1.5).
 NIMBUS_PROPERTIES = {
     "To",
