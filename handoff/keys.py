@@ -208,5 +208,8 @@ def delta_row(at: datetime, ident: str) -> str:
     return f"ct|d|{stamp(at)}|{ident}"
 
 
+POISON_INDEX_RANGE = ("pz|", "pz}")
+
+
 def poison_index_row(day: str, poison_row_key: str) -> str:
     return checked(f"pz|{day}|{encode(poison_row_key)}", field="id")

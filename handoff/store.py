@@ -311,6 +311,10 @@ class HandoffStore:
             column(POISON): 1,
         }
         try:
+            if endpoint_pk != keys.UNATTRIBUTED_PARTITION and row.endpoint_id:
+                # The overview walks the listed endpoints: poison is often the first thing an endpoint
+                # ever sends (a misnamed MessageType), and its count must not sit where nobody looks.
+                self.register_endpoint(row.endpoint_id)
             self.submit([insert(index), insert(delta)])
         except TableTransactionError:
             pass  # the index row exists: counted before

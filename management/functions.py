@@ -140,9 +140,15 @@ def endpoints_overview(req: func.HttpRequest) -> EndpointsOverview:
                 oldest_pending_at=overview.oldest(endpoint_id, PENDING_GROUP),
                 oldest_failed_at=overview.oldest(endpoint_id, FAILED_GROUP),
                 poison=totals[POISON],
+                oldest_poison_day=overview.oldest_poison_day(endpoint_id) if totals[POISON] else None,
             )
         )
-    return EndpointsOverview(items=items, unattributed_poison=overview.counts(None)[POISON])
+    unattributed = overview.counts(None)[POISON]
+    return EndpointsOverview(
+        items=items,
+        unattributed_poison=unattributed,
+        unattributed_oldest_poison_day=overview.oldest_poison_day(None) if unattributed else None,
+    )
 
 
 @operation(

@@ -41,11 +41,17 @@ class EndpointSummary(ApiModel):
         description="When the oldest Failed / DeadLettered event failed."
     )
     poison: int = Field(description="Poison messages naming this endpoint that were not replayed.")
+    oldest_poison_day: str | None = Field(
+        default=None, description="UTC day (YYYYMMDD) of the oldest of those: GET v1/poison?day= lists it."
+    )
 
 
 class EndpointsOverview(ApiModel):
     items: list[EndpointSummary]
     unattributed_poison: int = Field(description="Poison messages that name no endpoint, not replayed.")
+    unattributed_oldest_poison_day: str | None = Field(
+        default=None, description="UTC day (YYYYMMDD) of the oldest of those."
+    )
 
 
 class EventSummary(ApiModel):

@@ -8,7 +8,9 @@ so the sum is exact; a changed one means "read again". Folding is ETag-condition
 transaction, done by the timer and by a reader that meets many deltas.
 
 Round trips: counts 2 (+1 per fold); oldest ages 1 per group (the first row of ``sa|P|`` / ``sa|F|``);
-the overview 1 (the endpoint list) + 4 per endpoint + 2 for unattributed poison; a listing page 1.
+the oldest poison day 1, only where poison is counted (the first ``pz|`` row); the overview 1 (the
+endpoint list) + 4 per endpoint (+1 with poison) + 2 for unattributed poison (+1 with any); a listing
+page 1.
 """
 
 from __future__ import annotations
@@ -148,6 +150,14 @@ class Overview:
         for entity in next(pages, []):
             row: SinceRow = SinceRow.from_entity(entity)
             return row.since_at
+        return None
+
+    def oldest_poison_day(self, endpoint_id: str | None) -> str | None:
+        """The UTC day (YYYYMMDD) of the oldest poison still counted: the first ``pz|`` index row."""
+        pk = keys.partition(endpoint_id) if endpoint_id is not None else keys.UNATTRIBUTED_PARTITION
+        low, high = keys.POISON_INDEX_RANGE
+        for entity in next(self._range(pk, low, high, results_per_page=1).by_page(), []):
+            return str(entity["Day"])
         return None
 
     # -- listings ----------------------------------------------------------------------------------

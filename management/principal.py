@@ -8,10 +8,14 @@ anonymous for the Functions host, so the code decides:
 
 * a principal without the app role ``Settle.Operator`` is refused (403; actions also write an
   ``AccessDenied`` audit row);
-* no principal at all is refused (401) wherever a principal is required: in Azure always (fail closed:
-  an app whose authentication was switched off must not open its operator API), locally never
+* no principal at all is refused (401) wherever a principal is required: in Azure always, locally never
   (``SETTLE_OPERATOR_AUTH``: ``required`` / ``optional``; default ``required`` when ``WEBSITE_INSTANCE_ID``
   is set, which App Service sets on every instance);
+* the headers are believed only where something vouches for them: ``required`` says App Service
+  authentication is in front (the Bicep sets it only with an app registration), and locally
+  (``optional``) nothing is protected anyway. In Azure without ``required`` (the Bicep's ``disabled``
+  when no ``operatorAppClientId`` was given, or a deployment that never said) nothing strips the headers a
+  caller sends, so every management request is refused (401) whatever headers it carries: fail closed;
 * otherwise the action is recorded as done by the principal's name, else ``by`` from the body, else
   ``api``.
 """
@@ -118,16 +122,29 @@ def principal_of(req: func.HttpRequest) -> Principal | None:
     return Principal(name=name, id=ident, roles=frozenset(roles))
 
 
-def principal_required() -> bool:
+def _mode() -> str:
+    """``required`` (App Service authentication vouches for the headers), ``optional`` (local runs), or
+    ``closed`` (in Azure with nothing that vouches for them)."""
     setting = (env(AUTH_SETTING) or "").strip().lower()
     if setting in ("required", "optional"):
-        return setting == "required"
-    return env("WEBSITE_INSTANCE_ID") is not None
+        return setting
+    return "closed" if env("WEBSITE_INSTANCE_ID") is not None else "optional"
+
+
+def principal_required() -> bool:
+    return _mode() != "optional"
 
 
 def actor_of(req: func.HttpRequest, by: str | None = None) -> Actor:
-    """Who is asking; 401 when a principal is required and none arrived. Roles are checked by the caller
+    """Who is asking; 401 when a principal is required and none arrived, or when nothing vouches for the
+    principal headers (in Azure without App Service authentication). Roles are checked by the caller
     (:func:`require_operator`), because a refused *action* is audited first."""
+    if _mode() == "closed":
+        raise Unauthenticated(
+            "The management API is closed: App Service authentication is not configured for this app "
+            f"(deploy with operatorAppClientId; it sets {AUTH_SETTING}=required), so no signed-in principal "
+            "can be told from a forged one."
+        )
     principal = principal_of(req)
     if principal is None and principal_required():
         raise Unauthenticated(

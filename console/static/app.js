@@ -104,7 +104,8 @@ function problemView(error) {
   if (error.status === 401) {
     const login = "/.auth/login/aad?post_login_redirect_uri=" + encodeURIComponent(location.pathname + location.hash);
     return h("div", { class: "card" }, h("h1", {}, "Sign in"),
-      h("p", {}, "The management API needs a signed-in operator. "), h("a", { href: login }, "Sign in with Entra ID"));
+      h("p", {}, "The management API needs a signed-in operator. "), h("p", { class: "muted" }, error.message),
+      h("a", { href: login }, "Sign in with Entra ID"));
   }
   return h("div", { class: "card error", role: "alert" }, h("strong", {}, `${error.status || ""} `), error.message);
 }
@@ -180,7 +181,7 @@ async function endpointsView() {
       h("td", { "data-label": "Endpoint" }, h("a", { href: base }, item.endpointId)),
       BUCKETS.map(([bucket, key, label]) =>
         h("td", { class: "num", "data-label": label }, badge(bucket, item.counts[key], `${base}?status=${bucket}`))),
-      h("td", { class: "num", "data-label": "Poison" }, badge("Poison", item.poison, "#/poison")),
+      h("td", { class: "num", "data-label": "Poison" }, badge("Poison", item.poison, poisonHref(item.oldestPoisonDay))),
       h("td", { "data-label": "Oldest pending" }, age(item.oldestPendingAt)),
       h("td", { "data-label": "Oldest failed" }, age(item.oldestFailedAt)));
   });
@@ -191,7 +192,12 @@ async function endpointsView() {
       h("thead", {}, h("tr", {}, h("th", {}, "Endpoint"), BUCKETS.map(([, , label]) => h("th", { class: "num" }, label)),
         h("th", { class: "num" }, "Poison"), h("th", {}, "Oldest pending"), h("th", {}, "Oldest failed"))),
       h("tbody", {}, rows))) : h("p", {}, "No endpoint has sent anything to the resolver yet."),
-    data.unattributedPoison ? h("p", {}, `Poison naming no endpoint: `, h("a", { href: "#/poison" }, String(data.unattributedPoison))) : null);
+    data.unattributedPoison ? h("p", {}, `Poison naming no endpoint: `, h("a", { href: poisonHref(data.unattributedOldestPoisonDay) }, String(data.unattributedPoison))) : null);
+}
+
+// The poison page lists one UTC day: a badge opens the day of its oldest unresolved poison.
+function poisonHref(day) {
+  return day ? `#/poison?day=${day}` : "#/poison";
 }
 
 // -- event list of one endpoint -----------------------------------------------------------------------
@@ -345,7 +351,8 @@ function actionsCard(e, endpointId, eventId) {
 
 async function poisonView(params) {
   const day = params.get("day") || new Date().toISOString().slice(0, 10).replace(/-/g, "");
-  const page = await api(`poison?day=${day}&pageSize=100`);
+  const token = params.get("continuationToken");
+  const page = await api(`poison?day=${day}&pageSize=100${token ? "&continuationToken=" + encodeURIComponent(token) : ""}`);
   const picker = h("form", { class: "filters card", "aria-label": "Day", onsubmit: (ev) => {
     ev.preventDefault();
     const value = new FormData(ev.target).get("day");
@@ -376,7 +383,10 @@ async function poisonView(params) {
     picker,
     page.items.length ? h("div", { class: "scroll" }, h("table", { class: "stack" },
       h("thead", {}, h("tr", {}, ["Enqueued", "Endpoint", "Message", "Reason", "Last replay", ""].map((t) => h("th", {}, t)))),
-      h("tbody", {}, rows))) : h("p", {}, "No poison on this day."));
+      h("tbody", {}, rows))) : h("p", {}, "No poison on this day."),
+    h("div", { class: "pager" },
+      token ? h("a", { href: `#/poison?day=${day}` }, "First page") : null,
+      page.continuationToken ? h("a", { href: `#/poison?day=${day}&continuationToken=${encodeURIComponent(page.continuationToken)}` }, "Next page") : null));
 }
 
 // -- state -------------------------------------------------------------------------------------------

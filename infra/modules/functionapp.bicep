@@ -125,8 +125,9 @@ var appSettings = {
   HANDOFF_SWEEPER_ENABLED: handoffSweeperEnabled ? 'true' : 'false'
   HANDOFF_SWEEPER_SCHEDULE: handoffSweeperSchedule
   // The management API and the console demand a signed-in principal (App Service authentication) with
-  // the app role Settle.Operator; the code also fails closed wherever WEBSITE_INSTANCE_ID is set.
-  SETTLE_OPERATOR_AUTH: 'required'
+  // the app role Settle.Operator. Without an app registration nothing strips caller-sent principal
+  // headers, so the code refuses every management request ('disabled'; also its default in Azure).
+  SETTLE_OPERATOR_AUTH: empty(operatorAppClientId) ? 'disabled' : 'required'
 }
 
 // "http" is the Flex function group of every HTTP-triggered function (Flex "always ready" instances).

@@ -154,6 +154,11 @@ def test_the_overview_shows_exact_counts_as_badges(browser_page, shots, console_
     expect(badge(page, SHIPPING, "DeadLettered")).to_have_text("1")
     api = {i["endpointId"]: i for i in api_json(host.base_url, "endpoints")["items"]}
     assert api[BILLING]["counts"]["pendingHandoff"] == 1 and api[BILLING]["poison"] == 2
+    # The poison badge opens the day of the oldest unresolved poison (the page lists one day at a time)
+    assert api[BILLING]["oldestPoisonDay"]
+    expect(badge(page, BILLING, "Poison")).to_have_attribute(
+        "href", f"#/poison?day={api[BILLING]['oldestPoisonDay']}"
+    )
     shot(page, shots, "console-endpoints.png")
 
 
@@ -183,6 +188,7 @@ def test_an_event_is_opened_resubmitted_with_changes_and_its_audit_shown(
     assert '"amount": 120' in row["history"][-1]["messageContent"]["EventContent"]["EventJson"].replace(
         ":", ": "
     ).replace(":  ", ": ")
+    page.evaluate("document.getElementById('toast').textContent = ''")  # it would cover the audit
     shot(page, shots, "console-event.png")
 
 

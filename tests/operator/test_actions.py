@@ -16,6 +16,19 @@ from tests.handoff.conftest import Flow, event_of
 
 from .conftest import failed_event, principal_headers
 
+# The application properties NimBus always writes on a Manager request (contract §1.2, §1.5).
+NIMBUS_PROPERTIES = {
+    "To",
+    "From",
+    "MessageType",
+    "EventId",
+    "OriginatingMessageId",
+    "ParentMessageId",
+    "RetryCount",
+    "OriginatingFrom",
+    "EventTypeId",
+}
+
 
 def act(call, flow: Flow, action: str, body=None, headers=None):
     return call(
@@ -46,6 +59,8 @@ def test_resubmit_sends_exactly_the_nimbus_resubmission_request_and_audits_it(ca
     assert p["MessageType"] == "ResubmissionRequest"
     assert (p["To"], p["From"], p["EventId"]) == (flow.endpoint, "Manager", flow.event_id)
     assert p["ParentMessageId"] == "err-1"  # the failed response it answers
+    assert set(p) == NIMBUS_PROPERTIES  # contract §1.2: exactly these names, nothing of Settle's own
+    assert (p["OriginatingFrom"], p["RetryCount"], p["EventTypeId"]) == ("self", 0, "Billing.InvoiceCreated")
     assert message.session_id == "session-1" and message.correlation_id == "req-1"
     assert body_of(message)["EventContent"] == {
         "EventTypeId": "Billing.InvoiceCreated",
@@ -92,6 +107,8 @@ def test_skip_sends_an_empty_skip_request_correlated_with_the_skipped_message(ca
     [(_, message)] = transport.sent
     p = props(message)
     assert p["MessageType"] == "SkipRequest" and p["From"] == "Manager" and p["ParentMessageId"] == "err-1"
+    assert set(p) == NIMBUS_PROPERTIES and p["To"] == flow.endpoint and p["EventId"] == flow.event_id
+    assert message.session_id == "session-1"
     assert message.correlation_id == "err-1"
     assert body_of(message) == {"EventContent": None, "ErrorContent": None}
     assert answer.json["audit"]["auditType"] == "Skip"
@@ -108,6 +125,10 @@ def test_skip_sends_an_empty_skip_request_correlated_with_the_skipped_message(ca
         ("deferred", "resubmit", 409),
         ("unsupported", "resubmit", 202),
         ("deadlettered", "skip", 202),
+        ("parked", "resubmit", 409),  # Pending + Handoff: settle it (complete / fail), not resubmit
+        ("parked", "skip", 409),
+        ("skipped", "resubmit", 409),
+        ("skipped", "skip", 409),
     ],
 )
 def test_nimbus_state_rules_decide_what_is_allowed(call, resolve, flow, transport, last, action, status):
@@ -117,6 +138,8 @@ def test_nimbus_state_rules_decide_what_is_allowed(call, resolve, flow, transpor
         "deferred": (MessageType.DeferralResponse, {}),
         "unsupported": (MessageType.UnsupportedResponse, {}),
         "deadlettered": (MessageType.ErrorResponse, {"DeadLetterErrorDescription": "poison"}),
+        "parked": (MessageType.PendingHandoffResponse, {"HandoffReason": "DMF", "ExternalJobId": "j-1"}),
+        "skipped": (MessageType.SkipResponse, {}),
     }
     if last in kinds:
         kind, extra = kinds[last]
@@ -162,6 +185,21 @@ def test_in_azure_no_principal_means_401(call, resolve, flow, transport, monkeyp
     answer = act(call, flow, "resubmit", {"by": "anyone"})
     assert answer.status == 401 and transport.sent == []
     assert call("endpoints_overview", method="GET").status == 401
+
+
+def test_in_azure_without_app_service_authentication_forged_operator_headers_send_nothing(
+    call, resolve, flow, transport, monkeypatch
+):
+    failed_event(resolve, flow)
+    monkeypatch.setenv("WEBSITE_INSTANCE_ID", "abc123")
+    monkeypatch.setenv("SETTLE_OPERATOR_AUTH", "disabled")  # the Bicep without operatorAppClientId
+    forged = principal_headers("eve", "Settle.Operator")
+    answer = act(call, flow, "resubmit", headers=forged)
+    assert answer.status == 401 and transport.sent == []
+    assert call("endpoints_overview", method="GET", headers=forged).status == 401
+    monkeypatch.delenv("SETTLE_OPERATOR_AUTH")
+    monkeypatch.delenv("WEBSITE_INSTANCE_ID")
+    assert event_of(call, flow)["audits"] == []
 
 
 def test_two_operators_resubmitting_at_once_send_one_message(call, resolve, flow, transport):

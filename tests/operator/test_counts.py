@@ -157,3 +157,100 @@ def test_a_fold_during_a_paged_read_of_a_count_makes_it_read_again(resolve, flow
     # When the counts are read across that fold, Then they are still exact (the snapshot's ETag changed)
     assert overview.counts(flow.endpoint)["Pending"] == 5
     assert folded["done"]
+
+
+def test_counts_stay_exact_when_operator_actions_race_projections_replays_and_folds(
+    call, resolve, transport, monkeypatch
+):
+    # Given one endpoint with 18 failed events and 4 poison messages (2 replayable, 2 that stay poison)
+    from management import overview as overview_module
+    from tests.operator.test_listings_and_poison import _day, _poison_after_budget
+
+    endpoint = "Ops-" + uuid.uuid4().hex[:8]
+    resolver = service.resolver_service()
+    resolver.redelivery = lambda: None
+    poison = []
+    for i in range(2):
+        msg = _poison_after_budget(resolver, Flow(endpoint=endpoint, event_id=f"pz-{i}"), monkeypatch)
+        poison.append(msg)
+    for i in range(2):
+        msg = nimbus("Bogus", endpoint=endpoint, event_id=f"bogus-{i}", message_id=f"bogus-{i}")
+        resolve(msg)
+        poison.append(msg)
+    day = _day(poison[0])
+    listed = call("poison_list", method="GET", params={"day": day, "pageSize": "200"}).json["items"]
+    poison_ids = [p["id"] for p in listed if p["endpointId"] == endpoint]
+    assert len(poison_ids) == 4
+    flows = [Flow(endpoint=endpoint, event_id=f"ev-{i}") for i in range(18)]
+    for f in flows:
+        resolve(f.request())
+        resolve(f.response(MessageType.ErrorResponse, message_id="err-1", error_text="ERP down"))
+    # ... the operator's control messages reach the resolver as they are sent (the fan-out), and a reader
+    # folds as soon as it meets 5 deltas
+    transport.forward = True
+    monkeypatch.setattr(overview_module, "FOLD_WHEN", 5)
+    overview = service.overview()
+    route = {"endpointId": endpoint}
+    errors: list[BaseException] = []
+
+    def act(name: str, body: dict[str, Any], f: Flow, dup: bool) -> Any:
+        ev = {**route, "eventId": f.event_id}
+        answer = call(name, body, route_params=ev)
+        assert answer.status == 202, answer.body
+        if dup:  # the operator's retry: answered from the claim, nothing sent again
+            again = call(name, body, route_params=ev)
+            assert again.status in (202, 409), again.body
+            if again.status == 202:
+                assert again.json["controlMessageId"] == answer.json["controlMessageId"]
+        return answer.json["controlMessageId"]
+
+    def operate(f: Flow, i: int) -> None:
+        dup = i % 2 == 0
+        if i % 3 == 0:  # resubmitted, then handled
+            sent = act("event_resubmit", {"by": f"op-{i}"}, f, dup)
+            resolve(f.response(MessageType.ResolutionResponse, message_id=f"ok-{i}", parent=sent))
+        elif i % 3 == 1:  # skipped, then the subscriber's SkipResponse
+            sent = act("event_skip", {"reason": "dup"}, f, dup)
+            resolve(f.response(MessageType.SkipResponse, message_id=f"skip-{i}", parent=sent))
+        else:  # resubmitted, parked again, completed from the console
+            sent = act("event_resubmit", {}, f, dup)
+            resolve(f.park(message_id=f"park-{i}", parent=sent))
+            act("event_complete", {"result": "ok"}, f, dup)
+
+    def worker(n: int) -> None:
+        rng = random.Random(n)
+        try:
+            for i in range(n, len(flows), 6):
+                operate(flows[i], i)
+                if rng.random() < 0.5:
+                    overview.counts(endpoint)  # a reader (folds past FOLD_WHEN deltas)
+                if rng.random() < 0.3:
+                    overview.fold(endpoint)
+            for pid in poison_ids[n % 4 :: 4] if n < 4 else poison_ids[(n - 4) :: 2]:
+                replay = call("poison_replay", {"by": f"op-{n}"}, route_params={"day": day, "id": pid})
+                assert replay.status in (200, 409), replay.body
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=240)
+    assert not errors, errors
+
+    # Then every count equals a recount of the rows, and poison equals the poison still unresolved
+    def poison_rows() -> int:
+        table = service.store().table(keys.EVENTS_TABLE)
+        query = f"PartitionKey eq '{keys.partition(endpoint)}' and RowKey ge 'pz|' and RowKey lt 'pz}}'"
+        return len(list(table.query_entities(query)))
+
+    assert counted(endpoint) == recount(endpoint)
+    assert overview.counts(endpoint)["Poison"] == poison_rows() == 2  # the Bogus ones stay poison
+    while overview.fold(endpoint):
+        pass
+    assert counted(endpoint) == recount(endpoint)
+    final = counted(endpoint)
+    assert (final["Completed"], final["Skipped"], final["Failed"]) == (6, 6, 0)
+    assert (final["Pending"], final["PendingHandoff"]) == (2 + 6, 0)  # replayed requests; completed hand-offs
+    assert len(transport.sent) == 6 + 6 + 6 + 6  # one message per action, however many asked

@@ -207,3 +207,52 @@ def test_the_overview_costs_one_read_plus_four_per_endpoint_plus_two(call, resol
     # the endpoint list; per endpoint: counts (range read + ETag check) and the two oldest-first rows;
     # the unattributed poison counts
     assert tally.requests == 1 + 4 * 2 + 2
+
+
+def test_poison_for_an_endpoint_that_never_projected_is_on_the_overview(call, resolve):
+    # Given the first message the resolver ever sees for an endpoint is poison (a MessageType typo)
+    endpoint = "New-" + uuid.uuid4().hex[:8]
+    resolve(nimbus("EventRequested", endpoint=endpoint, event_id="e-first"))
+    # Then the overview lists that endpoint with its poison (not only endpoints that projected a row)
+    result = call("endpoints_overview", method="GET")
+    assert result.status == 200, result.body
+    [item] = [i for i in result.json["items"] if i["endpointId"] == endpoint]
+    assert item["poison"] == 1 and item["counts"]["pending"] == 0
+
+
+def test_the_overview_says_which_day_the_oldest_unresolved_poison_is_on(call, resolve):
+    # Given poison from three days ago (the poison page lists one UTC day at a time)
+    endpoint = "Old-" + uuid.uuid4().hex[:8]
+    then = datetime.now(UTC) - timedelta(days=3)
+    resolve(nimbus("EventRequested", endpoint=endpoint, event_id="e-old", enqueued=then))
+    resolve(nimbus("EventRequested", endpoint=endpoint, event_id="e-new"))
+    # Then the overview names that day, so the console's poison badge opens the right page
+    [item] = [
+        i for i in call("endpoints_overview", method="GET").json["items"] if i["endpointId"] == endpoint
+    ]
+    assert item["poison"] == 2 and item["oldestPoisonDay"] == then.strftime("%Y%m%d")
+    quiet = "Quiet-" + uuid.uuid4().hex[:8]
+    resolve(Flow(endpoint=quiet, event_id="e1").request())
+    [item] = [i for i in call("endpoints_overview", method="GET").json["items"] if i["endpointId"] == quiet]
+    assert item["poison"] == 0 and item["oldestPoisonDay"] is None
+
+
+def test_a_day_of_poison_pages_with_a_continuation_token(call, resolve):
+    endpoint = "Pages-" + uuid.uuid4().hex[:8]
+    mine = set()
+    for i in range(5):
+        msg = nimbus("EventRequested", endpoint=endpoint, event_id=f"e{i}")
+        resolve(msg)
+        mine.add(msg.message_id)
+        day = _day(msg)
+    seen: list[str] = []
+    params = {"day": day, "pageSize": "2"}
+    for _ in range(200):
+        page = call("poison_list", method="GET", params=params)
+        assert page.status == 200, page.body
+        assert len(page.json["items"]) <= 2
+        seen += [p["messageId"] for p in page.json["items"] if p["endpointId"] == endpoint]
+        if page.json["continuationToken"] is None:
+            break
+        params = {**params, "continuationToken": page.json["continuationToken"]}
+    assert sorted(seen) == sorted(mine)  # every one, once

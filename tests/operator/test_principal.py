@@ -69,3 +69,28 @@ def test_a_principal_is_required_in_azure_unless_explicitly_optional(monkeypatch
     assert actor_of(request({})).by == "api"
     operator = actor_of(request(principal_headers("olivia", "Settle.Operator")))
     assert allowed(operator) and operator.by == "olivia"
+
+
+@pytest.mark.parametrize("setting", [None, "disabled", "garbage"])
+def test_in_azure_without_app_service_authentication_forged_headers_open_nothing(monkeypatch, setting):
+    # Given an app in Azure whose App Service authentication is not configured (deployed without
+    # operatorAppClientId: the Bicep says "disabled"; or a deployment that never said "required"), nothing
+    # strips caller-sent x-ms-client-principal headers, so they prove nothing
+    monkeypatch.setenv("WEBSITE_INSTANCE_ID", "0123abcd")
+    if setting is None:
+        monkeypatch.delenv("SETTLE_OPERATOR_AUTH", raising=False)
+    else:
+        monkeypatch.setenv("SETTLE_OPERATOR_AUTH", setting)
+    # Then a caller who forges an operator's headers is refused like one who sends none
+    with pytest.raises(Unauthenticated):
+        actor_of(request(principal_headers("eve", "Settle.Operator")))
+    with pytest.raises(Unauthenticated):
+        actor_of(request({}), by="eve")
+
+
+def test_with_app_service_authentication_its_principal_is_trusted(monkeypatch):
+    monkeypatch.setenv("WEBSITE_INSTANCE_ID", "0123abcd")
+    monkeypatch.setenv("SETTLE_OPERATOR_AUTH", "required")
+    operator = actor_of(request(principal_headers("olivia", "Settle.Operator")))
+    assert allowed(operator) and operator.by == "olivia"
+    assert not allowed(actor_of(request(principal_headers("mallory"))))
