@@ -12,7 +12,7 @@ import), from the environment:
   HTTP/protobuf, configured by the standard ``OTEL_EXPORTER_OTLP_*`` variables). Together with the
   connection string, both receive the data (as the Functions host does with both configured).
 * Neither, or ``SETTLE_TELEMETRY=off``, or ``OTEL_SDK_DISABLED=true``: nothing. No ``opentelemetry``
-  module is imported and every function here returns at once (``tests/telemetry/test_no_cost.py``).
+  module is imported and every function here returns at once (``tests/telemetry/test_export.py``).
 
 Unlike the SDK's own default (``otlp``), an unset ``OTEL_TRACES_EXPORTER`` exports nothing: telemetry is
 opt-in, so an app without a destination pays nothing for it.

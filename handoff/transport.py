@@ -54,6 +54,15 @@ _BROKER_PROPERTIES_ALLOWANCE = 2 * 1024
 MAX_SEND_BYTES = SERVICE_BUS_MAX_MESSAGE_BYTES - _BROKER_PROPERTIES_ALLOWANCE
 _SEND_TIMEOUT_S = 10.0
 _OPEN_ATTEMPTS = 3
+# With azure-core tracing on (Settle's telemetry turns it on), azure-servicebus writes the context of its
+# own ``ServiceBus.message`` span into each message it sends or schedules, under these bytes keys, unless
+# the message has them already (``setdefault``). Settle's context written under str keys would go on the
+# wire next to the SDK's, the same AMQP string twice with two values; under the SDK's keys it is kept.
+_SDK_TRACE_KEYS = {
+    "traceparent": b"traceparent",
+    "Diagnostic-Id": b"Diagnostic-Id",
+    "tracestate": b"tracestate",
+}
 
 
 class SendRefused(Unavailable):
@@ -126,6 +135,17 @@ def to_trigger_message(message: ServiceBusMessage, *, enqueued: datetime) -> fun
         enqueued_time_utc=enqueued,
         delivery_count=1,
     )
+
+
+def keep_trace_context(message: ServiceBusMessage) -> ServiceBusMessage:
+    """Move the message's ``traceparent``/``Diagnostic-Id``/``tracestate`` to the keys azure-servicebus
+    checks before adding its own, so the message leaves with one value each: the one it carries."""
+    props = message.application_properties
+    if props:
+        for text, raw in _SDK_TRACE_KEYS.items():
+            if text in props:
+                props[raw] = props.pop(text)
+    return message
 
 
 class ServiceBusTransport:
@@ -218,7 +238,7 @@ class ServiceBusTransport:
         except Exception as exc:
             raise SendRefused(f"Service Bus could not be reached for topic {topic!r}: {exc}") from exc
         try:
-            sender.send_messages(message, timeout=_SEND_TIMEOUT_S)
+            sender.send_messages(keep_trace_context(message), timeout=_SEND_TIMEOUT_S)
         except (
             MessageSizeExceededError,
             MessagingEntityDisabledError,
@@ -255,7 +275,7 @@ class ServiceBusTransport:
         )
         topic = env("RESOLVER_TOPIC", "Resolver") or "Resolver"
         at = datetime.now(UTC) + timedelta(seconds=delay_s)
-        self._sender(topic).schedule_messages(copy, at, timeout=_SEND_TIMEOUT_S)
+        self._sender(topic).schedule_messages(keep_trace_context(copy), at, timeout=_SEND_TIMEOUT_S)
 
     def close(self) -> None:
         with self._lock:

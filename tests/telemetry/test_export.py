@@ -256,3 +256,39 @@ def test_no_payload_token_or_error_text_reaches_a_span_an_event_or_a_log_line(
         recorded.append(span.status.description or "")
     recorded += [r.getMessage() for r in caplog.records]
     assert recorded and not [text for text in recorded if SECRET_DATA in text or token in text]
+
+
+def test_no_settlement_result_or_error_text_reaches_a_span_an_event_or_a_log_line(
+    otel: Recorded, call, caplog, resolve, fresh_tables
+):
+    from handoff import service
+    from tests.handoff.conftest import CaptureTransport, Flow
+    from tests.handoff.test_settlement import complete, fail, parked
+
+    transport = CaptureTransport()
+    service.use_transport(transport)
+    try:
+        caplog.set_level(logging.DEBUG)
+        done, failed = (
+            Flow(endpoint="Billing-" + uuid.uuid4().hex[:8], event_id=str(uuid.uuid4())) for _ in "ab"
+        )
+        parked(resolve, done)
+        parked(resolve, failed)
+        assert complete(call, done, result={"secret": SECRET_DATA}).status == 202
+        assert fail(call, failed, errorText="rejected: " + SECRET_DATA).status == 202
+        assert len(transport.sent) == 2
+        from handoff.transport import message_body
+
+        # The secret did go through: it is in both control messages, and nowhere else.
+        assert all(SECRET_DATA in message_body(m).decode() for _, m in transport.sent)
+    finally:
+        service.reset()
+
+    recorded = []
+    for span in otel.spans():
+        recorded += [str(v) for v in attrs(span).values()]
+        recorded += [str(v) for event in span.events for v in (event.attributes or {}).values()]
+        recorded.append(span.status.description or "")
+    recorded += [r.getMessage() for r in caplog.records]
+    assert otel.spans("settle.handoff.complete") and otel.spans("settle.handoff.fail")
+    assert recorded and not [text for text in recorded if SECRET_DATA in text]
