@@ -84,8 +84,9 @@ done
 # 2. What the deployment would create, change or delete (what-if needs the resource group to exist).
 #    --what-if stops here; without --yes, nothing changes until the answer is yes (Azure CLI's own
 #    --confirm-with-what-if is not used: when declined it exits 0, and the code would still be pushed).
+group_exists=$(az group exists --name "$rg")
 if [ "$mode" != yes ]; then
-  if [ "$(az group exists --name "$rg")" = true ]; then
+  if [ "$group_exists" = true ]; then
     az deployment group what-if --resource-group "$rg" --name settle "${params[@]}"
   else
     echo "resource group $rg does not exist yet: it and everything in infra/main.bicep would be created" >&2
@@ -104,9 +105,12 @@ if [ "$mode" != yes ]; then
   esac
 fi
 
-# 3. The resource group that holds everything (an existing group is left as it is), then the deployment
-#    in incremental mode (resources not in the template are left alone).
-az group create --name "$rg" --location "$location" --output none
+# 3. The resource group that holds everything, created only if it is missing (`az group create` on an
+#    existing group replaces its tags with none), then the deployment in incremental mode (resources not
+#    in the template are left alone).
+if [ "$group_exists" != true ]; then
+  az group create --name "$rg" --location "$location" --output none
+fi
 az deployment group create --resource-group "$rg" --name settle "${params[@]}" --output none
 app=$(az deployment group show --resource-group "$rg" --name settle --query properties.outputs.functionAppName.value -o tsv)
 url=$(az deployment group show --resource-group "$rg" --name settle --query properties.outputs.functionAppUrl.value -o tsv)

@@ -160,8 +160,8 @@ def test_confirming_deploys_infrastructure_then_code(deploy: Deploy) -> None:
     run = deploy("rg-settle", "westeurope", "prod", answer="y\n")
     assert run.code == 0, run.stderr
     assert run.called("deployment", "group", "what-if")
+    # The group exists: it is not re-created (that would clear its tags)
     assert [c[:3] for c in changes(run)] == [
-        ["group", "create", "--name"],
         ["deployment", "group", "create"],
         ["functionapp", "deployment", "source"],
     ]
@@ -181,12 +181,10 @@ def test_yes_deploys_infrastructure_then_the_code_package(deploy: Deploy) -> Non
     run = deploy("--yes", "rg-settle", "westeurope", "prod", "alertEmail=ops@example.com")
     assert run.code == 0, run.stderr
     verbs = [" ".join(c[:4]) for c in run.calls if c[0] != "version"]
-    create = verbs.index("deployment group create --resource-group")
-    assert (
-        verbs.index("group create --name rg-settle")
-        < create
-        < verbs.index("functionapp deployment source config-zip")
+    assert verbs.index("deployment group create --resource-group") < verbs.index(
+        "functionapp deployment source config-zip"
     )
+    assert "group create --name rg-settle" not in verbs  # it exists: `az group create` would clear its tags
     [deployment] = run.called("deployment", "group", "create")
     assert "--confirm-with-what-if" not in deployment
     assert "environmentName=prod" in deployment and "alertEmail=ops@example.com" in deployment
@@ -201,6 +199,15 @@ def test_yes_deploys_infrastructure_then_the_code_package(deploy: Deploy) -> Non
     assert {"function_app.py", "host.json", "requirements.txt", "handoff/settlement.py"} <= set(names)
     assert not [
         n for n in names if n.startswith(("tests/", "infra/", ".venv", "bench/")) or n.endswith(".pyc")
+    ]
+
+
+def test_yes_creates_a_missing_resource_group_first(deploy: Deploy) -> None:
+    run = deploy("--yes", "rg-new", "westeurope", "prod", FAKE_AZ_NO_GROUP="1")
+    assert run.code == 0, run.stderr
+    assert [c[:4] for c in changes(run)][:2] == [
+        ["group", "create", "--name", "rg-new"],
+        ["deployment", "group", "create", "--resource-group"],
     ]
 
 
