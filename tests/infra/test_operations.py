@@ -245,6 +245,21 @@ def test_duplicate_detection_is_one_flag_for_the_topics_and_the_code(tracer: Tra
     )
 
 
+def test_the_window_the_topics_get_is_the_one_the_reconciler_assumes(monkeypatch: pytest.MonkeyPatch) -> None:
+    # HANDOFF_DUPLICATE_DETECTION=true (what infra/ sets) means DEFAULT_DUPLICATE_WINDOW to the reconciler,
+    # which re-sends an unconfirmed control message only within that window (ADR-0012): a shorter window
+    # on the topics than in the code would let a re-sent copy reach the endpoint a second time.
+    from handoff import transport
+
+    window = resource("modules/servicebus.bicep", "endpointTopics").body["properties"][
+        "duplicateDetectionHistoryTimeWindow"
+    ]
+    monkeypatch.setenv(transport.DUPLICATE_DETECTION, window)
+    assert transport.duplicate_window_from_env() == transport.DEFAULT_DUPLICATE_WINDOW
+    monkeypatch.setenv(transport.DUPLICATE_DETECTION, "true")
+    assert transport.duplicate_window_from_env() == transport.DEFAULT_DUPLICATE_WINDOW
+
+
 def test_subscriptions_and_rules_under_one_parent_are_created_one_after_the_other() -> None:
     topology = load_infra("modules/servicebus.bicep")
     chains = {
