@@ -91,8 +91,9 @@ def deploy(tmp_path: Path) -> Deploy:
             "FAKE_AZ_TOKEN": token("11111111-2222-3333-4444-555555555555"),
             **env,
         }
-        terminal = pty.openpty() if answer is not None else None
-        if terminal is not None:
+        terminal = None
+        if answer is not None:
+            terminal = pty.openpty()
             os.write(terminal[0], answer.encode())  # type-ahead: read by the first prompt
         try:
             result = subprocess.run(

@@ -89,7 +89,7 @@ def test_service_bus_and_both_storage_accounts_send_logs_and_metrics_to_log_anal
     }
     workspace = ("read", "modules/monitoring.bicep", "workspace", (("prop", "id"),))
     for (file, scope), setting in settings.items():
-        # Always deployed: an attached (NimBus) namespace's logs and metrics are wanted as much as a new one's.
+        # Always deployed: an attached (NimBus) namespace's logs and metrics are wanted as much as ours.
         assert setting.condition is None and not setting.loop, scope
         props = setting.body["properties"]
         assert trace(tracer, file, props["workspaceId"]) == workspace, scope
