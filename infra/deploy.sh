@@ -3,7 +3,8 @@
 #
 #   infra/deploy.sh [--what-if | --yes] <resource-group> <location> [environment-name] [name=value ...]
 #
-#   (neither)   show what would change and ask before changing anything (needs a terminal)
+#   (neither)   show what would change and ask before changing anything (needs a terminal); any
+#               answer but yes stops with nothing deployed (exit 1)
 #   --what-if   show what would change and stop (nothing is created or changed)
 #   --yes       deploy without asking (pipelines: review the --what-if of the same commit first)
 #   name=value  any main.bicep parameter, e.g. alertEmail=ops@example.com,
@@ -80,27 +81,37 @@ for assignment in "$@"; do
   params+=(--parameters "$assignment")
 done
 
-# 2. The resource group that holds everything (idempotent: an existing group is left as it is).
-if [ "$mode" = what-if ]; then
-  if [ "$(az group exists --name "$rg")" != true ]; then
-    echo "resource group $rg does not exist yet: everything in infra/main.bicep would be created" >&2
+# 2. What the deployment would create, change or delete (what-if needs the resource group to exist).
+#    --what-if stops here; without --yes, nothing changes until the answer is yes (Azure CLI's own
+#    --confirm-with-what-if is not used: when declined it exits 0, and the code would still be pushed).
+group_exists=$(az group exists --name "$rg")
+if [ "$mode" != yes ]; then
+  if [ "$group_exists" = true ]; then
+    az deployment group what-if --resource-group "$rg" --name settle "${params[@]}"
+  else
+    echo "resource group $rg does not exist yet: it and everything in infra/main.bicep would be created" >&2
+  fi
+  if [ "$mode" = what-if ]; then
     exit 0
   fi
-else
-  az group create --name "$rg" --location "$location" --output none
+  answer=
+  read -r -p "Deploy this to resource group $rg (infrastructure, then code)? [y/N] " answer || true
+  case "$answer" in
+    y | Y | yes | Yes | YES) ;;
+    *)
+      echo "nothing was deployed" >&2
+      exit 1
+      ;;
+  esac
 fi
 
-# 3. What the deployment would create, change or delete, then (unless --what-if) the deployment itself,
-#    in incremental mode (resources not in the template are left alone). Without --yes, Azure CLI shows
-#    the what-if and asks before it changes anything.
-case "$mode" in
-  what-if)
-    az deployment group what-if --resource-group "$rg" --name settle "${params[@]}"
-    exit 0
-    ;;
-  confirm) az deployment group create --resource-group "$rg" --name settle "${params[@]}" --confirm-with-what-if --output none ;;
-  yes) az deployment group create --resource-group "$rg" --name settle "${params[@]}" --output none ;;
-esac
+# 3. The resource group that holds everything, created only if it is missing (`az group create` on an
+#    existing group replaces its tags with none), then the deployment in incremental mode (resources not
+#    in the template are left alone).
+if [ "$group_exists" != true ]; then
+  az group create --name "$rg" --location "$location" --output none
+fi
+az deployment group create --resource-group "$rg" --name settle "${params[@]}" --output none
 app=$(az deployment group show --resource-group "$rg" --name settle --query properties.outputs.functionAppName.value -o tsv)
 url=$(az deployment group show --resource-group "$rg" --name settle --query properties.outputs.functionAppUrl.value -o tsv)
 

@@ -10,7 +10,7 @@ param location string
 @description('Tags applied to the namespace.')
 param tags object = {}
 
-resource namespace 'Microsoft.ServiceBus/namespaces@2022-10-01-preview' = {
+resource namespace 'Microsoft.ServiceBus/namespaces@2026-01-01' = {
   name: name
   location: location
   tags: tags

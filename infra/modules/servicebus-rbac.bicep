@@ -40,21 +40,21 @@ param developerPrincipalType string = 'User'
 
 var roles = loadJsonContent('../builtin-roles.json')
 
-resource serviceBus 'Microsoft.ServiceBus/namespaces@2022-10-01-preview' existing = {
+resource serviceBus 'Microsoft.ServiceBus/namespaces@2026-01-01' existing = {
   name: namespaceName
 }
 
-resource resolverTopic 'Microsoft.ServiceBus/namespaces/topics@2022-10-01-preview' existing = {
+resource resolverTopic 'Microsoft.ServiceBus/namespaces/topics@2026-01-01' existing = {
   parent: serviceBus
   name: resolverTopicName
 }
 
-resource resolverSubscription 'Microsoft.ServiceBus/namespaces/topics/subscriptions@2022-10-01-preview' existing = {
+resource resolverSubscription 'Microsoft.ServiceBus/namespaces/topics/subscriptions@2026-01-01' existing = {
   parent: resolverTopic
   name: resolverSubscriptionName
 }
 
-resource endpointTopics 'Microsoft.ServiceBus/namespaces/topics@2022-10-01-preview' existing = [
+resource endpointTopics 'Microsoft.ServiceBus/namespaces/topics@2026-01-01' existing = [
   for topicName in endpointTopicNames: {
     parent: serviceBus
     name: topicName

@@ -58,12 +58,12 @@ param maxDeliveryCount int = 10
 @description('Resource id of the Log Analytics workspace that receives the namespace\'s logs and metrics.')
 param logAnalyticsWorkspaceId string
 
-resource namespace 'Microsoft.ServiceBus/namespaces@2022-10-01-preview' existing = {
+resource namespace 'Microsoft.ServiceBus/namespaces@2026-01-01' existing = {
   name: namespaceName
 }
 
 // No duplicate detection on the Resolver topic: a rescheduled copy keeps its MessageId (contract §2.1).
-resource resolverTopic 'Microsoft.ServiceBus/namespaces/topics@2022-10-01-preview' = if (createResolverTopic) {
+resource resolverTopic 'Microsoft.ServiceBus/namespaces/topics@2026-01-01' = if (createResolverTopic) {
   parent: namespace
   name: resolverName
   properties: {
@@ -73,7 +73,7 @@ resource resolverTopic 'Microsoft.ServiceBus/namespaces/topics@2022-10-01-previe
 }
 
 // Keeps its $Default true filter: everything forwarded to the Resolver topic is projected.
-resource resolverSubscription 'Microsoft.ServiceBus/namespaces/topics/subscriptions@2022-10-01-preview' = if (createResolverTopic) {
+resource resolverSubscription 'Microsoft.ServiceBus/namespaces/topics/subscriptions@2026-01-01' = if (createResolverTopic) {
   parent: resolverTopic
   name: resolverName
   properties: {
@@ -85,7 +85,7 @@ resource resolverSubscription 'Microsoft.ServiceBus/namespaces/topics/subscripti
   }
 }
 
-resource endpointTopics 'Microsoft.ServiceBus/namespaces/topics@2022-10-01-preview' = [
+resource endpointTopics 'Microsoft.ServiceBus/namespaces/topics@2026-01-01' = [
   for ep in endpoints: if (createEndpointTopics) {
     parent: namespace
     name: ep
@@ -100,7 +100,7 @@ resource endpointTopics 'Microsoft.ServiceBus/namespaces/topics@2022-10-01-previ
 ]
 
 // The endpoint's own subscription (read by the NimBus subscriber, not by Settle).
-resource endpointSubscriptions 'Microsoft.ServiceBus/namespaces/topics/subscriptions@2022-10-01-preview' = [
+resource endpointSubscriptions 'Microsoft.ServiceBus/namespaces/topics/subscriptions@2026-01-01' = [
   for (ep, i) in endpoints: if (createEndpointTopics) {
     parent: endpointTopics[i]
     name: ep
@@ -114,7 +114,7 @@ resource endpointSubscriptions 'Microsoft.ServiceBus/namespaces/topics/subscript
   }
 ]
 
-resource endpointDefaultRules 'Microsoft.ServiceBus/namespaces/topics/subscriptions/rules@2022-10-01-preview' = [
+resource endpointDefaultRules 'Microsoft.ServiceBus/namespaces/topics/subscriptions/rules@2026-01-01' = [
   for (ep, i) in endpoints: if (createEndpointTopics) {
     parent: endpointSubscriptions[i]
     name: '$Default'
@@ -127,7 +127,7 @@ resource endpointDefaultRules 'Microsoft.ServiceBus/namespaces/topics/subscripti
   }
 ]
 
-resource endpointToRules 'Microsoft.ServiceBus/namespaces/topics/subscriptions/rules@2022-10-01-preview' = [
+resource endpointToRules 'Microsoft.ServiceBus/namespaces/topics/subscriptions/rules@2026-01-01' = [
   for (ep, i) in endpoints: if (createEndpointTopics) {
     parent: endpointSubscriptions[i]
     name: 'to-${ep}'
@@ -143,7 +143,7 @@ resource endpointToRules 'Microsoft.ServiceBus/namespaces/topics/subscriptions/r
   }
 ]
 
-resource endpointContinuationRules 'Microsoft.ServiceBus/namespaces/topics/subscriptions/rules@2022-10-01-preview' = [
+resource endpointContinuationRules 'Microsoft.ServiceBus/namespaces/topics/subscriptions/rules@2026-01-01' = [
   for (ep, i) in endpoints: if (createEndpointTopics) {
     parent: endpointSubscriptions[i]
     name: 'continuation'
@@ -162,7 +162,7 @@ resource endpointContinuationRules 'Microsoft.ServiceBus/namespaces/topics/subsc
   }
 ]
 
-resource endpointRetryRules 'Microsoft.ServiceBus/namespaces/topics/subscriptions/rules@2022-10-01-preview' = [
+resource endpointRetryRules 'Microsoft.ServiceBus/namespaces/topics/subscriptions/rules@2026-01-01' = [
   for (ep, i) in endpoints: if (createEndpointTopics) {
     parent: endpointSubscriptions[i]
     name: 'retry'
@@ -183,7 +183,7 @@ resource endpointRetryRules 'Microsoft.ServiceBus/namespaces/topics/subscription
 
 // The fan-out copy to the resolver. Sessions stay off here (forwarding keeps SessionId, and the Resolver
 // subscription is the one that is session-enabled).
-resource fanoutSubscriptions 'Microsoft.ServiceBus/namespaces/topics/subscriptions@2022-10-01-preview' = [
+resource fanoutSubscriptions 'Microsoft.ServiceBus/namespaces/topics/subscriptions@2026-01-01' = [
   for (ep, i) in endpoints: if (createEndpointTopics) {
     parent: endpointTopics[i]
     name: resolverName
@@ -203,7 +203,7 @@ resource fanoutSubscriptions 'Microsoft.ServiceBus/namespaces/topics/subscriptio
   }
 ]
 
-resource fanoutDefaultRules 'Microsoft.ServiceBus/namespaces/topics/subscriptions/rules@2022-10-01-preview' = [
+resource fanoutDefaultRules 'Microsoft.ServiceBus/namespaces/topics/subscriptions/rules@2026-01-01' = [
   for (ep, i) in endpoints: if (createEndpointTopics) {
     parent: fanoutSubscriptions[i]
     name: '$Default'
@@ -217,7 +217,7 @@ resource fanoutDefaultRules 'Microsoft.ServiceBus/namespaces/topics/subscription
 ]
 
 // Responses: the subscriber sends them to its own topic with To='Resolver'; the action stamps From.
-resource fanoutFromRules 'Microsoft.ServiceBus/namespaces/topics/subscriptions/rules@2022-10-01-preview' = [
+resource fanoutFromRules 'Microsoft.ServiceBus/namespaces/topics/subscriptions/rules@2026-01-01' = [
   for (ep, i) in endpoints: if (createEndpointTopics) {
     parent: fanoutSubscriptions[i]
     name: 'from-${ep}'
@@ -237,7 +237,7 @@ resource fanoutFromRules 'Microsoft.ServiceBus/namespaces/topics/subscriptions/r
 ]
 
 // Requests and control messages addressed to the endpoint (EventRequest, HandoffCompletedRequest, ...).
-resource fanoutToRules 'Microsoft.ServiceBus/namespaces/topics/subscriptions/rules@2022-10-01-preview' = [
+resource fanoutToRules 'Microsoft.ServiceBus/namespaces/topics/subscriptions/rules@2026-01-01' = [
   for (ep, i) in endpoints: if (createEndpointTopics) {
     parent: fanoutSubscriptions[i]
     name: 'to-${ep}'

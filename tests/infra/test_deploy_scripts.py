@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import pty
 import subprocess
 import sys
 import zipfile
@@ -36,7 +37,12 @@ elif args[:2] == ["account", "show"]:
 elif args[:2] == ["account", "get-access-token"]:
     print(os.environ["FAKE_AZ_TOKEN"])
 elif args[:2] == ["group", "exists"]:
-    print("true")
+    print("false" if os.environ.get("FAKE_AZ_NO_GROUP") else "true")
+elif "--confirm-with-what-if" in args:
+    # The real CLI prompts "Are you sure you want to execute the deployment? (y/n)" and, on "n", deploys
+    # nothing and still exits 0.
+    if not sys.stdin.readline().strip().lower().startswith("y"):
+        sys.exit(0)
 elif args[:3] == ["deployment", "group", "show"]:
     print("func-settle-test" if "functionAppName" in joined else "https://func-settle-test.example")
 elif args[:4] == ["functionapp", "deployment", "source", "config-zip"]:
@@ -73,7 +79,8 @@ def deploy(tmp_path: Path) -> Deploy:
     fake.write_text(FAKE_AZ.replace("{python}", sys.executable))
     fake.chmod(0o755)
 
-    def run(*args: str, **env: str) -> Run:
+    def run(*args: str, answer: str | None = None, **env: str) -> Run:
+        """Run deploy.sh; with ``answer``, on a terminal that has that typed in already."""
         log, package = tmp_path / "calls.jsonl", tmp_path / "package.zip"
         log.unlink(missing_ok=True)
         environment = {
@@ -84,15 +91,25 @@ def deploy(tmp_path: Path) -> Deploy:
             "FAKE_AZ_TOKEN": token("11111111-2222-3333-4444-555555555555"),
             **env,
         }
-        result = subprocess.run(
-            ["bash", str(INFRA / "deploy.sh"), *args],
-            capture_output=True,
-            text=True,
-            env=environment,
-            stdin=subprocess.DEVNULL,  # no terminal: confirmation impossible
-            timeout=120,
-            check=False,
-        )
+        terminal = None
+        if answer is not None:
+            terminal = pty.openpty()
+            os.write(terminal[0], answer.encode())  # type-ahead: read by the first prompt
+        try:
+            result = subprocess.run(
+                ["bash", str(INFRA / "deploy.sh"), *args],
+                capture_output=True,
+                text=True,
+                env=environment,
+                # Without an answer no terminal: confirmation impossible.
+                stdin=subprocess.DEVNULL if terminal is None else terminal[1],
+                timeout=120,
+                check=False,
+            )
+        finally:
+            if terminal is not None:
+                os.close(terminal[0])
+                os.close(terminal[1])
         return Run(result, log, package)
 
     return run
@@ -122,16 +139,53 @@ def test_what_if_previews_and_changes_nothing(deploy: Deploy) -> None:
     assert changing == []
 
 
+def changes(run: Run) -> list[list[str]]:
+    """The calls that create or change something in Azure."""
+    return [
+        c
+        for c in run.calls
+        if c[:2] == ["group", "create"] or c[:3] == ["deployment", "group", "create"] or "config-zip" in c
+    ]
+
+
+def test_declining_the_confirmation_changes_nothing(deploy: Deploy) -> None:
+    # Given a terminal on which the operator answers "n" after reading the what-if
+    run = deploy("rg-settle", "westeurope", "prod", answer="n\n")
+    # Then the what-if was shown, and neither the infrastructure nor the code was touched
+    assert run.called("deployment", "group", "what-if"), run.stderr
+    assert changes(run) == [], run.calls
+    assert run.code != 0 and "nothing was deployed" in run.stderr
+
+
+def test_confirming_deploys_infrastructure_then_code(deploy: Deploy) -> None:
+    run = deploy("rg-settle", "westeurope", "prod", answer="y\n")
+    assert run.code == 0, run.stderr
+    assert run.called("deployment", "group", "what-if")
+    # The group exists: it is not re-created (that would clear its tags)
+    assert [c[:3] for c in changes(run)] == [
+        ["deployment", "group", "create"],
+        ["functionapp", "deployment", "source"],
+    ]
+
+
+def test_a_new_resource_group_is_created_only_after_the_confirmation(deploy: Deploy) -> None:
+    # what-if needs an existing group, so for a new one the script says everything would be created
+    declined = deploy("rg-new", "westeurope", "prod", answer="n\n", FAKE_AZ_NO_GROUP="1")
+    assert changes(declined) == [] and "does not exist yet" in declined.stderr
+    assert not declined.called("deployment", "group", "what-if")
+    confirmed = deploy("rg-new", "westeurope", "prod", answer="y\n", FAKE_AZ_NO_GROUP="1")
+    assert confirmed.code == 0, confirmed.stderr
+    assert [c[:2] for c in changes(confirmed)][:2] == [["group", "create"], ["deployment", "group"]]
+
+
 def test_yes_deploys_infrastructure_then_the_code_package(deploy: Deploy) -> None:
     run = deploy("--yes", "rg-settle", "westeurope", "prod", "alertEmail=ops@example.com")
     assert run.code == 0, run.stderr
     verbs = [" ".join(c[:4]) for c in run.calls if c[0] != "version"]
-    create = verbs.index("deployment group create --resource-group")
-    assert (
-        verbs.index("group create --name rg-settle")
-        < create
-        < verbs.index("functionapp deployment source config-zip")
+    assert verbs.index("deployment group create --resource-group") < verbs.index(
+        "functionapp deployment source config-zip"
     )
+    assert "group create --name rg-settle" not in verbs  # it exists: `az group create` would clear its tags
     [deployment] = run.called("deployment", "group", "create")
     assert "--confirm-with-what-if" not in deployment
     assert "environmentName=prod" in deployment and "alertEmail=ops@example.com" in deployment
@@ -146,6 +200,15 @@ def test_yes_deploys_infrastructure_then_the_code_package(deploy: Deploy) -> Non
     assert {"function_app.py", "host.json", "requirements.txt", "handoff/settlement.py"} <= set(names)
     assert not [
         n for n in names if n.startswith(("tests/", "infra/", ".venv", "bench/")) or n.endswith(".pyc")
+    ]
+
+
+def test_yes_creates_a_missing_resource_group_first(deploy: Deploy) -> None:
+    run = deploy("--yes", "rg-new", "westeurope", "prod", FAKE_AZ_NO_GROUP="1")
+    assert run.code == 0, run.stderr
+    assert [c[:4] for c in changes(run)][:2] == [
+        ["group", "create", "--name", "rg-new"],
+        ["deployment", "group", "create", "--resource-group"],
     ]
 
 

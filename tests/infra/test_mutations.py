@@ -338,6 +338,13 @@ def test_there_are_the_issues_eight_edits_and_at_least_ten_more() -> None:
     assert len({m.id for m in MUTATIONS}) == len(MUTATIONS)
 
 
+def test_the_readme_and_the_adr_state_how_many_mistakes_the_checks_catch() -> None:
+    readme = (INFRA.parent / "README.md").read_text()
+    [adr] = (INFRA.parent / "docs" / "adr").glob("0010-*.md")
+    assert f"with {len(MUTATIONS)} deliberate mistakes" in readme
+    assert f"{len(MUTATIONS)} realistic edits of a copy of `infra/`" in adr.read_text()
+
+
 @pytest.mark.parametrize("mutation", MUTATIONS, ids=lambda m: m.id)
 def test_each_mutation_is_caught_for_its_reason(mutation: Mutation, infra_copy: Path) -> None:
     # Given a copy of infra/ with one realistic mistake

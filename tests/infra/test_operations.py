@@ -89,6 +89,8 @@ def test_service_bus_and_both_storage_accounts_send_logs_and_metrics_to_log_anal
     }
     workspace = ("read", "modules/monitoring.bicep", "workspace", (("prop", "id"),))
     for (file, scope), setting in settings.items():
+        # Always deployed: an attached (NimBus) namespace's logs and metrics are wanted as much as ours.
+        assert setting.condition is None and not setting.loop, scope
         props = setting.body["properties"]
         assert trace(tracer, file, props["workspaceId"]) == workspace, scope
         assert props["metrics"] and all(m["enabled"] is True for m in props["metrics"]), scope
@@ -241,6 +243,21 @@ def test_duplicate_detection_is_one_flag_for_the_topics_and_the_code(tracer: Tra
         resource("modules/servicebus.bicep", "resolverTopic").body["properties"]["requiresDuplicateDetection"]
         is False
     )
+
+
+def test_the_window_the_topics_get_is_the_one_the_reconciler_assumes(monkeypatch: pytest.MonkeyPatch) -> None:
+    # HANDOFF_DUPLICATE_DETECTION=true (what infra/ sets) means DEFAULT_DUPLICATE_WINDOW to the reconciler,
+    # which re-sends an unconfirmed control message only within that window (ADR-0012): a shorter window
+    # on the topics than in the code would let a re-sent copy reach the endpoint a second time.
+    from handoff import transport
+
+    window = resource("modules/servicebus.bicep", "endpointTopics").body["properties"][
+        "duplicateDetectionHistoryTimeWindow"
+    ]
+    monkeypatch.setenv(transport.DUPLICATE_DETECTION, window)
+    assert transport.duplicate_window_from_env() == transport.DEFAULT_DUPLICATE_WINDOW
+    monkeypatch.setenv(transport.DUPLICATE_DETECTION, "true")
+    assert transport.duplicate_window_from_env() == transport.DEFAULT_DUPLICATE_WINDOW
 
 
 def test_subscriptions_and_rules_under_one_parent_are_created_one_after_the_other() -> None:
