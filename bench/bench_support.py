@@ -15,7 +15,14 @@ from typing import Any
 from state import service
 from state.catchup import CatchupResult
 from state.expiry import index_entity, level1_entity
-from state.keys import EXPIRY_TABLE, LOCK_KIND, STATE_TABLE, bucket_of, parse_index_row_key
+from state.keys import (
+    EXPIRY_TABLE,
+    LOCK_KIND,
+    STATE_TABLE,
+    bucket_of,
+    marker_row_key,
+    parse_index_row_key,
+)
 from state.model import RecordKey, Scope, Status
 from state.store import WriteContext, lock_fields
 
@@ -29,10 +36,22 @@ class Loaded:
 
 
 def bulk_records(
-    count: int, *, expired_locks: int = 0, tenant_id: int = 9, entity_ids: int = 10, expired_ago_s: int = 60
+    count: int,
+    *,
+    expired_locks: int = 0,
+    live_locks: int = 0,
+    tenant_id: int = 9,
+    entity_ids: int = 10,
+    expired_ago_s: int = 60,
+    live_from_s: int = 600,
+    live_spread_s: int = 1800,
 ) -> Loaded:
     """Write ``count`` Processed records spread over ``entity_ids`` partitions, plus ``expired_locks``
-    Processing records whose lock expired ``expired_ago_s`` seconds ago (with their expiry-index rows)."""
+    Processing records whose lock expired ``expired_ago_s`` seconds ago, plus ``live_locks`` Processing
+    records whose locks fall due between ``live_from_s`` and ``live_from_s + live_spread_s`` seconds from
+    now (the spread of default 30-minute locks taken over the last half hour). Every lock gets the index
+    rows a lock would have written: its level-2 row beside the head, a marker per partition and minute
+    for the live ones, and the level-1 row of its (minute, partition)."""
     store = service.store()
     tables = store._tables
     ctx = WriteContext()
@@ -55,6 +74,21 @@ def bulk_records(
         by_partition.setdefault(pk, []).extend([entity, index_entity(pk, LOCK_KIND, until, lock_id, rk)])
         pointers.add((bucket_of(parse_index_row_key(str(entity["LockIndexKey"]))[2]), pk))
         expired.append(key)
+    markers: set[tuple[str, int]] = set()
+    for i in range(live_locks):
+        key = RecordKey(tenant_id, Scope.ELEMENT, i % entity_ids, "bench-live", f"{run}-{i}")
+        due = now + timedelta(milliseconds=live_from_s * 1000 + (i * 7919) % (live_spread_s * 1000))
+        entity = store._new_head(key, ctx, Status.PROCESSING, now, version=1, created_at=now)
+        lock_id = uuid.uuid4().hex
+        lock_fields(entity, lock_id, now, due)
+        pk, rk = str(entity["PartitionKey"]), str(entity["RowKey"])
+        bucket = bucket_of(parse_index_row_key(str(entity["LockIndexKey"]))[2])
+        rows = by_partition.setdefault(pk, [])
+        rows.extend([entity, index_entity(pk, LOCK_KIND, due, lock_id, rk)])
+        if (pk, bucket) not in markers:
+            markers.add((pk, bucket))
+            rows.append({"PartitionKey": pk, "RowKey": marker_row_key(LOCK_KIND, bucket, uuid.uuid4().hex)})
+        pointers.add((bucket, pk))
     state_table = tables.table(STATE_TABLE)
     for rows in by_partition.values():
         for start in range(0, len(rows), BATCH):
@@ -62,7 +96,7 @@ def bulk_records(
     level1 = tables.table(EXPIRY_TABLE)
     for bucket, pk in pointers:
         level1.upsert_entity(level1_entity(LOCK_KIND, bucket, pk))
-    return Loaded(records=count + expired_locks, expired_locks=expired)
+    return Loaded(records=count + expired_locks + live_locks, expired_locks=expired)
 
 
 def run_catchup() -> CatchupResult:

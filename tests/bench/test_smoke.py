@@ -55,6 +55,8 @@ def test_smoke_run_writes_every_section(tmp_path, azurite_connection: str, funct
     names = {f["name"] for figures in written["sections"].values() for f in figures}
     assert "cold start (first invocation)" in names
     assert any("takeover" in n for n in names)
+    catchup = {f["name"] for f in written["sections"]["catchup"]}
+    assert any(n.startswith("index:") and n.endswith("live index rows") for n in catchup), catchup
 
 
 def test_the_verdict_rules_can_miss() -> None:

@@ -35,6 +35,7 @@ _AREA_OF_MODULE = {
     "test_keys_scale": "key encoding",
     "test_auth_secrets": "auth & secrets",
     "test_checkers": "self-checks",
+    "test_crash_host": "crash",
 }
 _run: dict[str, Any] = {"selected": 0, "known": 0, "started": time.time()}
 _outcomes: dict[str, str] = {}  # test id -> passed | failed | error | skipped

@@ -120,7 +120,9 @@ def stored_records(keys: list[dict[str, Any]]) -> dict[tuple[str, str], dict[int
     return records
 
 
-def check_every_lock_concluded(call: Caller, keys: list[dict[str, Any]], where: str) -> dict[str, int]:
+def check_every_lock_concluded(
+    call: Caller, keys: list[dict[str, Any]], where: str, *, area: str = AREA
+) -> dict[str, int]:
     """No record Processing; versions contiguous (one head, history rows superseded by the next version);
     every Processing version has a successor that ended it (holder, LockExpired) or continued it
     (takeover, extension). A sample is checked through the API as well (head/history agreement)."""
@@ -131,16 +133,16 @@ def check_every_lock_concluded(call: Caller, keys: list[dict[str, Any]], where: 
         top = max(versions)
         heads = [v for v, row in versions.items() if str(row["RowKey"]).endswith(HEAD_SUFFIX)]
         check(
-            AREA,
+            area,
             heads == [top] and sorted(versions) == list(range(1, top + 1)),
             f"{where}: {path} {sorted(versions)}",
         )
         head = versions[top]
-        check(AREA, int(head["Status"]) != Status.PROCESSING, f"{where}: {path} left Processing")
+        check(area, int(head["Status"]) != Status.PROCESSING, f"{where}: {path} left Processing")
         for v in range(1, top):
             row = versions[v]
             check(
-                AREA,
+                area,
                 int(row["Status"]) == Status.SUPERSEDED and int(row["SupersededByVersion"]) == v + 1,
                 f"{where}: {path} history v{v} {row['Status']}/{row.get('SupersededByVersion')}",
             )
@@ -154,14 +156,14 @@ def check_every_lock_concluded(call: Caller, keys: list[dict[str, Any]], where: 
             ended_by_holder = successor.get("ClosedLockId") == row["LockId"]
             continued = int(successor.get("RecordedStatus", successor["Status"])) == Status.PROCESSING
             check(
-                AREA,
+                area,
                 ended_by_holder or continued,
                 f"{where}: {path} v{v} followed by {successor.get('Substatus')}",
             )
     unique = list({json.dumps(k, sort_keys=True): k for k in keys}.values())
     for key in random.Random(1).sample(unique, min(50, len(unique))):
         if read_rows(key).head is not None:
-            check_head_and_history(AREA, call, key, where)
+            check_head_and_history(area, call, key, where)
     return seen
 
 
