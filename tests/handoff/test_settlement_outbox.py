@@ -296,6 +296,51 @@ def test_storage_throttling_during_a_settlement_is_503_with_retry_after(call, re
         runtime.reset()
 
 
+class Undecodable(HTTPPolicy):  # type: ignore[type-arg]
+    """The chosen storage request (by HTTP method) is applied, and its 200 answer arrives cut short, so
+    its JSON cannot be decoded (a proxy or a connection dropping mid-body). The Tables SDK raises that as
+    an ``HttpResponseError`` with status 200 whose cause is a ``DecodeError``."""
+
+    def __init__(self, method: str) -> None:
+        super().__init__()
+        self.method = method
+        self.armed = 0
+
+    def send(self, request: Any) -> Any:
+        response = self.next.send(request)
+        if not (self.armed and request.http_request.method == self.method):
+            return response
+        self.armed -= 1
+        import requests
+        from azure.core.pipeline import PipelineResponse
+        from azure.core.pipeline.transport import RequestsTransportResponse
+
+        raw = requests.Response()
+        raw.status_code = 200
+        raw.reason = "OK"
+        raw.headers["Content-Type"] = "application/json;odata=minimalmetadata"
+        raw._content = b'{"odata.metadata":"https://example/$metadata#events/@Element","PartitionKey":"'
+        cut = RequestsTransportResponse(request.http_request, raw)
+        return PipelineResponse(request.http_request, cut, request.context)
+
+
+def test_a_storage_answer_that_cannot_be_decoded_during_a_settlement_is_503(call, resolve, flow, bus):
+    undecodable = Undecodable("GET")
+    runtime.reset(policies=[undecodable], client_options={"retry_total": 0})
+    service.use_transport(bus)
+    try:
+        parked(resolve, flow)
+        undecodable.armed = 1
+        result = complete(call, flow)
+        assert undecodable.armed == 0
+        assert result.status == 503, result.body
+        assert int(result.headers["retry-after"]) >= 1
+        assert result.json["type"] == "urn:settle:problem:unavailable"
+        assert complete(call, flow).status == 202
+    finally:
+        runtime.reset()
+
+
 # --- item 12: the audit holds valid JSON ---------------------------------------------------------
 
 
