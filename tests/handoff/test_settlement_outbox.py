@@ -148,6 +148,44 @@ def test_a_send_error_that_proves_nothing_is_accepted_and_the_reconciler_deliver
     assert len(audits(call, flow)) == 1 and state(call, flow) == SETTLED_COMPLETE
 
 
+# --- item 4: where a re-send is not safe, the answer says what remains and where operators see it ----
+
+
+def test_an_unconfirmed_answer_says_how_settle_follows_it_up(call, resolve, flow, broker, bus):
+    parked(resolve, flow)
+    bus.then(["lost-before"])
+    first = complete(call, flow)
+    assert (first.status, first.json["confirmed"]) == (202, False)
+    note = first.json["followUp"]
+    assert "re-sends the identical message" in note and f"/handoffs/{flow.endpoint}/unconfirmed" in note
+    later(3)
+    reconcile()
+    again = complete(call, flow)
+    assert again.json["confirmed"] is True and again.json["followUp"] is None
+
+
+def test_without_duplicate_detection_the_answer_states_the_residual(call, resolve, flow, broker, bus):
+    broker.window = None  # topics NimBus provisioned: HANDOFF_DUPLICATE_DETECTION=false
+    parked(resolve, flow)
+    bus.then(["deliver-then-raise"])
+    first = complete(call, flow)
+    assert (first.status, first.json["confirmed"]) == (202, False)
+    note = first.json["followUp"]
+    assert "never re-sends" in note and "HANDOFF_DUPLICATE_DETECTION" in note
+    assert f"GET /api/v1/handoffs/{flow.endpoint}/unconfirmed" in note
+    # It reached the endpoint after all: the resolver's projection confirms it
+    broker.pump()
+    again = complete(call, flow)
+    assert again.json["confirmed"] is True and again.json["followUp"] is None
+    assert complete(call, flow, result={"other": 1}).status == 409
+
+
+def test_a_confirmed_answer_has_no_follow_up(call, resolve, flow, broker, bus):
+    parked(resolve, flow)
+    accepted = complete(call, flow)
+    assert accepted.json["confirmed"] is True and accepted.json["followUp"] is None
+
+
 # --- item 3: a sent message is never taken over; different messages, different ids ----------------
 
 
