@@ -104,3 +104,28 @@ class Unavailable(SettleError):
     @property
     def headers(self) -> dict[str, str]:
         return {"Retry-After": str(self.retry_after)}
+
+
+def is_unreadable_answer(exc: BaseException) -> bool:
+    """An answer that arrived but could not be read: cut short or undecodable. Transient (ask again).
+
+    The Tables SDK raises an undecodable success answer as a plain ``HttpResponseError`` carrying the
+    answer's 2xx status, caused by the ``DecodeError`` (or ``IncompleteReadError``); so the cause chain is
+    searched, and a success status raised as an error counts too.
+    """
+    from azure.core.exceptions import DecodeError, HttpResponseError
+
+    seen: BaseException | None = exc
+    for _ in range(8):  # causes are short; a cycle must not loop forever
+        if seen is None:
+            return False
+        if isinstance(seen, DecodeError):  # IncompleteReadError is one too
+            return True
+        if (
+            isinstance(seen, HttpResponseError)
+            and seen.status_code is not None
+            and 200 <= seen.status_code < 300
+        ):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False

@@ -20,7 +20,15 @@ import azure.functions as func
 from pydantic import BaseModel, ValidationError
 
 from common import openapi, telemetry
-from common.errors import Conflict, InvalidInput, InvalidJson, PayloadTooLarge, SettleError, Unavailable
+from common.errors import (
+    Conflict,
+    InvalidInput,
+    InvalidJson,
+    PayloadTooLarge,
+    SettleError,
+    Unavailable,
+    is_unreadable_answer,
+)
 
 log = logging.getLogger("settle.http")
 
@@ -167,10 +175,11 @@ def _retry_after(exc: Exception, default: int) -> int:
 def dependency_problem(exc: Exception) -> SettleError | None:
     """The problem a storage/network fault maps to, or None when it is not one (a bug: 500).
 
-    Throttling (429), server errors (5xx), broken connections, answers that could not be read, and token
-    endpoint failures are transient: 503 with ``Retry-After``. A conflict that survived our own retries is
-    a 409 to retry. A request Table Storage refused as too large is a 413 (validation should have caught it
-    first; the mapping keeps a gap from ever becoming a 500).
+    Throttling (429), server errors (5xx), broken connections, answers that could not be read (an
+    undecodable 200 included: :func:`~common.errors.is_unreadable_answer`), and token endpoint failures
+    are transient: 503 with ``Retry-After``. A conflict that survived our own retries is a 409 to retry. A
+    request Table Storage refused as too large is a 413 (validation should have caught it first; the
+    mapping keeps a gap from ever becoming a 500).
     """
     from azure.core.exceptions import (
         ClientAuthenticationError,
@@ -183,6 +192,8 @@ def dependency_problem(exc: Exception) -> SettleError | None:
 
     if isinstance(exc, ServiceRequestError | ServiceResponseError | TimeoutError | ConnectionError):
         return Unavailable("Storage is unreachable; retry with backoff.", retry_after=_retry_after(exc, 1))
+    if is_unreadable_answer(exc):
+        return Unavailable("Storage's answer could not be read; retry with backoff.", retry_after=1)
     if isinstance(exc, ClientAuthenticationError):
         return Unavailable("Storage refused Settle's credentials; retry later.", retry_after=5)
     if isinstance(exc, ResourceExistsError | ResourceModifiedError):

@@ -90,11 +90,17 @@ class SettlementAccepted(ApiModel):
     transport: str
     confirmed: bool = Field(
         description="The broker acknowledged the message (or the resolver already projected it). False: the "
-        "send's outcome is not known yet; Settle confirms or re-sends it (see state)."
+        "send's outcome is not known yet; followUp says what Settle does about it."
     )
     state: str = Field(description="The claim: sending, sent, delivered, unconfirmed.")
     replayed: bool = Field(description="True when this answers a retry of a settlement made before.")
     claimed_at: datetime
+    follow_up: str | None = Field(
+        default=None,
+        description="Unconfirmed only: how Settle confirms or re-sends the message, or (no duplicate "
+        "detection on the endpoint topics) that it never re-sends it, and where operators then see it "
+        "(GET /api/v1/handoffs/{endpointId}/unconfirmed).",
+    )
 
 
 class UnconfirmedClaim(ApiModel):

@@ -22,7 +22,7 @@ import hashlib
 import json
 import math
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from enum import Enum
 from typing import TYPE_CHECKING, Any, cast
 
@@ -108,6 +108,37 @@ def next_step(
 def recheck_after(claimed_at: datetime, now: datetime) -> timedelta:
     """Back-off for an unconfirmed claim: half its age, between 5 minutes and an hour."""
     return min(max((now - claimed_at) / 2, RECHECK_MIN), RECHECK_MAX)
+
+
+def follow_up_note(
+    state: ClaimState, *, confirmed: bool, claimed_at: datetime, window: timedelta | None, endpoint_id: str
+) -> str | None:
+    """What an unconfirmed 202 leaves to Settle, and where operators see it if that fails (None: confirmed).
+
+    Part of the answer so that a caller knows the residual without reading the docs: without duplicate
+    detection an ambiguous send is never re-sent (a second copy could reach the endpoint).
+    """
+    if confirmed:
+        return None
+    listed = f"GET /api/v1/handoffs/{endpoint_id}/unconfirmed"
+    if state is ClaimState.unconfirmed:
+        return (
+            "Settle could neither confirm this message nor re-send it safely; it is listed at "
+            f"{listed}: an operator must check whether it reached the endpoint."
+        )
+    if window is None:
+        return (
+            "Not confirmed, and the endpoint topics have no duplicate detection "
+            "(HANDOFF_DUPLICATE_DETECTION=false), so Settle never re-sends it (a second copy could reach "
+            "the endpoint): it is confirmed when the resolver projects it; otherwise it is listed at "
+            f"{listed} for an operator to check the endpoint."
+        )
+    until = (claimed_at + window - RESEND_MARGIN).astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return (
+        "Not confirmed yet: Settle confirms it from the resolver's history or re-sends the identical message "
+        f"(same MessageId: duplicate detection drops a second copy) until {until}; if it is still "
+        f"unconfirmed then, it is listed at {listed} for an operator to check the endpoint."
+    )
 
 
 def request_digest(

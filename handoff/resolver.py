@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from common import telemetry
 from common.clock import utcnow
-from common.errors import KeyTooLong
+from common.errors import KeyTooLong, is_unreadable_answer
 from handoff import counts, keys, store
 from handoff.contract import (
     MANAGER_ID,
@@ -113,6 +113,8 @@ def is_transient(exc: BaseException) -> bool:
         | TimeoutError
         | ConnectionError,
     ):
+        return True
+    if is_unreadable_answer(exc):  # also an undecodable 200, as the Tables SDK raises it
         return True
     if isinstance(exc, HttpResponseError):
         code = exc.status_code

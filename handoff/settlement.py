@@ -49,6 +49,7 @@ from handoff.outbox import (
     Step,
     bounded_json,
     can_resend,
+    follow_up_note,
     next_step,
     recheck_after,
     request_digest,
@@ -498,6 +499,7 @@ class SettlementService:
                 f"Event {claim.event_id!r} moved on without this settlement (it was superseded).",
                 field="coordinates.eventId",
             )
+        transport = self.transport()
         return SettlementAccepted(
             endpoint_id=endpoint_id,
             event_id=claim.event_id,
@@ -505,11 +507,18 @@ class SettlementService:
             control_message_id=claim.control_message_id,
             parked_message_id=claim.parked_message_id,
             settled_by=claim.settled_by,
-            transport=self.transport().name,
+            transport=transport.name,
             confirmed=confirmed,
             state=claim.state.name,
             replayed=replayed,
             claimed_at=claim.claimed_at,
+            follow_up=follow_up_note(
+                claim.state,
+                confirmed=confirmed,
+                claimed_at=claim.claimed_at,
+                window=transport.duplicate_window,
+                endpoint_id=endpoint_id,
+            ),
         )
 
     def follow_up(self, endpoint_id: str, claim: ClaimRow, *, bookkeeping: bool = True) -> ClaimRow:

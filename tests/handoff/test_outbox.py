@@ -16,6 +16,7 @@ from handoff.outbox import (
     Step,
     bounded_json,
     can_resend,
+    follow_up_note,
     next_step,
     recheck_after,
     request_digest,
@@ -52,6 +53,21 @@ def test_the_reconciler_s_decision(state, projected, moved_on, age, window, step
     now = T0 + timedelta(minutes=age)
     got = next_step(state, projected=projected, moved_on=moved_on, claimed_at=T0, now=now, window=window)
     assert got is step
+
+
+def test_the_follow_up_note_names_what_settle_does_and_where_operators_look():
+    def note(state: ClaimState, window: timedelta | None, *, confirmed: bool = False) -> str | None:
+        return follow_up_note(state, confirmed=confirmed, claimed_at=T0, window=window, endpoint_id="Billing")
+
+    assert note(ClaimState.sent, WINDOW, confirmed=True) is None
+    resend = note(ClaimState.sending, WINDOW)
+    assert resend is not None and "until 2026-11-30T09:09:00Z" in resend
+    residual = note(ClaimState.sending, None)
+    assert residual is not None and "never re-sends" in residual
+    shown = note(ClaimState.unconfirmed, WINDOW)
+    assert shown is not None and "operator must check" in shown
+    for text in (resend, residual, shown):
+        assert "GET /api/v1/handoffs/Billing/unconfirmed" in text
 
 
 def test_an_unconfirmed_claim_is_looked_at_less_and_less_often():

@@ -196,6 +196,17 @@ def _status_error(status: int | None) -> Exception:
     return error
 
 
+def _with_status(error: Any, status: int) -> Any:
+    error.status_code = status
+    return error
+
+
+def _wrapped(cause: Exception, status: int) -> Exception:
+    error = _status_error(status)
+    error.__cause__ = cause
+    return error
+
+
 def _transient_faults() -> list[tuple[str, Any]]:
     from azure.core.exceptions import (
         ClientAuthenticationError,
@@ -207,6 +218,13 @@ def _transient_faults() -> list[tuple[str, Any]]:
     return [
         ("incomplete-read", lambda: IncompleteReadError("the answer stopped half way (test)")),
         ("decode", lambda: DecodeError("the answer could not be decoded (test)")),
+        # The same faults carrying the status of the answer they came with: a 200 whose body was cut,
+        # a managed-identity endpoint answering 400 while the identity is being assigned
+        ("incomplete-read-of-a-200", lambda: _with_status(IncompleteReadError("cut (test)"), 200)),
+        ("decode-of-a-200", lambda: _with_status(DecodeError("JSON is invalid (test)"), 200)),
+        ("token-endpoint-400", lambda: _with_status(ClientAuthenticationError("IMDS (test)"), 400)),
+        # What the Tables SDK raises for an undecodable 200: a plain HttpResponseError caused by it
+        ("wrapped-decode-of-a-200", lambda: _wrapped(DecodeError("JSON is invalid (test)"), 200)),
         ("http-without-status", lambda: _status_error(None)),
         ("token-endpoint", lambda: ClientAuthenticationError("token endpoint hiccup (test)")),
         ("throttled-429", lambda: _status_error(429)),
@@ -254,6 +272,26 @@ def test_at_the_retry_budget_the_message_is_stored_as_poison_with_the_reason_and
     assert resolver.handle(msg) is Outcome.POISONED
     [reason] = _poison_reasons(msg)
     assert reason.startswith("retry budget exhausted") and "503" in reason
+
+
+def test_a_storage_answer_that_cannot_be_decoded_is_rescheduled_not_poisoned(flow):
+    from .test_settlement_outbox import Undecodable
+
+    undecodable = Undecodable("GET")
+    runtime.reset(policies=[undecodable], client_options={"retry_total": 0})
+    try:
+        resolver = service.resolver_service()
+        redelivery = RecordingRedelivery()
+        resolver.redelivery = lambda: redelivery
+        msg = flow.request(message_id=f"req-{flow.event_id}")
+        undecodable.armed = 1  # the event row read: its answer is cut short
+        assert resolver.handle(msg) is Outcome.RESCHEDULED
+        assert undecodable.armed == 0 and _poison_reasons(msg) == []
+        assert [m for m, _, _ in redelivery.scheduled] == [msg.message_id]
+        copy = flow.request(message_id=msg.message_id, ThrottleRetryCount=1)
+        assert resolver.handle(copy) is Outcome.APPLIED
+    finally:
+        runtime.reset()
 
 
 # --- item 11: a malformed ThrottleRetryCount counts as 0 ------------------------------------------

@@ -148,6 +148,44 @@ def test_a_send_error_that_proves_nothing_is_accepted_and_the_reconciler_deliver
     assert len(audits(call, flow)) == 1 and state(call, flow) == SETTLED_COMPLETE
 
 
+# --- item 4: where a re-send is not safe, the answer says what remains and where operators see it ----
+
+
+def test_an_unconfirmed_answer_says_how_settle_follows_it_up(call, resolve, flow, broker, bus):
+    parked(resolve, flow)
+    bus.then(["lost-before"])
+    first = complete(call, flow)
+    assert (first.status, first.json["confirmed"]) == (202, False)
+    note = first.json["followUp"]
+    assert "re-sends the identical message" in note and f"/handoffs/{flow.endpoint}/unconfirmed" in note
+    later(3)
+    reconcile()
+    again = complete(call, flow)
+    assert again.json["confirmed"] is True and again.json["followUp"] is None
+
+
+def test_without_duplicate_detection_the_answer_states_the_residual(call, resolve, flow, broker, bus):
+    broker.window = None  # topics NimBus provisioned: HANDOFF_DUPLICATE_DETECTION=false
+    parked(resolve, flow)
+    bus.then(["deliver-then-raise"])
+    first = complete(call, flow)
+    assert (first.status, first.json["confirmed"]) == (202, False)
+    note = first.json["followUp"]
+    assert "never re-sends" in note and "HANDOFF_DUPLICATE_DETECTION" in note
+    assert f"GET /api/v1/handoffs/{flow.endpoint}/unconfirmed" in note
+    # It reached the endpoint after all: the resolver's projection confirms it
+    broker.pump()
+    again = complete(call, flow)
+    assert again.json["confirmed"] is True and again.json["followUp"] is None
+    assert complete(call, flow, result={"other": 1}).status == 409
+
+
+def test_a_confirmed_answer_has_no_follow_up(call, resolve, flow, broker, bus):
+    parked(resolve, flow)
+    accepted = complete(call, flow)
+    assert accepted.json["confirmed"] is True and accepted.json["followUp"] is None
+
+
 # --- item 3: a sent message is never taken over; different messages, different ids ----------------
 
 
@@ -290,6 +328,51 @@ def test_storage_throttling_during_a_settlement_is_503_with_retry_after(call, re
         throttle.armed = False
         assert result.status == 503, result.body
         assert result.headers["retry-after"] == "7"
+        assert result.json["type"] == "urn:settle:problem:unavailable"
+        assert complete(call, flow).status == 202
+    finally:
+        runtime.reset()
+
+
+class Undecodable(HTTPPolicy):  # type: ignore[type-arg]
+    """The chosen storage request (by HTTP method) is applied, and its 200 answer arrives cut short, so
+    its JSON cannot be decoded (a proxy or a connection dropping mid-body). The Tables SDK raises that as
+    an ``HttpResponseError`` with status 200 whose cause is a ``DecodeError``."""
+
+    def __init__(self, method: str) -> None:
+        super().__init__()
+        self.method = method
+        self.armed = 0
+
+    def send(self, request: Any) -> Any:
+        response = self.next.send(request)
+        if not (self.armed and request.http_request.method == self.method):
+            return response
+        self.armed -= 1
+        import requests
+        from azure.core.pipeline import PipelineResponse
+        from azure.core.pipeline.transport import RequestsTransportResponse
+
+        raw = requests.Response()
+        raw.status_code = 200
+        raw.reason = "OK"
+        raw.headers["Content-Type"] = "application/json;odata=minimalmetadata"
+        raw._content = b'{"odata.metadata":"https://example/$metadata#events/@Element","PartitionKey":"'
+        cut = RequestsTransportResponse(request.http_request, raw)
+        return PipelineResponse(request.http_request, cut, request.context)
+
+
+def test_a_storage_answer_that_cannot_be_decoded_during_a_settlement_is_503(call, resolve, flow, bus):
+    undecodable = Undecodable("GET")
+    runtime.reset(policies=[undecodable], client_options={"retry_total": 0})
+    service.use_transport(bus)
+    try:
+        parked(resolve, flow)
+        undecodable.armed = 1
+        result = complete(call, flow)
+        assert undecodable.armed == 0
+        assert result.status == 503, result.body
+        assert int(result.headers["retry-after"]) >= 1
         assert result.json["type"] == "urn:settle:problem:unavailable"
         assert complete(call, flow).status == 202
     finally:
