@@ -231,8 +231,8 @@ class HandoffView(_Wire):
 
 class SettlementAccepted(_Wire):
     """202: Settle owns the settlement now: its one control message was sent (``confirmed``) or will be
-    confirmed or re-sent by Settle's reconciler (``confirmed`` false). ``replayed``: the answer to an earlier
-    identical request."""
+    confirmed or re-sent by Settle's reconciler (``confirmed`` false; ``follow_up`` then says what Settle does
+    about it and where an operator sees it). ``replayed``: the answer to an earlier identical request."""
 
     endpoint_id: str
     event_id: str
@@ -245,6 +245,7 @@ class SettlementAccepted(_Wire):
     state: str | None = None
     replayed: bool = False
     claimed_at: datetime | None = None
+    follow_up: str | None = None
 
 
 class HistoryEntry(_Wire):
