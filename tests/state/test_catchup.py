@@ -313,7 +313,7 @@ def test_one_timer_run_catches_up_more_expired_locks_than_one_run_handles(
 
     monkeypatch.setattr(catchup, "DEFAULT_MAX_ROWS", 20)
     monkeypatch.setattr(catchup, "DRAIN_SECONDS", 600.0)  # ample on any machine: no timing is asserted
-    store = StateStore(runtime.tables())
+    store = service.store()  # the timer's own store and clock
     keys = [KeyIn.model_validate(new_key(entityId=900 + i % 3)).record_key() for i in range(60)]
     for k in keys:
         assert store.lock(k, WriteContext(), 1).acquired
