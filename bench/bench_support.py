@@ -9,17 +9,19 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
+from common.clock import epoch_ms
 from state import service
 from state.catchup import CatchupResult
-from state.expiry import index_entity, level1_entity
+from state.expiry import level1_entity
 from state.keys import (
     EXPIRY_TABLE,
     LOCK_KIND,
     STATE_TABLE,
     bucket_of,
+    index_row_key,
     marker_row_key,
     parse_index_row_key,
 )
@@ -33,6 +35,15 @@ BATCH = 100
 class Loaded:
     records: int
     expired_locks: list[RecordKey]
+
+
+def index_entity(partition: str, kind: str, due: datetime, ident: str, state_row: str) -> dict[str, Any]:
+    """A level-2 row (``state/expiry.py``): ``ident`` of the head ``state_row`` falls due at ``due``."""
+    return {
+        "PartitionKey": partition,
+        "RowKey": index_row_key(kind, epoch_ms(due), ident),
+        "StateRK": state_row,
+    }
 
 
 def bulk_records(

@@ -12,8 +12,10 @@ delete the minute's markers in that partition, read its rows again (a transactio
 before the markers went is handled now), then delete the level-1 row ``If-Match`` the ETag read at the
 start. If a lock path touched it meanwhile, the delete fails and the next run looks again (ADR-0011).
 
-Work per run is bounded by ``max_rows`` (index rows handled plus partitions visited); what is left waits
-for the next run.
+Work per run is bounded by ``max_rows`` (index rows handled plus partitions visited). The timer
+(:meth:`Catchup.drain`) runs again while a run ran out of rows, for up to ``DRAIN_SECONDS``, so a backlog
+larger than one run (a fleet of workers killed at once) is still caught up within one timer period; only
+what is left after that waits for the next timer.
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ log = logging.getLogger("settle.state.catchup")
 
 DEFAULT_MAX_ROWS = 500
 CLOSE_MARGIN_MS = 5_000
+# How long one timer invocation keeps starting bounded runs while they run out of rows (the default schedule
+# is every minute; timer functions run on one instance at a time, so a longer drain only delays the next).
+DRAIN_SECONDS = 50.0
 _COLUMN_OF_KIND = {kind: column for column, kind in INDEX_COLUMNS.items()}
 
 
@@ -50,11 +55,13 @@ class CatchupResult:
     stale_index_rows: int = 0
     minutes_visited: int = 0
     minutes_closed: int = 0
+    exhausted: bool = False  # the run stopped at max_rows: there may be more to do
     elapsed_ms: float = 0.0
 
     @property
-    def entities_read(self) -> int:
-        return self.index_rows_read + self.records_read
+    def progressed(self) -> bool:
+        """Did the run change the index (so that another run would start further on)?"""
+        return bool(self.locks_failed or self.records_expired or self.stale_index_rows or self.minutes_closed)
 
 
 class _Budget:
@@ -73,7 +80,18 @@ class Catchup:
         self._store = store
         self._index = index or store.index
 
-    def run(self, *, now: datetime | None = None, max_rows: int = DEFAULT_MAX_ROWS) -> CatchupResult:
+    def drain(self, *, now: datetime | None = None, max_rows: int | None = None) -> list[CatchupResult]:
+        """What the timer does: bounded runs, again while one ran out of rows having changed something
+        (a run that only re-read live work would find the same next time) and time is left."""
+        max_rows = DEFAULT_MAX_ROWS if max_rows is None else max_rows
+        started = time.monotonic()
+        results = [self.run(now=now, max_rows=max_rows)]
+        while results[-1].exhausted and results[-1].progressed and time.monotonic() - started < DRAIN_SECONDS:
+            results.append(self.run(now=now, max_rows=max_rows))
+        return results
+
+    def run(self, *, now: datetime | None = None, max_rows: int | None = None) -> CatchupResult:
+        max_rows = DEFAULT_MAX_ROWS if max_rows is None else max_rows
         with telemetry.span("settle.catchup.run", {"settle.catchup.max_rows": max_rows}) as span:
             started = time.perf_counter()
             result = CatchupResult()
@@ -86,9 +104,16 @@ class Catchup:
                         break
                     result.minutes_visited += 1
                     self._visit(pointer, when, result, budget)
+            result.exhausted = budget.left <= 0
             result.elapsed_ms = (time.perf_counter() - started) * 1000
-            span.update({f"settle.catchup.{k}": v for k, v in vars(result).items() if k != "elapsed_ms"})
-            span.set_outcome("done" if budget.left > 0 else "budget-exhausted")
+            span.update(
+                {
+                    f"settle.catchup.{k}": v
+                    for k, v in vars(result).items()
+                    if k not in ("elapsed_ms", "exhausted")
+                }
+            )
+            span.set_outcome("budget-exhausted" if result.exhausted else "done")
             log.info("state catch-up: %s", result)
             return result
 

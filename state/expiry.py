@@ -40,7 +40,6 @@ from state.keys import (
     EXPIRY_TABLE,
     STATE_TABLE,
     bucket_of,
-    index_row_key,
     level1_partition,
     marker_row_key,
     parse_level1_partition,
@@ -49,15 +48,6 @@ from state.keys import (
 
 _PREPARED_MAX = 4096
 _TOUCH_ATTEMPTS = 4
-
-
-def index_entity(partition: str, kind: str, due: datetime, ident: str, state_row: str) -> dict[str, Any]:
-    """A level-2 row: ``ident`` (lock id or deadline id) of the head ``state_row`` falls due at ``due``."""
-    return {
-        "PartitionKey": partition,
-        "RowKey": index_row_key(kind, epoch_ms(due), ident),
-        "StateRK": state_row,
-    }
 
 
 def level1_entity(kind: str, bucket: int, partition: str) -> dict[str, Any]:

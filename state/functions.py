@@ -237,7 +237,7 @@ def state_meta(req: func.HttpRequest) -> StateMeta:
     arg_name="timer", schedule="%STATE_CATCHUP_SCHEDULE%", run_on_startup=False, use_monitor=True
 )
 def state_catchup(timer: func.TimerRequest) -> None:
-    """Expired locks become Failed; records past retention become Expired (bounded work per run)."""
+    """Expired locks become Failed; records past retention become Expired (bounded runs, drained)."""
     if timer.past_due:
         log.info("state catch-up is running late")
-    service.catchup().run()
+    service.catchup().drain()

@@ -23,7 +23,7 @@ from state import service
 from state.catchup import Catchup
 from state.keys import EXPIRY_TABLE, STATE_TABLE, head_row_key, partition_key
 from state.schemas import KeyIn
-from state.store import StateStore
+from state.store import StateStore, WriteContext
 from tests.state.conftest import new_key
 
 BUCKET_MS = 60_000  # the expiry index's minute
@@ -300,3 +300,53 @@ def test_a_caught_up_lock_with_retention_gets_its_retention_deadline(state, fres
     assert service.catchup().run(now=later).locks_failed == 1
     assert service.catchup().run(now=later + timedelta(seconds=61)).records_expired == 1
     assert [i["originalStatus"] for i in state.history(key).json["items"]] == [None, "Failed", "Processing"]
+
+
+def test_one_timer_run_catches_up_more_expired_locks_than_one_run_handles(
+    state, fresh_tables, functions, monkeypatch
+):
+    # Given more expired locks than one catch-up run handles (after a crashed fleet, say; the run's bound
+    # is lowered from DEFAULT_MAX_ROWS so the backlog stays small), over three partitions
+    from azure.functions.timer import TimerRequest
+
+    from state import catchup
+
+    monkeypatch.setattr(catchup, "DEFAULT_MAX_ROWS", 20)
+    monkeypatch.setattr(catchup, "DRAIN_SECONDS", 600.0)  # ample on any machine: no timing is asserted
+    store = service.store()  # the timer's own store and clock
+    keys = [KeyIn.model_validate(new_key(entityId=900 + i % 3)).record_key() for i in range(60)]
+    for k in keys:
+        assert store.lock(k, WriteContext(), 1).acquired
+    assert service.catchup().run(now=utcnow() + timedelta(seconds=2)).exhausted  # one run cannot do it all
+    time.sleep(1.2)  # every lock has expired (the timer runs at the real time)
+    # When the timer fires once
+    functions["state_catchup"].get_user_function()(TimerRequest(past_due=False))
+    # Then every lock is Failed: the timer ran as many bounded runs as the backlog needed
+    heads = {
+        e["RowKey"]: e
+        for pk in {partition_key(k.tenant_id, k.scope, k.entity_id) for k in keys}
+        for e in runtime.tables()
+        .table(STATE_TABLE)
+        .query_entities("PartitionKey eq @pk and Status ne 5", parameters={"pk": pk})
+        if "Version" in e
+    }
+    assert [heads[head_row_key(k)]["Status"] for k in keys] == [3] * len(keys)
+    assert {heads[head_row_key(k)]["Substatus"] for k in keys} == {"LockExpired"}
+
+
+def test_the_timer_stops_draining_when_its_time_budget_is_spent(state, fresh_tables, monkeypatch):
+    # Given a backlog larger than one run, and a time budget already spent after the first run
+    from state import catchup
+
+    for _ in range(8):
+        state.lock(new_key(), lockSeconds=1)
+    monkeypatch.setattr(catchup, "DRAIN_SECONDS", 0.0)
+    # When the timer drains with runs of 3 rows
+    results = service.catchup().drain(max_rows=3, now=utcnow() + timedelta(seconds=2))
+    # Then it did one bounded run and left the rest for the next timer
+    assert len(results) == 1 and results[0].exhausted and results[0].locks_failed < 8
+    # and without the time limit it drains the backlog, each run bounded
+    monkeypatch.setattr(catchup, "DRAIN_SECONDS", 600.0)
+    more = service.catchup().drain(max_rows=3, now=utcnow() + timedelta(seconds=2))
+    assert results[0].locks_failed + sum(r.locks_failed for r in more) == 8
+    assert not more[-1].exhausted and all(r.minutes_visited + r.locks_failed <= 3 for r in more)
