@@ -177,7 +177,9 @@ def dependency_problem(exc: Exception) -> SettleError | None:
 
     Throttling (429), server errors (5xx), broken connections, answers that could not be read (an
     undecodable 200 included: :func:`~common.errors.is_unreadable_answer`), and token endpoint failures
-    are transient: 503 with ``Retry-After``. A conflict that survived our own retries is a 409 to retry. A
+    are transient: 503 with ``Retry-After``. Storage refusing Settle's identity (401/403: a role assignment
+    missing or not yet propagated) is the deployment's fault, never the caller's: 503 too, and logged as an
+    error so an operator sees it. A conflict that survived our own retries is a 409 to retry. A
     request Table Storage refused as too large is a 413 (validation should have caught it first; the
     mapping keeps a gap from ever becoming a 500).
     """
@@ -203,6 +205,9 @@ def dependency_problem(exc: Exception) -> SettleError | None:
         if status is None or status == 429 or status >= 500 or status == 408:
             what = "throttling" if status == 429 else "unavailable"
             return Unavailable(f"Storage is {what}; retry with backoff.", retry_after=_retry_after(exc, 1))
+        if status in (401, 403):
+            log.error("storage refused Settle's identity (%s): check its role assignment", status)
+            return Unavailable("Storage refused Settle's identity; retry later.", retry_after=30)
         code = str(getattr(exc, "error_code", "") or "")
         if status == 413 or code in _TOO_LARGE_CODES:
             return PayloadTooLarge("The request is larger than Table Storage accepts for one record.")

@@ -72,6 +72,15 @@ def test_a_transient_dependency_fault_is_503_with_retry_after(exc: Exception) ->
     assert body["retryAfter"] == int(resp.headers["Retry-After"])
 
 
+@pytest.mark.parametrize("status", [401, 403])
+def test_storage_refusing_settles_identity_is_503_never_a_500(status: int) -> None:
+    # A missing or not yet propagated role assignment is the deployment's fault, not the caller's
+    resp = _answer(_http_error(status, code="AuthorizationPermissionMismatch"))
+    assert resp.status_code == 503
+    assert json.loads(resp.get_body())["type"] == "urn:settle:problem:unavailable"
+    assert int(resp.headers["Retry-After"]) >= 1
+
+
 def test_storage_retry_after_is_passed_on() -> None:
     resp = _answer(_http_error(429, retry_after="7"))
     assert resp.headers["Retry-After"] == "7"
