@@ -1,7 +1,7 @@
 """Figure 1: Table round trips of every state operation, resolver message type and settlement.
 
 Counted at the wire: the app talks to Azurite through a counting proxy (``bench.proxy``), so every
-request an operation causes is seen, on any thread (a background index flush included), retries
+request an operation causes is seen, on any thread (work left to a background thread included), retries
 included. For each case N fresh records are prepared (not counted), background work is drained, the N
 operations run back to back, background work is drained again, and what Azurite received is divided by
 N: work that is batched across operations is amortised over them. The median over the rounds is shown
@@ -230,8 +230,8 @@ def _figure(name: str, per_round: list[float], minimum: int, note: str = "") -> 
 
 
 def _paced(env: Environment, state: State, proxy: CountingProxy, cycles: int) -> Figure:
-    """Context: lock + fenced set cycles at one call per 0.3 s (a batching background writer gets no
-    batch to share), against the two cycles' minimum."""
+    """Context: lock + fenced set cycles at one call per 0.3 s (the once-per-minute index preparation is
+    shared by fewer operations), against the two cycles' minimum."""
     name = f"lock + fenced set, one call per {PACED_INTERVAL_S} s"
     minimum = MINIMUM["lock (new key)"] + MINIMUM["set (fenced, with token)"]
     proxy.wait_quiet(env.sizes.roundtrip_quiet_s)
