@@ -49,7 +49,7 @@ MINIMUM: dict[str, int] = {
     "resolver: ResolutionResponse": 2,
     # Read the event row 1 + one transaction (claim + audit + queue mark) 1, then the send; over
     # SETTLE_LOOPBACK=true the send is the in-process projection's 2: 4 in all.
-    "settlement (handoff_complete, loopback)": 4,
+    "settlement (handoff_complete, loopback)": 5,
 }
 WHY = {
     "exists": "one point read of the head",
@@ -69,7 +69,10 @@ WHY = {
     "resolver: PendingHandoffResponse": "one point read, one transaction (+ queue and job index rows)",
     "resolver: HandoffCompletedRequest": "one point read, one transaction (+ index rows removed)",
     "resolver: ResolutionResponse": "one point read, one transaction",
-    "settlement (handoff_complete, loopback)": "read, one transaction, then the loopback projection's 2",
+    "settlement (handoff_complete, loopback)": (
+        "read, the claim transaction (outbox + audit), the loopback projection's 2, "
+        "the transaction that marks the claim sent"
+    ),
 }
 RESOLVER_TYPES = ("EventRequest", "PendingHandoffResponse", "HandoffCompletedRequest", "ResolutionResponse")
 PACED_INTERVAL_S = 0.3
