@@ -129,3 +129,33 @@ def is_unreadable_answer(exc: BaseException) -> bool:
             return True
         seen = seen.__cause__ or seen.__context__
     return False
+
+
+def is_transient_storage_fault(exc: BaseException) -> bool:
+    """A storage or network fault worth asking again: unreachable, throttled, failing server-side, an
+    answer that could not be read, a token-endpoint hiccup, or storage refusing Settle's identity (401/403:
+    a role assignment missing or not yet propagated, which a deployment fixes, never the request).
+
+    The one rule for every caller that retries instead of giving up (the resolver, poison counting)."""
+    from azure.core.exceptions import (
+        ClientAuthenticationError,
+        HttpResponseError,
+        ServiceRequestError,
+        ServiceResponseError,
+    )
+
+    if isinstance(
+        exc,
+        ServiceRequestError
+        | ServiceResponseError
+        | ClientAuthenticationError
+        | TimeoutError
+        | ConnectionError,
+    ):
+        return True
+    if is_unreadable_answer(exc):  # IncompleteReadError and DecodeError, an undecodable 200 included
+        return True
+    if isinstance(exc, HttpResponseError):
+        code = exc.status_code
+        return code is None or code >= 500 or code in (401, 403, 408, 429)
+    return False

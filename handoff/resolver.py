@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from common import telemetry
 from common.clock import utcnow
-from common.errors import KeyTooLong, is_unreadable_answer
+from common.errors import KeyTooLong, is_transient_storage_fault
 from handoff import counts, keys, store
 from handoff.contract import (
     MANAGER_ID,
@@ -89,37 +89,12 @@ class Redelivery(Protocol):
 
 
 def is_transient(exc: BaseException) -> bool:
-    """Storage unreachable, throttling, failing server-side, or an answer we could not read: try again.
+    """Storage unreachable, throttling, failing server-side, an answer we could not read, or storage
+    refusing Settle's identity (:func:`~common.errors.is_transient_storage_fault`): try again.
 
-    Deterministic failures (a 4xx with a status, a bug) are not: they go to poison with their cause.
+    Deterministic failures (another 4xx with a status, a bug) are not: they go to poison with their cause.
     """
-    from azure.core.exceptions import (
-        ClientAuthenticationError,
-        DecodeError,
-        HttpResponseError,
-        IncompleteReadError,
-        ServiceRequestError,
-        ServiceResponseError,
-    )
-
-    if isinstance(
-        exc,
-        TransientProjectionError
-        | ServiceRequestError
-        | ServiceResponseError
-        | IncompleteReadError  # the answer stopped half way
-        | DecodeError  # the answer could not be decoded
-        | ClientAuthenticationError  # the token endpoint (managed identity) hiccuped
-        | TimeoutError
-        | ConnectionError,
-    ):
-        return True
-    if is_unreadable_answer(exc):  # also an undecodable 200, as the Tables SDK raises it
-        return True
-    if isinstance(exc, HttpResponseError):
-        code = exc.status_code
-        return code is None or code >= 500 or code in (408, 429)
-    return False
+    return isinstance(exc, TransientProjectionError) or is_transient_storage_fault(exc)
 
 
 # The outcome as telemetry names it (docs/observability.md).

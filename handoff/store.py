@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from common.errors import KeyTooLong, is_unreadable_answer
+from common.errors import KeyTooLong, is_transient_storage_fault
 from common.tables import Tables
 from handoff import keys
 from handoff.records import (
@@ -319,8 +319,7 @@ class HandoffStore:
         except TableTransactionError:
             pass  # the index row exists: counted before
         except HttpResponseError as exc:
-            code = exc.status_code
-            transient = is_unreadable_answer(exc) or code is None or code >= 500 or code in (408, 429)
+            transient = is_transient_storage_fault(exc)
             if transient and count_or_raise:
                 raise  # the resolver retries the message, which lands here again
             log.warning("poison %s/%s stored but not counted: %s", pk, rk, exc)

@@ -230,6 +230,8 @@ def _transient_faults() -> list[tuple[str, Any]]:
         ("throttled-429", lambda: _status_error(429)),
         ("server-503", lambda: _status_error(503)),
         ("server-500", lambda: _status_error(500)),
+        # Storage refusing Settle's identity (a role assignment not yet propagated after a deployment)
+        ("identity-refused-403", lambda: _status_error(403)),
         ("response-lost", lambda: ServiceResponseError("connection reset (test)")),
         ("connection", lambda: ConnectionError("connection refused (test)")),
         ("timeout", lambda: TimeoutError("read timed out (test)")),
