@@ -9,6 +9,7 @@ is close to expiry, never longer.
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import threading
 import time
@@ -18,7 +19,7 @@ from typing import Any
 
 import httpx
 import pytest
-from settle_client import LockHeld, SettleClient, Unavailable
+from settle_client import AsyncSettleClient, LockHeld, SettleClient, Unavailable
 
 from tests.client.conftest import FAST_RETRY, some, wait_until
 from tests.client.worker import start_worker
@@ -163,3 +164,36 @@ def test_the_outcome_is_retried_only_until_the_lock_is_close_to_expiry(host, key
         assert any("not recorded" in note for note in raised.value.__notes__)
         record = some(client.get(key))
         assert record.status == "Processing" and some(record.locked_until) > datetime.now(UTC)
+
+
+class AsyncBlip(httpx.AsyncBaseTransport):
+    """:class:`Blip` for the async client."""
+
+    def __init__(self, suffix: str) -> None:
+        self.suffix = suffix
+        self.end = float("inf")
+        self.inner = httpx.AsyncHTTPTransport()
+        self.refused = 0
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith(self.suffix) and time.monotonic() < self.end:
+            self.refused += 1
+            return httpx.Response(503, json={"type": "urn:settle:problem:unavailable", "status": 503})
+        return await self.inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def test_the_async_client_also_outlives_a_storage_blip_at_the_end(host, key):
+    async def main() -> Any:
+        blip = AsyncBlip("/v1/state/set")
+        async with AsyncSettleClient(host.base_url, transport=blip, retry=FAST_RETRY) as client:
+            async with client.processing(key, lock_seconds=6) as item:
+                item.data = {"done": "async"}
+                blip.end = time.monotonic() + 3
+            assert blip.refused > FAST_RETRY.attempts
+            return item.record
+
+    record = asyncio.run(main())
+    assert record is not None and record.status == "Processed" and record.data == {"done": "async"}
