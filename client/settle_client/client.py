@@ -88,6 +88,8 @@ class SettleClient(ClientBase):
         )
         self._sleep: Callable[[float], None] = time.sleep
         self.handle_sigterm = handle_sigterm
+        if handle_sigterm:
+            shutdown.install()  # from the main thread (where clients are usually made): see shutdown.py
         self.handoffs = Handoffs(self)
         self.events = Events(self)
 

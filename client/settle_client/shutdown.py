@@ -3,7 +3,7 @@ Container Apps and Kubernetes).
 
 Python's default answer to SIGTERM is to die on the spot: no ``finally``, no ``__exit__``, so an open
 block's item stays Processing until its lock expires. A :class:`~settle_client.SettleClient` therefore
-installs, the first time a block is entered in the main thread, a SIGTERM handler that
+installs, when it is created (or a block is entered) in the main thread, a SIGTERM handler that
 
 1. releases every open block of the process (whatever thread runs it) as Failed with
    ``"Terminated: SIGTERM ..."`` (fenced, each on a connection of its own, a few seconds at most) and marks

@@ -112,6 +112,20 @@ def test_sigterm_releases_the_open_block_at_once(host, settle, key, tmp_path):
         assert "SIGTERM" in (item.previous.error or "")
 
 
+def test_sigterm_releases_a_block_running_in_another_thread_and_it_writes_nothing_after(
+    host, settle, key, tmp_path
+):
+    worker = start_worker(host.base_url, key, 60, tmp_path / "state", thread=True)
+    inside(tmp_path / "state")
+    worker.send_signal(signal.SIGTERM)
+    out, err = worker.communicate(timeout=30)
+    assert worker.returncode == 128 + signal.SIGTERM, out + err
+    assert out.strip() in ("", "lost"), out  # the thread's block noticed the release and wrote nothing
+    record = some(settle.get(key))
+    assert record.status == "Failed" and "SIGTERM" in (record.error or ""), record
+    assert [r.status for r in settle.history(key)] == ["Failed", "Superseded"]
+
+
 # -- item 3: the outcome outlives a storage blip -------------------------------------------------------------
 class Blip(httpx.BaseTransport):
     """Real HTTP, except that requests to a path ending in ``suffix`` are answered 503 until ``end``."""

@@ -65,6 +65,19 @@ def test_a_released_attempt_is_reported_with_its_error_and_not_as_expired(state,
     assert previous == {**previous, "status": "Failed", "error": "ERP timeout", "lockExpired": False}
 
 
+def test_a_replayed_lock_still_reports_the_previous_attempt(state, key):
+    # given a takeover whose answer was lost
+    state.lock(key, lockSeconds=1)
+    time.sleep(1.3)
+    first = state.lock(key, requestId="attempt-2").json
+    assert first["takeover"] is True
+    # when the caller retries with the same requestId
+    again = state.lock(key, requestId="attempt-2").json
+    # then it gets that lock back and the same account of the attempt before it
+    assert again["replayed"] is True and again["previousAttempt"] == first["previousAttempt"]
+    assert again["previousAttempt"]["lockExpired"] is True
+
+
 def test_a_refused_lock_reports_no_previous_attempt(state, key):
     state.lock(key)
     answer = state.lock(key).json
