@@ -11,6 +11,10 @@ A status checker whose external jobs finish on their own schedule should not wai
 hand-off (``next`` is oldest-first and does not claim); it looks each finished job up instead:
 ``client.handoffs.job(endpoint, job_id).complete(...)``.
 
+Each process is its own agent: ``--agent-id`` (default ``example-agent-<host>-<pid>``) is sent as the
+``settledBy`` of its settlements, so two copies never look like one. A settlement Settle answers from an
+earlier identical one (``replayed``: this agent's own retry, nothing sent twice) is printed as such.
+
 Settings: ``SETTLE_URL`` (default ``http://localhost:7071``), ``SETTLE_FUNCTION_KEY`` (Azure).
 """
 
@@ -19,10 +23,11 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import socket
 import threading
 from typing import Any
 
-from settle_client import Conflict, Handoff, SettleClient
+from settle_client import Conflict, Handoff, SettleClient, SettlementAccepted
 
 
 def book(handoff: Handoff) -> dict[str, Any]:
@@ -30,7 +35,12 @@ def book(handoff: Handoff) -> dict[str, Any]:
     event = handoff.payload_json() or {}
     if event.get("rows", 0) < 0:
         raise ValueError(f"cannot book {event.get('rows')} rows")
-    return {"booked": event.get("invoiceId"), "by": "example-agent"}
+    return {"booked": event.get("invoiceId")}
+
+
+def replayed(answer: SettlementAccepted) -> str:
+    """Say so when Settle answered from an earlier identical settlement (nothing was sent again)."""
+    return f" (replayed: already settled by {answer.settled_by})" if answer.replayed else ""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--event-type", action="append", dest="event_types")
     parser.add_argument("--max", type=int, default=0, help="stop after this many settlements (0: never)")
     parser.add_argument("--wait", type=float, default=20.0, help="long-poll seconds (at most 20)")
+    parser.add_argument("--agent-id", default=f"example-agent-{socket.gethostname()}-{os.getpid()}")
     args = parser.parse_args(argv)
 
     stop = threading.Event()
@@ -50,8 +61,11 @@ def main(argv: list[str] | None = None) -> int:
     url = os.environ.get("SETTLE_URL", "http://localhost:7071")
     key = os.environ.get("SETTLE_FUNCTION_KEY")
     settled = 0
-    with SettleClient(url, function_key=key, agent_id="example-agent") as client:
-        print(f"watching {args.endpoint} for {args.event_types or 'every event type'}", flush=True)
+    with SettleClient(url, function_key=key, agent_id=args.agent_id) as client:
+        print(
+            f"{args.agent_id} watching {args.endpoint} for {args.event_types or 'every event type'}",
+            flush=True,
+        )
         for handoff in client.handoffs.watch(
             args.endpoint, args.event_types, wait_seconds=args.wait, stop=stop
         ):
@@ -60,11 +74,11 @@ def main(argv: list[str] | None = None) -> int:
                 try:
                     result = book(handoff)
                 except ValueError as error:
-                    handoff.fail(str(error), error_type="BookingRejected")
-                    print(f"{event_id}: failed ({error})", flush=True)
+                    answer = handoff.fail(str(error), error_type="BookingRejected")
+                    print(f"{event_id}: failed ({error}){replayed(answer)}", flush=True)
                 else:
-                    handoff.complete(result=result)
-                    print(f"{event_id}: completed", flush=True)
+                    answer = handoff.complete(result=result)
+                    print(f"{event_id}: completed{replayed(answer)}", flush=True)
             except Conflict as conflict:  # another agent settled it first
                 print(f"{event_id}: not settled here ({conflict.detail})", flush=True)
                 continue

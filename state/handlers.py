@@ -35,6 +35,7 @@ from state.schemas import (
     KeyRequest,
     LockRequest,
     LockResponse,
+    PreviousAttempt,
     QueryRequest,
     Record,
     RecordPage,
@@ -46,6 +47,7 @@ from state.schemas import (
     UpsertRequest,
 )
 from state.store import FINISHED, Head, StateStore, WriteContext, effective_status
+from state.store import PreviousAttempt as Attempt
 from state.token import key_digest
 
 PAGE_PURPOSE = "page"
@@ -225,6 +227,17 @@ def to_record(entity: dict[str, Any], now: datetime) -> Record:
     )
 
 
+def _previous(attempt: Attempt | None) -> PreviousAttempt | None:
+    if attempt is None:
+        return None
+    return PreviousAttempt(
+        status=attempt.status.label,
+        error=attempt.error,
+        lock_expired=attempt.lock_expired,
+        version=attempt.version,
+    )
+
+
 def _context(req: KeyRequest) -> WriteContext:
     return WriteContext(
         handler_key=req.handler.key,
@@ -262,6 +275,7 @@ class BuiltInHandler:
             status=outcome.status.label,
             takeover=outcome.takeover,
             replayed=outcome.replayed,
+            previous_attempt=_previous(outcome.previous),
         )
 
     def extend(self, req: ExtendRequest) -> ExtendResponse:

@@ -208,6 +208,21 @@ class ExistsResponse(ApiModel):
     status: str = Field(description="Current status name (None when there is no record).")
 
 
+class PreviousAttempt(ApiModel):
+    """How the version this lock replaced ended (the attempt before this one)."""
+
+    status: str = Field(description="Its status: Processing (taken over now), Failed, Processed, Expired ...")
+    error: str | None = Field(default=None, description="Its error text (Failed), if any.")
+    lock_expired: bool = Field(
+        description=(
+            "True when that attempt ended because its lock expired before its holder recorded an outcome: "
+            "taken over by this lock, or concluded Failed (substatus LockExpired) by catch-up before. The "
+            "previous holder may have done part of the work."
+        )
+    )
+    version: int = Field(description="Its version in the record's history.")
+
+
 class LockResponse(ApiModel):
     acquired: bool
     lock_token: str | None = None
@@ -221,6 +236,10 @@ class LockResponse(ApiModel):
             "True when this call did not take the lock but was handed the one a call with the same "
             "requestId took (still held). Only the attempt that took it should act on it."
         ),
+    )
+    previous_attempt: PreviousAttempt | None = Field(
+        default=None,
+        description="When acquired: how the attempt before this lock ended (null for a new record).",
     )
 
 

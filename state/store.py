@@ -61,6 +61,8 @@ FINISHED = frozenset({Status.PROCESSED, Status.SKIPPED, Status.FAILED})
 INDEX_COLUMNS = {"LockIndexKey": LOCK_KIND, "RetainIndexKey": RETENTION_KIND}
 
 HINT_BYTES = 16 * 1024 * 1024
+# The substatus catch-up gives a lock that expired before its holder recorded an outcome.
+LOCK_EXPIRED = "LockExpired"
 _MAX_ATTEMPTS = 4
 # What a successor version inherits from the version it replaces.
 _IDENTITY = (
@@ -132,6 +134,33 @@ class WriteContext:
 
 
 @dataclass(frozen=True)
+class PreviousAttempt:
+    """How the version a lock replaced ended: its status, its error, and whether its lock expired
+    (taken over now, or concluded ``LockExpired`` by catch-up before: the holder may have done part of
+    the work)."""
+
+    status: Status
+    error: str | None
+    lock_expired: bool
+    version: int
+
+
+def previous_attempt(entity: dict[str, Any]) -> PreviousAttempt:
+    """The attempt a head (or, by its ``RecordedStatus``, a history row) stands for."""
+    status = Status(int(entity.get("RecordedStatus", entity["Status"])))
+    expired = status is Status.PROCESSING or (
+        status is Status.FAILED and entity.get("Substatus") == LOCK_EXPIRED
+    )
+    error = entity.get("Error")
+    return PreviousAttempt(
+        status=status,
+        error=error if isinstance(error, str) else None,
+        lock_expired=expired,
+        version=int(entity["Version"]),
+    )
+
+
+@dataclass(frozen=True)
 class LockOutcome:
     acquired: bool
     status: Status
@@ -140,6 +169,7 @@ class LockOutcome:
     reason: str | None = None
     takeover: bool = False
     replayed: bool = False
+    previous: PreviousAttempt | None = None
 
 
 @dataclass
@@ -315,7 +345,7 @@ class StateStore:
                 if not decision.acquire:
                     telemetry.annotate({"settle.status_before": current.status.label})
                     if request_id is not None and _same_request(current, request_id, now):
-                        return self._acquired(key, current, replayed=True)
+                        return self._acquired(key, current, replayed=True, previous=self._before(current))
                     return LockOutcome(
                         acquired=False,
                         status=effective_status(current.entity, now),
@@ -340,11 +370,18 @@ class StateStore:
                     raise
                 current = self.read_head(key)
                 continue
-            return self._acquired(key, head, takeover=decision.takeover)
+            before = previous_attempt(current.entity) if current is not None else None
+            return self._acquired(key, head, takeover=decision.takeover, previous=before)
         raise Conflict("The record changed on every attempt to lock it; retry.", field="key")
 
     def _acquired(
-        self, key: RecordKey, head: Head, *, takeover: bool = False, replayed: bool = False
+        self,
+        key: RecordKey,
+        head: Head,
+        *,
+        takeover: bool = False,
+        replayed: bool = False,
+        previous: PreviousAttempt | None = None,
     ) -> LockOutcome:
         return LockOutcome(
             acquired=True,
@@ -353,21 +390,36 @@ class StateStore:
             locked_until=head.locked_until,
             takeover=takeover,
             replayed=replayed,
+            previous=previous,
         )
 
+    def _before(self, head: Head) -> PreviousAttempt | None:
+        """The attempt before ``head`` (its history row; one point read, on the replay path only)."""
+        from azure.core.exceptions import ResourceNotFoundError
+
+        if head.version <= 1:
+            return None
+        pk, rk = str(head.entity["PartitionKey"]), str(head.entity["RowKey"])
+        try:
+            row = self.table.get_entity(pk, history_row_key_of(rk, head.version - 1))
+        except ResourceNotFoundError:
+            return None
+        return previous_attempt(dict(row))
+
     def extend(self, key: RecordKey, ctx: WriteContext, token_text: str, lock_seconds: int) -> LockOutcome:
+        """Move the lock's expiry. The head is rewritten in place (same version, lock id, substatus and
+        note; ``UpdatedAt`` and ``LockedUntil`` move; If-Match its ETag, the lock's index row moved in the
+        same transaction) and no history row is written: a lock held for hours leaves one history row,
+        its start, when its outcome supersedes it. Fencing is unchanged: the lock id decides."""
         claims = self._check_token(key, token_text)
 
         def build(current: Head, now: datetime) -> dict[str, Any]:
-            new = self._next_head(key, ctx, current, Status.PROCESSING, now)
-            entity = current.entity
-            lock_fields(new, str(entity["LockId"]), entity["LockedAt"], now + timedelta(seconds=lock_seconds))
-            if entity.get("LockRequestId"):
-                new["LockRequestId"] = entity["LockRequestId"]  # a replay of the lock call still finds it
-            new["Substatus"] = "LockExtended"
+            new = dict(current.entity)
+            new["UpdatedAt"] = now
+            lock_fields(new, str(new["LockId"]), new["LockedAt"], now + timedelta(seconds=lock_seconds))
             return new
 
-        return self._acquired(key, self._fenced(key, ctx, claims, build))
+        return self._acquired(key, self._fenced(key, ctx, claims, build, in_place=True))
 
     # -- writes of an outcome ----------------------------------------------------------------------------
     def record(
@@ -434,6 +486,7 @@ class StateStore:
         *,
         concludes: Status | None = None,
         digest: str | None = None,
+        in_place: bool = False,
     ) -> Head:
         """Write while holding the lock: one transaction from the token, re-reading only if needed.
 
@@ -463,7 +516,7 @@ class StateStore:
                 if digest is not None:
                     new["ClosedDigest"] = digest
             try:
-                return _noted(current, self._write(current, new))
+                return _noted(current, self._write(current, new, keep_history=not in_place))
             except Exception as exc:
                 if not is_conflict(exc):
                     raise
@@ -564,9 +617,10 @@ class StateStore:
             new["Error"] = error
         return self._write(current, new)
 
-    def _write(self, current: Head | None, new: dict[str, Any]) -> Head:
+    def _write(self, current: Head | None, new: dict[str, Any], *, keep_history: bool = True) -> Head:
         """Insert the first version, or replace ``current`` (If-Match) and append its history row; in the
-        same transaction delete the index rows ``current`` names and insert the ones ``new`` names."""
+        same transaction delete the index rows ``current`` names and insert the ones ``new`` names.
+        ``keep_history=False``: ``new`` is the same version rewritten (an extension), no history row."""
         from azure.core import MatchConditions
         from azure.data.tables import TableTransactionError, UpdateMode
 
@@ -598,7 +652,8 @@ class StateStore:
                 )
                 replace = {"mode": UpdateMode.REPLACE, "etag": current.etag}
                 ops.append(("update", new, {**replace, "match_condition": MatchConditions.IfNotModified}))
-                ops.append(("create", history))
+                if keep_history:
+                    ops.append(("create", history))
             unconditional = {"match_condition": MatchConditions.Unconditionally}  # If-Match: *
             deleting = [row for row in deletes if row not in gone]
             for row in deleting:

@@ -2,10 +2,12 @@
 
 A token carries the whole Processing version it was issued for (lock id, version, the head's ETag, when
 it was locked, until when, the version's ``updatedAt`` and ``createdAt``, who locked it: source app and
-execution, the handler's retention, the takeover/extension substatus and note, the lock's requestId) and a
+execution, the handler's retention, the takeover substatus and note, the lock's requestId) and a
 digest of the record key. With it the fenced write is one transaction: ``If-Match`` the ETag replaces the
 head, and the superseded version's history row is rebuilt from the token exactly as it was stored (the
-ETag match proves the head is that version).
+ETag match proves the head is that version). An extension rewrites that version in place (no history
+row): its token carries the new ETag, ``updatedAt`` and until; an older token of the same lock still
+holds it (the lock id decides, after one re-read).
 
 Tokens are signed (``common/signing.py``): the MAC is checked before a field is read, so an edited,
 truncated or foreign token holds no lock. The payload is then validated strictly (types, ranges): a bad
@@ -69,7 +71,7 @@ class LockClaims(BaseModel):
     s: _Int32 | None = None  # sourceAppId of the locker
     x: _Int32 | None = None  # entityExecutionId of the locker
     t: Annotated[int, Field(ge=1, le=MAX_RETENTION_SECONDS)] | None = None  # retention seconds
-    b: Annotated[str, Field(max_length=64)] | None = None  # substatus (LockTakenOver, LockExtended)
+    b: Annotated[str, Field(max_length=64)] | None = None  # substatus (LockTakenOver)
     o: Annotated[str, Field(max_length=1024)] | None = None  # note (which lock was taken over)
     q: Annotated[str, Field(max_length=128)] | None = None  # the lock's requestId
 

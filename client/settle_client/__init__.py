@@ -17,7 +17,9 @@ from settle_client.errors import (
     LockLost,
     LockNotAcquired,
     NotFound,
+    PayloadMismatch,
     PayloadTooLarge,
+    ResultNotStored,
     ServerError,
     SettleError,
     TransportFailure,
@@ -36,11 +38,13 @@ from settle_client.models import (
     LockResult,
     Meta,
     Metadata,
+    PreviousAttempt,
     Record,
     SettlementAccepted,
 )
 from settle_client.processing import Item
 from settle_client.retry import RetryPolicy
+from settle_client.shutdown import Terminated, release_open_blocks
 
 __all__ = [
     "EXISTS_STATUSES",
@@ -69,9 +73,12 @@ __all__ = [
     "Meta",
     "Metadata",
     "NotFound",
+    "PayloadMismatch",
     "PayloadTooLarge",
+    "PreviousAttempt",
     "Processing",
     "Record",
+    "ResultNotStored",
     "RetryPolicy",
     "Scope",
     "ServerError",
@@ -79,9 +86,11 @@ __all__ = [
     "SettleError",
     "SettlementAccepted",
     "Status",
+    "Terminated",
     "TransportFailure",
     "Unauthorized",
     "Unavailable",
+    "release_open_blocks",
 ]
 
 __version__ = VERSION

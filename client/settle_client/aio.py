@@ -15,6 +15,7 @@ from typing import Any, ParamSpec, TypeVar
 
 import httpx
 
+from settle_client import _idempotent
 from settle_client._base import ClientBase, HandlerLike, read, transport_failure
 from settle_client._calls import Call, query_filters
 from settle_client.auth import TokenCredentialLike
@@ -26,11 +27,14 @@ from settle_client.processing import (
     UNRECORDED_NOTE,
     Item,
     extension_delay,
+    extension_due,
     outcome_call,
+    outcome_wait,
     refusal,
     rejected,
     release_call,
     retry_delay,
+    unstored_call,
 )
 from settle_client.retry import RetryPolicy, may_retry_answer, may_retry_transport
 
@@ -248,28 +252,31 @@ class AsyncSettleClient(ClientBase):
         *,
         lock_seconds: int | None = None,
         wait_seconds: float = 0.0,
+        payload: Callable[..., Any] | None = None,
     ) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Awaitable[R]]]:
         """:meth:`SettleClient.idempotent` for ``async def`` functions."""
 
         def decorate(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
             if not inspect.iscoroutinefunction(fn):
                 raise TypeError("AsyncSettleClient.idempotent decorates async functions")
+            returns = _idempotent.declared(fn)
 
             @functools.wraps(fn)
             async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
                 parsed = Key.of(key(*args, **kwargs))
+                digest = _idempotent.payload_hash(payload, args, kwargs)
                 deadline = time.monotonic() + wait_seconds
                 pause = 0.1
                 while True:
                     try:
                         async with self.processing(parsed, lock_seconds=lock_seconds) as item:
                             result = await fn(*args, **kwargs)
-                            item.data = result
+                            _idempotent.remember(item, result, digest)
                         return result
                     except AlreadyProcessed:
                         record = await self.get(parsed)
                         if record is not None and record.status == Status.PROCESSED.label:
-                            return record.data  # type: ignore[no-any-return]
+                            return _idempotent.replay(record, parsed, digest, returns)  # type: ignore[no-any-return]
                         raise
                     except LockHeld:
                         if time.monotonic() + pause > deadline:
@@ -309,7 +316,7 @@ class AsyncProcessing:
         lock = await self._client.lock(self._key, lock_seconds=self._lock_seconds)
         if not lock.acquired:
             raise refusal(lock)
-        self._item = Item(self._key, lock, metadata=self._metadata)
+        self._item = Item(self._key, lock, metadata=self._metadata, expires_at=started + self._lock_seconds)
         if lock.lock_token is not None:
             self._keeper = _AsyncKeeper(self._client, self._item, self._lock_seconds, started)
         return self._item
@@ -332,17 +339,56 @@ class AsyncProcessing:
                 exc.add_note(f"settle-client: releasing the lock failed: {release_error}")
             return
         item.check()
+        left_at, attempt = time.monotonic(), 0
+        call = outcome_call(self._client.requests, item)
+        while True:
+            attempt += 1
+            try:
+                item.record = await self._client.send(call)
+                return
+            except SettleError as error:
+                fallback = unstored_call(self._client.requests, item, error) if rejected(error) else None
+                if fallback is not None:  # @idempotent: the side effect happened; never run it again
+                    call = fallback
+                    continue
+                wait = outcome_wait(
+                    item,
+                    error,
+                    left_at=left_at,
+                    lock_seconds=self._lock_seconds,
+                    attempt=attempt,
+                    policy=self._client.retry,
+                )
+                if wait is None:
+                    await self._give_up(item, error)
+                    raise
+            log.info("recording %s: Settle unavailable; retrying in %.2fs", item.key.item_key, wait)
+            await self._client._sleep(wait)
+            await self._extend_if_due(item)
+
+    async def _extend_if_due(self, item: Item) -> None:
+        """While the outcome is retried, keep the lock (one try; the outcome is fenced either way)."""
+        token = item.lock_token
+        if token is None or not extension_due(item, self._lock_seconds):
+            return
+        sent_at = time.monotonic()
         try:
-            item.record = await self._client.send(outcome_call(self._client.requests, item))
-        except SettleError as error:
-            if rejected(error):
-                try:
-                    await self._client.send(release_call(self._client.requests, item, error))
-                except SettleError as release_error:
-                    error.add_note(f"settle-client: releasing the lock failed: {release_error}")
-            elif not isinstance(error, LockLost):
-                error.add_note(UNRECORDED_NOTE)
-            raise
+            result = await self._client.extend(item.key, token, lock_seconds=self._lock_seconds)
+        except LockLost as lost:
+            item.lose(lost)
+            return
+        except SettleError:
+            return
+        item.extended(result, sent_at + self._lock_seconds)
+
+    async def _give_up(self, item: Item, error: SettleError) -> None:
+        if rejected(error):
+            try:
+                await self._client.send(release_call(self._client.requests, item, error))
+            except SettleError as release_error:
+                error.add_note(f"settle-client: releasing the lock failed: {release_error}")
+        elif not isinstance(error, LockLost):
+            error.add_note(UNRECORDED_NOTE)
 
 
 class _AsyncKeeper:
@@ -385,5 +431,5 @@ class _AsyncKeeper:
                 log.warning("extending the lock of %s failed: %s", self._item.key.item_key, error)
                 self._due = time.monotonic() + retry_delay(self._lock_seconds)
                 continue
-            self._item.extended(result)
+            self._item.extended(result, sent_at + self._lock_seconds)
             self._due = sent_at + extension_delay(self._lock_seconds)

@@ -14,6 +14,7 @@ from typing import Any, ParamSpec, TypeVar
 
 import httpx
 
+from settle_client import _idempotent, shutdown
 from settle_client._base import ClientBase, HandlerLike, read, transport_failure
 from settle_client._calls import Call, query_filters
 from settle_client.auth import TokenCredentialLike
@@ -25,11 +26,14 @@ from settle_client.processing import (
     UNRECORDED_NOTE,
     Item,
     extension_delay,
+    extension_due,
     outcome_call,
+    outcome_wait,
     refusal,
     rejected,
     release_call,
     retry_delay,
+    unstored_call,
 )
 from settle_client.retry import RetryPolicy, may_retry_answer, may_retry_transport
 
@@ -49,7 +53,8 @@ class SettleClient(ClientBase):
     of every state call (``"built-in"``, ``"null"`` or ``{"key": ..., "options": {...}}``). ``timeout``:
     seconds per request (a long poll adds its wait). ``retry``: see :class:`RetryPolicy`. ``agent_id``:
     sent as ``x-agent-id``, the default ``settledBy`` of settlements. ``transport``: an httpx transport
-    (proxies, tests).
+    (proxies, tests). ``handle_sigterm``: release open processing blocks on SIGTERM, then stop (see
+    :mod:`settle_client.shutdown`; only where nothing else handles SIGTERM).
     """
 
     def __init__(
@@ -65,6 +70,7 @@ class SettleClient(ClientBase):
         agent_id: str | None = None,
         route_prefix: str = "api",
         transport: httpx.BaseTransport | None = None,
+        handle_sigterm: bool = True,
     ) -> None:
         super().__init__(
             base_url,
@@ -81,6 +87,9 @@ class SettleClient(ClientBase):
             base_url=self.base_url, headers=self.default_headers, timeout=self.timeout, transport=transport
         )
         self._sleep: Callable[[float], None] = time.sleep
+        self.handle_sigterm = handle_sigterm
+        if handle_sigterm:
+            shutdown.install()  # from the main thread (where clients are usually made): see shutdown.py
         self.handoffs = Handoffs(self)
         self.events = Events(self)
 
@@ -271,33 +280,41 @@ class SettleClient(ClientBase):
         *,
         lock_seconds: int | None = None,
         wait_seconds: float = 0.0,
+        payload: Callable[..., Any] | None = None,
     ) -> Callable[[Callable[P, R]], Callable[P, R]]:
         """Run the decorated function once per key; later calls return the stored result.
 
         ``key`` gets the call's arguments and returns the key (computed before the function runs, so
-        the function mutating its arguments cannot change it). The result must be JSON (or a pydantic
-        model, stored as JSON): a later call returns the stored JSON. An exception releases the lock as
-        Failed and propagates; the next call runs the function again. A call that finds another caller
-        running it raises :class:`LockHeld` at once, or with ``wait_seconds`` polls that long for the
-        other caller's result. A Skipped record raises :class:`AlreadyProcessed`.
+        the function mutating its arguments cannot change it). The result is stored as JSON (pydantic's
+        dump: models, ``datetime``, ``Decimal``...) and a later call returns it as the function's declared
+        return type. A later call with the same key but another payload (all the arguments, or what
+        ``payload`` returns from them) raises :class:`PayloadMismatch`. A result that cannot be stored
+        never re-runs the function: the key is recorded Processed without it and later calls raise
+        :class:`ResultNotStored`. An exception releases the lock as Failed and propagates; the next call
+        runs the function again. A call that finds another caller running it raises :class:`LockHeld` at
+        once, or with ``wait_seconds`` polls that long for the other caller's result. A Skipped record
+        raises :class:`AlreadyProcessed`. See :mod:`settle_client._idempotent`.
         """
 
         def decorate(fn: Callable[P, R]) -> Callable[P, R]:
+            returns = _idempotent.declared(fn)
+
             @functools.wraps(fn)
             def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
                 parsed = Key.of(key(*args, **kwargs))
+                digest = _idempotent.payload_hash(payload, args, kwargs)
                 deadline = time.monotonic() + wait_seconds
                 pause = 0.1
                 while True:
                     try:
                         with self.processing(parsed, lock_seconds=lock_seconds) as item:
                             result = fn(*args, **kwargs)
-                            item.data = result
+                            _idempotent.remember(item, result, digest)
                         return result
                     except AlreadyProcessed:
                         record = self.get(parsed)
                         if record is not None and record.status == Status.PROCESSED.label:
-                            return record.data  # type: ignore[no-any-return]
+                            return _idempotent.replay(record, parsed, digest, returns)  # type: ignore[no-any-return]
                         raise
                     except LockHeld:
                         if time.monotonic() + pause > deadline:
@@ -338,11 +355,14 @@ class Processing:
         if self._item is not None:
             raise RuntimeError("a processing block can be entered once")
         started = time.monotonic()
+        if self._client.handle_sigterm:
+            shutdown.install()
         lock = self._client.lock(self._key, lock_seconds=self._lock_seconds)
         if not lock.acquired:
             raise refusal(lock)
-        self._item = Item(self._key, lock, metadata=self._metadata)
+        self._item = Item(self._key, lock, metadata=self._metadata, expires_at=started + self._lock_seconds)
         if lock.lock_token is not None:  # the null handler holds no lock to extend
+            shutdown.opened(self._client, self._item)
             self._keeper = _Keeper(self._client, self._item, self._lock_seconds, started)
             self._keeper.start()
         return self._item
@@ -354,9 +374,17 @@ class Processing:
         assert item is not None
         if self._keeper is not None:
             self._keeper.stop()
+        try:
+            self._leave(item, exc)
+        finally:
+            shutdown.closed(item)
+
+    def _leave(self, item: Item, exc: BaseException | None) -> None:
         if exc is not None:
             if item.lost:
-                exc.add_note("settle-client: the lock had been lost; it was not released.")
+                exc.add_note(
+                    "settle-client: the lock had been lost or released on shutdown; not released again."
+                )
                 return
             try:
                 self._client.send(release_call(self._client.requests, item, exc))
@@ -364,17 +392,56 @@ class Processing:
                 exc.add_note(f"settle-client: releasing the lock failed: {release_error}")
             return
         item.check()  # lost: raise LockLost, write nothing
+        left_at, attempt = time.monotonic(), 0
+        call = outcome_call(self._client.requests, item)
+        while True:
+            attempt += 1
+            try:
+                item.record = self._client.send(call)
+                return
+            except SettleError as error:
+                fallback = unstored_call(self._client.requests, item, error) if rejected(error) else None
+                if fallback is not None:  # @idempotent: the side effect happened; never run it again
+                    call = fallback
+                    continue
+                wait = outcome_wait(
+                    item,
+                    error,
+                    left_at=left_at,
+                    lock_seconds=self._lock_seconds,
+                    attempt=attempt,
+                    policy=self._client.retry,
+                )
+                if wait is None:
+                    self._give_up(item, error)
+                    raise
+            log.info("recording %s: Settle unavailable; retrying in %.2fs", item.key.item_key, wait)
+            self._client._sleep(wait)
+            self._extend_if_due(item)
+
+    def _extend_if_due(self, item: Item) -> None:
+        """While the outcome is retried, keep the lock (one try; the outcome is fenced either way)."""
+        token = item.lock_token
+        if token is None or not extension_due(item, self._lock_seconds):
+            return
+        sent_at = time.monotonic()
         try:
-            item.record = self._client.send(outcome_call(self._client.requests, item))
-        except SettleError as error:
-            if rejected(error):
-                try:
-                    self._client.send(release_call(self._client.requests, item, error))
-                except SettleError as release_error:
-                    error.add_note(f"settle-client: releasing the lock failed: {release_error}")
-            elif not isinstance(error, LockLost):
-                error.add_note(UNRECORDED_NOTE)
-            raise
+            result = self._client.extend(item.key, token, lock_seconds=self._lock_seconds)
+        except LockLost as lost:
+            item.lose(lost)
+            return
+        except SettleError:
+            return
+        item.extended(result, sent_at + self._lock_seconds)
+
+    def _give_up(self, item: Item, error: SettleError) -> None:
+        if rejected(error):
+            try:
+                self._client.send(release_call(self._client.requests, item, error))
+            except SettleError as release_error:
+                error.add_note(f"settle-client: releasing the lock failed: {release_error}")
+        elif not isinstance(error, LockLost):
+            error.add_note(UNRECORDED_NOTE)
 
 
 class _Keeper:
@@ -416,5 +483,5 @@ class _Keeper:
                 continue
             if self._stopping.is_set():
                 return
-            self._item.extended(result)
+            self._item.extended(result, sent_at + self._lock_seconds)
             self._due = sent_at + extension_delay(self._lock_seconds)

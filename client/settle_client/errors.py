@@ -63,6 +63,26 @@ class Unauthorized(SettleError):
     """401/403: the function key or bearer token is missing or not accepted."""
 
 
+UNAUTHORIZED_HINT = (
+    "Settle needs a function key (SettleClient(function_key=...), sent as x-functions-key) or a bearer "
+    "token (SettleClient(credential=..., token_scope='api://<app-client-id>/.default'))."
+)
+FORBIDDEN_HINT = (
+    "Settle knew the caller but refused it: the function key is not one of this app's, or the bearer "
+    "token lacks the app role the route needs."
+)
+
+
+class PayloadMismatch(SettleError, ValueError):
+    """``@idempotent``: the key was already used with different arguments (their hash differs from the
+    stored one), like Powertools' ``IdempotencyValidationError``. Nothing was run."""
+
+    def __init__(self, detail: str, *, stored_hash: str, payload_hash: str) -> None:
+        super().__init__(detail, type=CLIENT_PREFIX + "payload-mismatch", title="Payload mismatch")
+        self.stored_hash = stored_hash
+        self.payload_hash = payload_hash
+
+
 class NotFound(SettleError):
     """404 that the client does not turn into ``None`` (e.g. a wrong base URL or route)."""
 
@@ -127,6 +147,12 @@ class LockNotAcquired(SettleError):
 
 class AlreadyProcessed(LockNotAcquired):
     """The item is already Processed or Skipped (terminal): do not act on it again."""
+
+
+class ResultNotStored(AlreadyProcessed):
+    """``@idempotent``: the function ran and its side effect happened, but its result could not be stored
+    (not JSON, or beyond Settle's size limit); the key is Processed, so it is not run again, and there is
+    no result to replay. ``reason`` says why it was not stored."""
 
 
 class LockHeld(LockNotAcquired):
@@ -194,4 +220,7 @@ def error_from_response(response: httpx.Response) -> SettleError:
     }
     if cls is Unavailable:
         return Unavailable(detail, retry_after=retry_after_of(response), **common)
+    if cls is Unauthorized:
+        hint = UNAUTHORIZED_HINT if status == 401 else FORBIDDEN_HINT
+        detail = hint if detail in ("Unauthorized", "Forbidden", f"HTTP {status}") else f"{detail} {hint}"
     return cls(detail, **common)

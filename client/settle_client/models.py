@@ -171,8 +171,23 @@ class RecordPage(_Wire):
     continuation_token: str | None = None
 
 
+class PreviousAttempt(_Wire):
+    """How the attempt before this lock ended (the version the lock replaced).
+
+    ``lock_expired``: that attempt's lock expired before its holder recorded an outcome (it crashed, was
+    stopped, or lost its lock), whether this lock took it over (``status`` Processing) or catch-up had
+    already concluded it (``status`` Failed, ``error`` "The lock expired ..."): the previous holder may
+    have done part of the work. ``error``: its error text (a Failed attempt)."""
+
+    status: str
+    error: str | None = None
+    lock_expired: bool = False
+    version: int | None = None
+
+
 class LockResult(_Wire):
-    """The answer of ``lock``. ``replayed``: a retry with the same ``requestId`` got the lock it had taken."""
+    """The answer of ``lock``. ``replayed``: a retry with the same ``requestId`` got the lock it had taken.
+    ``previous_attempt``: how the attempt before this lock ended (``None`` for a new record)."""
 
     acquired: bool
     lock_token: str | None = None
@@ -181,6 +196,7 @@ class LockResult(_Wire):
     status: str
     takeover: bool = False
     replayed: bool = False
+    previous_attempt: PreviousAttempt | None = None
 
 
 class ExtendResult(_Wire):

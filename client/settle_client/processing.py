@@ -10,12 +10,16 @@ The seeds' TryAcquireLock → act → Set pattern, decided here without I/O:
   ``item.fail`` was called), fenced by the lock token;
 * leaving with an exception releases the lock as Failed with the exception's text and re-raises it;
 * if an extension answered ``lock-lost``, ``item.lost`` is true and leaving raises :class:`LockLost`
-  instead of recording: nothing is written with a token that no longer holds the lock.
+  instead of recording: nothing is written with a token that no longer holds the lock;
+* an outcome write that finds Settle unavailable is retried (the lock extended meanwhile) until the lock
+  is close to expiry, at most one lock length after leaving: a fenced write is safe to repeat, and giving
+  up early would have the whole job done again.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from datetime import datetime
 from typing import Any
 
@@ -29,8 +33,11 @@ from settle_client.errors import (
     LockNotAcquired,
     PayloadTooLarge,
     SettleError,
+    TransportFailure,
+    Unavailable,
 )
-from settle_client.models import ExtendResult, Key, LockResult, Metadata, Record
+from settle_client.models import ExtendResult, Key, LockResult, Metadata, PreviousAttempt, Record
+from settle_client.retry import RetryPolicy
 
 # Extend after this share of the lock's length; after a failed extension, try again after RETRY_SHARE.
 EXTEND_SHARE = 1 / 3
@@ -42,15 +49,30 @@ class Item:
     """The item being processed. Set ``data`` (JSON) to record it; call :meth:`skip` or :meth:`fail` to
     record Skipped or Failed instead. After the block, ``record`` is what was written."""
 
-    def __init__(self, key: Key, lock: LockResult, *, metadata: Metadata | None = None) -> None:
+    def __init__(
+        self,
+        key: Key,
+        lock: LockResult,
+        *,
+        metadata: Metadata | None = None,
+        expires_at: float | None = None,
+    ) -> None:
         self.key = key
-        self.takeover = lock.takeover  # the previous holder's lock expired: it may have done part of the work
+        self.takeover = (
+            lock.takeover
+        )  # this lock took an expired one over (see ``previous`` for catch-up too)
         self.replayed = lock.replayed
+        # How the attempt before this one ended: status, error, and whether its lock expired.
+        self.previous: PreviousAttempt | None = lock.previous_attempt
         self.metadata = metadata
         self.record: Record | None = None
         self._data: Any = None
         self._outcome = Status.PROCESSED
         self._reason: str | None = None
+        self._substatus: str | None = None  # of a Processed outcome (``@idempotent``'s payload hash)
+        self._unstored: tuple[str, Any] | None = None  # (substatus, data) if Settle refuses the data
+        # When the lock runs out by this process's monotonic clock (moved by each extension).
+        self._expires_at = expires_at if expires_at is not None else float("inf")
         self._guard = threading.Lock()
         self._token = lock.lock_token
         self._locked_until = lock.locked_until
@@ -85,6 +107,19 @@ class Item:
             return self._locked_until
 
     @property
+    def previous_expired(self) -> bool:
+        """True when the previous attempt's lock expired before it recorded an outcome (its holder
+        crashed, was stopped or lost the lock): it may have done part of the work. Taken over by this
+        lock or concluded Failed by catch-up first, alike."""
+        return self.previous is not None and self.previous.lock_expired
+
+    @property
+    def expires_at(self) -> float:
+        """When the lock runs out by ``time.monotonic()`` (timed from when the lock or extension was sent)."""
+        with self._guard:
+            return self._expires_at
+
+    @property
     def lost(self) -> bool:
         """True once an extension was answered ``lock-lost``: stop working, the block will raise."""
         with self._guard:
@@ -98,9 +133,11 @@ class Item:
             raise lost
 
     # -- used by the keepers ----------------------------------------------------------------------
-    def extended(self, result: ExtendResult) -> None:
+    def extended(self, result: ExtendResult, expires_at: float | None = None) -> None:
         with self._guard:
             self._token, self._locked_until = result.lock_token, result.locked_until
+            if expires_at is not None:
+                self._expires_at = max(self._expires_at, expires_at)
 
     def lose(self, error: LockLost) -> None:
         with self._guard:
@@ -129,10 +166,51 @@ def outcome_call(requests: Requests, item: Item) -> Call[Record | None]:
         item._outcome,
         data=item.data,
         metadata=item.metadata,
-        substatus=item._reason if item._outcome is Status.SKIPPED else None,
+        substatus=item._reason if item._outcome is Status.SKIPPED else item._substatus,
         error=item._reason if item._outcome is Status.FAILED else None,
         lock_token=item.lock_token,
     )
+
+
+def unstored_call(requests: Requests, item: Item, error: SettleError) -> Call[Record | None] | None:
+    """``@idempotent``: when Settle refused the result (400/413) after the side effect, record the key
+    Processed without it (so it is not run again); ``None`` when the block did not ask for that."""
+    if item._unstored is None or item._outcome is not Status.PROCESSED:
+        return None
+    substatus, data = item._unstored
+    item._unstored = None
+    reason = data if isinstance(data, str) else f"Settle refused it: {error}"
+    return requests.set(
+        item.key,
+        Status.PROCESSED,
+        data={"resultNotStored": reason},
+        metadata=item.metadata,
+        substatus=substatus,
+        lock_token=item.lock_token,
+    )
+
+
+def outcome_wait(
+    item: Item, error: SettleError, *, left_at: float, lock_seconds: float, attempt: int, policy: RetryPolicy
+) -> float | None:
+    """Seconds to wait before sending the outcome again after ``error`` (the call's own retries are
+    spent), or ``None`` to give up: only while Settle is unavailable, and only until the lock is close
+    to expiry (a margin of :func:`retry_delay`), at most one lock length after the block was left."""
+    if not isinstance(error, Unavailable | TransportFailure):
+        return None
+    deadline = min(item.expires_at, left_at + lock_seconds) - retry_delay(lock_seconds)
+    wait = policy.backoff_for(min(attempt, 8))
+    if isinstance(error, Unavailable) and error.retry_after is not None:
+        wait = max(wait, error.retry_after)
+    wait = max(wait, 0.05)
+    if time.monotonic() + wait >= deadline:
+        return None
+    return wait
+
+
+def extension_due(item: Item, lock_seconds: float) -> bool:
+    """Is an extension due (a third of the lock has passed since the last one)?"""
+    return time.monotonic() >= item.expires_at - lock_seconds + extension_delay(lock_seconds)
 
 
 def release_call(requests: Requests, item: Item, exc: BaseException) -> Call[Record | None]:

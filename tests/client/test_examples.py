@@ -3,9 +3,11 @@ package builds as a wheel with its type marker and only httpx and pydantic as de
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import uuid
@@ -56,8 +58,53 @@ def test_the_handoff_agent_settles_what_is_parked_then_stops(host):
     with SettleClient(host.base_url) as client:
         assert some(client.events.get(endpoint, good)).audits[0].audit_type == "CompleteHandoff"
         failed = some(client.events.get(endpoint, bad)).audits[0]
-        assert (failed.audit_type, failed.auditor_name) == ("FailHandoff", "example-agent")
+        assert failed.audit_type == "FailHandoff" and failed.auditor_name.startswith("example-agent-")
         assert client.handoffs.next(endpoint) is None
+
+
+def test_two_copies_of_the_handoff_agent_are_two_agents_and_one_settles(host):
+    """Each process has its own agent id (its settledBy), so a second copy that meets the same hand-off
+    is refused (a different settlement), never answered as if it had settled it."""
+    from settle_client import SettleClient
+
+    endpoint = f"Billing{uuid.uuid4().hex[:8]}"
+    event = park(host, endpoint, body={"invoiceId": "INV-11", "rows": 2})
+    env = {**os.environ, "SETTLE_URL": host.base_url}
+    args = [sys.executable, "examples/handoff_agent.py", endpoint, "--max", "1", "--wait", "2"]
+    agents = [
+        subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    outs = []
+    for agent in agents:
+        try:
+            out, _ = agent.communicate(timeout=20)
+        except subprocess.TimeoutExpired:  # the one that found nothing left watches on: stop it
+            agent.send_signal(signal.SIGINT)
+            out, _ = agent.communicate(timeout=TIMEOUT_S)
+        outs.append(out)
+    ids = [out.split(" watching ", 1)[0] for out in outs]
+    assert len(set(ids)) == 2 and all(i.startswith("example-agent-") for i in ids), ids
+    completed = [out for out in outs if f"{event}: completed" in out]
+    assert len(completed) == 1, outs
+    assert "replayed" not in completed[0]
+    with SettleClient(host.base_url) as client:
+        audit = some(client.events.get(endpoint, event)).audits[0]
+        assert audit.auditor_name == ids[outs.index(completed[0])]
+
+
+def test_the_handoff_agent_says_when_settle_answered_from_an_earlier_settlement():
+    from settle_client import SettlementAccepted
+
+    spec = importlib.util.spec_from_file_location("handoff_agent", ROOT / "examples" / "handoff_agent.py")
+    assert spec is not None and spec.loader is not None
+    agent = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(agent)
+    answer = {"endpointId": "Billing", "eventId": "e", "messageType": "X", "controlMessageId": "c"}
+    fresh = SettlementAccepted.model_validate({**answer, "settledBy": "a-1"})
+    again = SettlementAccepted.model_validate({**answer, "settledBy": "a-1", "replayed": True})
+    assert agent.replayed(fresh) == ""
+    assert agent.replayed(again) == " (replayed: already settled by a-1)"
 
 
 def test_the_readme_quick_start_runs_as_written(host, tmp_path):

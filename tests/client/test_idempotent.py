@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 
 import pytest
 from pydantic import BaseModel
-from settle_client import AlreadyProcessed, LockHeld, SettleClient
+from settle_client import AlreadyProcessed, LockHeld, PayloadMismatch, ResultNotStored, SettleClient
 
 
 def invoice_key(invoice: dict[str, Any]) -> dict[str, Any]:
@@ -60,17 +62,93 @@ def test_an_exception_releases_the_key_and_the_next_call_runs_again(settle, key)
     assert post_invoice(invoice) == {"posted": True}
 
 
-def test_a_pydantic_result_is_stored_as_json(settle, key):
-    class Posted(BaseModel):
-        ledger_entry: int
+class Posted(BaseModel):
+    ledger_entry: int
+    at: datetime
+    amount: Decimal
+
+
+def test_a_pydantic_result_is_stored_as_json_and_replayed_as_the_declared_model(settle, key):
+    posted = Posted(
+        ledger_entry=5, at=datetime(2026, 5, 1, 9, 30, 4, 585000, tzinfo=UTC), amount=Decimal("12.50")
+    )
 
     @settle.idempotent(key=invoice_key)
-    def post_invoice(invoice: dict[str, Any]) -> Any:
-        return Posted(ledger_entry=5)
+    def post_invoice(invoice: dict[str, Any]) -> Posted:
+        return posted
 
     invoice = new_invoice(key)
-    assert post_invoice(invoice) == Posted(ledger_entry=5)
-    assert post_invoice(invoice) == {"ledger_entry": 5}
+    assert post_invoice(invoice) is posted
+    again = post_invoice(invoice)
+    assert isinstance(again, Posted) and again == posted
+    assert settle.get(invoice_key(invoice)).data["amount"] == "12.50"
+
+
+def test_datetime_and_decimal_results_charge_once_and_replay_as_declared(settle, key):
+    charges: list[Decimal] = []
+
+    @settle.idempotent(key=invoice_key)
+    def charge(invoice: dict[str, Any]) -> Decimal:
+        charges.append(Decimal("12.50"))
+        return Decimal("12.50")
+
+    @settle.idempotent(key=lambda invoice: {**invoice_key(invoice), "itemKey": invoice["id"] + "-at"})
+    def stamp(invoice: dict[str, Any]) -> dict[str, Any]:
+        charges.append(Decimal(1))
+        return {"at": datetime(2026, 5, 1, tzinfo=UTC), "amount": Decimal("1.10")}
+
+    invoice = new_invoice(key)
+    assert charge(invoice) == Decimal("12.50") and charge(invoice) == Decimal("12.50")
+    assert isinstance(charge(invoice), Decimal)
+    assert stamp(invoice)["amount"] == Decimal("1.10")
+    assert stamp(invoice) == {"at": "2026-05-01T00:00:00Z", "amount": "1.10"}  # declared: a JSON dict
+    assert len(charges) == 2, "a side effect ran again"
+
+
+@pytest.mark.parametrize("result", [object(), "x" * (600 * 1024)], ids=["not-json", "over-512-KiB"])
+def test_a_result_that_cannot_be_stored_never_reruns_the_side_effect(settle, key, result):
+    charges: list[int] = []
+
+    @settle.idempotent(key=invoice_key)
+    def charge(invoice: dict[str, Any]) -> Any:
+        charges.append(1)
+        return result
+
+    invoice = new_invoice(key)
+    assert charge(invoice) is result  # the first call has its result
+    with pytest.raises(ResultNotStored) as replayed:
+        charge(invoice)
+    assert isinstance(replayed.value, AlreadyProcessed)
+    assert charges == [1], "the side effect ran again"
+    record = settle.get(invoice_key(invoice))
+    assert record.status == "Processed" and "resultNotStored" in record.data
+
+
+def test_the_same_key_with_another_payload_raises_payload_mismatch(settle, key):
+    calls: list[int] = []
+
+    @settle.idempotent(key=invoice_key)
+    def post_invoice(invoice: dict[str, Any]) -> dict[str, Any]:
+        calls.append(invoice["amount"])
+        return {"posted": invoice["amount"]}
+
+    invoice = new_invoice(key)
+    assert post_invoice(invoice) == {"posted": 120}
+    assert post_invoice(dict(invoice)) == {"posted": 120}  # the same payload replays
+    with pytest.raises(PayloadMismatch) as mismatch:
+        post_invoice({**invoice, "amount": 999})
+    assert mismatch.value.stored_hash != mismatch.value.payload_hash
+    assert calls == [120]
+
+    # payload= picks what must match (here: the amount only)
+    @settle.idempotent(key=invoice_key, payload=lambda invoice: invoice["amount"])
+    def by_amount(invoice: dict[str, Any]) -> dict[str, Any]:
+        return {"posted": invoice["amount"]}
+
+    other = {**new_invoice(key), "id": key["itemKey"] + "-p"}
+    assert by_amount(other) == by_amount({**other, "note": "ignored"}) == {"posted": 120}
+    with pytest.raises(PayloadMismatch):
+        by_amount({**other, "amount": 1})
 
 
 def test_a_concurrent_caller_gets_lock_held_or_waits_for_the_result(host, key):

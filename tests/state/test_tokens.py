@@ -204,10 +204,16 @@ def test_the_superseded_processing_row_is_the_lockers_version_column_for_column(
         "extend": {},
     }
     args: dict[str, Any] = {"lockToken": token, **extra[operation]}
-    assert getattr(state, operation)(writer, **args).status == 200
+    answer = getattr(state, operation)(writer, **args)
+    assert answer.status == 200
+    moved: set[str] = set()
+    if operation == "extend":  # an extension rewrites the version in place: its outcome supersedes it
+        assert state.set(writer, status="Processed", lockToken=answer.json["lockToken"]).status == 200
+        moved = {"UpdatedAt", "LockedUntil"}
     # then the history row of the Processing version is that version, exactly
     history = _history_row(key, int(locked["Version"]))
-    assert _as_history(history) == _as_history(locked)
+    unmoved = {k: v for k, v in _as_history(locked).items() if k not in moved}
+    assert {k: v for k, v in _as_history(history).items() if k not in moved} == unmoved
     assert history["SourceAppId"] == 7 and history["EntityExecutionId"] == 1001
     assert history["LockRequestId"] == "req-1"
 
@@ -219,4 +225,4 @@ def test_an_extended_versions_history_row_says_when_it_was_extended(state, key):
     extended = _stored_head(key)
     assert extended["UpdatedAt"] > extended["LockedAt"]
     assert state.set(key, status="Processed", lockToken=new_token).status == 200
-    assert _as_history(_history_row(key, 2)) == _as_history(extended)
+    assert _as_history(_history_row(key, 1)) == _as_history(extended)

@@ -1,0 +1,67 @@
+"""A separate OS process that holds one key in ``client.processing`` until it is signalled.
+
+``python -m tests.client.worker URL KEY_JSON LOCK_SECONDS STATE_FILE [WORK_SECONDS [thread]]``: enters the
+block, writes ``inside <pid>`` to ``STATE_FILE`` and works (sleeps, calling ``item.check()`` between steps)
+for ``WORK_SECONDS`` (default or ``inf``: for ever), then records ``{"pid": ...}``. With ``thread`` the block
+runs in a worker thread while the main thread waits for it. Prints how the block ended: ``processed``,
+``lost`` (``LockLost``) or nothing (killed). The tests send it SIGKILL, SIGSTOP/SIGCONT and SIGTERM.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def main(argv: list[str]) -> int:
+    from settle_client import LockLost, SettleClient
+
+    url, key, lock_seconds, state = argv[0], json.loads(argv[1]), int(argv[2]), Path(argv[3])
+    work_s = float(argv[4]) if len(argv) > 4 else float("inf")
+    in_thread = len(argv) > 5 and argv[5] == "thread"
+    with SettleClient(url) as client:
+
+        def work() -> str:
+            try:
+                with client.processing(key, lock_seconds=lock_seconds) as item:
+                    state.write_text(f"inside {os.getpid()}\n")
+                    started = time.monotonic()
+                    while time.monotonic() - started < work_s:
+                        item.check()
+                        time.sleep(0.05)
+                    item.data = {"pid": os.getpid()}
+            except LockLost:
+                return "lost"
+            return "processed"
+
+        if in_thread:
+            with ThreadPoolExecutor(1) as pool:
+                outcome = pool.submit(work)
+                while not outcome.done():
+                    time.sleep(0.05)
+                print(outcome.result(), flush=True)
+        else:
+            print(work(), flush=True)
+    return 0
+
+
+def start_worker(
+    url: str, key: Any, lock_seconds: int, state: Path, work_s: float | None = None, *, thread: bool = False
+) -> subprocess.Popen[str]:
+    args = [sys.executable, "-m", "tests.client.worker", url, json.dumps(key), str(lock_seconds), str(state)]
+    args.append(str(work_s if work_s is not None else "inf"))
+    if thread:
+        args.append("thread")
+    return subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
