@@ -114,7 +114,7 @@ param developerPrincipalType string = 'User'
 param tags object = {}
 
 // The tables Settle uses, as logical names: the code's Tables.table("<name>") maps each to
-// "{SETTLE_TABLE_PREFIX}<name>". This list must equal the *_TABLE constants in state/ and handoff/
+// "{SETTLE_TABLE_PREFIX}<name>". This list must equal the *_TABLE constants of the code package
 // (tests/infra/test_tables.py checks it); the code also creates a missing table on first use.
 var settleTables = [
   'state'
@@ -122,6 +122,7 @@ var settleTables = [
   'hoevents'
   'hoendpoints'
   'hopoison'
+  'hoaudit'
 ]
 
 var resolverName = 'Resolver'
