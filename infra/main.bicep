@@ -68,7 +68,7 @@ param instanceMemoryMB int = 2048
 @maxValue(1000)
 param httpAlwaysReadyInstances int = 0
 
-@description('Zone-redundant Flex plan (only where the region supports it).')
+@description('Zone-redundant Flex plan and host storage (Standard_ZRS) (only where the region supports both).')
 param zoneRedundant bool = false
 
 @description('Redundancy of the data account (Settle\'s tables): Standard_ZRS, or Standard_LRS in a region without zone-redundant storage.')
@@ -126,6 +126,8 @@ var settleTables = [
 ]
 
 var resolverName = 'Resolver'
+// Also part of every module deployment's name: two environments in one resource group, or Settle's modules
+// deployed into NimBus's resource group (attach mode), never overwrite each other's deployment records.
 var resourceToken = toLower(uniqueString(resourceGroup().id, environmentName))
 var baseName = 'settle-${environmentName}-${resourceToken}'
 var functionAppName = 'func-${baseName}'
@@ -141,7 +143,7 @@ var serviceBusResourceGroup = empty(serviceBusResourceGroupName) ? resourceGroup
 var endpointTopicsDetectDuplicates = createEndpointTopics && endpointDuplicateDetection
 
 module identity 'modules/identity.bicep' = {
-  name: 'identity'
+  name: 'identity-${resourceToken}'
   params: {
     name: 'id-${baseName}'
     location: location
@@ -150,7 +152,7 @@ module identity 'modules/identity.bicep' = {
 }
 
 module monitoring 'modules/monitoring.bicep' = {
-  name: 'monitoring'
+  name: 'monitoring-${resourceToken}'
   params: {
     logAnalyticsName: 'log-${baseName}'
     applicationInsightsName: 'appi-${baseName}'
@@ -160,11 +162,12 @@ module monitoring 'modules/monitoring.bicep' = {
 }
 
 module storage 'modules/storage.bicep' = {
-  name: 'storage'
+  name: 'storage-${resourceToken}'
   params: {
     hostStorageName: take('sth${resourceToken}', 24)
     dataStorageName: take('std${resourceToken}', 24)
     dataStorageSku: dataStorageSku
+    zoneRedundant: zoneRedundant
     lockDataAccount: lockDataAccount
     location: location
     tags: allTags
@@ -176,7 +179,7 @@ module storage 'modules/storage.bicep' = {
 }
 
 module serviceBusNamespace 'modules/servicebus-namespace.bicep' = if (createServiceBusNamespace) {
-  name: 'servicebus-namespace'
+  name: 'servicebus-namespace-${resourceToken}'
   scope: resourceGroup(serviceBusResourceGroup)
   params: {
     name: namespaceName
@@ -186,7 +189,7 @@ module serviceBusNamespace 'modules/servicebus-namespace.bicep' = if (createServ
 }
 
 module serviceBus 'modules/servicebus.bicep' = {
-  name: 'servicebus'
+  name: 'servicebus-${resourceToken}'
   scope: resourceGroup(serviceBusResourceGroup)
   params: {
     namespaceName: namespaceName
@@ -203,7 +206,7 @@ module serviceBus 'modules/servicebus.bicep' = {
 }
 
 module serviceBusRbac 'modules/servicebus-rbac.bicep' = {
-  name: 'servicebus-rbac'
+  name: 'servicebus-rbac-${resourceToken}'
   scope: resourceGroup(serviceBusResourceGroup)
   params: {
     principalId: identity.outputs.principalId
@@ -217,7 +220,7 @@ module serviceBusRbac 'modules/servicebus-rbac.bicep' = {
 }
 
 module rbac 'modules/rbac.bicep' = {
-  name: 'rbac'
+  name: 'rbac-${resourceToken}'
   params: {
     principalId: identity.outputs.principalId
     hostStorageName: storage.outputs.hostStorageName
@@ -229,7 +232,7 @@ module rbac 'modules/rbac.bicep' = {
 }
 
 module functionApp 'modules/functionapp.bicep' = {
-  name: 'functionapp'
+  name: 'functionapp-${resourceToken}'
   params: {
     name: functionAppName
     planName: 'plan-${baseName}'
@@ -264,12 +267,13 @@ module functionApp 'modules/functionapp.bicep' = {
 }
 
 module alerts 'modules/alerts.bicep' = {
-  name: 'alerts'
+  name: 'alerts-${resourceToken}'
   params: {
     namePrefix: baseName
     tags: allTags
     serviceBusNamespaceId: serviceBus.outputs.namespaceId
     resolverTopicName: serviceBus.outputs.resolverTopicName
+    endpointTopicNames: serviceBus.outputs.endpointTopicNames
     applicationInsightsId: monitoring.outputs.applicationInsightsId
     alertEmail: alertEmail
     location: location
