@@ -44,6 +44,8 @@ if [ $# -gt 0 ] && [[ $1 != *=* ]]; then
   env_name=$1
   shift
 fi
+# The environment name is part of resource names: refuse a bad one before anything is asked or created.
+bash infra/environment-name.sh "$env_name"
 if [ "$mode" = confirm ] && ! [ -t 0 ]; then
   echo "no terminal to confirm on: pass --what-if to preview or --yes to deploy" >&2
   exit 2
