@@ -116,6 +116,10 @@ fi
 az deployment group create --resource-group "$rg" --name settle "${params[@]}" --output none
 app=$(az deployment group show --resource-group "$rg" --name settle --query properties.outputs.functionAppName.value -o tsv)
 url=$(az deployment group show --resource-group "$rg" --name settle --query properties.outputs.functionAppUrl.value -o tsv)
+# Settlement may send only to the listed endpoints (Data Sender per endpoint topic): say which.
+settles_to=$(az deployment group show --resource-group "$rg" --name settle --query properties.outputs.settlementEndpoints.value -o tsv | tr '\n' ' ')
+settles_to=${settles_to% }
+echo "settlement may send to these endpoints only: ${settles_to:-none} (any other is refused by Service Bus: add it to the endpoints parameter and redeploy)"
 
 if [ "${SETTLE_SKIP_CODE:-0}" = 1 ]; then
   echo "infrastructure deployed: $app ($url); code not deployed (SETTLE_SKIP_CODE=1)"

@@ -289,3 +289,6 @@ output serviceBusResourceGroup string = serviceBusResourceGroup
 output serviceBusFullyQualifiedNamespace string = serviceBus.outputs.fullyQualifiedNamespace
 output identityClientId string = identity.outputs.clientId
 output deploymentContainerName string = storage.outputs.deploymentContainerName
+
+@description('The endpoints settlement may send to: Settle\'s identity holds Azure Service Bus Data Sender on these endpoint topics only, so Service Bus refuses a settlement to any other endpoint (401) until it is added to the endpoints parameter.')
+output settlementEndpoints array = serviceBus.outputs.endpointTopicNames
