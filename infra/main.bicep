@@ -96,6 +96,9 @@ param createEndpointTopics bool = true
 @description('Create endpoint topics with duplicate detection (10 minutes), so a settlement retried after an ambiguous send reaches the endpoint once. Service Bus fixes this when a topic is created.')
 param endpointDuplicateDetection bool = true
 
+@description('Let the resolver scale by target (its subscription\'s backlog): grants the identity Azure Service Bus Data Owner on the Resolver subscription only (ADR-0014). Off: Data Receiver there, incremental scale-out.')
+param resolverTargetBasedScaling bool = false
+
 @description('E-mail address that receives the alerts; empty creates the alerts without an action group.')
 param alertEmail string = ''
 
@@ -214,6 +217,7 @@ module serviceBusRbac 'modules/servicebus-rbac.bicep' = {
     resolverTopicName: serviceBus.outputs.resolverTopicName
     resolverSubscriptionName: serviceBus.outputs.resolverSubscriptionName
     endpointTopicNames: serviceBus.outputs.endpointTopicNames
+    resolverTargetBasedScaling: resolverTargetBasedScaling
     developerPrincipalId: developerPrincipalId
     developerPrincipalType: developerPrincipalType
   }
