@@ -14,7 +14,8 @@
 # Prerequisites: Azure CLI 2.60.0 or newer (checked below), logged in as a user (`az login`) or as a
 # service principal (`az login --service-principal ...`, as in a pipeline), `az account set -s <sub>`,
 # rights to create resources and role assignments in the resource group (Owner, or Contributor + User
-# Access Administrator), python3 (packages the code), and a region that offers Flex Consumption
+# Access Administrator; the data account's lock needs Microsoft.Authorization/locks/write: README, "What
+# the deploying principal needs"), python3 (packages the code), and a region that offers Flex Consumption
 # (`az functionapp list-flexconsumption-locations`). The Azure CLI fetches the Bicep compiler itself.
 #
 # Options (environment variables):

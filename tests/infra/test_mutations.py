@@ -567,3 +567,11 @@ def test_each_mutation_is_caught_for_its_reason(mutation: Mutation, infra_copy: 
     assert messages, f"{mutation.id} went unnoticed"
     caught = [str(e) for e in result.by_check[mutation.check].errors]
     assert any(mutation.expect in m for m in caught), "\n".join(messages)
+
+
+def test_every_value_rule_and_category_table_names_its_source() -> None:
+    # Issue 26: a value rule Azure enforces is never typed from memory; each says where it comes from.
+    from tests.infra.values import CATEGORIES, RULES
+
+    assert RULES and all(len(rule.source) > 40 for rule in RULES)
+    assert CATEGORIES and all(len(c.source) > 40 for c in CATEGORIES.values())
