@@ -15,6 +15,8 @@ produces it, and checked against what it must be:
   ``InstrumentationKey``);
 - ``*__tableServiceUri`` is the table endpoint of the account that holds the tables the Bicep creates,
   ``*__blobServiceUri`` the blob endpoint of a storage account;
+- two storage accounts never get one name (``hostStorageName`` and ``dataStorageName`` traced to the
+  same expression);
 - the app's identity holds Storage Table Data Contributor on the account that holds the tables, Storage
   Blob Data Owner on the account of the host's blob endpoint and Monitoring Metrics Publisher on the
   component of the connection string: role assignments whose scope is an ``existing`` resource are
@@ -137,7 +139,27 @@ class Wiring:
         identity_principals = self.check_principals()
         for unit, site in self.declared(SITE):
             self.check_site(unit, site, identity_principals)
+        self.check_distinct_accounts()
         return self.report
+
+    def check_distinct_accounts(self) -> None:
+        """Two storage accounts given one name are one account declared twice (names are global)."""
+        seen: dict[Form, tuple[Unit, Resource]] = {}
+        for unit, res in self.declared(STORAGE):
+            if res.loop is not None or not isinstance(res.body, dict) or "name" not in res.body:
+                continue
+            name = self.tracer.trace(unit, res.body["name"])
+            if name in seen:
+                first = seen[name][1]
+                self.error(
+                    unit,
+                    res,
+                    "name",
+                    f"the same name as {first.symbol} ({show(name)}): storage account names are global, so "
+                    "both declare one account",
+                )
+            else:
+                seen[name] = (unit, res)
 
     # -- role assignments --
 
