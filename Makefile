@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install chromium run test lint typecheck pytest bench bench-smoke bench-report reliability infra-check infra-types azurite clean
+.PHONY: install chromium run test lint typecheck pytest bench bench-smoke bench-report reliability infra-check infra-types azurite table-export table-restore clean
 
 CHROMIUM := /usr/bin/chromium
 
@@ -61,6 +61,14 @@ infra-types: $(STAMP) ## The infra checks' full report: what was type-checked, w
 
 azurite: $(STAMP) ## Start Azurite on the standard ports, data in .azurite/ (Ctrl-C stops it).
 	$(PY) -m devtools.azurite --standard-ports --location .azurite
+
+# The data account's recovery story (docs/adr/0014): ENDPOINT is the deployment's tableEndpoint output,
+# the signed-in principal (az login) needs Storage Table Data Reader/Contributor on the data account.
+table-export: $(STAMP) ## Export Settle's tables: make table-export DIR=backup ENDPOINT=https://<data account>.table.core.windows.net/ [PREFIX=settle]
+	$(PY) -m devtools.backup export $(DIR) --prefix $(or $(PREFIX),settle) --endpoint $(ENDPOINT)
+
+table-restore: $(STAMP) ## Restore an export into empty tables: make table-restore DIR=backup ENDPOINT=... [PREFIX=<new prefix>]
+	$(PY) -m devtools.backup restore $(DIR) $(if $(PREFIX),--prefix $(PREFIX)) --endpoint $(ENDPOINT)
 
 clean:
 	rm -rf $(VENV) .venv-checkov node_modules .pytest_cache .mypy_cache .ruff_cache .azurite

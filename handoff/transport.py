@@ -148,6 +148,15 @@ def keep_trace_context(message: ServiceBusMessage) -> ServiceBusMessage:
     return message
 
 
+def _not_authorized(topic: str, exc: Exception) -> str:
+    """A refusal of Settle's identity (401/403): in Azure, Data Sender is granted per endpoint topic."""
+    return (
+        f"Service Bus refused Settle's identity on topic {topic!r} ({exc}): Azure Service Bus Data Sender is "
+        "granted only on the endpoint topics the deployment lists in its `endpoints` parameter; add "
+        f"{topic!r} there and redeploy (infra/README: Deploy)"
+    )
+
+
 class ServiceBusTransport:
     """azure-servicebus sender(s) on one namespace."""
 
@@ -235,16 +244,18 @@ class ServiceBusTransport:
 
         try:
             sender = self._open(topic)
+        except (ServiceBusAuthenticationError, ServiceBusAuthorizationError) as exc:
+            raise SendRefused(_not_authorized(topic, exc)) from exc
         except Exception as exc:
             raise SendRefused(f"Service Bus could not be reached for topic {topic!r}: {exc}") from exc
         try:
             sender.send_messages(keep_trace_context(message), timeout=_SEND_TIMEOUT_S)
+        except (ServiceBusAuthenticationError, ServiceBusAuthorizationError) as exc:
+            raise SendRefused(_not_authorized(topic, exc)) from exc
         except (
             MessageSizeExceededError,
             MessagingEntityDisabledError,
             MessagingEntityNotFoundError,
-            ServiceBusAuthenticationError,
-            ServiceBusAuthorizationError,
             ServiceBusQuotaExceededError,
             ServiceBusServerBusyError,
         ) as exc:

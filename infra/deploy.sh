@@ -14,7 +14,8 @@
 # Prerequisites: Azure CLI 2.60.0 or newer (checked below), logged in as a user (`az login`) or as a
 # service principal (`az login --service-principal ...`, as in a pipeline), `az account set -s <sub>`,
 # rights to create resources and role assignments in the resource group (Owner, or Contributor + User
-# Access Administrator), python3 (packages the code), and a region that offers Flex Consumption
+# Access Administrator; the data account's lock needs Microsoft.Authorization/locks/write: README, "What
+# the deploying principal needs"), python3 (packages the code), and a region that offers Flex Consumption
 # (`az functionapp list-flexconsumption-locations`). The Azure CLI fetches the Bicep compiler itself.
 #
 # Options (environment variables):
@@ -44,6 +45,8 @@ if [ $# -gt 0 ] && [[ $1 != *=* ]]; then
   env_name=$1
   shift
 fi
+# The environment name is part of resource names: refuse a bad one before anything is asked or created.
+bash infra/environment-name.sh "$env_name"
 if [ "$mode" = confirm ] && ! [ -t 0 ]; then
   echo "no terminal to confirm on: pass --what-if to preview or --yes to deploy" >&2
   exit 2
@@ -114,6 +117,10 @@ fi
 az deployment group create --resource-group "$rg" --name settle "${params[@]}" --output none
 app=$(az deployment group show --resource-group "$rg" --name settle --query properties.outputs.functionAppName.value -o tsv)
 url=$(az deployment group show --resource-group "$rg" --name settle --query properties.outputs.functionAppUrl.value -o tsv)
+# Settlement may send only to the listed endpoints (Data Sender per endpoint topic): say which.
+settles_to=$(az deployment group show --resource-group "$rg" --name settle --query properties.outputs.settlementEndpoints.value -o tsv | tr '\n' ' ')
+settles_to=${settles_to% }
+echo "settlement may send to these endpoints only: ${settles_to:-none} (any other is refused by Service Bus: add it to the endpoints parameter and redeploy)"
 
 if [ "${SETTLE_SKIP_CODE:-0}" = 1 ]; then
   echo "infrastructure deployed: $app ($url); code not deployed (SETTLE_SKIP_CODE=1)"

@@ -68,7 +68,7 @@ param instanceMemoryMB int = 2048
 @maxValue(1000)
 param httpAlwaysReadyInstances int = 0
 
-@description('Zone-redundant Flex plan (only where the region supports it).')
+@description('Zone-redundant Flex plan and host storage (Standard_ZRS) (only where the region supports both).')
 param zoneRedundant bool = false
 
 @description('Redundancy of the data account (Settle\'s tables): Standard_ZRS, or Standard_LRS in a region without zone-redundant storage.')
@@ -96,6 +96,9 @@ param createEndpointTopics bool = true
 @description('Create endpoint topics with duplicate detection (10 minutes), so a settlement retried after an ambiguous send reaches the endpoint once. Service Bus fixes this when a topic is created.')
 param endpointDuplicateDetection bool = true
 
+@description('Let the resolver scale by target (its subscription\'s backlog): grants the identity Azure Service Bus Data Owner on the Resolver subscription only (ADR-0014). Off: Data Receiver there, incremental scale-out.')
+param resolverTargetBasedScaling bool = false
+
 @description('E-mail address that receives the alerts; empty creates the alerts without an action group.')
 param alertEmail string = ''
 
@@ -114,7 +117,7 @@ param developerPrincipalType string = 'User'
 param tags object = {}
 
 // The tables Settle uses, as logical names: the code's Tables.table("<name>") maps each to
-// "{SETTLE_TABLE_PREFIX}<name>". This list must equal the *_TABLE constants in state/ and handoff/
+// "{SETTLE_TABLE_PREFIX}<name>". This list must equal the *_TABLE constants of the code package
 // (tests/infra/test_tables.py checks it); the code also creates a missing table on first use.
 var settleTables = [
   'state'
@@ -122,9 +125,12 @@ var settleTables = [
   'hoevents'
   'hoendpoints'
   'hopoison'
+  'hoaudit'
 ]
 
 var resolverName = 'Resolver'
+// Also part of every module deployment's name: two environments in one resource group, or Settle's modules
+// deployed into NimBus's resource group (attach mode), never overwrite each other's deployment records.
 var resourceToken = toLower(uniqueString(resourceGroup().id, environmentName))
 var baseName = 'settle-${environmentName}-${resourceToken}'
 var functionAppName = 'func-${baseName}'
@@ -140,7 +146,7 @@ var serviceBusResourceGroup = empty(serviceBusResourceGroupName) ? resourceGroup
 var endpointTopicsDetectDuplicates = createEndpointTopics && endpointDuplicateDetection
 
 module identity 'modules/identity.bicep' = {
-  name: 'identity'
+  name: 'identity-${resourceToken}'
   params: {
     name: 'id-${baseName}'
     location: location
@@ -149,7 +155,7 @@ module identity 'modules/identity.bicep' = {
 }
 
 module monitoring 'modules/monitoring.bicep' = {
-  name: 'monitoring'
+  name: 'monitoring-${resourceToken}'
   params: {
     logAnalyticsName: 'log-${baseName}'
     applicationInsightsName: 'appi-${baseName}'
@@ -159,11 +165,12 @@ module monitoring 'modules/monitoring.bicep' = {
 }
 
 module storage 'modules/storage.bicep' = {
-  name: 'storage'
+  name: 'storage-${resourceToken}'
   params: {
     hostStorageName: take('sth${resourceToken}', 24)
     dataStorageName: take('std${resourceToken}', 24)
     dataStorageSku: dataStorageSku
+    zoneRedundant: zoneRedundant
     lockDataAccount: lockDataAccount
     location: location
     tags: allTags
@@ -175,7 +182,7 @@ module storage 'modules/storage.bicep' = {
 }
 
 module serviceBusNamespace 'modules/servicebus-namespace.bicep' = if (createServiceBusNamespace) {
-  name: 'servicebus-namespace'
+  name: 'servicebus-namespace-${resourceToken}'
   scope: resourceGroup(serviceBusResourceGroup)
   params: {
     name: namespaceName
@@ -185,7 +192,7 @@ module serviceBusNamespace 'modules/servicebus-namespace.bicep' = if (createServ
 }
 
 module serviceBus 'modules/servicebus.bicep' = {
-  name: 'servicebus'
+  name: 'servicebus-${resourceToken}'
   scope: resourceGroup(serviceBusResourceGroup)
   params: {
     namespaceName: namespaceName
@@ -202,7 +209,7 @@ module serviceBus 'modules/servicebus.bicep' = {
 }
 
 module serviceBusRbac 'modules/servicebus-rbac.bicep' = {
-  name: 'servicebus-rbac'
+  name: 'servicebus-rbac-${resourceToken}'
   scope: resourceGroup(serviceBusResourceGroup)
   params: {
     principalId: identity.outputs.principalId
@@ -210,13 +217,14 @@ module serviceBusRbac 'modules/servicebus-rbac.bicep' = {
     resolverTopicName: serviceBus.outputs.resolverTopicName
     resolverSubscriptionName: serviceBus.outputs.resolverSubscriptionName
     endpointTopicNames: serviceBus.outputs.endpointTopicNames
+    resolverTargetBasedScaling: resolverTargetBasedScaling
     developerPrincipalId: developerPrincipalId
     developerPrincipalType: developerPrincipalType
   }
 }
 
 module rbac 'modules/rbac.bicep' = {
-  name: 'rbac'
+  name: 'rbac-${resourceToken}'
   params: {
     principalId: identity.outputs.principalId
     hostStorageName: storage.outputs.hostStorageName
@@ -228,7 +236,7 @@ module rbac 'modules/rbac.bicep' = {
 }
 
 module functionApp 'modules/functionapp.bicep' = {
-  name: 'functionapp'
+  name: 'functionapp-${resourceToken}'
   params: {
     name: functionAppName
     planName: 'plan-${baseName}'
@@ -263,12 +271,13 @@ module functionApp 'modules/functionapp.bicep' = {
 }
 
 module alerts 'modules/alerts.bicep' = {
-  name: 'alerts'
+  name: 'alerts-${resourceToken}'
   params: {
     namePrefix: baseName
     tags: allTags
     serviceBusNamespaceId: serviceBus.outputs.namespaceId
     resolverTopicName: serviceBus.outputs.resolverTopicName
+    endpointTopicNames: serviceBus.outputs.endpointTopicNames
     applicationInsightsId: monitoring.outputs.applicationInsightsId
     alertEmail: alertEmail
     location: location
@@ -284,3 +293,6 @@ output serviceBusResourceGroup string = serviceBusResourceGroup
 output serviceBusFullyQualifiedNamespace string = serviceBus.outputs.fullyQualifiedNamespace
 output identityClientId string = identity.outputs.clientId
 output deploymentContainerName string = storage.outputs.deploymentContainerName
+
+@description('The endpoints settlement may send to: Settle\'s identity holds Azure Service Bus Data Sender on these endpoint topics only, so Service Bus refuses a settlement to any other endpoint (401) until it is added to the endpoints parameter.')
+output settlementEndpoints array = serviceBus.outputs.endpointTopicNames

@@ -1,6 +1,7 @@
 // What an operator is woken for. Metric alerts, evaluated every 5 minutes:
 // - a message in the resolver subscription's dead-letter queue (the Resolver topic has one subscription,
 //   so the topic's DeadletteredMessages is that queue's count): a response Settle could not project;
+// - a message dead-lettered on an endpoint topic (its fan-out subscription or the endpoint's own);
 // - a failed function execution (Application Insights records every invocation as a request);
 // - Service Bus throttling the namespace (sends and receives are being refused).
 // Log search alerts on Settle's own metrics (OpenTelemetry, exported to Application Insights'
@@ -22,6 +23,9 @@ param serviceBusNamespaceId string
 
 @description('Name of the Resolver topic (its only subscription is the resolver\'s).')
 param resolverTopicName string
+
+@description('NimBus endpoint topics (each with the endpoint\'s subscription and the fan-out to the resolver).')
+param endpointTopicNames array = []
 
 @description('Resource id of Application Insights.')
 param applicationInsightsId string
@@ -93,6 +97,48 @@ resource resolverDeadLetters 'Microsoft.Insights/metricAlerts@2018-03-01' = {
               values: [
                 resolverTopicName
               ]
+            }
+          ]
+          operator: 'GreaterThan'
+          threshold: 0
+          timeAggregation: 'Maximum'
+        }
+      ]
+    }
+    actions: empty(alertEmail) ? [] : mailOperators
+  }
+}
+
+// Dead letters on an endpoint topic: its fan-out subscription (a message that never reached the resolver)
+// or the endpoint's own subscription (a request its NimBus handler could not process). DeadletteredMessages
+// per EntityName is the topic's count over its subscriptions.
+resource endpointDeadLetters 'Microsoft.Insights/metricAlerts@2018-03-01' = if (!empty(endpointTopicNames)) {
+  name: 'alert-${namePrefix}-endpoint-dead-letters'
+  location: 'global'
+  tags: tags
+  properties: {
+    description: 'A subscription of an endpoint topic holds dead-lettered messages: the fan-out to the resolver or the endpoint\'s own handler gave up on a message.'
+    severity: 1
+    enabled: true
+    scopes: [
+      serviceBusNamespaceId
+    ]
+    evaluationFrequency: 'PT5M'
+    windowSize: 'PT5M'
+    autoMitigate: true
+    criteria: {
+      'odata.type': 'Microsoft.Azure.Monitor.SingleResourceMultipleMetricCriteria'
+      allOf: [
+        {
+          name: 'EndpointDeadLetters'
+          criterionType: 'StaticThresholdCriterion'
+          metricNamespace: 'Microsoft.ServiceBus/namespaces'
+          metricName: 'DeadletteredMessages'
+          dimensions: [
+            {
+              name: 'EntityName'
+              operator: 'Include'
+              values: endpointTopicNames
             }
           ]
           operator: 'GreaterThan'

@@ -244,9 +244,12 @@ resource auth 'Microsoft.Web/sites/config@2024-04-01' = if (!empty(operatorAppCl
     httpSettings: {
       requireHttps: true
     }
+    // No token store: the code reads the principal App Service puts in x-ms-client-principal on each
+    // request and never a stored token (/.auth/me, refresh); the default store is the app's file system,
+    // and a blob-backed one would need a SAS URL in a setting (this template holds no secret).
     login: {
       tokenStore: {
-        enabled: true
+        enabled: false
       }
     }
     identityProviders: {

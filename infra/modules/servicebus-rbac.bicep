@@ -7,6 +7,8 @@
 // | Azure Service Bus Data Receiver   | Resolver topic / Resolver subscription       | the resolver trigger                   |
 // | Azure Service Bus Data Sender     | each endpoint topic                          | settlement control messages            |
 // | Azure Service Bus Data Sender     | Resolver topic                               | the resolver's scheduled redelivery    |
+// | Azure Service Bus Data Owner      | Resolver subscription, only with             | Manage, which the target-based scaler  |
+// |                                   | resolverTargetBasedScaling (off by default)  | needs to read the backlog (ADR-0014)   |
 
 @description('Object id of the app\'s user-assigned identity.')
 param principalId string
@@ -26,6 +28,9 @@ param resolverSubscriptionName string
 
 @description('Endpoint topics that settlement sends control messages to.')
 param endpointTopicNames array
+
+@description('Grant Azure Service Bus Data Owner on the Resolver subscription (only there) so the scale controller can read its backlog and scale the resolver by target (ADR-0014); off: Data Receiver only, incremental scaling.')
+param resolverTargetBasedScaling bool = false
 
 @description('Optional object id of a developer or pipeline that runs Settle against these resources; empty for none.')
 param developerPrincipalId string = ''
@@ -61,8 +66,8 @@ resource endpointTopics 'Microsoft.ServiceBus/namespaces/topics@2026-01-01' exis
   }
 ]
 
-// Receive on the one subscription the resolver reads. Without Manage, the scale controller falls back to
-// the oldest message's enqueue time instead of the exact message count; Data Owner would grant far more.
+// Receive on the one subscription the resolver reads. Without Manage the target-based scaler cannot read
+// the subscription's runtime properties and the resolver scales incrementally (ADR-0014).
 resource resolverReceiver 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
   scope: resolverSubscription
   name: guid(resolverSubscription.id, principalId, roles['Azure Service Bus Data Receiver'])
@@ -70,6 +75,18 @@ resource resolverReceiver 'Microsoft.Authorization/roleAssignments@2022-04-01' =
     principalId: principalId
     principalType: 'ServicePrincipal'
     roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles['Azure Service Bus Data Receiver'])
+  }
+}
+
+// Opt-in (ADR-0014): Manage on the one subscription the resolver reads; no built-in data role grants
+// Manage without Send and Receive, so this is Data Owner, scoped to that subscription alone.
+resource resolverScaleReader 'Microsoft.Authorization/roleAssignments@2022-04-01' = if (resolverTargetBasedScaling) {
+  scope: resolverSubscription
+  name: guid(resolverSubscription.id, principalId, roles['Azure Service Bus Data Owner'])
+  properties: {
+    principalId: principalId
+    principalType: 'ServicePrincipal'
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles['Azure Service Bus Data Owner'])
   }
 }
 

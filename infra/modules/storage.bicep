@@ -23,6 +23,9 @@ param dataStorageName string
 ])
 param dataStorageSku string = 'Standard_ZRS'
 
+@description('Zone-redundant deployment: the host account is Standard_ZRS too, so a zone outage does not stop the host (leases, timers) or the package while the plan keeps running.')
+param zoneRedundant bool = false
+
 @description('Put a CanNotDelete lock on the data account.')
 param lockDataAccount bool
 
@@ -47,8 +50,9 @@ resource hostStorage 'Microsoft.Storage/storageAccounts@2023-05-01' = {
   tags: tags
   kind: 'StorageV2'
   sku: {
-    // Locally redundant is enough: host blobs are rebuilt by the host and the package by a redeploy.
-    name: 'Standard_LRS'
+    // Locally redundant is enough for a single-zone app (host blobs are rebuilt by the host, the package by
+    // a redeploy); a zone-redundant app needs its host storage in every zone too.
+    name: zoneRedundant ? 'Standard_ZRS' : 'Standard_LRS'
   }
   properties: {
     accessTier: 'Hot'

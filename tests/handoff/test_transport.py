@@ -175,3 +175,40 @@ def test_the_size_of_a_message_is_measured_as_sent():
     message = outbox_message(MessageType.HandoffCompletedRequest, "Billing", coords, content)
     size = encoded_size(message)
     assert size > len(message.body.encode()) > 2000  # every quote escaped: twice the characters
+
+
+@pytest.mark.parametrize("where", ["open", "send"])
+def test_a_topic_settle_may_not_send_to_names_the_endpoints_parameter(monkeypatch, where):
+    # Issue 26: Settle's identity is granted Data Sender per listed endpoint topic (infra `endpoints`); a
+    # settlement to any other endpoint gets 401/403, and the error says why and what to change.
+    from azure.servicebus.exceptions import ServiceBusAuthorizationError
+
+    monkeypatch.setattr("handoff.transport.time.sleep", lambda _s: None)
+    error = ServiceBusAuthorizationError(message="Unauthorized access. 'Send' claim(s) are required")
+    sender = FakeSender(**{f"{where}_error": error})
+    with pytest.raises(SendRefused) as refused:
+        _transport_with(sender).send("Shipping", control_message())
+    text = str(refused.value)
+    assert "'Shipping'" in text and "`endpoints`" in text and "Data Sender" in text
+    assert sender.sent == []
+
+
+def test_a_settlement_to_an_endpoint_settle_may_not_send_to_is_a_503_naming_the_parameter(
+    call, resolve, flow, monkeypatch
+):
+    # Issue 26, end to end: the settle request's problem detail carries the transport's explanation.
+    from azure.servicebus.exceptions import ServiceBusAuthorizationError
+
+    from handoff import service
+    from tests.handoff.test_settlement import complete, parked
+
+    monkeypatch.setattr("handoff.transport.time.sleep", lambda _s: None)
+    refusal = ServiceBusAuthorizationError(message="Unauthorized access. 'Send' claim(s) are required")
+    service.use_transport(_transport_with(FakeSender(open_error=refusal)))
+    try:
+        parked(resolve, flow)
+        refused = complete(call, flow)
+    finally:
+        service.reset()
+    assert refused.status == 503 and refused.content_type == "application/problem+json"
+    assert "`endpoints` parameter" in refused.json["detail"] and repr(flow.endpoint) in refused.json["detail"]

@@ -10,8 +10,11 @@ A read whose name cannot be resolved statically is reported as unresolved, so no
 from __future__ import annotations
 
 import ast
+import importlib.util
 import re
+import sys
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 
 from tests.infra.bicep import REPO
@@ -31,10 +34,14 @@ class Scan:
 
 
 def sources() -> list[Path]:
-    """function_app.py and every module of the app's packages."""
-    files = [REPO / "function_app.py"]
-    for package in ("common", "state", "handoff"):
-        files.extend(sorted((REPO / package).rglob("*.py")))
+    """Every Python file of the code package (infra/package.py: what .funcignore keeps): function_app.py
+    and every package that runs in Azure (common, state, handoff, management, console, ...)."""
+    spec = importlib.util.spec_from_file_location("settle_package", REPO / "infra" / "package.py")
+    assert spec is not None and spec.loader is not None
+    package = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(spec.name, package)  # dataclasses look their module up while it executes
+    spec.loader.exec_module(package)
+    files = [REPO / rel for rel in package.package_files(REPO) if rel.endswith(".py")]
     return [f for f in files if f.is_file()]
 
 
@@ -126,8 +133,10 @@ def scan_source(text: str, where: str, scan: Scan, shared: dict[str, str] | None
     return scan
 
 
+@cache
 def scan_code() -> Scan:
-    """Scan every source of the app; constants of one module are also known to the others."""
+    """Scan every source of the app; constants of one module are also known to the others (scanned once
+    per process: the code does not change while the checks run)."""
     texts = {path: path.read_text() for path in sources()}
     shared: dict[str, str] = {}
     for text in texts.values():

@@ -44,7 +44,10 @@ elif "--confirm-with-what-if" in args:
     if not sys.stdin.readline().strip().lower().startswith("y"):
         sys.exit(0)
 elif args[:3] == ["deployment", "group", "show"]:
-    print("func-settle-test" if "functionAppName" in joined else "https://func-settle-test.example")
+    if "settlementEndpoints" in joined:
+        print("Billing\nShipping")
+    else:
+        print("func-settle-test" if "functionAppName" in joined else "https://func-settle-test.example")
 elif args[:4] == ["functionapp", "deployment", "source", "config-zip"]:
     shutil.copy(args[args.index("--src") + 1], os.environ["FAKE_AZ_PACKAGE"])
 """
@@ -60,6 +63,7 @@ def token(oid: str) -> str:
 class Run:
     def __init__(self, result: subprocess.CompletedProcess[str], log: Path, package: Path) -> None:
         self.code = result.returncode
+        self.stdout = result.stdout
         self.stderr = result.stderr
         self.calls = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
         self.package = package
@@ -274,3 +278,44 @@ def test_settles_own_checkov_checks_cover_what_checkov_lacks() -> None:
         "properties.allow",
     ):
         assert f"attribute: {attribute}\n" in covered, attribute
+
+
+@pytest.mark.parametrize("name", ["Prod_EU", "dev-", "-dev", "test--eu", "prod eu", "1prod", "a" * 17])
+def test_a_bad_environment_name_stops_the_script_before_any_call(deploy: Deploy, name: str) -> None:
+    # Issue 26: such names failed part-way through a deployment (container and resource names).
+    run = deploy("--yes", "rg-settle", "westeurope", name)
+    assert run.code == 2 and "invalid environment name" in run.stderr, run.stderr
+    assert run.calls == []
+
+
+@pytest.mark.parametrize("name", ["dev", "prod", "test-eu1", "a" * 16])
+def test_good_environment_names_pass_the_check(name: str) -> None:
+    result = subprocess.run(
+        ["bash", str(INFRA / "environment-name.sh"), name], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_azd_checks_the_environment_name_before_it_provisions() -> None:
+    # azd's preprovision hook runs before any resource is created; the same script as deploy.sh.
+    azure = (INFRA.parent / "azure.yaml").read_text()
+    hook = azure.split("preprovision:", 1)[1].split("services:", 1)[0]
+    assert 'run: bash infra/environment-name.sh "$AZURE_ENV_NAME"' in hook
+    result = subprocess.run(
+        ["sh", "-c", 'bash infra/environment-name.sh "$AZURE_ENV_NAME"'],
+        cwd=INFRA.parent,
+        env={**os.environ, "AZURE_ENV_NAME": "Prod_EU"},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 2 and "invalid environment name" in result.stderr
+
+
+def test_the_deployment_says_which_endpoints_settlement_may_send_to(deploy: Deploy) -> None:
+    # Issue 26: Data Sender is granted per listed endpoint topic; a settlement to another endpoint is
+    # refused by Service Bus, so the deployment names the endpoints it covers.
+    run = deploy("--yes", "rg-settle", "westeurope", SETTLE_SKIP_CODE="1")
+    assert run.code == 0, run.stderr
+    assert "settlement may send to these endpoints only: Billing Shipping" in run.stdout
+    assert "add it to the endpoints parameter" in run.stdout

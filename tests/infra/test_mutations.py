@@ -3,7 +3,10 @@ could, and the checks (tests/infra/infracheck.py: syntax, names, types, role IDs
 report it, for the right reason.
 
 The first eight are the edits that kept the old infra tests passing while `az deployment group create`
-failed (issue 12); the rest are ours. The vendored type data is parsed once and shared by every mutant.
+failed (issue 12); then ours, issue 16's log alerts, and the 19 an outside review found that the checks of
+shape let through (issue 26: wrong values and wiring). Each names the check (infracheck.CHECKS) that must
+catch it, so an edit that no check catches fails here. The vendored type data is parsed once and shared
+by every mutant.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import pytest
 
 from tests.infra.armtypes import type_data
 from tests.infra.bicep import INFRA
-from tests.infra.infracheck import check_infra
+from tests.infra.infracheck import CHECKS, check_infra
 from tests.infra.roles import role_table
 
 # Never typed here: read from the verified list, like the Bicep does.
@@ -29,10 +32,11 @@ class Mutation:
     file: str
     edits: tuple[tuple[str, str], ...]  # (text, replacement), each applied to its first occurrence
     expect: str  # a fragment of the error the checks must report
+    check: str  # the check (infracheck.CHECKS) that must report it
 
 
-def edit(id: str, file: str, old: str, new: str, expect: str) -> Mutation:
-    return Mutation(id, file, ((old, new),), expect)
+def edit(id: str, file: str, old: str, new: str, expect: str, check: str) -> Mutation:
+    return Mutation(id, file, ((old, new),), expect, check)
 
 
 MUTATIONS = [
@@ -43,6 +47,7 @@ MUTATIONS = [
         SENDER,
         SENDER[:-12] + "1f3c2552ae39",  # the ID of the failed deployments
         "differ from the verified reference",
+        "roles",
     ),
     edit(
         "site-api-version-that-does-not-exist",
@@ -50,6 +55,7 @@ MUTATIONS = [
         "'Microsoft.Web/sites@2024-04-01' = {",
         "'Microsoft.Web/sites@2024-13-01' = {",
         "API version 2024-13-01 does not exist for Microsoft.Web/sites",
+        "types",
     ),
     edit(
         "deployment-storage-url-with-a-double-slash",
@@ -57,6 +63,7 @@ MUTATIONS = [
         "value: '${hostBlobEndpoint}${deploymentContainerName}'",
         "value: '${hostBlobEndpoint}/${deploymentContainerName}'",
         "deployment.storage.value: must be <account blob endpoint><container name>",
+        "rules",
     ),
     edit(
         "lockDurration-on-the-resolver-subscription",
@@ -64,6 +71,7 @@ MUTATIONS = [
         "    lockDuration: lockDuration\n",
         "    lockDurration: lockDuration\n",
         "resolverSubscription properties.lockDurration: unknown property (did you mean lockDuration?)",
+        "types",
     ),
     edit(
         "site-publicNetworkAccess-Enable",
@@ -71,6 +79,7 @@ MUTATIONS = [
         "publicNetworkAccess: 'Enabled'",
         "publicNetworkAccess: 'Enable'",
         'site properties.publicNetworkAccess: "Enable" is not one of',
+        "types",
     ),
     edit(
         "string-where-an-integer-belongs",
@@ -78,6 +87,7 @@ MUTATIONS = [
         "    maxDeliveryCount: maxDeliveryCount\n",
         "    maxDeliveryCount: '10'\n",
         'properties.maxDeliveryCount: "10" is a string, but an int belongs here',
+        "types",
     ),
     edit(
         "flex-plan-of-kind-elastic",
@@ -85,6 +95,7 @@ MUTATIONS = [
         "  kind: 'functionapp'\n",
         "  kind: 'elastic'\n",
         "a Flex Consumption (FC1) plan is kind functionapp",
+        "rules",
     ),
     edit(
         "primaryEndpoints-tables",
@@ -92,6 +103,7 @@ MUTATIONS = [
         "dataStorage.properties.primaryEndpoints.table\n",
         "dataStorage.properties.primaryEndpoints.tables\n",
         "dataStorage.properties.primaryEndpoints has no property tables (did you mean table?)",
+        "types",
     ),
     # -- ours --
     edit(
@@ -100,6 +112,7 @@ MUTATIONS = [
         "publicNetworkAccess: 'Enabled'",
         "publicNetworkAccess: 'Enable'",
         'hostStorage properties.publicNetworkAccess: "Enable" is not a known value',
+        "types",
     ),
     edit(
         "servicebus-publicNetworkAccess-Enable",
@@ -107,6 +120,7 @@ MUTATIONS = [
         "publicNetworkAccess: 'Enabled'",
         "publicNetworkAccess: 'Enable'",
         'namespace properties.publicNetworkAccess: "Enable" is not a known value',
+        "types",
     ),
     edit(
         "role-id-typed-in-a-module",
@@ -114,6 +128,7 @@ MUTATIONS = [
         "roles['Azure Service Bus Data Sender'])",
         f"'{SENDER}')",
         "typed here: role IDs come from builtin-roles.json by name",
+        "roles",
     ),
     edit(
         "role-name-misspelt",
@@ -123,6 +138,7 @@ MUTATIONS = [
         "roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', "
         "roles['Storage Blob Data Owners'])",
         "'Storage Blob Data Owners' is not a role of builtin-roles.json",
+        "roles",
     ),
     edit(
         "unknown-property-on-the-site",
@@ -130,6 +146,7 @@ MUTATIONS = [
         "    httpsOnly: true\n",
         "    httpsOnlyy: true\n",
         "site properties.httpsOnlyy: unknown property (did you mean httpsOnly?)",
+        "types",
     ),
     Mutation(
         "functionAppConfig-nested-in-siteConfig",
@@ -139,6 +156,7 @@ MUTATIONS = [
             ("    }\n  }\n}\n\n// FTP and basic-auth", "    }\n    }\n  }\n}\n\n// FTP and basic-auth"),
         ),
         "site properties.siteConfig.functionAppConfig: unknown property",
+        "types",
     ),
     edit(
         "bool-as-a-string",
@@ -146,6 +164,7 @@ MUTATIONS = [
         "disableLocalAuth: true",
         "disableLocalAuth: 'true'",
         'properties.disableLocalAuth: "true" is a string, but a bool belongs here',
+        "types",
     ),
     edit(
         "required-principalId-missing",
@@ -153,6 +172,7 @@ MUTATIONS = [
         "  properties: {\n    principalId: principalId\n",
         "  properties: {\n",
         "hostBlobOwner properties.principalId: required property is missing",
+        "types",
     ),
     edit(
         "unknown-module-output",
@@ -160,6 +180,7 @@ MUTATIONS = [
         "identityClientId: identity.outputs.clientId",
         "identityClientId: identity.outputs.clientID",
         "has no output clientID (did you mean clientId?",
+        "types",
     ),
     edit(
         "unknown-resource-property-read",
@@ -167,6 +188,7 @@ MUTATIONS = [
         "identity.properties.principalId",
         "identity.properties.principalID",
         "identity.properties has no property principalID",
+        "types",
     ),
     edit(
         "read-only-property-set",
@@ -174,6 +196,7 @@ MUTATIONS = [
         "    httpsOnly: true\n",
         "    httpsOnly: true\n    defaultHostName: 'settle.example'\n",
         "properties.defaultHostName: read-only property",
+        "types",
     ),
     edit(
         "allowed-sku-that-does-not-exist",
@@ -181,6 +204,7 @@ MUTATIONS = [
         "  'Standard_LRS'\n",
         "  'Standard_LRSS'\n",
         '"Standard_LRSS" is not a known value',
+        "types",
     ),
     edit(
         "container-under-the-table-service",
@@ -188,6 +212,7 @@ MUTATIONS = [
         "  parent: hostBlobs\n",
         "  parent: dataTableService\n",
         "must be a Microsoft.Storage/storageAccounts/blobServices, not a",
+        "types",
     ),
     edit(
         "metric-criteria-discriminator-typo",
@@ -195,6 +220,7 @@ MUTATIONS = [
         "'Microsoft.Azure.Monitor.SingleResourceMultipleMetricCriteria'",
         "'Microsoft.Azure.Monitor.SingleResourceMultipleMetricCriterion'",
         "criteria.odata.type: 'Microsoft.Azure.Monitor.SingleResourceMultipleMetricCriterion' is not one of",
+        "types",
     ),
     edit(
         "metric-alert-severity-as-a-string",
@@ -202,6 +228,7 @@ MUTATIONS = [
         "    severity: 1\n",
         "    severity: 'Error'\n",
         'properties.severity: "Error" is a string, but an int belongs here',
+        "types",
     ),
     edit(
         "lock-level-typo",
@@ -209,6 +236,7 @@ MUTATIONS = [
         "level: 'CanNotDelete'",
         "level: 'CannotDelete'",
         'properties.level: "CannotDelete" is not a known value',
+        "types",
     ),
     edit(
         "diagnostic-settings-api-version-that-does-not-exist",
@@ -216,6 +244,7 @@ MUTATIONS = [
         "'Microsoft.Insights/diagnosticSettings@2021-05-01-preview'",
         "'Microsoft.Insights/diagnosticSettings@2021-05-01'",
         "API version 2021-05-01 does not exist for Microsoft.Insights/diagnosticSettings",
+        "types",
     ),
     edit(
         "rules-of-one-subscription-in-parallel",
@@ -223,6 +252,7 @@ MUTATIONS = [
         "      endpointContinuationRules[i]\n",
         "      endpointSubscriptions[i]\n",
         "are created in parallel (Service Bus answers 409)",
+        "rules",
     ),
     edit(
         "subscriptions-of-one-topic-in-parallel",
@@ -230,6 +260,7 @@ MUTATIONS = [
         "      resolverTopic\n      endpointRetryRules[i]\n",
         "      resolverTopic\n",
         "endpointSubscriptions and fanoutSubscriptions, children of endpointTopics, are created in parallel",
+        "rules",
     ),
     edit(
         "duplicate-detection-setting-not-from-the-topic-flag",
@@ -237,6 +268,7 @@ MUTATIONS = [
         "HANDOFF_DUPLICATE_DETECTION: duplicateDetection ? 'true' : 'false'",
         "HANDOFF_DUPLICATE_DETECTION: 'true'",
         "HANDOFF_DUPLICATE_DETECTION: must be <flag> ? 'true' : 'false'",
+        "rules",
     ),
     edit(
         "module-parameter-misspelt",
@@ -244,6 +276,7 @@ MUTATIONS = [
         "    lockDataAccount: lockDataAccount\n",
         "    lockDataAcount: lockDataAccount\n",
         "has no parameter lockDataAcount (did you mean lockDataAccount?)",
+        "types",
     ),
     edit(
         "parameter-file-value-of-the-wrong-type",
@@ -251,6 +284,7 @@ MUTATIONS = [
         '"value": "settle"',
         '"value": 5',
         "tablePrefix: 5 is an int, but a string belongs here",
+        "types",
     ),
     edit(
         "alwaysReady-count-as-a-string",
@@ -258,6 +292,7 @@ MUTATIONS = [
         "    instanceCount: httpAlwaysReadyInstances\n",
         "    instanceCount: '1'\n",
         'alwaysReady[0].instanceCount: "1" is a string, but an int belongs here',
+        "types",
     ),
     edit(
         "existing-resource-with-a-body",
@@ -265,6 +300,7 @@ MUTATIONS = [
         "existing = {\n  name: hostStorageName\n",
         "existing = {\n  name: hostStorageName\n  location: 'westeurope'\n",
         "hostStorage location: an existing resource takes only name, parent and scope",
+        "types",
     ),
     edit(
         "output-of-the-wrong-type",
@@ -272,6 +308,7 @@ MUTATIONS = [
         "output tableEndpoint string = ",
         "output tableEndpoint int = ",
         "(dataStorage.properties.primaryEndpoints.table) is a string, but an int belongs here",
+        "types",
     ),
     edit(
         "deployment-url-from-the-data-account",
@@ -279,6 +316,7 @@ MUTATIONS = [
         "output hostBlobEndpoint string = hostStorage.properties.primaryEndpoints.blob",
         "output hostBlobEndpoint string = dataStorage.properties.primaryEndpoints.blob",
         "must be a blob container of dataStorage",
+        "rules",
     ),
     # -- issue 16: the log search alerts on Settle's own metrics --
     edit(
@@ -287,6 +325,7 @@ MUTATIONS = [
         "'Microsoft.Insights/scheduledQueryRules@2023-12-01'",
         "'Microsoft.Insights/scheduledQueryRules@2023-12-02'",
         "API version 2023-12-02 does not exist for Microsoft.Insights/scheduledQueryRules",
+        "types",
     ),
     edit(
         "log-alert-failing-periods-typo",
@@ -294,6 +333,7 @@ MUTATIONS = [
         "            failingPeriods: {",
         "            failingPeriod: {",
         "criteria.allOf[0].failingPeriod: unknown property (did you mean failingPeriods?)",
+        "types",
     ),
     edit(
         "log-alert-frequency-as-minutes",
@@ -301,6 +341,7 @@ MUTATIONS = [
         "      evaluationFrequency: 'PT5M'\n      windowSize: alert.windowSize",
         "      evaluationFrequency: 5\n      windowSize: alert.windowSize",
         "properties.evaluationFrequency: 5 is an int, but a string belongs here",
+        "types",
     ),
     edit(
         "log-alert-without-a-location",
@@ -308,6 +349,173 @@ MUTATIONS = [
         "    location: location\n    tags: tags\n    kind: 'LogAlert'",
         "    tags: tags\n    kind: 'LogAlert'",
         "settleSignals location: required property is missing",
+        "types",
+    ),
+    # -- issue 26: wrong values and wiring, not only wrong shapes --
+    edit(
+        "role-assignment-to-the-identity-s-client-id",
+        "main.bicep",
+        "    principalId: identity.outputs.principalId\n",
+        "    principalId: identity.outputs.clientId\n",
+        "must be the principalId (object id) of a managed identity",
+        "wiring",
+    ),
+    edit(
+        "tenant-id-as-the-client-id",
+        "main.bicep",
+        "identityClientId: identity.outputs.clientId",
+        "identityClientId: tenant().tenantId",
+        "must be the clientId of the identity assigned to the app",
+        "wiring",
+    ),
+    edit(
+        "instrumentation-key-as-the-connection-string",
+        "modules/monitoring.bicep",
+        "appInsights.properties.ConnectionString",
+        "appInsights.properties.InstrumentationKey",
+        "APPLICATIONINSIGHTS_CONNECTION_STRING: must be the ConnectionString of an Application Insights",
+        "wiring",
+    ),
+    edit(
+        "setting-the-management-api-reads-renamed",
+        "modules/functionapp.bicep",
+        "  SETTLE_OPERATOR_AUTH: ",
+        "  SETTLE_OPERATOR_AUTHENTICATION: ",
+        "SETTLE_OPERATOR_AUTH: read by management/principal.py, not set",
+        "settings",
+    ),
+    edit(
+        "log-alert-severity-5",
+        "modules/alerts.bicep",
+        "    severity: 1\n    windowSize: 'PT5M'\n",
+        "    severity: 5\n    windowSize: 'PT5M'\n",
+        "properties.severity: 5 (settleLogAlerts[0].severity) is not one of 0, 1, 2, 3, 4",
+        "values",
+    ),
+    edit(
+        "log-alert-window-15m",
+        "modules/alerts.bicep",
+        "    windowSize: 'PT15M'\n",
+        "    windowSize: '15m'\n",
+        "properties.windowSize: '15m' (settleLogAlerts[1].windowSize) is not an ISO 8601 duration",
+        "values",
+    ),
+    edit(
+        "metric-alert-frequency-PT2M",
+        "modules/alerts.bicep",
+        "    evaluationFrequency: 'PT5M'\n",
+        "    evaluationFrequency: 'PT2M'\n",
+        "resolverDeadLetters properties.evaluationFrequency: 'PT2M' is not one of PT1M, PT5M, PT15M",
+        "values",
+    ),
+    edit(
+        "lock-duration-30s",
+        "modules/servicebus.bicep",
+        "param lockDuration string = 'PT30S'",
+        "param lockDuration string = '30s'",
+        "properties.lockDuration: '30s' is not an ISO 8601 duration",
+        "values",
+    ),
+    edit(
+        "lock-duration-PT10M",
+        "modules/servicebus.bicep",
+        "param lockDuration string = 'PT30S'",
+        "param lockDuration string = 'PT10M'",
+        "properties.lockDuration: 'PT10M' is longer than PT5M",
+        "values",
+    ),
+    edit(
+        "storage-metric-category-Transactions",
+        "modules/storage.bicep",
+        "        category: 'Transaction'\n",
+        "        category: 'Transactions'\n",
+        "hostStorageDiagnostics properties.metrics[0].category: 'Transactions' is not a metric category of "
+        "Microsoft.Storage/storageAccounts",
+        "values",
+    ),
+    edit(
+        "request-logs-on-the-storage-account-itself",
+        "modules/storage.bicep",
+        "  scope: hostStorage\n  name: 'to-log-analytics'\n  properties: {\n"
+        "    workspaceId: logAnalyticsWorkspaceId\n",
+        "  scope: hostStorage\n  name: 'to-log-analytics'\n  properties: {\n"
+        "    workspaceId: logAnalyticsWorkspaceId\n"
+        "    logs: [\n      {\n        categoryGroup: 'allLogs'\n        enabled: true\n      }\n    ]\n",
+        "hostStorageDiagnostics properties.logs[0].categoryGroup: Microsoft.Storage/storageAccounts has no "
+        "resource logs",
+        "values",
+    ),
+    edit(
+        "flex-instance-memory-1024",
+        "modules/functionapp.bicep",
+        "        instanceMemoryMB: instanceMemoryMB\n",
+        "        instanceMemoryMB: 1024\n",
+        "instanceMemoryMB: 1024 is not one of 512, 2048, 4096",
+        "values",
+    ),
+    edit(
+        "table-endpoint-of-the-host-account",
+        "modules/storage.bicep",
+        "output tableEndpoint string = dataStorage.properties.primaryEndpoints.table",
+        "output tableEndpoint string = hostStorage.properties.primaryEndpoints.table",
+        "SETTLE_TABLES__tableServiceUri: must be the table endpoint of dataStorage, the account that holds "
+        "the tables",
+        "wiring",
+    ),
+    edit(
+        "data-account-given-the-host-account-s-name",
+        "main.bicep",
+        "    dataStorageName: storage.outputs.dataStorageName\n",
+        "    dataStorageName: storage.outputs.hostStorageName\n",
+        "the app's identity holds no Storage Table Data Contributor on dataStorage",
+        "wiring",
+    ),
+    Mutation(
+        "app-not-waiting-for-its-role-assignments",
+        "main.bicep",
+        (
+            (
+                "  // Start the app only once its identity holds its roles (storage, tables, bus, "
+                "telemetry).\n"
+                "  dependsOn: [\n    rbac\n    serviceBusRbac\n  ]\n",
+                "",
+            ),
+        ),
+        "functionApp does not wait for rbac, which grants roles to its identity",
+        "dependencies",
+    ),
+    edit(
+        "dependency-cycle-across-modules",
+        "main.bicep",
+        "    developerPrincipalType: developerPrincipalType\n  }\n}\n\nmodule functionApp",
+        "    developerPrincipalType: developerPrincipalType\n  }\n  dependsOn: [\n    functionApp\n  ]\n}\n\n"
+        "module functionApp",
+        "dependency cycle: functionApp -> rbac -> functionApp",
+        "dependencies",
+    ),
+    edit(
+        "deploy-takes-enter-for-yes",
+        "deploy.sh",
+        "    y | Y | yes | Yes | YES) ;;\n",
+        '    "" | y | Y | yes | Yes | YES) ;;\n',
+        "deploy.sh: Enter (an empty answer) at the prompt deployed",
+        "deploy-script",
+    ),
+    edit(
+        "deploy-takes-eof-for-yes",
+        "deploy.sh",
+        "answer || true\n",
+        "answer || answer=yes\n",
+        "deploy.sh: end of input (EOF) at the prompt deployed",
+        "deploy-script",
+    ),
+    edit(
+        "deploy-ignores-a-failing-what-if",
+        "deploy.sh",
+        '    az deployment group what-if --resource-group "$rg" --name settle "${params[@]}"\n',
+        '    az deployment group what-if --resource-group "$rg" --name settle "${params[@]}" || true\n',
+        "deploy.sh: a failing what-if, then yes, deployed",
+        "deploy-script",
     ),
 ]
 
@@ -333,9 +541,12 @@ def test_the_unmutated_copy_passes_every_check(infra_copy: Path) -> None:
     assert report.errors == [], report.text()
 
 
-def test_there_are_the_issues_eight_edits_and_at_least_ten_more() -> None:
-    assert len(MUTATIONS) >= 18
+def test_there_are_the_57_edits_of_issues_12_16_and_26_each_with_the_check_that_catches_it() -> None:
+    assert len(MUTATIONS) >= 57
     assert len({m.id for m in MUTATIONS}) == len(MUTATIONS)
+    assert {m.check for m in MUTATIONS} <= set(CHECKS)
+    # Every check proves itself on at least one edit (a check no mutation exercises could be dead).
+    assert {m.check for m in MUTATIONS} == set(CHECKS) - {"syntax"}
 
 
 def test_the_readme_and_the_adr_state_how_many_mistakes_the_checks_catch() -> None:
@@ -350,8 +561,17 @@ def test_each_mutation_is_caught_for_its_reason(mutation: Mutation, infra_copy: 
     # Given a copy of infra/ with one realistic mistake
     apply(mutation, infra_copy)
     # When every infra check runs on it
-    report = check_infra(infra_copy, type_data()).report
-    # Then it fails, and one of its errors names the mistake
-    messages = [str(e) for e in report.errors]
+    result = check_infra(infra_copy, type_data())
+    # Then it fails, and the check named for it reports the mistake
+    messages = [str(e) for e in result.report.errors]
     assert messages, f"{mutation.id} went unnoticed"
-    assert any(mutation.expect in m for m in messages), "\n".join(messages)
+    caught = [str(e) for e in result.by_check[mutation.check].errors]
+    assert any(mutation.expect in m for m in caught), "\n".join(messages)
+
+
+def test_every_value_rule_and_category_table_names_its_source() -> None:
+    # Issue 26: a value rule Azure enforces is never typed from memory; each says where it comes from.
+    from tests.infra.values import CATEGORIES, RULES
+
+    assert RULES and all(len(rule.source) > 40 for rule in RULES)
+    assert CATEGORIES and all(len(c.source) > 40 for c in CATEGORIES.values())

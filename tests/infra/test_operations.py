@@ -53,8 +53,47 @@ def test_data_account_redundancy_is_a_parameter_zrs_by_default_lrs_allowed(trace
     assert main.params["dataStorageSku"].decorators["allowed"] == [["Standard_ZRS", "Standard_LRS"]]
     sku = resource("modules/storage.bicep", "dataStorage").body["sku"]["name"]
     assert trace(tracer, "modules/storage.bicep", sku) == param("dataStorageSku")
-    # The host account stays LRS: its blobs and the package are rebuilt by the host and a redeploy.
-    assert resource("modules/storage.bicep", "hostStorage").body["sku"]["name"] == "Standard_LRS"
+    # The host account is LRS (its blobs and the package are rebuilt by the host and a redeploy), but ZRS
+    # when the plan is zone-redundant (issue 26): a zone outage must not take the host's storage with it.
+    host_sku = trace(
+        tracer, "modules/storage.bicep", resource("modules/storage.bicep", "hostStorage").body["sku"]["name"]
+    )
+    assert host_sku == ("op", "?:", param("zoneRedundant"), ("lit", "Standard_ZRS"), ("lit", "Standard_LRS"))
+    plan = resource("modules/functionapp.bicep", "plan").body["properties"]["zoneRedundant"]
+    assert trace(tracer, "modules/functionapp.bicep", plan) == param("zoneRedundant")
+
+
+def test_every_module_deployment_name_is_unique_to_the_environment(tracer: Tracer) -> None:
+    # Issue 26: fixed names ('identity', 'servicebus', ...) collide between two environments in one resource
+    # group, and with Settle's own deployments in NimBus's resource group (attach mode).
+    main = load_infra(MAIN)
+    names = [trace(tracer, MAIN, m.body["name"]) for m in main.modules]
+    token = trace(tracer, MAIN, main.variables["resourceToken"])
+    assert names and all(n[0] == "concat" and token in n[1:] for n in names), names
+    assert len({n[1] for n in names}) == len(names)  # and distinct from each other
+
+
+def test_the_app_service_token_store_is_off() -> None:
+    # Issue 26: the code never reads a stored token, and the default store is the app's file system.
+    auth = resource("modules/functionapp.bicep", "auth").body["properties"]
+    assert auth["login"]["tokenStore"]["enabled"] is False
+
+
+def test_dead_letters_on_every_endpoint_topic_are_alerted(tracer: Tracer) -> None:
+    # Issue 26: only the Resolver's dead letters were alerted; the fan-out subscriptions of the endpoint
+    # topics (and the endpoints' own) dead-letter too.
+    alert = resource("modules/alerts.bicep", "endpointDeadLetters").body["properties"]
+    [criterion] = alert["criteria"]["allOf"]
+    assert criterion["metricName"] == "DeadletteredMessages" and criterion["threshold"] == 0
+    [dimension] = criterion["dimensions"]
+    assert dimension["name"] == "EntityName"
+    values = trace(tracer, "modules/alerts.bicep", dimension["values"])
+    assert values == trace(
+        tracer,
+        "modules/servicebus.bicep",
+        load_infra("modules/servicebus.bicep").outputs["endpointTopicNames"],
+    )
+    assert values == param("endpoints")
 
 
 def test_data_account_has_a_cannotdelete_lock_on_by_default_except_for_dev(tracer: Tracer) -> None:
@@ -109,7 +148,12 @@ def test_alerts_for_resolver_dead_letters_function_failures_and_throttling(trace
     alerts = {
         a.symbol: a for a in load_infra("modules/alerts.bicep").of_type("Microsoft.Insights/metricAlerts")
     }
-    assert set(alerts) == {"resolverDeadLetters", "functionFailures", "serviceBusThrottling"}
+    assert set(alerts) == {
+        "resolverDeadLetters",
+        "endpointDeadLetters",
+        "functionFailures",
+        "serviceBusThrottling",
+    }
 
     def criterion(symbol: str) -> dict[str, Any]:
         [only] = alerts[symbol].body["properties"]["criteria"]["allOf"]

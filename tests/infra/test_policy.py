@@ -275,7 +275,7 @@ def test_role_assignments_live_only_in_the_rbac_modules() -> None:
 
 def test_every_role_assignment_is_named_by_guid_of_its_scope_and_has_a_principal_type() -> None:
     assignments = role_assignments()
-    assert len(assignments) == 9
+    assert len(assignments) == 10
     for path, a in assignments:
         name = a.body["name"]
         assert isinstance(name, Expr) and name.text.startswith("guid("), a.symbol
@@ -293,7 +293,7 @@ def test_every_role_assignment_is_named_by_guid_of_its_scope_and_has_a_principal
 
 
 def test_the_app_identity_holds_exactly_the_narrow_roles() -> None:
-    grants = check_infra().grants
+    grants = [g for g in check_infra().grants if g.symbol != "resolverScaleReader"]  # opt-in, below
     granted = {(g.file, g.role, g.scope.split("[")[0]) for g in grants if g.principal == "principalId"}
     assert granted == {
         ("modules/rbac.bicep", "Storage Blob Data Owner", "hostStorage"),
@@ -319,7 +319,28 @@ def test_the_app_identity_holds_exactly_the_narrow_roles() -> None:
 
 
 def test_no_broad_role_is_granted_anywhere() -> None:
-    assert {g.role for g in check_infra().grants} & BROAD_ROLES == set()
+    opt_in = {"resolverScaleReader"}  # Data Owner on the resolver subscription, off by default (below)
+    assert {g.role for g in check_infra().grants if g.symbol not in opt_in} & BROAD_ROLES == set()
+
+
+def test_target_based_scaling_is_an_opt_in_data_owner_on_the_resolver_subscription_only() -> None:
+    # Issue 26 / ADR-0014: the target-based scaler needs Manage; Data Owner is the only built-in data role
+    # with it, so it is granted on the one subscription the resolver reads, and only when asked for.
+    [grant] = [g for g in check_infra().grants if g.role == "Azure Service Bus Data Owner"]
+    assert (grant.file, grant.symbol, grant.scope, grant.principal) == (
+        "modules/servicebus-rbac.bicep",
+        "resolverScaleReader",
+        "resolverSubscription",
+        "principalId",
+    )
+    reader = load_infra("modules/servicebus-rbac.bicep").resource("resolverScaleReader")
+    assert reader.condition is not None and reader.condition.text.strip("()") == "resolverTargetBasedScaling"
+    assert load_infra("main.bicep").params["resolverTargetBasedScaling"].default is False
+    main = {m.symbol: m for m in load_infra("main.bicep").modules}
+    assert (
+        main["serviceBusRbac"].body["params"]["resolverTargetBasedScaling"].text
+        == "resolverTargetBasedScaling"
+    )
 
 
 def test_developer_access_is_optional_and_off_by_default() -> None:

@@ -7,6 +7,7 @@ The report of the real infra/ is printed (``pytest -s``, or ``make infra-types``
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -275,3 +276,26 @@ def test_types_that_do_not_exist_or_are_not_vendored(tmp_path: Path) -> None:
     errors = check(tmp_path, files)
     assert any("resource type Microsoft.Web/sitez does not exist" in e for e in errors), errors
     assert any("Microsoft.Web/sites@2025-03-01 exists but its type data is not vendored" in e for e in errors)
+
+
+def test_members_of_a_literal_array_a_loop_iterates_are_type_checked(tmp_path: Path) -> None:
+    # Issue 26: `for alert in settleLogAlerts: { severity: alert.severity }` was skipped as "loop variable".
+    root = tmp_path / "infra"
+    shutil.copytree(INFRA, root)
+    alerts = root / "modules" / "alerts.bicep"
+    text = alerts.read_text()
+    assert "    severity: 2\n    windowSize: 'PT15M'\n" in text
+    alerts.write_text(
+        text.replace(
+            "    severity: 2\n    windowSize: 'PT15M'\n", "    severity: 'High'\n    windowSize: 'PT15M'\n", 1
+        )
+    )
+    report = type_check(root, type_data())
+    assert any(
+        "settleSignals properties.severity" in str(e)
+        and '"High" (alert.severity, item 1) is a string, but an int belongs here' in str(e)
+        for e in report.errors
+    ), report.text()
+    # and the unmutated alert list is checked, not skipped
+    clean = type_check(INFRA, type_data())
+    assert not [s for s in clean.skipped if "alert." in str(s) and "loop variable" in str(s)]

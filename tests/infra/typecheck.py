@@ -306,8 +306,13 @@ class Checker:
             return dict(ctx.loop_vars)
         scope = dict(ctx.loop_vars)
         items = self.infer(expr_node(loop.iterable.text), ctx)
-        if isinstance(items, Known) and isinstance(items.value, list) and items.value:
-            element: SType = self.join([Known(v) for v in items.value], f"item of {loop.iterable.text}")
+        raw = ctx.unit.file.variables.get(loop.iterable.text.strip())
+        if isinstance(raw, list) and raw and all(isinstance(v, dict) for v in raw):
+            # A literal array of objects whose members may be expressions (the alert list): each item is
+            # kept, so that ``item.member`` is checked as every item's member (apply_steps).
+            element: SType = Prim("object", f"item of {loop.iterable.text}", tuple(raw))
+        elif isinstance(items, Known) and isinstance(items.value, list) and items.value:
+            element = self.join([Known(v) for v in items.value], f"item of {loop.iterable.text}")
         elif isinstance(items, Prim) and items.why.startswith("range("):
             element = Prim("int", "range() item")
         else:
@@ -485,6 +490,11 @@ class Checker:
 
     # The one comparison of a static type with an expected type.
     def compare(self, st: SType, ref: Ref, ctx: Ctx, text: str) -> None:
+        if isinstance(st, Prim) and st.kind == "each" and st.choices is not None:
+            for i, member in enumerate(st.choices):
+                shown = json.dumps(member.value) if isinstance(member, Known) else "?"
+                self.compare(member, ref, ctx, f"{shown} ({text}, item {i})")
+            return
         node = self.types.node(ref)
         kind = node["$type"]
         if kind in ("AnyType", "ResourceFunctionType"):
@@ -967,6 +977,25 @@ class Checker:
         for step, arg in steps:
             if isinstance(st, Arm):
                 return self.walk_type(st.ref, [(step, arg)], ctx, st.why, errors)
+            if isinstance(st, Prim) and st.kind == "object" and st.choices and step == "prop":
+                # An item of a literal array of objects (loop_scope): the member of every item.
+                objects = [c for c in st.choices if isinstance(c, dict)]
+                missing = [i for i, c in enumerate(objects) if arg not in c]
+                if missing or len(objects) != len(st.choices):
+                    if errors is not None and missing:
+                        keys = sorted({k for c in objects for k in c if isinstance(k, str)})
+                        errors.append(
+                            f"{label}: item {missing[0]} of it has no key {arg!r}{suggestion(arg, keys)}"
+                        )
+                    return Unknown(f"member {arg} of {label}: not in every item")
+                plain = replace(ctx, loop_vars={})
+                members = [self.static_of_value(c[arg], plain, f"{st.why}.{arg}") for c in objects]
+                joined = self.join(members, f"{st.why}.{arg}")
+                if isinstance(joined, Unknown) and all(isinstance(m, Known) for m in members):
+                    # Items of different kinds (one a string where the others are ints): compare each.
+                    joined = Prim("each", f"{st.why}.{arg}", tuple(members))
+                st, label = joined, f"{label}.{arg}"
+                continue
             if isinstance(st, Known):
                 key: Any = arg if step == "prop" else None
                 if step == "index":
