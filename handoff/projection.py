@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
+from common.errors import KeyTooLong
 from handoff import counts, guard, keys
 from handoff.contract import InboundMessage, MessageType, ResolutionStatus
 from handoff.records import EventRow, HistoryRow
@@ -56,6 +57,7 @@ def history_row(m: InboundMessage, *, now: datetime, sequence: int) -> HistoryRo
         delivery_count=m.delivery_count,
         throttle_retry_count=m.throttle_retry_count or None,
         recorded_at=now,
+        input_notes="\n".join(m.input_notes) or None,
         sequence=sequence,
     )
 
@@ -108,6 +110,18 @@ def project(m: InboundMessage, current: EventRow | None, *, now: datetime) -> Pr
         if group
         else None
     )
+    notes = list(m.input_notes)
+    job_key = None
+    if parked and m.external_job_id:
+        try:
+            job_key = keys.job_row(m.external_job_id, m.event_id)
+        except KeyTooLong:
+            # NimBus stores the id; the park is kept (and settles by its coordinates), only the lookup by
+            # job id cannot find it.
+            notes.append(
+                "ExternalJobId is too long for the job index (a Table Storage key holds 1 KiB): "
+                "kept on the row, but the job lookup cannot find this park."
+            )
     row = EventRow(
         updated_at=now,
         enqueued_time_utc=m.enqueued_time_utc,
@@ -138,11 +152,12 @@ def project(m: InboundMessage, current: EventRow | None, *, now: datetime) -> Pr
         handoff_reason=m.handoff_reason,
         external_job_id=m.external_job_id,
         expected_by=m.expected_by,
+        input_notes="\n".join(notes) or None,
         request_enqueued_at=request_at,
         handoff_seen=handoff_seen,
         history_count=(current.history_count if current else 0) + 1,
         queue_key=keys.queue_row(m.enqueued_time_utc, m.event_id) if parked else None,
-        job_key=keys.job_row(m.external_job_id, m.event_id) if parked and m.external_job_id else None,
+        job_key=job_key,
         expiry_key=keys.expiry_row(m.expected_by, m.event_id) if parked and m.expected_by else None,
         counted=True,
         all_key=keys.all_events_row(now, m.event_id),
