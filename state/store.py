@@ -729,7 +729,7 @@ def _is_version(entity: dict[str, Any], new: dict[str, Any]) -> bool:
 def _same_value(read: Any, written: Any) -> bool:
     if isinstance(read, datetime) and isinstance(written, datetime):
         return epoch_ms(read) == epoch_ms(written)
-    return getattr(read, "value", read) == getattr(written, "value", written)
+    return bool(getattr(read, "value", read) == getattr(written, "value", written))
 
 
 def _noted(current: Head | None, head: Head) -> Head:
