@@ -133,6 +133,24 @@ def to_ms(value: datetime) -> datetime:
     return value.replace(microsecond=value.microsecond - value.microsecond % 1000)
 
 
+# What Table Storage's DateTime holds (``reference/idempotency-anchors.md`` §4.1: UTC, from 1601-01-01),
+# up to the last instant a datetime holds.
+STORABLE_FROM = datetime(1601, 1, 1, tzinfo=UTC)
+STORABLE_UNTIL = datetime.max.replace(tzinfo=UTC)
+
+
+def storable_utc(value: datetime) -> datetime | None:
+    """``value`` in UTC (naive = UTC) within what Table Storage holds: past the end (year 9999 with a
+    negative offset is year 10000 in UTC) it is the last instant; before 1601 it is None. Never raises."""
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    try:
+        utc = value.astimezone(UTC)
+    except OverflowError:  # beyond year 1 or 9999 once in UTC
+        return STORABLE_UNTIL if value.year > 1 else None
+    return utc if utc >= STORABLE_FROM else None
+
+
 def iso(value: datetime) -> str:
     """ISO-8601 UTC with a ``Z``, millisecond precision."""
     return value.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
