@@ -27,6 +27,8 @@ class Projection:
     row: EventRow | None
     request_enqueued_at: datetime | None
     handoff_seen: bool
+    # Why a refusal was not the usual stale one (the Resolver Comment says it instead).
+    refusal: str | None = None
 
 
 def history_row(m: InboundMessage, *, now: datetime, sequence: int) -> HistoryRow:
@@ -86,6 +88,15 @@ def project(m: InboundMessage, current: EventRow | None, *, now: datetime) -> Pr
         if current
         else None
     )
+    if current is not None and other_session_than_park(m, current):
+        # One row per (endpoint, event), where NimBus keeps one per session: another session's message
+        # never replaces a park (it would vanish from ``next`` and could no longer be settled). It is kept
+        # in the history, with a Comment saying so (docs/tables.md, "Sessions").
+        refusal = (
+            f"Kept the park of session {current.session_id!r}: {m.message_type.name} {m.message_id} of "
+            f"session {m.session_id!r} for the same event is recorded in the history only."
+        )
+        return Projection(status, False, None, request_at, handoff_seen, refusal)
     if not guard.allows(status, m.message_type, m.message_id, current_view):
         return Projection(status, False, None, request_at, handoff_seen)
 
@@ -168,6 +179,16 @@ def project(m: InboundMessage, current: EventRow | None, *, now: datetime) -> Pr
         since_at=since_at,
     )
     return Projection(status, True, row, request_at, handoff_seen)
+
+
+def other_session_than_park(m: InboundMessage, current: EventRow) -> bool:
+    """Is ``m`` another session's message for an event parked (Pending+Handoff) in a session?"""
+    return (
+        current.is_pending_handoff
+        and current.session_id is not None
+        and m.session_id is not None
+        and m.session_id != current.session_id
+    )
 
 
 def stale_comment(m: InboundMessage) -> str:

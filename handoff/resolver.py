@@ -280,7 +280,13 @@ class ResolverService:
                 ops += self._applied_ops(pk, decision.row, current)
             else:
                 ops += self._refused_ops(
-                    pk, m, current, decision.request_enqueued_at, decision.handoff_seen, sequence
+                    pk,
+                    m,
+                    current,
+                    decision.request_enqueued_at,
+                    decision.handoff_seen,
+                    sequence,
+                    comment=decision.refusal,
                 )
             if m.message_type is MessageType.RetryRequest:
                 ops.append(self._retry_audit(pk, m, now))
@@ -418,6 +424,8 @@ class ResolverService:
         request_at: datetime | None,
         seen: bool,
         sequence: int,
+        *,
+        comment: str | None = None,
     ) -> list[Operation]:
         assert current is not None  # only an existing row can refuse
         now = self.clock()
@@ -425,7 +433,7 @@ class ResolverService:
             auditor_name=RESOLVER_AUDITOR,
             audit_timestamp=now,
             audit_type="Comment",
-            data=stale_comment(m),
+            data=comment or stale_comment(m),
             event_id=m.event_id,
             endpoint_id=m.endpoint_id,
             event_type_id=m.event_type_id,

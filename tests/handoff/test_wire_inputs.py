@@ -137,3 +137,38 @@ def test_a_large_terminal_response_settles_whatever_its_script(call, flow: Flow,
     assert resolver.handle(done) is Outcome.APPLIED
     row = event_of(call, flow)
     assert row["resolutionStatus"] == "Completed"
+
+
+# --- item 8: one row per (endpoint, event); a park is never lost to another session's message -------
+
+
+def test_a_failure_in_another_session_does_not_take_the_park_away(call, flow: Flow) -> None:
+    resolver = service.resolver_service()
+    assert resolver.handle(flow.request(session_id="A")) is Outcome.APPLIED
+    assert resolver.handle(flow.park(session_id="A")) is Outcome.APPLIED
+    # the same EventId fails in session B (NimBus would keep a second row for it)
+    failed = flow.response(
+        MessageType.ErrorResponse, message_id="err-B", session_id="B", event_json=None, error_text="boom"
+    )
+    assert resolver.handle(failed) is Outcome.REFUSED
+    row = event_of(call, flow)
+    assert (row["resolutionStatus"], row["pendingSubStatus"], row["sessionId"]) == ("Pending", "Handoff", "A")
+    assert [h["messageId"] for h in row["history"]][-1] == "err-B"  # kept, in order
+    [comment] = [a for a in row["audits"] if a["auditType"] == "Comment"]
+    assert "session" in comment["data"] and "B" in comment["data"] and "A" in comment["data"]
+    # the park is still offered and still settles
+    nxt = call("handoff_next", method="GET", route_params={"endpointId": flow.endpoint})
+    assert nxt.status == 200 and nxt.json["coordinates"]["eventId"] == flow.event_id
+    done = flow.response(MessageType.ResolutionResponse, message_id="done-A", session_id="A")
+    assert resolver.handle(done) is Outcome.APPLIED
+    assert event_of(call, flow)["resolutionStatus"] == "Completed"
+
+
+def test_a_message_of_another_session_applies_once_nothing_is_parked(call, flow: Flow) -> None:
+    resolver = service.resolver_service()
+    assert resolver.handle(flow.request(session_id="A")) is Outcome.APPLIED
+    failed = flow.response(
+        MessageType.ErrorResponse, message_id="err-B", session_id="B", event_json=None, error_text="boom"
+    )
+    assert resolver.handle(failed) is Outcome.APPLIED
+    assert event_of(call, flow)["resolutionStatus"] == "Failed"
