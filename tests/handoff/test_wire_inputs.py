@@ -172,3 +172,28 @@ def test_a_message_of_another_session_applies_once_nothing_is_parked(call, flow:
     )
     assert resolver.handle(failed) is Outcome.APPLIED
     assert event_of(call, flow)["resolutionStatus"] == "Failed"
+
+
+# --- item 14 on the hand-off side: a table deleted by hand is a 503 naming it, and retried, never poison ---
+
+
+def test_a_missing_events_table_is_a_503_and_the_resolver_retries_instead_of_poisoning(
+    call, fresh_tables: str, flow: Flow, no_sleep: list[float]
+) -> None:
+    from common import runtime
+    from handoff.keys import EVENTS_TABLE
+
+    resolver = service.resolver_service()
+    assert resolver.handle(flow.request()) is Outcome.APPLIED
+    tables = runtime.tables()
+    tables._service_client().delete_table(tables.table(EVENTS_TABLE).table_name)
+    for name, route in [
+        ("handoff_next", {"endpointId": flow.endpoint}),
+        ("event_get", {"endpointId": flow.endpoint, "eventId": flow.event_id}),
+    ]:
+        answer = call(name, method="GET", route_params=route)
+        assert answer.status == 503, (name, answer.status, answer.body[:300])
+        assert "does not exist" in answer.json["detail"]
+    resolver.redelivery = lambda: None
+    with pytest.raises(Exception, match="transiently"):
+        resolver.handle(flow.park())
