@@ -25,6 +25,9 @@ from typing import Any
 from azure.core.pipeline.policies import SansIOHTTPPolicy
 
 _WINDOW_S = 60.0
+# Before any storage response, how far the local clock is trusted to be from the storage clock (NTP-synced
+# hosts are within a second; the first storage request of a process replaces this with a measurement).
+UNSAMPLED_UNCERTAINTY_S = 5.0
 _MAX_SAMPLES = 64
 _SENT = "settle_clock_sent"
 
@@ -62,6 +65,13 @@ class ServerClock:
     def now(self) -> datetime:
         return datetime.fromtimestamp(time.time() + self._offset_s, tz=UTC)
 
+    def uncertainty_s(self) -> float:
+        """How far :meth:`now` may be from the storage clock: half the offset interval's width (about
+        0.5 s after one response, a round trip once samples at different phases of the second narrowed it),
+        or ``UNSAMPLED_UNCERTAINTY_S`` before any response (the local clock is all there is)."""
+        width = self.width_s
+        return UNSAMPLED_UNCERTAINTY_S if width == float("inf") else width / 2
+
 
 class ServerClockPolicy(SansIOHTTPPolicy[Any, Any]):
     """azure-core policy that feeds each response's ``Date`` header to a :class:`ServerClock`."""
@@ -93,6 +103,18 @@ def utcnow() -> datetime:
     return SERVER_CLOCK.now()
 
 
+def earliest_now() -> datetime:
+    """The earliest the storage clock may read now: judge "has it expired?" by this before acting on
+    someone else's expiry (a takeover, catch-up failing a lock), so an uncertain estimate waits instead."""
+    return SERVER_CLOCK.now() - timedelta(seconds=SERVER_CLOCK.uncertainty_s())
+
+
+def latest_now() -> datetime:
+    """The latest the storage clock may read now: judge "is my lock still valid?" by this (the fence), so
+    an uncertain estimate stops writing before the lock may have ended."""
+    return SERVER_CLOCK.now() + timedelta(seconds=SERVER_CLOCK.uncertainty_s())
+
+
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
@@ -109,6 +131,24 @@ def from_epoch_ms(ms: int) -> datetime:
 def to_ms(value: datetime) -> datetime:
     """``value`` truncated to the millisecond (what Settle stores, and what tokens and index keys carry)."""
     return value.replace(microsecond=value.microsecond - value.microsecond % 1000)
+
+
+# What Table Storage's DateTime holds (``reference/idempotency-anchors.md`` §4.1: UTC, from 1601-01-01),
+# up to the last instant a datetime holds.
+STORABLE_FROM = datetime(1601, 1, 1, tzinfo=UTC)
+STORABLE_UNTIL = datetime.max.replace(tzinfo=UTC)
+
+
+def storable_utc(value: datetime) -> datetime | None:
+    """``value`` in UTC (naive = UTC) within what Table Storage holds: past the end (year 9999 with a
+    negative offset is year 10000 in UTC) it is the last instant; before 1601 it is None. Never raises."""
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    try:
+        utc = value.astimezone(UTC)
+    except OverflowError:  # beyond year 1 or 9999 once in UTC
+        return STORABLE_UNTIL if value.year > 1 else None
+    return utc if utc >= STORABLE_FROM else None
 
 
 def iso(value: datetime) -> str:

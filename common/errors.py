@@ -106,6 +106,20 @@ class Unavailable(SettleError):
         return {"Retry-After": str(self.retry_after)}
 
 
+class StorageAnswerUnreadable(Exception):
+    """Storage answered 2xx with a body that is not UTF-8 (``common.tables.StorageAnswerCheck``): what it
+    said cannot be known, so it is transient (ask again), never read as an empty or partial answer."""
+
+
+class StorageTableMissing(Exception):
+    """Storage answered 404 TableNotFound: one of Settle's tables is gone (deleted by hand). Not "no such
+    record": storage could not say, so nothing is answered as absent (503 naming the table; retried)."""
+
+    def __init__(self, table: str) -> None:
+        super().__init__(f"Settle's table {table!r} does not exist in storage (deleted?).")
+        self.table = table
+
+
 def is_unreadable_answer(exc: BaseException) -> bool:
     """An answer that arrived but could not be read: cut short or undecodable. Transient (ask again).
 
@@ -119,7 +133,7 @@ def is_unreadable_answer(exc: BaseException) -> bool:
     for _ in range(8):  # causes are short; a cycle must not loop forever
         if seen is None:
             return False
-        if isinstance(seen, DecodeError):  # IncompleteReadError is one too
+        if isinstance(seen, DecodeError | StorageAnswerUnreadable):  # IncompleteReadError is one too
             return True
         if (
             isinstance(seen, HttpResponseError)
@@ -154,6 +168,8 @@ def is_transient_storage_fault(exc: BaseException) -> bool:
     ):
         return True
     if is_unreadable_answer(exc):  # IncompleteReadError and DecodeError, an undecodable 200 included
+        return True
+    if isinstance(exc, StorageTableMissing):  # a deployment fault (a table deleted): never the message's
         return True
     if isinstance(exc, HttpResponseError):
         code = exc.status_code

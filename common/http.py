@@ -13,6 +13,8 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
+import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -26,6 +28,7 @@ from common.errors import (
     InvalidJson,
     PayloadTooLarge,
     SettleError,
+    StorageTableMissing,
     Unavailable,
     is_unreadable_answer,
 )
@@ -139,13 +142,74 @@ def parse_body(req: func.HttpRequest, model: type[M]) -> M:
     except UnicodeDecodeError as exc:
         raise InvalidJson("The body is not UTF-8.", field="body") from exc
     try:
-        return model.model_validate_json(text)
+        parsed = model.model_validate_json(text)
     except ValidationError as exc:
         if any(e["type"] == "json_invalid" for e in exc.errors()):
             raise InvalidJson("The body is not valid JSON.", field="body") from exc
         if any(e["type"] == "model_type" and not e["loc"] for e in exc.errors()):
             raise InvalidInput("The body must be a JSON object.", field="body") from exc
         raise validation_problem(exc) from exc
+    refuse_non_finite(text)
+    return parsed
+
+
+# What a number JSON cannot carry might look like: NaN / Infinity (accepted by Python's and pydantic's
+# parsers, not by JSON), or a number too large for a double (a 3-digit exponent, 309+ digits).
+_NON_FINITE_HINT = re.compile(r"NaN|Infinity|[eE][+-]?\d{3}|\d{309}")
+
+
+class _NonFinite:
+    pass
+
+
+def refuse_non_finite(text: str) -> None:
+    """A 400 naming the field when the JSON ``text`` holds NaN, ±Infinity or a number beyond a double
+    (``1e400``): stored, they are not JSON and read back as null. Costs a second parse only when the text
+    looks like it might (see ``_NON_FINITE_HINT``)."""
+    if not _NON_FINITE_HINT.search(text):
+        return
+    marker = _NonFinite()
+
+    def number(raw: str) -> Any:
+        value = float(raw)
+        return value if math.isfinite(value) else marker
+
+    try:
+        data = json.loads(
+            text, parse_constant=lambda _: marker, parse_float=number, parse_int=_int_or(marker)
+        )
+    except (ValueError, RecursionError):
+        return  # the model's own parser accepted it; nothing more to say here
+    path = _path_to(data, marker, "")
+    if path is not None:
+        raise InvalidInput(
+            f"{path or 'body'}: NaN, Infinity and numbers beyond a double (such as 1e400) are not JSON; "
+            "send a finite number (or a string).",
+            field=path or "body",
+        )
+
+
+def _int_or(marker: object) -> Callable[[str], Any]:
+    def parse(raw: str) -> Any:
+        if len(raw.lstrip("-")) < 309:
+            return int(raw)
+        return marker if not math.isfinite(float(raw)) else int(raw)
+
+    return parse
+
+
+def _path_to(data: Any, marker: object, path: str) -> str | None:
+    """The field path (``data.amounts[1]``) of the first ``marker`` in ``data``, if any."""
+    stack: list[tuple[Any, str]] = [(data, path)]
+    while stack:
+        value, at = stack.pop()
+        if value is marker:
+            return at
+        if isinstance(value, dict):
+            stack.extend((v, f"{at}.{k}" if at else str(k)) for k, v in reversed(list(value.items())))
+        elif isinstance(value, list):
+            stack.extend((v, f"{at}[{i}]") for i, v in reversed(list(enumerate(value))))
+    return None
 
 
 def parse_model(data: Any, model: type[M], *, field: str) -> M:
@@ -192,6 +256,13 @@ def dependency_problem(exc: Exception) -> SettleError | None:
         ServiceResponseError,
     )
 
+    if isinstance(exc, StorageTableMissing):
+        log.error("storage has no table %r: it was deleted; redeploy (or restart) to recreate it", exc.table)
+        return Unavailable(
+            f"Storage could not answer: Settle's table {exc.table!r} does not exist (was it deleted?). "
+            "Nothing was read or written; an operator must restore it.",
+            retry_after=30,
+        )
     if isinstance(exc, ServiceRequestError | ServiceResponseError | TimeoutError | ConnectionError):
         return Unavailable("Storage is unreachable; retry with backoff.", retry_after=_retry_after(exc, 1))
     if is_unreadable_answer(exc):

@@ -12,13 +12,57 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from azure.core.pipeline.policies import SansIOHTTPPolicy
+
 from common.clock import SERVER_CLOCK, ServerClockPolicy
+from common.errors import StorageAnswerUnreadable, StorageTableMissing
 from common.roundtrips import ROUND_TRIPS
 from common.settings import TableSettings
 from common.telemetry import STORAGE_RETRIES
 
 if TYPE_CHECKING:
     from azure.data.tables import TableClient, TableServiceClient
+
+
+class StorageAnswerCheck(SansIOHTTPPolicy[Any, Any]):
+    """Refuses storage answers the SDK would misread, once per attempt, before the SDK reads them:
+
+    * a 2xx whose body is not UTF-8 (the SDK would decode it with replacement characters and hand back
+      an entity missing its columns): :class:`~common.errors.StorageAnswerUnreadable`, transient (503);
+    * 404 ``TableNotFound`` (a table deleted by hand; the SDK reports it like a missing row, which would
+      read as "no record"): :class:`~common.errors.StorageTableMissing`, 503 naming the table.
+    """
+
+    def on_response(self, request: Any, response: Any) -> None:
+        http = response.http_response
+        status = http.status_code
+        if status == 404 and "/Tables" not in request.http_request.url:  # table management keeps its 404s
+            code = http.headers.get("x-ms-error-code") or ""
+            if code == "TableNotFound" or (not code and b"TableNotFound" in _body(http)):
+                raise StorageTableMissing(_table_of(request.http_request.url))
+        elif 200 <= status < 300:
+            try:
+                _body(http).decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise StorageAnswerUnreadable(
+                    f"Storage answered {status} with a body that is not UTF-8."
+                ) from exc
+
+
+def _body(http: Any) -> bytes:
+    try:
+        body = http.body()
+    except Exception:  # a streamed answer: nothing to check here
+        return b""
+    return body if isinstance(body, bytes) else b""
+
+
+def _table_of(url: str) -> str:
+    path = url.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
+    return path.split("(", 1)[0] or "?"
+
+
+STORAGE_ANSWER_CHECK = StorageAnswerCheck()
 
 # A storage call that hangs must not hold a Function invocation for minutes.
 _TIMEOUTS = {"connection_timeout": 10, "read_timeout": 30}
@@ -47,7 +91,13 @@ class Tables:
         if self._service is None:
             from azure.data.tables import TableServiceClient
 
-            per_retry = [ROUND_TRIPS, STORAGE_RETRIES, ServerClockPolicy(SERVER_CLOCK), *self._policies]
+            per_retry = [
+                ROUND_TRIPS,
+                STORAGE_RETRIES,
+                ServerClockPolicy(SERVER_CLOCK),
+                STORAGE_ANSWER_CHECK,
+                *self._policies,
+            ]
             kwargs: dict[str, Any] = {"per_retry_policies": per_retry, **_TIMEOUTS, **self._client_options}
             if self.settings.connection_string:
                 self._service = TableServiceClient.from_connection_string(

@@ -462,8 +462,11 @@ def _extract(carrier: Mapping[str, Any] | None) -> Context | None:
     state = _text(carrier.get(TRACESTATE))
     if state:
         fields[TRACESTATE] = state
-    context = TraceContextTextMapPropagator().extract(fields)
-    return context if trace.get_current_span(context).get_span_context().is_valid else None
+    try:  # a malformed header from the wire is no parent, never an error
+        context = TraceContextTextMapPropagator().extract(fields)
+        return context if trace.get_current_span(context).get_span_context().is_valid else None
+    except Exception:
+        return None
 
 
 def _text(value: Any) -> str | None:

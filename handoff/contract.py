@@ -8,6 +8,7 @@ application properties are PascalCase, and the body is the Newtonsoft-default ``
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -65,17 +66,19 @@ class MessageType(Enum):
 
     @classmethod
     def parse(cls, raw: object) -> MessageType | None:
-        """Like .NET ``Enum.TryParse``: the exact (case-sensitive) name, or a numeric string."""
+        """Like .NET ``Enum.TryParse``: the exact (case-sensitive) name, or a numeric string.
+
+        Numbers as .NET reads an Int32: ASCII digits only (``²``, ``①``, ``١٢`` are not numbers there),
+        one optional sign, surrounding white space; anything else, or out of range, is no type. Never raises.
+        """
         if isinstance(raw, int) and not isinstance(raw, bool):
             return next((m for m in cls if m.value == raw), None)
         if not isinstance(raw, str):
             return None
         if raw in cls.__members__:
             return cls[raw]
-        text = raw.strip()
-        if text.lstrip("+-").isdigit():
-            return next((m for m in cls if m.value == int(text)), None)
-        return None
+        number = ascii_int(raw)
+        return next((m for m in cls if m.value == number), None) if number is not None else None
 
 
 _REQUESTS = frozenset(
@@ -197,6 +200,8 @@ class InboundMessage(BaseModel):
     expected_by: datetime | None
     content: MessageContent
     body_text: str
+    # What Settle had to change to store a header (kept on the rows as ``InputNotes``).
+    input_notes: tuple[str, ...] = ()
 
     @property
     def endpoint_id(self) -> str:
@@ -204,6 +209,21 @@ class InboundMessage(BaseModel):
         endpoint = self.to if self.message_type.is_request else self.from_
         assert endpoint  # parse() refuses messages without it
         return endpoint
+
+
+# .NET ``int.Parse`` with the invariant culture: white space, one sign, ASCII digits (``str.isdigit`` and
+# ``int()`` also take superscripts and other scripts' digits, which .NET refuses).
+_ASCII_INT = re.compile(r"[ \t\n\v\f\r]*([+-]?[0-9]{1,19})[ \t\n\v\f\r]*\Z")
+_INT64_RANGE = range(-(2**63), 2**63)
+
+
+def ascii_int(text: str) -> int | None:
+    """``text`` as .NET reads an integer (within Int64), else None; never raises."""
+    match = _ASCII_INT.match(text)
+    if match is None:
+        return None
+    value = int(match.group(1))
+    return value if value in _INT64_RANGE else None
 
 
 def _text(value: object) -> str | None:
@@ -219,24 +239,60 @@ def parse_int(value: object) -> int | None:
     """An integer property, or None when absent or not a number (NimBus reads those as unset)."""
     if value is None or isinstance(value, bool):
         return None
+    if isinstance(value, int):
+        return value
     try:
-        return int(str(value).strip())
-    except ValueError:
+        return ascii_int(str(value))
+    except Exception:  # a property whose str() fails is as unset as one that is not a number
         return None
+
+
+# Table Storage's DateTime range (``reference/idempotency-anchors.md`` §4.1: "DateTime (UTC, ≥ 1601-01-01)")
+# up to the last instant Python (and .NET) can hold.
+STORABLE_FROM = datetime(1601, 1, 1, tzinfo=UTC)
+STORABLE_UNTIL = datetime.max.replace(tzinfo=UTC)
 
 
 def parse_expected_by(value: object) -> datetime | None:
     """ISO-8601 round-trip (``2026-06-01T09:00:00.0000000Z``) or a datetime; a bad format gives None."""
+    return storable_expected_by(value)[0]
+
+
+def storable_expected_by(value: object) -> tuple[datetime | None, str | None]:
+    """``ExpectedBy`` in UTC as Table Storage can store it, and a note when the header had to be changed.
+
+    Before 1601 (.NET ``DateTime.MinValue`` is what an unset DateTime serialises to) it is dropped: no
+    deadline, as an unset one. Past the last storable instant (year 9999 with a negative offset is in year
+    10000 as UTC) it is clamped to that instant: a deadline that never comes. The park is kept either way.
+    """
+    raw: datetime | None
     if isinstance(value, datetime):
-        return value if value.tzinfo else value.replace(tzinfo=UTC)
-    text = _text(value)
-    if text is None:
-        return None
+        raw = value
+    else:
+        text = _text(value)
+        if text is None:
+            return None, None
+        try:
+            raw = datetime.fromisoformat(text)
+        except ValueError:
+            return None, None
+    if raw.tzinfo is None:
+        raw = raw.replace(tzinfo=UTC)
     try:
-        parsed = datetime.fromisoformat(text)
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+        utc = raw.astimezone(UTC)
+    except OverflowError:  # beyond year 1 or 9999 once in UTC
+        utc = None
+    if utc is None and raw.year > 1:
+        return STORABLE_UNTIL, (
+            f"ExpectedBy {value!s} is after the last instant Table Storage stores; "
+            f"clamped to {STORABLE_UNTIL.isoformat()}."
+        )
+    if utc is None or utc < STORABLE_FROM:
+        return None, (
+            f"ExpectedBy {value!s} is before 1601-01-01, the earliest DateTime Table Storage stores; "
+            "dropped (no deadline, as an unset ExpectedBy)."
+        )
+    return utc, None
 
 
 def parse_body(body: bytes) -> tuple[MessageContent, str]:
@@ -305,6 +361,7 @@ def parse_message(msg: func.ServiceBusMessage, *, now: datetime) -> InboundMessa
     event_type_id = _text(props.get(Prop.EVENT_TYPE_ID)) or (
         content.EventContent.EventTypeId if content.EventContent else None
     )
+    expected_by, expected_by_note = storable_expected_by(props.get(Prop.EXPECTED_BY))
     enqueued = msg.enqueued_time_utc or now
     if enqueued.tzinfo is None:
         enqueued = enqueued.replace(tzinfo=UTC)
@@ -331,9 +388,10 @@ def parse_message(msg: func.ServiceBusMessage, *, now: datetime) -> InboundMessa
         processing_time_ms=parse_int(props.get(Prop.PROCESSING_TIME_MS)),
         handoff_reason=_text(props.get(Prop.HANDOFF_REASON)),
         external_job_id=_text(props.get(Prop.EXTERNAL_JOB_ID)),
-        expected_by=parse_expected_by(props.get(Prop.EXPECTED_BY)),
+        expected_by=expected_by,
         content=content,
         body_text=text,
+        input_notes=(expected_by_note,) if expected_by_note else (),
     )
 
 

@@ -59,11 +59,23 @@ def _who(req: func.HttpRequest) -> dict[str, str | None]:
     """Who sent the request: the agent's own header, and the principal App Service authentication put in
     ``x-ms-client-principal-name`` / ``-id`` (App Service strips those headers from external requests when
     authentication is on; without it they are caller-supplied like ``x-agent-id``)."""
-    return {
-        "agent_id": _header(req, "x-agent-id"),
-        "principal_name": _header(req, "x-ms-client-principal-name"),
-        "principal_id": _header(req, "x-ms-client-principal-id"),
-    }
+    from management.principal import headers_vouched
+
+    name = _header(req, "x-ms-client-principal-name")
+    ident = _header(req, "x-ms-client-principal-id")
+    if not headers_vouched():
+        # The same rule as the management API: only App Service authentication (SETTLE_OPERATOR_AUTH=
+        # required) makes these headers a principal; otherwise the audit says they are the caller's claim.
+        name = _claimed(name)
+        ident = _claimed(ident)
+    return {"agent_id": _header(req, "x-agent-id"), "principal_name": name, "principal_id": ident}
+
+
+CLAIMED = " (the caller's claim; not authenticated)"
+
+
+def _claimed(value: str | None) -> str | None:
+    return None if value is None else value + CLAIMED
 
 
 def _header(req: func.HttpRequest, name: str) -> str | None:

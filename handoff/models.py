@@ -193,6 +193,9 @@ class HistoryEntry(ApiModel):
     content_truncated: bool = Field(
         description="The stored copy of a long text was cut to fit Table Storage."
     )
+    input_notes: str | None = Field(
+        default=None, description="What Settle changed to store this message's headers (one note a line)."
+    )
 
     @classmethod
     def of(cls, row: HistoryRow) -> HistoryEntry:
@@ -219,6 +222,7 @@ class HistoryEntry(ApiModel):
             external_job_id=row.external_job_id,
             expected_by=row.expected_by,
             content_truncated=row.content_truncated,
+            input_notes=row.input_notes,
         )
 
 
@@ -280,6 +284,9 @@ class EventView(ApiModel):
     updated_at: datetime
     message_content: Any
     content_truncated: bool
+    input_notes: str | None = Field(
+        default=None, description="What Settle changed to store the last message's headers (one a line)."
+    )
     history: list[HistoryEntry]
     audits: list[AuditEntry]
 
@@ -315,6 +322,7 @@ class EventView(ApiModel):
             updated_at=row.updated_at,
             message_content=_json(row.message_content),
             content_truncated=row.content_truncated,
+            input_notes=row.input_notes,
             history=[HistoryEntry.of(h) for h in history],
             audits=[AuditEntry.of(a) for a in audits],
         )

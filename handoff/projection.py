@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
+from common.errors import KeyTooLong
 from handoff import counts, guard, keys
 from handoff.contract import InboundMessage, MessageType, ResolutionStatus
 from handoff.records import EventRow, HistoryRow
@@ -26,6 +27,8 @@ class Projection:
     row: EventRow | None
     request_enqueued_at: datetime | None
     handoff_seen: bool
+    # Why a refusal was not the usual stale one (the Resolver Comment says it instead).
+    refusal: str | None = None
 
 
 def history_row(m: InboundMessage, *, now: datetime, sequence: int) -> HistoryRow:
@@ -56,6 +59,7 @@ def history_row(m: InboundMessage, *, now: datetime, sequence: int) -> HistoryRo
         delivery_count=m.delivery_count,
         throttle_retry_count=m.throttle_retry_count or None,
         recorded_at=now,
+        input_notes="\n".join(m.input_notes) or None,
         sequence=sequence,
     )
 
@@ -84,6 +88,15 @@ def project(m: InboundMessage, current: EventRow | None, *, now: datetime) -> Pr
         if current
         else None
     )
+    if current is not None and other_session_than_park(m, current):
+        # One row per (endpoint, event), where NimBus keeps one per session: another session's message
+        # never replaces a park (it would vanish from ``next`` and could no longer be settled). It is kept
+        # in the history, with a Comment saying so (docs/tables.md, "Sessions").
+        refusal = (
+            f"Kept the park of session {current.session_id!r}: {m.message_type.name} {m.message_id} of "
+            f"session {m.session_id!r} for the same event is recorded in the history only."
+        )
+        return Projection(status, False, None, request_at, handoff_seen, refusal)
     if not guard.allows(status, m.message_type, m.message_id, current_view):
         return Projection(status, False, None, request_at, handoff_seen)
 
@@ -108,6 +121,18 @@ def project(m: InboundMessage, current: EventRow | None, *, now: datetime) -> Pr
         if group
         else None
     )
+    notes = list(m.input_notes)
+    job_key = None
+    if parked and m.external_job_id:
+        try:
+            job_key = keys.job_row(m.external_job_id, m.event_id)
+        except KeyTooLong:
+            # NimBus stores the id; the park is kept (and settles by its coordinates), only the lookup by
+            # job id cannot find it.
+            notes.append(
+                "ExternalJobId is too long for the job index (a Table Storage key holds 1 KiB): "
+                "kept on the row, but the job lookup cannot find this park."
+            )
     row = EventRow(
         updated_at=now,
         enqueued_time_utc=m.enqueued_time_utc,
@@ -138,11 +163,12 @@ def project(m: InboundMessage, current: EventRow | None, *, now: datetime) -> Pr
         handoff_reason=m.handoff_reason,
         external_job_id=m.external_job_id,
         expected_by=m.expected_by,
+        input_notes="\n".join(notes) or None,
         request_enqueued_at=request_at,
         handoff_seen=handoff_seen,
         history_count=(current.history_count if current else 0) + 1,
         queue_key=keys.queue_row(m.enqueued_time_utc, m.event_id) if parked else None,
-        job_key=keys.job_row(m.external_job_id, m.event_id) if parked and m.external_job_id else None,
+        job_key=job_key,
         expiry_key=keys.expiry_row(m.expected_by, m.event_id) if parked and m.expected_by else None,
         counted=True,
         all_key=keys.all_events_row(now, m.event_id),
@@ -153,6 +179,16 @@ def project(m: InboundMessage, current: EventRow | None, *, now: datetime) -> Pr
         since_at=since_at,
     )
     return Projection(status, True, row, request_at, handoff_seen)
+
+
+def other_session_than_park(m: InboundMessage, current: EventRow) -> bool:
+    """Is ``m`` another session's message for an event parked (Pending+Handoff) in a session?"""
+    return (
+        current.is_pending_handoff
+        and current.session_id is not None
+        and m.session_id is not None
+        and m.session_id != current.session_id
+    )
 
 
 def stale_comment(m: InboundMessage) -> str:

@@ -5,7 +5,8 @@ enums are stored by name. Long text (message bodies) may exceed a property's 64 
 across ``MessageContent``, ``MessageContent_1``, ... and joined on read.
 
 Table Storage limits (Azure's, enforced here because Azurite is looser): 64 KiB per property (UTF-16),
-1 MiB per entity, 4 MiB per entity-group transaction (the request body, JSON with non-ASCII escaped).
+1 MiB per entity (Azurite: counted in the request's escaped JSON), 4 MiB per entity-group transaction
+(the request body, JSON with non-ASCII escaped).
 A body that cannot fit is *stored truncated* (``ContentTruncated`` = true), never refused: the row must
 still be projected (issue 11, item 5). Each long text column is kept within ``MAX_CONTENT_BYTES`` as
 UTF-16 and ``MAX_CONTENT_WIRE`` as escaped JSON, so the two copies a projection writes (history row and
@@ -31,8 +32,10 @@ from handoff.outbox import ClaimState, OutboxMessage
 _CHUNK_CHARS = 15_000
 # Azure: 1 MiB per entity; leave room for the other columns.
 MAX_CONTENT_BYTES = 900_000
-# Azure: 4 MiB per transaction body; two long columns per transaction at most, plus the rest.
-MAX_CONTENT_WIRE = 1_500_000
+# Azure: 4 MiB per transaction body; two long columns per transaction at most, plus the rest. Azurite
+# counts an entity's 1 MiB in the request's bytes (JSON, non-ASCII escaped: ``é`` is 6 bytes there, 2 as
+# UTF-16), so a long column is kept within both counts: a row fits whichever way storage measures it.
+MAX_CONTENT_WIRE = 900_000
 # Azure: 64 KiB per property; a plain (unsplit) text column longer than this is cut.
 MAX_PROPERTY_BYTES = 64_000
 _CHUNKED = (
@@ -193,6 +196,9 @@ class EventRow(TableRecord):
     handoff_reason: str | None = None
     external_job_id: str | None = None
     expected_by: datetime | None = None
+    # What Settle changed to store this message's headers (ExpectedBy out of range, a job id too long for
+    # the job index), one note a line; the park is kept either way.
+    input_notes: str | None = None
     # Bookkeeping, so a projection needs no history read: when the (first) EventRequest was enqueued and
     # whether a PendingHandoffResponse was ever seen (the processing-time override), and the index keys.
     request_enqueued_at: datetime | None = None
@@ -252,6 +258,8 @@ class HistoryRow(TableRecord):
     delivery_count: int | None = None
     throttle_retry_count: int | None = None
     recorded_at: datetime | None = None
+    # As on the event row: what Settle changed to store this message's headers.
+    input_notes: str | None = None
     # 1, 2, 3, ... per event: the order the resolver projected them in (enqueue times come from different
     # topics, and clocks can step back, so neither orders the history reliably).
     sequence: int | None = None

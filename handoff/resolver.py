@@ -120,6 +120,26 @@ def _status_of(row: EventRow | None) -> str:
     return row.resolution_status.name + sub
 
 
+def _span_attributes(msg: func.ServiceBusMessage, props: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The message type's name and the span's attributes; never raises (it runs before the poison handling,
+    so a value it could not read must not fail the delivery: ``parse_message`` says why, as poison)."""
+    try:
+        parsed = MessageType.parse(props.get(Prop.MESSAGE_TYPE))
+        message_type = parsed.name if parsed is not None else "Unparsed"
+        return message_type, {
+            "messaging.system": "servicebus",
+            "nimbus.message_type": message_type,
+            "nimbus.message_id": _text_of(msg.message_id),
+            "nimbus.session_id": _text_of(msg.session_id),
+            "nimbus.event_id": _text_of(props.get(Prop.EVENT_ID)),
+            "nimbus.event_type_id": _text_of(props.get(Prop.EVENT_TYPE_ID)),
+            "messaging.servicebus.message.delivery_count": parse_int(msg.delivery_count),
+        }
+    except Exception:
+        log.warning("could not read the span attributes of a resolver message", exc_info=True)
+        return "Unparsed", {"messaging.system": "servicebus", "nimbus.message_type": "Unparsed"}
+
+
 def poison_endpoint(props: dict[str, Any]) -> str | None:
     """The endpoint a poison message names, by NimBus's attribution where its type is known."""
     from handoff.contract import RESOLVER_ID
@@ -192,17 +212,7 @@ class ResolverService:
         ``Diagnostic-Id``), so a settlement and the projection of its control message are one trace.
         """
         props = properties_of(msg)
-        parsed = MessageType.parse(props.get(Prop.MESSAGE_TYPE))
-        message_type = parsed.name if parsed is not None else "Unparsed"
-        attributes = {
-            "messaging.system": "servicebus",
-            "nimbus.message_type": message_type,
-            "nimbus.message_id": msg.message_id,
-            "nimbus.session_id": msg.session_id,
-            "nimbus.event_id": _text_of(props.get(Prop.EVENT_ID)),
-            "nimbus.event_type_id": _text_of(props.get(Prop.EVENT_TYPE_ID)),
-            "messaging.servicebus.message.delivery_count": parse_int(msg.delivery_count),
-        }
+        message_type, attributes = _span_attributes(msg, props)
         with telemetry.span(
             "settle.resolver.project", attributes, carrier=props, continue_carrier=True
         ) as span:
@@ -270,7 +280,13 @@ class ResolverService:
                 ops += self._applied_ops(pk, decision.row, current)
             else:
                 ops += self._refused_ops(
-                    pk, m, current, decision.request_enqueued_at, decision.handoff_seen, sequence
+                    pk,
+                    m,
+                    current,
+                    decision.request_enqueued_at,
+                    decision.handoff_seen,
+                    sequence,
+                    comment=decision.refusal,
                 )
             if m.message_type is MessageType.RetryRequest:
                 ops.append(self._retry_audit(pk, m, now))
@@ -408,6 +424,8 @@ class ResolverService:
         request_at: datetime | None,
         seen: bool,
         sequence: int,
+        *,
+        comment: str | None = None,
     ) -> list[Operation]:
         assert current is not None  # only an existing row can refuse
         now = self.clock()
@@ -415,7 +433,7 @@ class ResolverService:
             auditor_name=RESOLVER_AUDITOR,
             audit_timestamp=now,
             audit_type="Comment",
-            data=stale_comment(m),
+            data=comment or stale_comment(m),
             event_id=m.event_id,
             endpoint_id=m.endpoint_id,
             event_type_id=m.event_type_id,

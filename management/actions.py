@@ -129,7 +129,7 @@ class OperatorActions:
         if event_json is not None:
             try:
                 json.loads(event_json)
-            except ValueError as exc:
+            except (ValueError, RecursionError) as exc:  # nested too deep to read is not JSON Settle takes
                 raise InvalidInput("eventJson must be a JSON document (as text).", field="eventJson") from exc
         row, history = self._load(endpoint_id, event_id)
         self._authorise(row, actor, action)

@@ -15,6 +15,7 @@ from typing import Any
 import azure.functions as func
 
 from common import telemetry
+from common.clock import storable_utc
 from common.errors import InvalidInput, SettleError
 from common.http import dependency_problem, operation, parse_body
 from handoff import service
@@ -91,7 +92,10 @@ def _time(req: func.HttpRequest, name: str) -> datetime | None:
         raise InvalidInput(f"{name} must be an ISO-8601 time (2026-12-01T09:00:00Z).", field=name) from exc
     if value.tzinfo is None:
         raise InvalidInput(f"{name} needs a time zone (Z for UTC).", field=name)
-    return value
+    utc = storable_utc(value)  # 9999-12-31T23:00-05:00 is past the last instant: that instant
+    if utc is None:
+        raise InvalidInput(f"{name} must be 1601-01-01T00:00:00Z or later.", field=name)
+    return utc
 
 
 def _page_size(req: func.HttpRequest, default: int, maximum: int) -> int:

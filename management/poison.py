@@ -90,11 +90,12 @@ class PoisonDesk:
     def replay(self, day: str, row_key: str, actor: Actor) -> ReplayResult:
         day = check_day(day)
         row = self.store.get_poison(day, row_key)
+        if not allowed(actor):  # before existence: a refused caller learns nothing about the row
+            if row is not None:
+                self._audit(day, row_key, actor, "ReplayPoison", denied=True)
+            raise denial(actor)
         if row is None:
             raise NotFound(f"No poison message {row_key!r} on {day}.")
-        if not allowed(actor):
-            self._audit(day, row_key, actor, "ReplayPoison", denied=True)
-            raise denial(actor)
         if row.replay_outcome in PROJECTED:
             raise AlreadyReplayed(
                 f"Poison message {row_key!r} was replayed at {row.replayed_at} by {row.replayed_by!r} "

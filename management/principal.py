@@ -10,7 +10,8 @@ anonymous for the Functions host, so the code decides:
   ``AccessDenied`` audit row);
 * no principal at all is refused (401) wherever a principal is required: in Azure always, locally never
   (``SETTLE_OPERATOR_AUTH``: ``required`` / ``optional``; default ``required`` when ``WEBSITE_INSTANCE_ID``
-  is set, which App Service sets on every instance);
+  is set, which App Service sets on every instance; ``optional`` is refused there, closing the API, since
+  it would open it to anonymous callers);
 * the headers are believed only where something vouches for them: ``required`` says App Service
   authentication is in front (the Bicep sets it only with an app registration), and locally
   (``optional``) nothing is protected anyway. In Azure without ``required`` (the Bicep's ``disabled``
@@ -37,7 +38,9 @@ OPERATOR_ROLE = "Settle.Operator"
 AUTH_SETTING = "SETTLE_OPERATOR_AUTH"
 DEFAULT_ACTOR = "api"
 _ROLE_CLAIMS = ("roles", "http://schemas.microsoft.com/ws/2008/06/identity/claims/role")
-_MAX_HEADER = 16_384
+# Far beyond what a front end passes in one header (App Service's request headers are limited to tens of
+# KB): a bound on the work a forged header can cause, not a limit a real principal meets.
+_MAX_PRINCIPAL = 1_048_576
 
 
 class Unauthenticated(SettleError):
@@ -82,9 +85,9 @@ class Actor:
         return self.principal.id if self.principal else None
 
 
-def _header(req: func.HttpRequest, name: str, limit: int = 256) -> str | None:
+def _header(req: func.HttpRequest, name: str, limit: int | None = 256) -> str | None:
     value = (req.headers.get(name) or "").strip()
-    return value[:limit] or None
+    return (value if limit is None else value[:limit]) or None
 
 
 def principal_of(req: func.HttpRequest) -> Principal | None:
@@ -92,7 +95,13 @@ def principal_of(req: func.HttpRequest) -> Principal | None:
 
     A principal header that cannot be read counts as a principal without roles (refused, never trusted).
     """
-    encoded = _header(req, "x-ms-client-principal", _MAX_HEADER)
+    # Whole: a cut base64 document is unreadable (a user with 200 group claims sends ~18 KB); what the
+    # host let through is read, only a document beyond any header limit is refused unread.
+    encoded = _header(req, "x-ms-client-principal", None)
+    if encoded is not None and len(encoded) > _MAX_PRINCIPAL:
+        return Principal(
+            name=_header(req, "x-ms-client-principal-name"), id=None, roles=frozenset(), readable=False
+        )
     name = _header(req, "x-ms-client-principal-name")
     ident = _header(req, "x-ms-client-principal-id")
     if encoded is None and name is None and ident is None:
@@ -126,9 +135,18 @@ def _mode() -> str:
     """``required`` (App Service authentication vouches for the headers), ``optional`` (local runs), or
     ``closed`` (in Azure with nothing that vouches for them)."""
     setting = (env(AUTH_SETTING) or "").strip().lower()
-    if setting in ("required", "optional"):
+    on_app_service = env("WEBSITE_INSTANCE_ID") is not None
+    if setting == "required" or (setting == "optional" and not on_app_service):
         return setting
-    return "closed" if env("WEBSITE_INSTANCE_ID") is not None else "optional"
+    # ``optional`` means "no sign-in": fine on a developer's machine, an anonymous management API on App
+    # Service. There it is refused like any other value that is not ``required`` (closed, with the reason).
+    return "closed" if on_app_service else "optional"
+
+
+def headers_vouched() -> bool:
+    """Whether App Service authentication vouches for the ``x-ms-client-principal*`` headers (it strips
+    caller-sent ones): only with ``required``. Elsewhere they are whatever the caller sent."""
+    return _mode() == "required"
 
 
 def principal_required() -> bool:
@@ -140,8 +158,15 @@ def actor_of(req: func.HttpRequest, by: str | None = None) -> Actor:
     principal headers (in Azure without App Service authentication). Roles are checked by the caller
     (:func:`require_operator`), because a refused *action* is audited first."""
     if _mode() == "closed":
+        optional = (env(AUTH_SETTING) or "").strip().lower() == "optional"
         raise Unauthenticated(
-            "The management API is closed: App Service authentication is not configured for this app "
+            (
+                f"The management API is closed: {AUTH_SETTING}=optional (no sign-in) is for local runs "
+                "and is refused on App Service, where it would open the API to anonymous callers; "
+                if optional
+                else "The management API is closed: "
+            )
+            + "App Service authentication is not configured for this app "
             f"(deploy with operatorAppClientId; it sets {AUTH_SETTING}=required), so no signed-in principal "
             "can be told from a forged one."
         )

@@ -95,7 +95,9 @@ class Catchup:
         with telemetry.span("settle.catchup.run", {"settle.catchup.max_rows": max_rows}) as span:
             started = time.perf_counter()
             result = CatchupResult()
-            when = to_ms(now) if now is not None else self._store.now()
+            # Locks are failed only once they have expired whatever the clock estimate's error: the
+            # earliest the storage clock may read (issue 23).
+            when = to_ms(now) if now is not None else self._store.earliest()
             budget = _Budget(max_rows)
             for kind in (LOCK_KIND, RETENTION_KIND):
                 for pointer in self._index.pointers(kind, when):

@@ -7,6 +7,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, JsonValue, model_validator
 
+from common.clock import storable_utc
+from common.keys import MAX_KEY_BYTES, escape, key_bytes
 from common.limits import INT32_MAX, MAX_TEXT_UNITS, utf16_units
 from common.models import ApiModel, RequestModel
 from state.model import MAX_RETENTION_DAYS, MAX_RETENTION_SECONDS, RecordKey, Scope
@@ -32,11 +34,23 @@ def _fits_a_property(text: str) -> str:
 
 
 def _storable_instant(value: datetime) -> datetime:
-    if value.tzinfo is None:
-        value = value.replace(tzinfo=UTC)  # times are UTC (SPEC §4)
-    if value < EARLIEST:
+    # Times are UTC (SPEC §4); past the last instant (9999-12-31 with a negative offset) is the last instant.
+    utc = storable_utc(value)
+    if utc is None:
         raise ValueError("must be 1601-01-01T00:00:00Z or later (the earliest instant Table Storage holds)")
-    return value.astimezone(UTC)
+    return utc
+
+
+def _matchable_item_entity_key(text: str) -> str:
+    """A query's itemEntityKey no stored key can hold (its escaped form alone is over a key's 1 KiB, UTF-16)
+    matches nothing, and as a filter in the request URL it can exceed what storage reads (431)."""
+    size = key_bytes(escape(text))
+    if size > MAX_KEY_BYTES:
+        raise ValueError(
+            f"longer than any record's key can hold: {size} bytes as stored (UTF-16, escaped) against "
+            f"Table Storage's {MAX_KEY_BYTES}-byte key"
+        )
+    return text
 
 
 Text = Annotated[
@@ -184,7 +198,9 @@ class QueryRequest(RequestModel):
     scope: str | None = None
     entity_id: Int32 | None = None
     entity_execution_id: Int32 | None = None
-    item_entity_key: Annotated[str, Field(min_length=1)] | None = None
+    item_entity_key: (
+        Annotated[str, Field(min_length=1), AfterValidator(_matchable_item_entity_key)] | None
+    ) = None
     status: str | int | None = None
     updated_from: Instant | None = None
     updated_to: Instant | None = None

@@ -29,8 +29,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from common import telemetry
-from common.clock import epoch_ms, from_epoch_ms, iso, to_ms, utcnow
-from common.errors import Conflict, LockLost, PayloadTooLarge
+from common.clock import earliest_now, epoch_ms, from_epoch_ms, iso, latest_now, to_ms, utcnow
+from common.errors import Conflict, LockLost, PayloadTooLarge, is_transient_storage_fault
 from common.limits import MAX_ENTITY_BYTES, entity_size, int64, plain_int
 from common.signing import Signer, load_signer
 from common.tables import Tables
@@ -273,6 +273,17 @@ class StateStore:
         """Now by the storage clock, to the millisecond (every instant Settle stores has that precision)."""
         return to_ms(utcnow())
 
+    @staticmethod
+    def earliest() -> datetime:
+        """The earliest the storage clock may read now (``common.clock.earliest_now``): what another
+        holder's expiry is judged by (takeover, catch-up), so an uncertain clock waits, never steals."""
+        return to_ms(earliest_now())
+
+    @staticmethod
+    def latest() -> datetime:
+        """The latest the storage clock may read now: what a holder's own lock is judged by (the fence)."""
+        return to_ms(latest_now())
+
     # -- reads -------------------------------------------------------------------------------------
     def read_head(self, key: RecordKey) -> Head | None:
         check_key_size(key)
@@ -324,9 +335,12 @@ class StateStore:
         pk, rk = partition_key(key.tenant_id, key.scope, key.entity_id), head_row_key(key)
         known, current = self._hints.get(pk, rk)
         if known and current is not None:
-            now = self.now()
+            judged = self.earliest()
             decision = lock_decision(
-                current.status, current.locked_until, now, retention_expired=current.retention_expired(now)
+                current.status,
+                current.locked_until,
+                judged,
+                retention_expired=current.retention_expired(judged),
             )
             if not decision.acquire:
                 current = self.read_head(key)  # refusals are always confirmed by storage
@@ -336,11 +350,14 @@ class StateStore:
                 new = self._new_head(key, ctx, Status.PROCESSING, now, version=1, created_at=now)
                 decision = LockDecision(acquire=True)
             else:
+                # Someone else's expiry is judged by the earliest the storage clock may read (a cold
+                # instance's estimate is off by up to half a second): it waits rather than steals.
+                judged = self.earliest()
                 decision = lock_decision(
                     current.status,
                     current.locked_until,
-                    now,
-                    retention_expired=current.retention_expired(now),
+                    judged,
+                    retention_expired=current.retention_expired(judged),
                 )
                 if not decision.acquire:
                     telemetry.annotate({"settle.status_before": current.status.label})
@@ -495,21 +512,24 @@ class StateStore:
         was lost gets the record back instead of a false "lock lost"; a different request is refused.
         """
         current: Head | None = None
-        if claims.locked_until > self.now():
+        # The holder's own lock is judged by the latest the storage clock may read: valid for sure.
+        if claims.locked_until > self.latest():
             current = Head(entity_of(key, claims), claims.e)
         for _ in range(_MAX_ATTEMPTS):
             if current is None:
                 head = self.read_head(key)
-                if concludes is not None and head is not None and head.entity.get("ClosedLockId") == claims.i:
-                    if head.status is concludes and head.entity.get("ClosedDigest") == digest:
-                        telemetry.current().set_outcome("replayed")
-                        return head  # this very write was already applied
-                    raise LockLost(
-                        f"This lock already ended with {head.status.label} (another request). "
-                        "Nothing was written.",
-                        field="lockToken",
-                    )
-                current = self._holder_head(head, claims, self.now())
+                if concludes is not None and head is not None:
+                    done = self._concluded_by(key, head, claims)
+                    if done is not None:
+                        if done.status is concludes and done.entity.get("ClosedDigest") == digest:
+                            telemetry.current().set_outcome("replayed")
+                            return done  # this very write was already applied
+                        raise LockLost(
+                            f"This lock already ended with {done.status.label} (another request). "
+                            "Nothing was written.",
+                            field="lockToken",
+                        )
+                current = self._holder_head(head, claims, self.latest())
             new = build(current, self.now())
             if concludes is not None:
                 new["ClosedLockId"] = claims.i
@@ -522,6 +542,30 @@ class StateStore:
                     raise
                 current = None
         raise Conflict("The record changed on every attempt to write it; retry.", field="key")
+
+    def _concluded_by(self, key: RecordKey, head: Head, claims: LockClaims) -> Head | None:
+        """The version that ended the token's lock, if one did: the head, or, when newer versions followed
+        (another worker re-locked, retention expired, catch-up), a point read of the version the token's
+        write created (``claims.n + 1``), as it was written (its recorded status, not Superseded)."""
+        if head.entity.get("ClosedLockId") == claims.i:
+            return head
+        if head.version <= claims.n + 1:
+            return None
+        from azure.core.exceptions import ResourceNotFoundError
+
+        rk = str(head.entity["RowKey"])
+        try:
+            row = dict(
+                self.table.get_entity(head.entity["PartitionKey"], history_row_key_of(rk, claims.n + 1))
+            )
+        except ResourceNotFoundError:
+            return None
+        if row.get("ClosedLockId") != claims.i or row.get("RecordedStatus") is None:
+            return None
+        row.update(RowKey=rk, Status=int(row["RecordedStatus"]))
+        for column in ("RecordedStatus", "SupersededAt", "SupersededByVersion"):
+            row.pop(column, None)
+        return Head(row, "")
 
     def _holder_head(self, head: Head | None, claims: LockClaims, now: datetime) -> Head:
         """Make sure the token still holds the lock of ``head``; raise 409 otherwise."""
@@ -540,6 +584,22 @@ class StateStore:
                 field="lockToken",
             )
         return head
+
+    def _after_ambiguity(self, pk: str, rk: str, new: dict[str, Any], exc: Exception) -> Head | None:
+        """After a write whose answer was lost: the head when it is the version ``new`` describes; None when
+        the head is still the version ``new`` replaces (nothing was written: ask again); else a conflict."""
+        from azure.core.exceptions import ResourceModifiedError
+
+        try:
+            head = self.read_head_at(pk, rk)
+        except Exception:
+            raise exc from None  # storage cannot say: the original fault (503), never a guess
+        if head is not None and _is_version(head.entity, new):
+            return head
+        replaced = int(new["Version"]) - 1
+        if (head is None and replaced == 0) or (head is not None and head.version == replaced):
+            return None
+        raise ResourceModifiedError("The record changed while the write's answer was lost.") from exc
 
     # -- building rows ---------------------------------------------------------------------------------
     def _base_entity(self, key: RecordKey, ctx: WriteContext, status: Status) -> dict[str, Any]:
@@ -637,6 +697,7 @@ class StateStore:
         deletes = [row for c, row in old.items() if fresh.get(c) != row]
         inserts = [row for c, row in fresh.items() if old.get(c) != row]
         gone: set[str] = set()
+        asked_again = False
         for _ in range(_MAX_ATTEMPTS):
             ops: list[Any] = []
             if current is None:
@@ -669,10 +730,12 @@ class StateStore:
             first_marker = len(ops)
             ops += [("update", m, {"mode": UpdateMode.MERGE, **unconditional}) for m in markers]
             try:
+                # Not retried by the SDK: a retry of a write that was applied but whose answer was lost
+                # meets its own write (a conflict) and could write again; the ambiguity is settled below.
                 if len(ops) == 1 and current is None:
-                    etag = self.table.create_entity(new)["etag"]
+                    etag = self.table.create_entity(new, retry_total=0)["etag"]
                 else:
-                    etag = self.table.submit_transaction(ops)[0]["etag"]
+                    etag = self.table.submit_transaction(ops, retry_total=0)[0]["etag"]
             except TableTransactionError as exc:
                 at = exc.index
                 if _not_found(exc) and at is not None and first_marker <= at < len(ops):
@@ -686,13 +749,42 @@ class StateStore:
                     continue
                 self._hints.forget(pk, rk)
                 raise
-            except Exception:
+            except Exception as exc:
                 self._hints.forget(pk, rk)
-                raise
+                if not is_transient_storage_fault(exc) or asked_again:
+                    raise
+                # Applied or not? One point read says: our own version there (its Version, UpdatedAt and
+                # lock are ours) is success; the head as it was means nothing was written, so ask once
+                # more; anything else is another writer's change (a conflict: the caller re-decides).
+                asked_again = True
+                found = self._after_ambiguity(pk, rk, new, exc)
+                if found is None:
+                    continue
+                self._hints.put(pk, rk, found)
+                return found
             head = Head(new, etag)
             self._hints.put(pk, rk, head)
             return head
         raise Conflict("The record's expiry index changed on every attempt to write it; retry.", field="key")
+
+
+_WRITTEN_COLUMNS = ("Version", "Status", "UpdatedAt", "LockId", "LockedUntil", "ClosedLockId", "ClosedDigest")
+
+
+def _is_version(entity: dict[str, Any], new: dict[str, Any]) -> bool:
+    """Is ``entity`` (read back) the version ``new`` describes? Every write sets a new Version and
+    UpdatedAt (and a lock its own LockId), so these columns tell one writer's version from another's."""
+    return all(
+        _same_value(entity.get(column), new.get(column))
+        for column in _WRITTEN_COLUMNS
+        if column in new or column in entity
+    )
+
+
+def _same_value(read: Any, written: Any) -> bool:
+    if isinstance(read, datetime) and isinstance(written, datetime):
+        return epoch_ms(read) == epoch_ms(written)
+    return bool(getattr(read, "value", read) == getattr(written, "value", written))
 
 
 def _noted(current: Head | None, head: Head) -> Head:

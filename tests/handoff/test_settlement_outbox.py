@@ -397,8 +397,12 @@ def test_the_audit_data_is_valid_json_whatever_the_result_size(call, resolve, fl
 # --- item 14: who settled, as the platform authenticated them -----------------------------------
 
 
-def test_the_authenticated_principal_is_recorded_with_the_caller_supplied_names(call, resolve, flow, bus):
+def test_the_authenticated_principal_is_recorded_with_the_caller_supplied_names(
+    call, resolve, flow, bus, monkeypatch
+):
     parked(resolve, flow)
+    # App Service authentication vouches for the principal headers (issue 23: only then are they recorded)
+    monkeypatch.setenv("SETTLE_OPERATOR_AUTH", "required")
     headers = {
         "x-agent-id": "enrichment-agent",
         "x-ms-client-principal-name": "checker@contoso.example",

@@ -57,7 +57,7 @@ def test_without_a_principal_the_body_names_who_else_api(monkeypatch):
     assert allowed(actor_of(request({})))
 
 
-def test_a_principal_is_required_in_azure_unless_explicitly_optional(monkeypatch):
+def test_a_principal_is_required_in_azure_and_optional_only_off_app_service(monkeypatch):
     monkeypatch.setenv("SETTLE_OPERATOR_AUTH", "required")
     with pytest.raises(Unauthenticated):
         actor_of(request({}), by="alice")
@@ -65,7 +65,11 @@ def test_a_principal_is_required_in_azure_unless_explicitly_optional(monkeypatch
     monkeypatch.setenv("WEBSITE_INSTANCE_ID", "0123abcd")
     with pytest.raises(Unauthenticated):
         actor_of(request({}))
+    # optional (no sign-in) is for local runs: on App Service it would be an anonymous API, so it is refused
     monkeypatch.setenv("SETTLE_OPERATOR_AUTH", "optional")
+    with pytest.raises(Unauthenticated):
+        actor_of(request({}))
+    monkeypatch.delenv("WEBSITE_INSTANCE_ID")
     assert actor_of(request({})).by == "api"
     operator = actor_of(request(principal_headers("olivia", "Settle.Operator")))
     assert allowed(operator) and operator.by == "olivia"

@@ -47,6 +47,13 @@ HOSTILE_TEXT = [
     "x" * 1100,
     "null",
     "$batch",
+    # What real senders and storage produce (issue 23): other scripts' digits, DateTime extremes.
+    "²",
+    "١٢",
+    "\uff11\uff12",
+    "0001-01-01T00:00:00Z",
+    "9999-12-31T23:00:00-05:00",
+    "0001-01-01T00:00:00+05:00",
 ]
 text = st.one_of(st.text(max_size=30), st.sampled_from(HOSTILE_TEXT))
 # Route and query values come from a URL the host decoded: valid Unicode, so no lone surrogates (JSON
@@ -386,3 +393,62 @@ def test_no_generated_body_or_parameter_gets_a_5xx_and_most_reach_storage(faulty
             continue
         hit, tried = reached - before.get(op, [0, 0])[0], total - before.get(op, [0, 0])[1]
         TALLY.check(AREA, tried > 0 and 2 * hit >= tried, f"{op}: {hit} of {tried} cases reached storage")
+
+
+# --- issue 23: the wire shapes a reviewer found, generated -----------------------------------------------
+
+NON_FINITE = ["NaN", "Infinity", "-Infinity", "1e400", "-1e400", "1" + "0" * 400 + ".0"]
+EXTREME_TIMES = [
+    "9999-12-31T23:00:00-05:00",
+    "9999-12-31T23:59:59.9999999Z",
+    "0001-01-01T00:00:00Z",
+    "0001-01-01T00:00:00+05:00",
+    "1600-12-31T23:59:59Z",
+    "1601-01-01T00:00:00Z",
+]
+
+
+@st.composite
+def wire_shapes(draw: st.DrawFn) -> tuple[str, bytes, bool]:
+    """(operation, raw body, must-be-400): non-finite numbers inside data, extreme query times, filters
+    longer than any key (in scripts that cost more on the wire than they look)."""
+    kind = draw(st.sampled_from(["number", "time", "filter"]))
+    if kind == "number":
+        number = draw(st.sampled_from(NON_FINITE))
+        depth = draw(st.integers(0, 3))
+        value = number
+        for _ in range(depth):
+            value = draw(st.sampled_from([f"[{value}]", f'{{"x": {value}}}', f"[1, {value}]"]))
+        key = json.dumps({"tenantId": 1, "scopeId": 4, "entityId": 1, "itemEntityKey": "f", "itemKey": "n"})
+        name = draw(st.sampled_from(["state_upsert", "state_set"]))
+        status = ', "status": "Processed"' if name == "state_set" else ""
+        return name, f'{{"key": {key}{status}, "data": {value}}}'.encode(), True
+    if kind == "time":
+        field = draw(st.sampled_from(["updatedFrom", "updatedTo"]))
+        body = {"tenantId": 1, field: draw(st.sampled_from(EXTREME_TIMES))}
+        return "state_query", json.dumps(body).encode(), False
+    char = draw(st.sampled_from(["x", "中", "/", "%", "\U0001f600"]))
+    length = draw(st.sampled_from([400, 600, 9_000, 100_000]))
+    body = {"tenantId": 1, "scopeId": 4, "entityId": 1, "itemEntityKey": char * length}
+    return "state_query", json.dumps(body).encode(), False
+
+
+def test_wire_shapes_are_refused_by_name_or_answered_never_a_5xx(faulty_tables, functions):
+    call = Caller(functions)
+
+    @settings(max_examples=sized(120, 30), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(shape=wire_shapes())
+    def fuzz(shape: tuple[str, bytes, bool]) -> None:
+        name, raw, refused = shape
+        result = call(name, raw=raw)
+        TALLY.add(AREA, operations=1, fuzz_cases=1)
+        check_answer(name, result.status, result.content_type, result.body, raw[:200])
+        if refused:
+            TALLY.check(
+                AREA,
+                result.status == 400 and str((result.json or {}).get("field", "")).startswith("data"),
+                f"{name} with {raw[:200]!r}: a number JSON cannot carry answered "
+                f"{result.status} {result.body[:200]!r}",
+            )
+
+    fuzz()

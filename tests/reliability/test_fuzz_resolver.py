@@ -53,6 +53,9 @@ scalar = st.one_of(
     st.sampled_from(
         [*STATUS, "Unknown", "0", "12", "' or 1 eq 1", "a/b#c?", "x" * 1200, "2026-13-45T99:00Z"]
     ),
+    # What real senders produce (issue 23): other scripts' digits, a huge number, DateTime extremes.
+    st.sampled_from(["²", "①", "١٢", "\uff11\uff12", "1" * 5_000, " 12 ", "+1", "9" * 30]),
+    st.sampled_from(["0001-01-01T00:00:00Z", "9999-12-31T23:00:00-05:00", "1600-12-31T23:59:59Z"]),
 )
 bodies = st.one_of(
     st.binary(max_size=80),
@@ -109,3 +112,77 @@ def deliver_hostile(resolver: Any, msg: ServiceBusMessage, *, tally: Tally = TAL
 def test_a_hostile_message_is_projected_or_poisoned_never_a_crash(faulty_tables, functions, msg):
     service.resolver_service().sleep = lambda _s: None
     deliver_hostile(functions["resolver"].get_user_function(), msg)
+
+
+HOSTILE_HEADERS = {
+    "ExpectedBy": st.sampled_from(
+        [
+            "0001-01-01T00:00:00Z",
+            "0001-01-01T00:00:00+05:00",
+            "1600-12-31T23:59:59Z",
+            "9999-12-31T23:00:00-05:00",
+            "9999-12-31T23:59:59.9999999Z",
+            "2026-13-45T99:00Z",
+        ]
+    ),
+    "ExternalJobId": st.sampled_from(["J" * 2_000, "中" * 600, "a/b#c?" * 200, "\U0001f600" * 400]),
+    "RetryCount": st.sampled_from(["²", "١٢", "1" * 5_000]),
+}
+
+
+@st.composite
+def parks(draw: st.DrawFn) -> tuple[ServiceBusMessage, ServiceBusMessage]:
+    """A plausible PendingHandoffResponse whose headers carry values storage cannot hold as they are, and
+    the terminal response that settles it, with a large body in a script that costs more than it looks."""
+    endpoint = "Fuzz-" + uuid.uuid4().hex[:6]
+    event = str(uuid.uuid4())
+    props: dict[str, Any] = {
+        "MessageType": "PendingHandoffResponse",
+        "EventId": event,
+        "To": "Resolver",
+        "From": endpoint,
+        "HandoffReason": "fuzz",
+    }
+    for name in draw(st.lists(st.sampled_from(sorted(HOSTILE_HEADERS)), unique=True, min_size=1)):
+        props[name] = draw(HOSTILE_HEADERS[name])
+    text = draw(st.sampled_from(["a", "é", "中", "\U0001f600"])) * draw(st.sampled_from([10, 180_000]))
+    content = {"EventContent": {"EventTypeId": "T", "EventJson": text}, "ErrorContent": None}
+
+    def message(properties: dict[str, Any], body: bytes) -> ServiceBusMessage:
+        return ServiceBusMessage(
+            body=body,
+            message_id=str(uuid.uuid4()),
+            application_properties=properties,
+            user_properties={},
+            session_id="s",
+            correlation_id=None,
+            enqueued_time_utc=datetime.now(UTC),
+            delivery_count=1,
+        )
+
+    park = message(props, b'{"EventContent": null, "ErrorContent": null}')
+    done = {**props, "MessageType": "ResolutionResponse"}
+    done.pop("ExpectedBy", None)
+    # as .NET sends it: UTF-8, not escaped
+    return park, message(done, json.dumps(content, ensure_ascii=False).encode())
+
+
+@settings(
+    max_examples=sized(60, 15),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(flow=parks())
+def test_a_park_with_headers_storage_cannot_hold_is_kept_and_settles(faulty_tables, flow):
+    from handoff.resolver import Outcome
+
+    resolver = service.resolver_service()
+    for msg in flow:
+        TALLY.add(AREA, operations=1, fuzz_cases=1)
+        outcome = resolver.handle(msg)
+        TALLY.check(
+            AREA,
+            outcome is Outcome.APPLIED,
+            f"{dict(msg.application_properties or {})!r:.300} with a {len(msg.get_body())}-byte body was "
+            f"{outcome.value}, not projected",
+        )

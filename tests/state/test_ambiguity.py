@@ -1,0 +1,196 @@
+"""Storage answers that leave a write ambiguous, and clocks that are not what they seem (issue 23, items
+9-11): a retried write whose first attempt was applied gets back what it wrote; a lock whose answer was
+lost is the caller's own; one call writes one version; every expiry judgement allows for the clock
+estimate's uncertainty."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import requests
+from azure.core.pipeline import PipelineResponse
+from azure.core.pipeline.policies import HTTPPolicy
+from azure.core.pipeline.transport import RequestsTransportResponse
+
+from common import runtime
+from common.clock import SERVER_CLOCK, utcnow
+from state import service
+from tests.state.conftest import State, new_key
+
+
+class ApplyThenLose(HTTPPolicy):  # type: ignore[type-arg]
+    """Lets a matching request reach storage (it is applied), then loses its answer: the caller sees a
+    500 as if the connection had dropped after the write. ``arm(n, match)``: the next n matching ones."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.left = 0
+        self.match: Callable[[Any], bool] = lambda request: False
+        self.lost = 0
+        self.writes = 0
+
+    def arm(self, times: int, match: Callable[[Any], bool]) -> None:
+        self.left, self.match = times, match
+
+    def send(self, request: Any) -> Any:
+        response = self.next.send(request)
+        http = request.http_request
+        if http.method in ("POST", "PUT", "PATCH", "MERGE", "DELETE"):
+            self.writes += 1
+        if self.left <= 0 or not self.match(http):
+            return response
+        self.left -= 1
+        self.lost += 1
+        raw = requests.Response()
+        raw.status_code = 500
+        raw.reason = "InternalError"
+        raw.headers["Content-Type"] = "application/json;odata=minimalmetadata"
+        raw.headers["x-ms-error-code"] = "InternalError"
+        body = {
+            "odata.error": {"code": "InternalError", "message": {"lang": "en-US", "value": "lost (test)"}}
+        }
+        raw._content = json.dumps(body).encode()
+        raw.url = http.url
+        return PipelineResponse(http, RequestsTransportResponse(http, raw), request.context)
+
+
+def state_writes(http: Any) -> bool:
+    """A write of a record's head: an insert or a transaction (POST) carrying a ``Status`` column (the
+    expiry index's own writes carry none)."""
+    body = http.body if isinstance(http.body, bytes | str) else b""
+    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
+    return http.method == "POST" and '"Status"' in text
+
+
+@pytest.fixture
+def lose() -> Iterator[ApplyThenLose]:
+    policy = ApplyThenLose()
+    runtime.reset(policies=[policy])  # the SDK's own retries stay on, as in production
+    yield policy
+    runtime.reset()
+
+
+def versions(state: State, key: dict[str, Any]) -> list[int]:
+    page = state.history(key, pageSize=100)
+    assert page.status == 200, page.body
+    return [item["version"] for item in page.json["items"]]
+
+
+# --- item 10: a lock whose answer was lost is the caller's own ------------------------------------------
+
+
+def test_a_lock_whose_answer_storage_lost_is_acquired_not_someone_elses(call, lose) -> None:
+    state = State(call)
+    key = new_key()
+    state.exists(key)  # the signing key and the clock are ready; only the lock's own write is hit
+    lose.arm(1, state_writes)
+    answer = state.lock(key, lockSeconds=60)
+    assert lose.lost == 1
+    assert answer.status == 200, answer.body
+    assert answer.json["acquired"] is True, answer.json
+    token = answer.json["lockToken"]
+    assert state.set(key, status="Processed", lockToken=token).status == 200
+    assert versions(state, key) == [2, 1]
+
+
+@pytest.mark.parametrize("operation", ["extend", "set-unfenced", "set-fenced", "relock-failed"])
+def test_one_call_writes_one_version_when_its_answer_is_lost(call, lose, operation: str) -> None:
+    state = State(call)
+    key = new_key()
+    token = state.lock(key, lockSeconds=60).json["lockToken"]
+    if operation == "relock-failed":
+        assert state.release(key, lockToken=token, error="boom").status == 200
+    before = versions(state, key)
+    lose.arm(1, state_writes)
+    if operation == "extend":
+        answer = state.extend(key, lockToken=token, lockSeconds=120)
+    elif operation == "set-unfenced":
+        answer = state.set(key, status="Processed")
+    elif operation == "set-fenced":
+        answer = state.set(key, status="Processed", lockToken=token)
+    else:
+        answer = state.lock(key, lockSeconds=60)
+        assert answer.json["acquired"] is True, answer.json
+    assert lose.lost == 1
+    assert answer.status == 200, answer.body
+    assert versions(state, key) == [before[0] + 1, *before]
+
+
+# --- item 9: a retried fenced write whose first attempt was applied returns the record it wrote --------
+
+
+def test_a_retried_release_after_someone_relocked_returns_the_record_it_wrote(state, key) -> None:
+    token = state.lock(key, lockSeconds=60).json["lockToken"]
+    first = state.release(key, lockToken=token, error="ERP down")  # applied; say its answer was lost
+    assert first.status == 200
+    assert state.lock(key, lockSeconds=60).json["acquired"] is True  # another worker takes the Failed record
+    retried = state.release(key, lockToken=token, error="ERP down")
+    assert retried.status == 200, retried.body
+    assert (retried.json["version"], retried.json["error"]) == (first.json["version"], "ERP down")
+    # a different request with the same token is still refused, and nothing was written by either
+    other = state.release(key, lockToken=token, error="something else")
+    assert other.status == 409
+    assert versions(state, key)[0] == first.json["version"] + 1
+
+
+def test_a_retried_set_after_the_record_expired_and_was_relocked_returns_the_record_it_wrote(
+    state, key
+) -> None:
+    handler = {"options": {"retentionSeconds": 1}}
+    token = state.lock(key, lockSeconds=60, handler=handler).json["lockToken"]
+    first = state.set(key, status="Processed", lockToken=token, handler=handler)
+    assert first.status == 200
+    service.catchup().run(now=utcnow() + timedelta(seconds=120))  # retention over: Expired
+    assert state.lock(key, lockSeconds=60, handler=handler).json["acquired"] is True
+    retried = state.set(key, status="Processed", lockToken=token, handler=handler)
+    assert retried.status == 200, retried.body
+    assert retried.json["version"] == first.json["version"]
+
+
+# --- item 11: every expiry judgement allows for the clock estimate's uncertainty ------------------------
+
+
+@pytest.fixture
+def skewed(monkeypatch) -> Callable[[float, float], None]:
+    """``skew(error_s, width_s)``: this instance's estimate of storage time is off by ``error_s`` and knows
+    it only within ``width_s`` (a cold instance: one ``Date`` header, whole seconds)."""
+    true_offset = SERVER_CLOCK.offset_s
+
+    def skew(error_s: float, width_s: float) -> None:
+        monkeypatch.setattr(SERVER_CLOCK, "observe", lambda *a, **k: None)
+        monkeypatch.setattr(SERVER_CLOCK, "_offset_s", true_offset + error_s)
+        monkeypatch.setattr(SERVER_CLOCK, "width_s", width_s)
+
+    return skew
+
+
+def test_a_cold_instance_does_not_take_over_a_lock_its_clock_only_thinks_expired(state, key, skewed) -> None:
+    assert state.lock(key, lockSeconds=10).json["acquired"] is True
+    skewed(15.0, 40.0)  # it believes it is 15 s later than it is; it could be 20 s either way
+    taker = state.lock(key, lockSeconds=10)
+    assert taker.json["acquired"] is False, taker.json
+
+
+def test_a_cold_catch_up_does_not_fail_a_lock_its_clock_only_thinks_expired(state, key, skewed) -> None:
+    assert state.lock(key, lockSeconds=10).json["acquired"] is True
+    skewed(15.0, 40.0)
+    service.catchup().run()
+    assert state.get(key).json["status"] == "Processing"
+
+
+def test_a_cold_holder_s_fenced_write_is_refused_once_its_lock_may_have_expired(state, key, skewed) -> None:
+    skewed(-20.0, 40.0)  # it believes it is 20 s earlier than it is: its 10 s lock is already over
+    token = state.lock(key, lockSeconds=10).json["lockToken"]
+    answer = state.set(key, status="Processed", lockToken=token)
+    assert answer.status == 409, answer.body
+    assert answer.json["type"] == "urn:settle:problem:lock-lost"
+
+
+def test_a_confident_clock_still_takes_over_an_expired_lock(state, key, skewed) -> None:
+    assert state.lock(key, lockSeconds=10).json["acquired"] is True
+    skewed(15.0, 0.02)  # 15 s on, and sure of it (the lock expired 5 s ago by this clock)
+    assert state.lock(key, lockSeconds=10).json["takeover"] is True
