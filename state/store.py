@@ -585,9 +585,13 @@ class StateStore:
             )
         return head
 
-    def _after_ambiguity(self, pk: str, rk: str, new: dict[str, Any], exc: Exception) -> Head | None:
+    def _after_ambiguity(
+        self, pk: str, rk: str, current: Head | None, new: dict[str, Any], exc: Exception
+    ) -> Head | None:
         """After a write whose answer was lost: the head when it is the version ``new`` describes; None when
-        the head is still the version ``new`` replaces (nothing was written: ask again); else a conflict."""
+        the head is still ``current``, the one ``new`` replaces (nothing was written: ask again); else a
+        conflict. ``current`` is compared by ETag, so an in-place rewrite (an extension keeps its Version)
+        is told apart from the head it replaces."""
         from azure.core.exceptions import ResourceModifiedError
 
         try:
@@ -596,8 +600,9 @@ class StateStore:
             raise exc from None  # storage cannot say: the original fault (503), never a guess
         if head is not None and _is_version(head.entity, new):
             return head
-        replaced = int(new["Version"]) - 1
-        if (head is None and replaced == 0) or (head is not None and head.version == replaced):
+        if (head is None and current is None) or (
+            head is not None and current is not None and head.etag == current.etag
+        ):
             return None
         raise ResourceModifiedError("The record changed while the write's answer was lost.") from exc
 
@@ -757,7 +762,7 @@ class StateStore:
                 # lock are ours) is success; the head as it was means nothing was written, so ask once
                 # more; anything else is another writer's change (a conflict: the caller re-decides).
                 asked_again = True
-                found = self._after_ambiguity(pk, rk, new, exc)
+                found = self._after_ambiguity(pk, rk, current, new, exc)
                 if found is None:
                     continue
                 self._hints.put(pk, rk, found)

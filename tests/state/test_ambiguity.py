@@ -28,6 +28,7 @@ class ApplyThenLose(HTTPPolicy):  # type: ignore[type-arg]
 
     def __init__(self) -> None:
         super().__init__()
+        self.apply = True  # False: the request never reaches storage (lost on the way there)
         self.left = 0
         self.match: Callable[[Any], bool] = lambda request: False
         self.lost = 0
@@ -37,11 +38,15 @@ class ApplyThenLose(HTTPPolicy):  # type: ignore[type-arg]
         self.left, self.match = times, match
 
     def send(self, request: Any) -> Any:
-        response = self.next.send(request)
         http = request.http_request
-        if http.method in ("POST", "PUT", "PATCH", "MERGE", "DELETE"):
-            self.writes += 1
-        if self.left <= 0 or not self.match(http):
+        hit = self.left > 0 and self.match(http)
+        if hit and not self.apply:
+            response = None
+        else:
+            response = self.next.send(request)
+            if http.method in ("POST", "PUT", "PATCH", "MERGE", "DELETE"):
+                self.writes += 1
+        if not hit:
             return response
         self.left -= 1
         self.lost += 1
@@ -117,7 +122,37 @@ def test_one_call_writes_one_version_when_its_answer_is_lost(call, lose, operati
         assert answer.json["acquired"] is True, answer.json
     assert lose.lost == 1
     assert answer.status == 200, answer.body
-    assert versions(state, key) == [before[0] + 1, *before]
+    # An extension rewrites the lock in place (issue 24): it adds no version; every other write adds one.
+    added = [] if operation == "extend" else [before[0] + 1]
+    assert versions(state, key) == [*added, *before]
+
+
+@pytest.mark.parametrize("operation", ["extend", "set-unfenced", "set-fenced", "relock-failed"])
+def test_a_write_lost_before_it_reached_storage_is_sent_once_more(call, lose, operation: str) -> None:
+    """The read-back finds the head as it was (same ETag): nothing was written, so the write goes out
+    once more, also for an extension, whose rewrite keeps the head's Version."""
+    state = State(call)
+    key = new_key()
+    token = state.lock(key, lockSeconds=60).json["lockToken"]
+    if operation == "relock-failed":
+        assert state.release(key, lockToken=token, error="boom").status == 200
+    before = versions(state, key)
+    lose.apply = False
+    lose.arm(1, state_writes)
+    if operation == "extend":
+        answer = state.extend(key, lockSeconds=120, lockToken=token)
+    elif operation == "set-unfenced":
+        answer = state.set(key, status="Processed")
+    elif operation == "set-fenced":
+        answer = state.set(key, status="Processed", lockToken=token)
+    else:
+        answer = state.lock(key, lockSeconds=60)
+    assert lose.lost == 1
+    assert answer.status == 200, answer.body
+    if operation == "relock-failed":
+        assert answer.json["acquired"] is True, answer.json
+    added = [] if operation == "extend" else [before[0] + 1]
+    assert versions(state, key) == [*added, *before]
 
 
 # --- item 9: a retried fenced write whose first attempt was applied returns the record it wrote --------
