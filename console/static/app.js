@@ -78,7 +78,7 @@ async function api(path, options = {}) {
   }
   const response = await fetch(API + path, init);
   const text = await response.text();
-  const data = text ? JSON.parse(text) : null;
+  const data = parseBody(text, response.ok);
   if (!response.ok) throw new ApiError(response.status, data);
   return data;
 }
@@ -107,7 +107,7 @@ function problemView(error) {
       h("p", {}, "The management API needs a signed-in operator. "), h("p", { class: "muted" }, error.message),
       h("a", { href: login }, "Sign in with Entra ID"));
   }
-  return h("div", { class: "card error", role: "alert" }, h("strong", {}, `${error.status || ""} `), error.message);
+  return h("div", { class: "card error", role: "alert" }, h("strong", {}, `${error.status || ""} `), error.message, wayBack(error));
 }
 
 function confirmDialog(title, body, okLabel, danger) {
@@ -122,7 +122,7 @@ function confirmDialog(title, body, okLabel, danger) {
     dialog.addEventListener("close", () => resolve(dialog.returnValue === "ok"), { once: true });
     dialog.returnValue = "";
     dialog.showModal();
-    (holder.querySelector("input, textarea") || ok).focus();
+    firstFocus(holder, ok, danger).focus();
   });
 }
 
@@ -157,8 +157,10 @@ async function render({ quiet } = {}) {
     else if (section === "state") view = await stateView();
     else view = await endpointsView();
   } catch (error) {
+    if (keepStale(error, main)) return;
     view = problemView(error);
   }
+  freshAgain();
   if (quiet && editing()) return; // never replace what the operator is typing into
   main.replaceChildren(view);
   document.getElementById("refresh").textContent = `Updated ${new Date().toLocaleTimeString()} · every ${REFRESH_MS / 1000} s`;
@@ -208,7 +210,8 @@ async function endpointView(endpointId, params) {
     if (params.get(name)) query.set(name, params.get(name));
   }
   query.set("pageSize", "25");
-  const page = await api(`endpoints/${segment(endpointId)}/events?${query}`);
+  const [page, known] = await Promise.all([api(`endpoints/${segment(endpointId)}/events?${query}`), knownEndpoint(endpointId)]);
+  if (!known && !page.items.length) return unknownEndpointView(endpointId);
   const filters = h("form", { class: "filters card", "aria-label": "Filters", onsubmit: (e) => {
     e.preventDefault();
     const form = new FormData(e.target);
@@ -263,7 +266,7 @@ async function eventView(endpointId, eventId) {
     ["Status", statusBadge(e.resolutionStatus, e.pendingSubStatus)],
     ["Event type", e.eventTypeId], ["Session", e.sessionId], ["Correlation", e.correlationId],
     ["Last message", `${e.messageType} ${e.lastMessageId || ""}`], ["From → To", `${e.from || "?"} → ${e.to || "?"}`],
-    ["Updated", when(e.updatedAt)], ["Reason", e.reason || e.deadLetterErrorDescription || "–"],
+    ["Updated", when(e.updatedAt)], ...failureFacts(e),
     ["Processing time", e.processingTimeMs === null ? "–" : `${e.processingTimeMs} ms`],
   ].flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v || "–")]));
   const handoff = e.pendingSubStatus === "Handoff" ? h("div", { class: "card handoff", "aria-label": "Handoff details" },
@@ -283,7 +286,7 @@ async function eventView(endpointId, eventId) {
       h("td", { "data-label": "Type" }, a.auditType + (a.accessDenied ? " (denied)" : "")),
       h("td", { "data-label": "By" }, a.auditorName),
       h("td", { "data-label": "Comment" }, a.comment || ""),
-      h("td", { "data-label": "Data" }, a.data || "")))))) : h("p", { class: "muted" }, "No audit yet.");
+      h("td", { "data-label": "Data" }, auditData(a.data))))))) : h("p", { class: "muted" }, "No audit yet.");
   return h("section", { "aria-labelledby": "event-title" },
     h("p", {}, h("a", { href: `#/endpoint/${segment(endpointId)}` }, `← Events of ${endpointId}`)),
     h("h1", { id: "event-title" }, `Event ${eventId}`),
@@ -302,7 +305,7 @@ function actionsCard(e, endpointId, eventId) {
   };
   const failed = (error) => toast(`Refused: ${error.message}`);
   const card = h("div", { class: "card", "aria-label": "Actions" }, h("h2", {}, "Actions"));
-  if (!e.actions.length) card.append(h("p", { class: "muted" }, "Nothing to do: this event's state allows no action."));
+  if (!e.actions.length) card.append(noActionNote(e, endpointId));
   if (e.actions.includes("complete")) {
     const result = h("textarea", { id: "complete-result", class: "short", rows: 3 }, "");
     card.append(h("label", {}, "Result (JSON, optional)", result),
@@ -316,10 +319,11 @@ function actionsCard(e, endpointId, eventId) {
           api(base + "complete", { method: "POST", body: { result: value } }).then(done, failed);
         } }, "Complete hand-off"),
         h("button", { type: "button", class: "danger", id: "fail", onclick: async () => {
-          const reason = h("input", { id: "fail-reason", "aria-label": "Why it failed", required: true });
-          if (!(await confirmDialog("Fail the hand-off?", [h("label", {}, "Why it failed", reason)], "Fail"))) return;
+          const reason = h("input", { id: "fail-reason", required: true });
+          const errorType = h("input", { id: "fail-type", placeholder: "ExternalJobFailed" });
+          if (!(await confirmDialog("Fail the hand-off?", [h("label", {}, "Why it failed", reason), h("label", {}, "Error type (optional)", errorType)], "Fail", true))) return;
           if (!reason.value.trim()) return toast("A reason is needed to fail a hand-off.");
-          api(base + "fail", { method: "POST", body: { errorText: reason.value } }).then(done, failed);
+          api(base + "fail", { method: "POST", body: failBody(reason.value, errorType.value) }).then(done, failed);
         } }, "Fail hand-off")));
   }
   if (e.actions.includes("resubmit")) {
@@ -333,8 +337,9 @@ function actionsCard(e, endpointId, eventId) {
           if (now !== original) edited = now;
         } catch { return toast("The payload is not valid JSON."); }
         const what = edited ? "Resubmit with changes" : "Resubmit";
-        if (!(await confirmDialog(`${what}?`, h("p", {}, `One ResubmissionRequest goes to ${endpointId}; the handler runs again.`), what))) return;
-        api(base + "resubmit", { method: "POST", body: edited ? { eventJson: edited } : {} }).then(done, failed);
+        const reason = h("input", { id: "resubmit-reason" });
+        if (!(await confirmDialog(`${what}?`, [h("p", {}, `One ResubmissionRequest goes to ${endpointId}; the handler runs again.`), h("label", {}, "Reason (optional, kept in the audit)", reason)], what))) return;
+        api(base + "resubmit", { method: "POST", body: resubmitBody(edited, reason.value) }).then(done, failed);
       } }, "Resubmit")));
   }
   if (e.actions.includes("skip")) {
@@ -456,3 +461,110 @@ window.addEventListener("hashchange", () => {
   render();
 });
 window.addEventListener("DOMContentLoaded", () => { render(); schedule(); });
+
+// -- issue 25: honest freshness, errors that say what failed, ways back --------------------------------
+
+function parseBody(text, ok) {
+  if (!text) return null;
+  try { return JSON.parse(text); } catch (error) {
+    if (ok) throw error;
+    return { detail: text.slice(0, 200) };
+  }
+}
+
+// Destructive actions start on Cancel; others on the first field, else Confirm.
+function firstFocus(holder, ok, danger) {
+  if (danger) return document.querySelector("#confirm button[value=cancel]");
+  return holder.querySelector("input, textarea") || ok;
+}
+
+function wayBack(error) {
+  if (error.status !== 404) return null;
+  const route = parseRoute();
+  const back = route.parts[0] === "event" && route.parts[1]
+    ? h("a", { href: `#/endpoint/${segment(route.parts[1])}` }, `← Events of ${route.parts[1]}`)
+    : h("a", { href: "#/" }, "← Endpoints");
+  return h("p", {}, back);
+}
+
+// Settle unreachable (network) or unavailable (5xx): keep what was shown, say since when, retry.
+let staleSince = null;
+function unreachable(error) {
+  return !(error instanceof ApiError) || error.status >= 500;
+}
+
+function keepStale(error, main) {
+  if (!unreachable(error)) return false;
+  if (!staleSince) staleSince = new Date();
+  const banner = document.getElementById("stale");
+  const shown = lastRoute === location.hash && main.querySelector("h1");
+  banner.replaceChildren(h("strong", {}, "Settle unreachable"),
+    ` since ${staleSince.toLocaleTimeString()} (${error.message}), retrying every ${REFRESH_MS / 1000} s.`,
+    shown ? " The page shows the last data received." : "");
+  banner.hidden = false;
+  return Boolean(shown);
+}
+
+function freshAgain() {
+  staleSince = null;
+  const banner = document.getElementById("stale");
+  banner.hidden = true;
+  banner.replaceChildren();
+}
+
+async function knownEndpoint(endpointId) {
+  const data = await api("endpoints");
+  return data.items.some((item) => item.endpointId === endpointId);
+}
+
+function unknownEndpointView(endpointId) {
+  return h("section", { "aria-labelledby": "list-title" },
+    h("p", {}, h("a", { href: "#/" }, "← Endpoints")),
+    h("h1", { id: "list-title" }, "Unknown endpoint"),
+    h("div", { class: "card error", role: "alert", "data-unknown-endpoint": endpointId },
+      `No endpoint named "${endpointId}" has sent anything to the resolver. Check the name (it is case-sensitive).`));
+}
+
+// The message that failed the event: its ErrorText and ErrorType (the row's last message), else the reason.
+function failureFacts(e) {
+  const content = e.messageContent && typeof e.messageContent === "object" ? e.messageContent : {};
+  const error = content.ErrorContent || null;
+  const facts = [];
+  if (error && (error.ErrorText || error.ErrorType)) {
+    facts.push(["Error", h("span", { class: "error", "data-fact": "error-text" }, error.ErrorText || "–")]);
+    facts.push(["Error type", h("code", { "data-fact": "error-type" }, error.ErrorType || "–")]);
+  }
+  const reason = e.reason || e.deadLetterErrorDescription || e.deadLetterReason;
+  if (reason || !facts.length) facts.push(["Reason", reason || "–"]);
+  if (e.deadLetterReason && e.deadLetterReason !== reason) facts.push(["Dead-letter reason", e.deadLetterReason]);
+  return facts;
+}
+
+function auditData(data) {
+  if (!data) return "";
+  return h("pre", { class: "audit-data", tabindex: "0" }, pretty(data));
+}
+
+const CONTROL_REQUESTS = ["ResubmissionRequest", "SkipRequest", "HandoffCompletedRequest", "HandoffFailedRequest", "RetryRequest"];
+function noActionNote(e, endpointId) {
+  if (CONTROL_REQUESTS.includes(e.messageType)) {
+    return h("p", { class: "muted", "data-waiting": e.messageType },
+      `Nothing to do now: the ${e.messageType} was sent at ${when(e.updatedAt)}; this event waits for ${endpointId}'s answer (it appears here when the endpoint responds).`);
+  }
+  if (e.resolutionStatus === "Pending") {
+    return h("p", { class: "muted", "data-waiting": "Pending" }, `Nothing to do: ${endpointId} has not answered yet.`);
+  }
+  return h("p", { class: "muted" }, "Nothing to do: this event's state allows no action.");
+}
+
+function failBody(text, type) {
+  const body = { errorText: text };
+  if (type.trim()) body.errorType = type.trim();
+  return body;
+}
+
+function resubmitBody(edited, reason) {
+  const body = edited ? { eventJson: edited } : {};
+  if (reason.trim()) body.reason = reason.trim();
+  return body;
+}
