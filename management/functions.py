@@ -34,6 +34,7 @@ from management.models import (
     EventPage,
     EventSummary,
     FailRequest,
+    FindAnswer,
     OperatorEventView,
     PoisonEntry,
     PoisonPage,
@@ -635,4 +636,52 @@ def audits_search(req: func.HttpRequest) -> AuditSearchPage:
             for row in found.items
         ],
         continuation_token=encode_continuation(found.last_key) if found.last_key else None,
+    )
+
+
+@operation(
+    bp,
+    route="v1/find",
+    method="GET",
+    summary="Events across endpoints by event id (or id prefix) or by session id (index rows, no scan)",
+    response=FindAnswer,
+    responses={**_AUTH, 400: "Neither eventId nor sessionId, or a prefix too short"},
+    parameters=(
+        {"name": "eventId", "in": "query", "schema": {"type": "string", "minLength": 3}},
+        {"name": "sessionId", "in": "query", "schema": {"type": "string"}},
+    ),
+    anonymous=True,
+    tag=_TAG,
+)
+def find_events(req: func.HttpRequest) -> FindAnswer:
+    require_operator(req)
+    from management import find
+
+    event_id, session_id = req.params.get("eventId"), req.params.get("sessionId")
+    if event_id:
+        return FindAnswer(items=find.by_event_id(service.store(), event_id))
+    if session_id:
+        return FindAnswer(items=find.by_session(service.store(), session_id))
+    raise InvalidInput("Give eventId (an id or its first characters) or sessionId.", field="eventId")
+
+
+@operation(
+    bp,
+    route="v1/failed",
+    method="GET",
+    summary="Failed and dead-lettered events across endpoints, newest change first",
+    response=FindAnswer,
+    responses={**_AUTH, 400: "Invalid parameter"},
+    parameters=(
+        {"name": "pageSize", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 200}},
+    ),
+    anonymous=True,
+    tag=_TAG,
+)
+def failed_events(req: func.HttpRequest) -> FindAnswer:
+    require_operator(req)
+    from management import find
+
+    return FindAnswer(
+        items=find.failed(service.store(), service.overview(), per_endpoint=_page_size(req, 50, 200))
     )

@@ -288,3 +288,7 @@ class AuditSearchEntry(AuditEntry):
 class AuditSearchPage(ApiModel):
     items: list[AuditSearchEntry]
     continuation_token: str | None
+
+
+class FindAnswer(ApiModel):
+    items: list[EventSummary]

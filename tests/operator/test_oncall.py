@@ -175,3 +175,55 @@ def test_audit_search_checks_its_window_and_token(call):
     )
     assert wide.status == 400 and wide.json["field"] == "from"
     assert call("audits_search", method="GET", params={"continuationToken": "xx"}).status == 400
+
+
+def test_an_event_is_found_by_id_or_prefix_and_a_session_across_endpoints(call, resolve):
+    tag = uuid.uuid4().hex[:8]
+    billing, shipping = f"FindB-{tag}", f"FindS-{tag}"
+    session = f"customer-{tag}"
+    one = Flow(endpoint=billing, event_id=f"inv-{tag}-1")
+    two = Flow(endpoint=shipping, event_id=f"inv-{tag}-2")
+    other = Flow(endpoint=billing, event_id=f"oth-{tag}")
+    resolve(nimbus("EventRequest", endpoint=billing, event_id=one.event_id, session_id=session))
+    resolve(nimbus("EventRequest", endpoint=shipping, event_id=two.event_id, session_id=session))
+    failed_event(resolve, other)  # another session (the helper's default)
+    exact = call("find_events", method="GET", params={"eventId": one.event_id}).json["items"]
+    assert [(e["endpointId"], e["eventId"]) for e in exact] == [(billing, one.event_id)]
+    prefix = call("find_events", method="GET", params={"eventId": f"inv-{tag}"}).json["items"]
+    assert sorted((e["endpointId"], e["eventId"]) for e in prefix) == [
+        (billing, one.event_id),
+        (shipping, two.event_id),
+    ]
+    sessions = call("find_events", method="GET", params={"sessionId": session}).json["items"]
+    assert [(e["endpointId"], e["eventId"], e["sessionId"]) for e in sessions] == [
+        (billing, one.event_id, session),
+        (shipping, two.event_id, session),
+    ]
+    assert call("find_events", method="GET", params={"eventId": "ab"}).json["field"] == "eventId"
+    assert call("find_events", method="GET", params={}).status == 400
+    failed = call("failed_events", method="GET", params={"pageSize": "200"}).json["items"]
+    mine = [e for e in failed if e["endpointId"] in (billing, shipping)]
+    assert [(e["eventId"], e["resolutionStatus"], e["reason"]) for e in mine] == [
+        (other.event_id, "Failed", "ERP timeout")
+    ]
+
+
+def test_the_session_index_row_is_written_in_the_event_rows_transaction(resolve, flow):
+    resolve(nimbus("EventRequest", endpoint=flow.endpoint, event_id=flow.event_id, session_id="s-1"))
+    resolve(
+        nimbus(
+            "ErrorResponse",
+            endpoint=flow.endpoint,
+            event_id=flow.event_id,
+            session_id="s-1",
+            message_id="err-x",
+            parent="req-1",
+            error_text="boom",
+        )
+    )
+    table = service.store().table(keys.EVENTS_TABLE)
+    low, high = keys.session_range("s-1")
+    query = f"PartitionKey eq '{keys.partition(flow.endpoint)}' and RowKey ge '{low}' and RowKey lt '{high}'"
+    assert [e["EventId"] for e in table.query_entities(query)] == [
+        flow.event_id
+    ]  # one row, not one per message
