@@ -46,7 +46,7 @@ from management.models import (
     StuckRecords,
 )
 from management.principal import actor_of, require_operator
-from state.schemas import HistoryRequest
+from state.schemas import HistoryRequest, QueryRequest, RecordPage
 
 bp = func.Blueprint()
 
@@ -685,3 +685,22 @@ def failed_events(req: func.HttpRequest) -> FindAnswer:
     return FindAnswer(
         items=find.failed(service.store(), service.overview(), per_endpoint=_page_size(req, 50, 200))
     )
+
+
+@operation(
+    bp,
+    route="v1/records/query",
+    method="POST",
+    summary="Records of a tenant by scope (id or name), entity, status and time, for operators (state query)",
+    request=QueryRequest,
+    response=RecordPage,
+    responses={**_AUTH, 400: "Invalid filter (the problem names the field)"},
+    anonymous=True,
+    tag=_TAG,
+)
+def records_query(req: func.HttpRequest) -> RecordPage:
+    require_operator(req)
+    from state import service as state_service
+
+    body: QueryRequest = parse_body(req, QueryRequest)
+    return state_service.handler(body.handler).query(body)

@@ -83,6 +83,7 @@ def browser_page(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         errors: list[str] = []
         page.on("pageerror", lambda exc: errors.append(str(exc)))
         page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
+        page.settle_errors = errors  # type: ignore[attr-defined]  # a test that provokes an error on purpose removes it (forgive_errors)
         yield page
         context.close()
         assert not [e for e in errors if "401" not in e], f"the page logged errors: {errors}"
@@ -141,3 +142,9 @@ def api_json(base_url: str, path: str) -> Any:
     response = httpx.get(f"{base_url}/api/v1/{path}", timeout=30)
     assert response.status_code == 200, response.text
     return json.loads(response.text)
+
+
+def forgive_errors(page: Any, *fragments: str) -> None:
+    """Drop the browser's error lines a test provoked on purpose (a 404, an unreachable API)."""
+    errors: list[str] = page.settle_errors
+    errors[:] = [e for e in errors if not any(f in e for f in fragments)]
