@@ -272,6 +272,7 @@ def test_bulk_resubmit_of_all_matching_with_progress_and_a_partial_failure(
     page.click("#bulk-matching")
     timeouts = [demo.ident(f"inv-{2000 + n}") for n in range(1, 13) if n % 4 == 0]
     expect(page.locator("#bulk-count")).to_have_text(f"{len(timeouts)} selected")
+    check_both_widths(page, shots, "bulk-select", "input[data-select]:checked")
     # Meanwhile another operator skips one of them: that event's resubmit is refused, the others go on
     skipped = api_post(host.base_url, f"events/Billing/{timeouts[0]}/skip", {"by": "carol"})
     assert skipped.status_code == 202, skipped.text
