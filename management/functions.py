@@ -611,7 +611,9 @@ def audits_search(req: func.HttpRequest) -> AuditSearchPage:
     from management.audits import search
     from management.overview import decode_continuation, encode_continuation
 
-    newest = _time(req, "to") or utcnow()
+    # No "to": up to now, plus the skew Settle's clock may move by (it follows storage's clock), so an
+    # audit written a moment ago is never outside the default window.
+    newest = _time(req, "to") or utcnow() + timedelta(minutes=5)
     oldest = _time(req, "from") or newest - timedelta(days=1)
     token = req.params.get("continuationToken")
     found = search(
