@@ -743,6 +743,7 @@ async function listingExtras(view, endpointId, params) {
       row.prepend(h("td", { "data-label": "Select" }, box));
     }
     view.querySelector("form.filters").after(errorFilterForm(`#/endpoint/${segment(endpointId)}`, params, filter, shown, total));
+    if (!shown) table.closest(".scroll").replaceWith(h("p", { id: "error-none" }, "No event on this page matches the error text."));
   } else {
     view.querySelector("form.filters").after(errorFilterForm(`#/endpoint/${segment(endpointId)}`, params, filter, 0, 0));
   }
@@ -918,19 +919,19 @@ function stateExtras(view) {
   const browse = h("form", { class: "card filters", id: "browse", "aria-label": "Browse records", onsubmit: async (ev) => {
     ev.preventDefault();
     const data = new FormData(ev.target);
-    const body = { tenantId: Number(data.get("tenantId")), pageSize: 50 };
-    if (data.get("scope")) body.scope = String(data.get("scope"));
-    if (data.get("entityId")) body.entityId = Number(data.get("entityId"));
-    if (data.get("status")) body.status = String(data.get("status"));
+    const body = { tenantId: Number(data.get("browseTenantId")), pageSize: 50 };
+    if (data.get("browseScope")) body.scope = String(data.get("browseScope"));
+    if (data.get("browseEntityId")) body.entityId = Number(data.get("browseEntityId"));
+    if (data.get("browseStatus")) body.status = String(data.get("browseStatus"));
     try { stateQuery = { body, page: await api("records/query", { method: "POST", body }) }; } catch (error) { stateQuery = { body, error }; }
     render();
   } },
-    h("label", {}, "Tenant id", h("input", { name: "tenantId", type: "number", required: true, value: stateQuery ? stateQuery.body.tenantId : "" })),
-    h("label", {}, "Scope", h("select", { name: "scope", id: "browse-scope" }, h("option", { value: "" }, "Any"),
+    h("label", {}, "Tenant id", h("input", { name: "browseTenantId", type: "number", required: true, value: stateQuery ? stateQuery.body.tenantId : "" })),
+    h("label", {}, "Scope", h("select", { name: "browseScope", id: "browse-scope" }, h("option", { value: "" }, "Any"),
       ["App", "Process", "Thread", "Element", "ProcessExecution", "ThreadExecution", "ElementExecution"]
         .map((name) => h("option", { value: name, selected: stateQuery && stateQuery.body.scope === name }, name)))),
-    h("label", {}, "Entity (node) id", h("input", { name: "entityId", type: "number", value: stateQuery && stateQuery.body.entityId !== undefined ? stateQuery.body.entityId : "" })),
-    h("label", {}, "Status", h("select", { name: "status", id: "browse-status" }, h("option", { value: "" }, "Any"),
+    h("label", {}, "Entity (node) id", h("input", { name: "browseEntityId", type: "number", value: stateQuery && stateQuery.body.entityId !== undefined ? stateQuery.body.entityId : "" })),
+    h("label", {}, "Status", h("select", { name: "browseStatus", id: "browse-status" }, h("option", { value: "" }, "Any"),
       ["Processing", "Processed", "Failed", "Skipped", "Expired"].map((name) => h("option", { value: name, selected: stateQuery && stateQuery.body.status === name }, name)))),
     h("button", { type: "submit", id: "browse-go" }, "Browse"));
   const results = stateQuery ? (stateQuery.error ? problemView(stateQuery.error) : h("div", { id: "browse-results" },
