@@ -45,7 +45,7 @@ from management.models import (
     SkipRequest,
     StuckRecords,
 )
-from management.principal import actor_of, require_operator
+from management.principal import actor_of, allowed, denial, require_operator
 from state.schemas import HistoryRequest, QueryRequest, RecordPage
 
 bp = func.Blueprint()
@@ -580,6 +580,8 @@ def endpoint_bulk(req: func.HttpRequest) -> BulkAnswer:
                 accepted=accepted,
             )
         )
+    if not allowed(actor):  # each event has its AccessDenied audit (the single action's); the call is 403
+        raise denial(actor)
     ok = sum(1 for a in answers if a.status == 202)
     return BulkAnswer(action=body.action, accepted=ok, refused=len(answers) - ok, items=answers)
 

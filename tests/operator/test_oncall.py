@@ -148,6 +148,16 @@ def test_bulk_resubmit_is_the_single_action_per_event_with_per_event_results(cal
     assert all(i["status"] == 202 and i["accepted"]["replayed"] for i in again.json["items"])
     assert len(transport.sent) == 4
     assert all(_control_messages(flow.endpoint, e) == (1, 1) for e in ids)
+    # A principal without the operator role: 403, one AccessDenied audit per event, nothing sent
+    denied = call(
+        "endpoint_bulk",
+        {"action": "skip", "eventIds": ids[:2]},
+        route_params={"endpointId": flow.endpoint},
+        headers=principal_headers("mallory"),
+    )
+    assert denied.status == 403
+    assert len(transport.sent) == 4
+    assert all(_control_messages(flow.endpoint, e) == (1, 2) for e in ids[:2])
     # The audit search finds them by endpoint, type and operator (one copy per audit, however retried)
     found = _audits(call, endpointId=flow.endpoint, auditType="Resubmit", by="alice")
     assert sorted(a["eventId"] for a in found) == sorted(ids)
