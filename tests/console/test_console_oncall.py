@@ -384,4 +384,12 @@ def test_state_records_are_browsed_by_node_status_and_scope_name_with_error_and_
     check_both_widths(page, shots, "state-browse", "#browse-results")
     results.locator("[data-lookup='ORD-1']").click()
     expect(page.locator("#record h2").first).to_have_text("Record: Failed")
-    expect(page.locator("#record")).to_contain_text("period closed")
+    # The history shows the error column (the version that failed)
+    expect(page.locator('#record td[data-label="Error"]').first).to_contain_text("period closed")
+    # A record stuck in Processing past its lock links to its lookup
+    stuck = {**key, "itemKey": "ORD-STUCK"}
+    assert httpx.post(f"{base}/lock", json={"key": stuck, "lockSeconds": 1}, timeout=30).json()["acquired"]
+    link = page.locator("[data-lookup='ORD-STUCK']")
+    expect(link).to_be_visible(timeout=WAIT_MS * 2)  # the page polls; the expiry index row comes due
+    link.click()
+    expect(page.locator("#record h2").first).to_have_text("Record: Processing")
