@@ -237,3 +237,24 @@ def test_the_session_index_row_is_written_in_the_event_rows_transaction(resolve,
     assert [e["EventId"] for e in table.query_entities(query)] == [
         flow.event_id
     ]  # one row, not one per message
+
+
+def test_find_reads_one_range_per_endpoint_never_a_scan(resolve, fresh_tables):
+    from common.roundtrips import ROUND_TRIPS
+    from management import find
+
+    for endpoint in ("Alpha", "Beta", "Gamma"):
+        for n in range(3):
+            resolve(
+                nimbus("EventRequest", endpoint=endpoint, event_id=f"{endpoint}-{n}", session_id=f"s-{n}")
+            )
+    store = service.store()
+    with ROUND_TRIPS.measure() as tally:
+        assert [e.event_id for e in find.by_event_id(store, "Beta-1")] == ["Beta-1"]
+    assert tally.requests == 1 + 3  # the endpoint list, one bounded range per endpoint
+    with ROUND_TRIPS.measure() as tally:
+        assert [e.endpoint_id for e in find.by_session(store, "s-2")] == ["Alpha", "Beta", "Gamma"]
+    assert tally.requests == 1 + 3 + 3  # the endpoint list, one ss| range per endpoint, one read per event
+    with ROUND_TRIPS.measure() as tally:
+        assert find.failed(store, service.overview(), per_endpoint=50) == []
+    assert tally.requests == 1 + 2 * 3  # the endpoint list, the first page of two buckets per endpoint
