@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install chromium run test lint typecheck pytest bench bench-smoke bench-report reliability infra-check infra-types azurite table-export table-restore clean
+.PHONY: install chromium run demo test lint typecheck pytest bench bench-smoke bench-report reliability infra-check infra-types azurite table-export table-restore clean
 
 CHROMIUM := /usr/bin/chromium
 
@@ -28,6 +28,9 @@ install: $(STAMP) ## Create .venv and install Python and npm dependencies (once)
 
 run: $(STAMP) ## Run Settle locally on :7071 against Azurite (func start if installed, else the dev host).
 	$(PY) -m devtools.run
+
+demo: $(STAMP) ## Realistic traffic through the resolver of a running `make run` (SETTLE_DEMO_URL), for the console.
+	$(PY) -m devtools.demo $(DEMO_ARGS)
 
 test: $(STAMP) lint typecheck pytest ## Lint, type-check and run the whole test suite (starts Azurite itself).
 

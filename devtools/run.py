@@ -151,6 +151,11 @@ def main(argv: list[str] | None = None) -> int:
         say(f"wrote {args.settings} from local.settings.json.example (git ignores it; edit it freely).")
     settings = read_settings(args.settings)
     command, name = app_command(args.host, args.port, args.settings)
+    if port_open(args.port):  # checked before Azurite starts, so nothing is left behind
+        raise SystemExit(
+            f"[make run] port {args.port} is taken (another `make run` or app?); stop it, or choose another "
+            "port with --port PORT (or SETTLE_RUN_PORT)."
+        )
 
     stopping = False
 

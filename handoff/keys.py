@@ -23,6 +23,7 @@ RowKey                             row
 ``ct|0``                           the counts snapshot of the endpoint
 ``ct|d|{stamp}|{id}``              a counts delta (insert-only, written with the change it counts)
 ``pz|{day}|{poisonRowKey}``        an unreplayed poison message attributed to this endpoint
+``ss|{sessionId}|{eventId}``       the events of one session (insert-only, with the event row's insert)
 =================================  =====================================================================
 
 Every row of one event shares the prefix ``ev|{eventId}|``, so the event read (row + history + audits)
@@ -213,3 +214,15 @@ POISON_INDEX_RANGE = ("pz|", "pz}")
 
 def poison_index_row(day: str, poison_row_key: str) -> str:
     return checked(f"pz|{day}|{encode(poison_row_key)}", field="id")
+
+
+# -- find (operators): the events of one session -----------------------------------------------------
+
+
+def session_row(session_id: str, event_id: str) -> str:
+    return checked(f"ss|{encode(session_id)}|{encode(event_id)}", field="sessionId")
+
+
+def session_range(session_id: str) -> tuple[str, str]:
+    prefix = checked(f"ss|{encode(session_id)}|", field="sessionId")
+    return prefix, prefix[:-1] + "}"

@@ -423,6 +423,10 @@ class PoisonRow(TableRecord):
     replay_outcome: str | None = None
     replay_detail: str | None = None
     replay_count: int = 0
+    # Dismissed (archived) by an operator: no fix will ever project it (merged If-Match the row's ETag).
+    dismissed_at: datetime | None = None
+    dismissed_by: str | None = None
+    dismiss_reason: str | None = None
 
     @classmethod
     def body_columns(cls, body: bytes) -> dict[str, str]:

@@ -356,6 +356,9 @@ class ResolverService:
                 ops.append(store.delete(pk, before))
             if after and index_row is not None:
                 ops.append(store.insert(index_row.to_entity(pk, after)))
+        if current is None and row.session_id:  # the session index (operators' find), insert-only
+            key = keys.session_row(row.session_id, row.event_id)
+            ops.append(store.insert({"PartitionKey": pk, "RowKey": key, "EventId": row.event_id}))
         return ops + self._operator_ops(pk, row, current)
 
     def _operator_ops(self, pk: str, row: EventRow, current: EventRow | None) -> list[Operation]:

@@ -22,13 +22,20 @@ from handoff import service
 from handoff.contract import MessageType
 from management.models import (
     ActionAccepted,
+    AuditSearchEntry,
+    AuditSearchPage,
+    BulkAnswer,
+    BulkItemAnswer,
+    BulkRequest,
     CompleteRequest,
     Counts,
+    DismissRequest,
     EndpointsOverview,
     EndpointSummary,
     EventPage,
     EventSummary,
     FailRequest,
+    FindAnswer,
     OperatorEventView,
     PoisonEntry,
     PoisonPage,
@@ -39,8 +46,8 @@ from management.models import (
     SkipRequest,
     StuckRecords,
 )
-from management.principal import actor_of, require_operator
-from state.schemas import HistoryRequest
+from management.principal import actor_of, allowed, denial, require_operator
+from state.schemas import HistoryRequest, QueryRequest, RecordPage
 
 bp = func.Blueprint()
 
@@ -235,7 +242,9 @@ def endpoint_event(req: func.HttpRequest) -> OperatorEventView:
 
 def _accepted(result: Any) -> ActionAccepted:
     from handoff.models import AuditEntry
+    from management.audits import mirror
 
+    mirror(service.store(), result.audit)
     audit = AuditEntry.of(result.audit) if result.audit is not None else None
     accepted = result.accepted
     telemetry.current().set_outcome(
@@ -252,7 +261,7 @@ def _counted(action: str, req: func.HttpRequest, *ids: str) -> Iterator[None]:
     is in the audit row, not in telemetry."""
     names = (
         ("nimbus.endpoint", "nimbus.event_id")
-        if action != "replay"
+        if action not in ("replay", "dismiss")
         else ("settle.poison.day", "settle.poison.id")
     )
     telemetry.annotate({name: req.route_params.get(route) for name, route in zip(names, ids, strict=True)})
@@ -433,7 +442,12 @@ def poison_replay(req: func.HttpRequest) -> ReplayAnswer:
     with _counted("replay", req, "day", "id"):
         body: ReplayRequest = _body(req, ReplayRequest)
         actor = actor_of(req, body.by)
-        result = service.poison_desk().replay(_route(req, "day"), _route(req, "id"), actor)
+        from management.poison import Edits
+
+        edits = Edits(
+            message_content=body.message_content, application_properties=body.application_properties
+        )
+        result = service.poison_desk().replay(_route(req, "day"), _route(req, "id"), actor, edits)
         telemetry.current().set_outcome(result.outcome)
         return ReplayAnswer(
             outcome=result.outcome,
@@ -481,3 +495,220 @@ def records_stuck(req: func.HttpRequest) -> StuckRecords:
 
     items = stuck()
     return StuckRecords(count=len(items), items=items)
+
+
+# -- issue 25: dismiss poison, bulk actions, audit search, find ------------------------------------------
+
+
+@operation(
+    bp,
+    route="v1/poison/{day}/{id}/dismiss",
+    method="POST",
+    span="settle.operator.dismiss",
+    summary="Dismiss (archive) a poison message no fix will project: recorded with its reason, audited",
+    request=DismissRequest,
+    response=PoisonEntry,
+    responses={
+        **_AUTH,
+        400: "No reason",
+        404: "Unknown poison message",
+        409: "Dismissed or projected before",
+    },
+    parameters=(
+        {"name": "day", "in": "path", "required": True, "schema": {"type": "string"}},
+        {"name": "id", "in": "path", "required": True, "schema": {"type": "string"}},
+    ),
+    anonymous=True,
+    tag=_TAG,
+)
+def poison_dismiss(req: func.HttpRequest) -> PoisonEntry:
+    with _counted("dismiss", req, "day", "id"):
+        body: DismissRequest = parse_body(req, DismissRequest)
+        actor = actor_of(req, body.by)
+        day = _route(req, "day")
+        row = service.poison_desk().dismiss(day, _route(req, "id"), actor, body.reason)
+        return PoisonEntry.of(day, row)
+
+
+@operation(
+    bp,
+    route="v1/endpoints/{endpointId}/bulk",
+    method="POST",
+    span="settle.operator.bulk",
+    summary="Resubmit or skip up to 50 events: the single action once per event, a result per event",
+    request=BulkRequest,
+    response=BulkAnswer,
+    responses={**_AUTH, 400: "Invalid input (the problem names the field)"},
+    parameters=(_ENDPOINT,),
+    anonymous=True,
+    tag=_TAG,
+)
+def endpoint_bulk(req: func.HttpRequest) -> BulkAnswer:
+    from management import bulk
+    from management.audits import mirror
+
+    body: BulkRequest = parse_body(req, BulkRequest)
+    actor = actor_of(req, body.by)
+    endpoint_id = _route(req, "endpointId")
+    store = service.store()
+
+    def done(item: bulk.BulkItem) -> None:
+        outcome = "accepted" if item.status == 202 else item.slug or "error"
+        telemetry.add("settle.operator.actions", action=f"bulk-{body.action}", outcome=outcome)
+        if item.result is not None:
+            mirror(store, item.result.audit)
+
+    items = bulk.run(
+        service.operator_actions(),
+        endpoint_id,
+        list(dict.fromkeys(body.event_ids)),  # one action per event, however often it was selected
+        actor,
+        action=body.action,
+        reason=body.reason,
+        on_done=done,
+    )
+    answers = []
+    for item in items:
+        accepted = None
+        if item.result is not None:
+            from handoff.models import AuditEntry
+
+            audit = AuditEntry.of(item.result.audit) if item.result.audit is not None else None
+            accepted = ActionAccepted.of(item.result.action, item.result.accepted, audit)
+        answers.append(
+            BulkItemAnswer(
+                event_id=item.event_id,
+                status=item.status,
+                problem=item.slug,
+                detail=item.detail,
+                accepted=accepted,
+            )
+        )
+    if not allowed(actor):  # each event has its AccessDenied audit (the single action's); the call is 403
+        raise denial(actor)
+    ok = sum(1 for a in answers if a.status == 202)
+    return BulkAnswer(action=body.action, accepted=ok, refused=len(answers) - ok, items=answers)
+
+
+@operation(
+    bp,
+    route="v1/audits",
+    method="GET",
+    summary="Operator audits by endpoint, type, operator and time (hoaudit by day; oldest first)",
+    response=AuditSearchPage,
+    responses={**_AUTH, 400: "Invalid parameter"},
+    parameters=(
+        {"name": "from", "in": "query", "schema": {"type": "string", "format": "date-time"}},
+        {"name": "to", "in": "query", "schema": {"type": "string", "format": "date-time"}},
+        {"name": "endpointId", "in": "query", "schema": {"type": "string"}},
+        {"name": "auditType", "in": "query", "schema": {"type": "string"}},
+        {"name": "by", "in": "query", "schema": {"type": "string"}},
+        {"name": "pageSize", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 200}},
+        {"name": "continuationToken", "in": "query", "schema": {"type": "string"}},
+    ),
+    anonymous=True,
+    tag=_TAG,
+)
+def audits_search(req: func.HttpRequest) -> AuditSearchPage:
+    require_operator(req)
+    from datetime import timedelta
+
+    from common.clock import utcnow
+    from management.audits import search
+    from management.overview import decode_continuation, encode_continuation
+
+    # No "to": up to now, plus the skew Settle's clock may move by (it follows storage's clock), so an
+    # audit written a moment ago is never outside the default window.
+    newest = _time(req, "to") or utcnow() + timedelta(minutes=5)
+    oldest = _time(req, "from") or newest - timedelta(days=1)
+    token = req.params.get("continuationToken")
+    found = search(
+        service.store(),
+        oldest=oldest,
+        newest=newest,
+        endpoint_id=req.params.get("endpointId") or None,
+        audit_type=req.params.get("auditType") or None,
+        by=req.params.get("by") or None,
+        page_size=_page_size(req, 50, 200),
+        after=decode_continuation(token) if token else None,
+    )
+    from handoff.models import AuditEntry
+
+    return AuditSearchPage(
+        items=[
+            AuditSearchEntry(
+                **AuditEntry.of(row).model_dump(by_alias=False),
+                endpoint_id=row.endpoint_id,
+                event_id=row.event_id,
+            )
+            for row in found.items
+        ],
+        continuation_token=encode_continuation(found.last_key) if found.last_key else None,
+    )
+
+
+@operation(
+    bp,
+    route="v1/find",
+    method="GET",
+    summary="Events across endpoints by event id (or id prefix) or by session id (index rows, no scan)",
+    response=FindAnswer,
+    responses={**_AUTH, 400: "Neither eventId nor sessionId, or a prefix too short"},
+    parameters=(
+        {"name": "eventId", "in": "query", "schema": {"type": "string", "minLength": 3}},
+        {"name": "sessionId", "in": "query", "schema": {"type": "string"}},
+    ),
+    anonymous=True,
+    tag=_TAG,
+)
+def find_events(req: func.HttpRequest) -> FindAnswer:
+    require_operator(req)
+    from management import find
+
+    event_id, session_id = req.params.get("eventId"), req.params.get("sessionId")
+    if event_id:
+        return FindAnswer(items=find.by_event_id(service.store(), event_id))
+    if session_id:
+        return FindAnswer(items=find.by_session(service.store(), session_id))
+    raise InvalidInput("Give eventId (an id or its first characters) or sessionId.", field="eventId")
+
+
+@operation(
+    bp,
+    route="v1/failed",
+    method="GET",
+    summary="Failed and dead-lettered events across endpoints, newest change first",
+    response=FindAnswer,
+    responses={**_AUTH, 400: "Invalid parameter"},
+    parameters=(
+        {"name": "pageSize", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 200}},
+    ),
+    anonymous=True,
+    tag=_TAG,
+)
+def failed_events(req: func.HttpRequest) -> FindAnswer:
+    require_operator(req)
+    from management import find
+
+    return FindAnswer(
+        items=find.failed(service.store(), service.overview(), per_endpoint=_page_size(req, 50, 200))
+    )
+
+
+@operation(
+    bp,
+    route="v1/records/query",
+    method="POST",
+    summary="Records of a tenant by scope (id or name), entity, status and time, for operators (state query)",
+    request=QueryRequest,
+    response=RecordPage,
+    responses={**_AUTH, 400: "Invalid filter (the problem names the field)"},
+    anonymous=True,
+    tag=_TAG,
+)
+def records_query(req: func.HttpRequest) -> RecordPage:
+    require_operator(req)
+    from state import service as state_service
+
+    body: QueryRequest = parse_body(req, QueryRequest)
+    return state_service.handler(body.handler).query(body)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, StringConstraints
 
@@ -124,6 +124,17 @@ class FailRequest(RequestModel):
 
 class ReplayRequest(RequestModel):
     by: Name | None = None
+    message_content: EventJson | None = Field(
+        default=None, description="Edit-and-replay: the body to replay instead of the stored one (text)."
+    )
+    application_properties: dict[str, Any] | None = Field(
+        default=None, description="Edit-and-replay: the application properties to replay with (whole)."
+    )
+
+
+class DismissRequest(RequestModel):
+    reason: Reason = Field(description="Why no fix will ever project it (kept on the row and in the audit).")
+    by: Name | None = None
 
 
 class ActionAccepted(ApiModel):
@@ -182,6 +193,9 @@ class PoisonEntry(ApiModel):
     replay_outcome: str | None
     replay_detail: str | None
     replay_count: int
+    dismissed_at: datetime | None = None
+    dismissed_by: str | None = None
+    dismiss_reason: str | None = None
 
     @classmethod
     def of(cls, day: str, row: PoisonRow) -> PoisonEntry:
@@ -211,6 +225,9 @@ class PoisonEntry(ApiModel):
             replay_outcome=row.replay_outcome,
             replay_detail=row.replay_detail or None,
             replay_count=row.replay_count,
+            dismissed_at=row.dismissed_at,
+            dismissed_by=row.dismissed_by,
+            dismiss_reason=row.dismiss_reason,
         )
 
 
@@ -235,3 +252,43 @@ class RecordLookup(ApiModel):
 class StuckRecords(ApiModel):
     count: int
     items: list[Record]
+
+
+class BulkRequest(RequestModel):
+    action: Literal["resubmit", "skip"]
+    event_ids: list[Annotated[str, StringConstraints(min_length=1, max_length=512)]] = Field(
+        min_length=1,
+        max_length=50,
+        description="At most 50 per call; the console sends a selection in chunks.",
+    )
+    reason: Reason | None = None
+    by: Name | None = None
+
+
+class BulkItemAnswer(ApiModel):
+    event_id: str
+    status: int = Field(description="202 accepted (or answered from its claim), else the problem's status.")
+    problem: str | None = Field(default=None, description="The problem's slug when refused or failed.")
+    detail: str | None = None
+    accepted: ActionAccepted | None = None
+
+
+class BulkAnswer(ApiModel):
+    action: str
+    accepted: int
+    refused: int
+    items: list[BulkItemAnswer]
+
+
+class AuditSearchEntry(AuditEntry):
+    endpoint_id: str
+    event_id: str
+
+
+class AuditSearchPage(ApiModel):
+    items: list[AuditSearchEntry]
+    continuation_token: str | None
+
+
+class FindAnswer(ApiModel):
+    items: list[EventSummary]

@@ -43,6 +43,23 @@ class AlreadyReplayed(Conflict):
     title = "This poison message was replayed already"
 
 
+class AlreadyDismissed(Conflict):
+    slug = "already-dismissed"
+    title = "This poison message was dismissed"
+
+
+@dataclass(frozen=True)
+class Edits:
+    """Edit-and-replay: what the operator changed before the message goes through the resolver again."""
+
+    message_content: str | None = None
+    application_properties: dict[str, Any] | None = None
+
+    @property
+    def any(self) -> bool:
+        return self.message_content is not None or self.application_properties is not None
+
+
 @dataclass(frozen=True)
 class ReplayResult:
     row: PoisonRow
@@ -87,22 +104,30 @@ class PoisonDesk:
     def page(self, day: str, *, after: str | None, limit: int) -> tuple[list[PoisonRow], str | None]:
         return self.store.poison_page(check_day(day), after=after, limit=limit)
 
-    def replay(self, day: str, row_key: str, actor: Actor) -> ReplayResult:
+    def replay(self, day: str, row_key: str, actor: Actor, edits: Edits | None = None) -> ReplayResult:
         day = check_day(day)
+        edits = edits or Edits()
+        kind = "ReplayPoisonWithChanges" if edits.any else "ReplayPoison"
         row = self.store.get_poison(day, row_key)
         if not allowed(actor):  # before existence: a refused caller learns nothing about the row
             if row is not None:
-                self._audit(day, row_key, actor, "ReplayPoison", denied=True)
+                self._audit(day, row_key, actor, kind, denied=True, endpoint_id=row.endpoint_id)
             raise denial(actor)
         if row is None:
             raise NotFound(f"No poison message {row_key!r} on {day}.")
+        if row.dismissed_at is not None:
+            raise AlreadyDismissed(
+                f"Poison message {row_key!r} was dismissed at {row.dismissed_at} by {row.dismissed_by!r}: "
+                f"{row.dismiss_reason}",
+                field="id",
+            )
         if row.replay_outcome in PROJECTED:
             raise AlreadyReplayed(
                 f"Poison message {row_key!r} was replayed at {row.replayed_at} by {row.replayed_by!r} "
                 f"({row.replay_outcome}); a second replay could only be a duplicate.",
                 field="id",
             )
-        outcome, detail = self._project(row)
+        outcome, detail = self._project(row, edits)
         recorded = self._record(day, row_key, row, actor, outcome, detail)
         if recorded is None:  # another replay recorded first: answer with its record
             again = self.store.get_poison(day, row_key)
@@ -110,10 +135,72 @@ class PoisonDesk:
             return ReplayResult(again, day, again.replay_outcome or outcome, again.replay_detail, False)
         if outcome in PROJECTED:
             self._uncount(day, row_key, recorded)
-        self._audit(day, row_key, actor, "ReplayPoison", outcome=outcome)
+        self._audit(
+            day,
+            row_key,
+            actor,
+            kind,
+            outcome=outcome,
+            endpoint_id=row.endpoint_id,
+            edits=edits if edits.any else None,
+        )
         return ReplayResult(recorded, day, outcome, detail, True)
 
-    def _project(self, row: PoisonRow) -> tuple[str, str | None]:
+    def dismiss(self, day: str, row_key: str, actor: Actor, reason: str) -> PoisonRow:
+        """Dismiss (archive) a poison message no fix will ever project: the row records who, when and
+        why (merged ``If-Match`` its ETag), its count goes (``pz|`` index row and a ``-1 Poison`` delta in
+        one transaction), one ``DismissPoison`` audit in ``hoaudit`` with the reason. A second dismissal,
+        or a dismissal of a projected replay, is 409; of two at once one records, the other is 409."""
+        from azure.core import MatchConditions
+        from azure.core.exceptions import ResourceModifiedError
+        from azure.data.tables import UpdateMode
+
+        day = check_day(day)
+        row = self.store.get_poison(day, row_key)
+        if not allowed(actor):  # before existence, as for a replay: a refused caller learns nothing
+            if row is not None:
+                self._audit(day, row_key, actor, "DismissPoison", denied=True, endpoint_id=row.endpoint_id)
+            raise denial(actor)
+        if row is None:
+            raise NotFound(f"No poison message {row_key!r} on {day}.")
+        if row.dismissed_at is not None:
+            raise AlreadyDismissed(
+                f"Poison message {row_key!r} was dismissed at {row.dismissed_at} by {row.dismissed_by!r}.",
+                field="id",
+            )
+        if row.replay_outcome in PROJECTED:
+            raise AlreadyReplayed(
+                f"Poison message {row_key!r} was projected by a replay ({row.replay_outcome}); "
+                "nothing to dismiss.",
+                field="id",
+            )
+        now = self.clock()
+        try:
+            self.store.table(keys.POISON_TABLE).update_entity(
+                {
+                    "PartitionKey": day,
+                    "RowKey": row_key,
+                    "DismissedAt": now,
+                    "DismissedBy": actor.by,
+                    "DismissReason": reason,
+                },
+                mode=UpdateMode.MERGE,
+                etag=row.etag or "*",
+                match_condition=MatchConditions.IfNotModified,
+            )
+        except ResourceModifiedError as exc:
+            raise Conflict(
+                f"Poison message {row_key!r} changed while being dismissed (another operator?); reload it.",
+                field="id",
+            ) from exc
+        dismissed = row.model_copy(
+            update={"dismissed_at": now, "dismissed_by": actor.by, "dismiss_reason": reason}
+        )
+        self._uncount(day, row_key, dismissed)
+        self._audit(day, row_key, actor, "DismissPoison", comment=reason, endpoint_id=row.endpoint_id)
+        return dismissed
+
+    def _project(self, row: PoisonRow, edits: Edits | None = None) -> tuple[str, str | None]:
         """The stored message through the resolver once (no rescheduling, no sleeping: 503 on a fault)."""
         from azure.functions.servicebus import ServiceBusMessage
 
@@ -125,9 +212,14 @@ class PoisonDesk:
             props = {}
         if not isinstance(props, dict):
             props = {}
+        if edits is not None and edits.application_properties is not None:
+            props = dict(edits.application_properties)
         props.pop(Prop.THROTTLE_RETRY_COUNT, None)  # a replay starts a fresh retry budget
+        body = row.body_bytes()
+        if edits is not None and edits.message_content is not None:
+            body = edits.message_content.encode("utf-8")
         msg = ServiceBusMessage(
-            body=row.body_bytes(),
+            body=body,
             message_id=row.message_id or "",
             session_id=row.session_id,
             correlation_id=row.correlation_id,
@@ -203,18 +295,25 @@ class PoisonDesk:
         *,
         denied: bool = False,
         outcome: str | None = None,
+        comment: str | None = None,
+        endpoint_id: str | None = None,
+        edits: Edits | None = None,
     ) -> None:
         """Operator actions without an event row of their own go to ``hoaudit`` (by UTC day)."""
         now = self.clock()
+        data: dict[str, Any] = {"day": day, "id": row_key}
+        if edits is not None:
+            data["messageContent"] = edits.message_content
+            data["applicationProperties"] = edits.application_properties
         audit = AuditRow(
             auditor_name=actor.by,
             audit_timestamp=now,
             audit_type=kind,
-            comment="Access denied" if denied else outcome,
+            comment="Access denied" if denied else (comment or outcome),
             access_denied=denied,
-            data=json.dumps({"day": day, "id": row_key}),
+            data=json.dumps(data)[:32_000],
             event_id="",
-            endpoint_id="",
+            endpoint_id=endpoint_id or "",
             principal_name=actor.principal_name,
             principal_id=actor.principal_id,
         )

@@ -39,6 +39,13 @@ OPERATOR_ROUTES = {
     "poison_replay",
     "records_lookup",
     "records_stuck",
+    # issue 25: find, bulk, dismiss, audit search, records query
+    "find_events",
+    "failed_events",
+    "endpoint_bulk",
+    "poison_dismiss",
+    "audits_search",
+    "records_query",
 }
 
 

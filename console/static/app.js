@@ -78,7 +78,7 @@ async function api(path, options = {}) {
   }
   const response = await fetch(API + path, init);
   const text = await response.text();
-  const data = text ? JSON.parse(text) : null;
+  const data = parseBody(text, response.ok);
   if (!response.ok) throw new ApiError(response.status, data);
   return data;
 }
@@ -107,7 +107,7 @@ function problemView(error) {
       h("p", {}, "The management API needs a signed-in operator. "), h("p", { class: "muted" }, error.message),
       h("a", { href: login }, "Sign in with Entra ID"));
   }
-  return h("div", { class: "card error", role: "alert" }, h("strong", {}, `${error.status || ""} `), error.message);
+  return h("div", { class: "card error", role: "alert" }, h("strong", {}, `${error.status || ""} `), error.message, wayBack(error));
 }
 
 function confirmDialog(title, body, okLabel, danger) {
@@ -122,7 +122,7 @@ function confirmDialog(title, body, okLabel, danger) {
     dialog.addEventListener("close", () => resolve(dialog.returnValue === "ok"), { once: true });
     dialog.returnValue = "";
     dialog.showModal();
-    (holder.querySelector("input, textarea") || ok).focus();
+    firstFocus(holder, ok, danger).focus();
   });
 }
 
@@ -137,7 +137,7 @@ function parseRoute() {
 
 function editing() {
   const active = document.activeElement;
-  return document.getElementById("confirm").open ||
+  return document.getElementById("confirm").open || bulkBusy ||
     (active && ["INPUT", "TEXTAREA", "SELECT"].includes(active.tagName));
 }
 
@@ -155,10 +155,16 @@ async function render({ quiet } = {}) {
     else if (section === "event") view = await eventView(route.parts[1], route.parts[2]);
     else if (section === "poison") view = await poisonView(route.params);
     else if (section === "state") view = await stateView();
+    else if (ONCALL_VIEWS[section]) view = await ONCALL_VIEWS[section](route);
     else view = await endpointsView();
+    if (section === "endpoint") await listingExtras(view, route.parts[1], route.params);
+    if (section === "poison") poisonExtras(view);
+    if (section === "state") stateExtras(view);
   } catch (error) {
+    if (keepStale(error, main)) return;
     view = problemView(error);
   }
+  freshAgain();
   if (quiet && editing()) return; // never replace what the operator is typing into
   main.replaceChildren(view);
   document.getElementById("refresh").textContent = `Updated ${new Date().toLocaleTimeString()} · every ${REFRESH_MS / 1000} s`;
@@ -208,7 +214,8 @@ async function endpointView(endpointId, params) {
     if (params.get(name)) query.set(name, params.get(name));
   }
   query.set("pageSize", "25");
-  const page = await api(`endpoints/${segment(endpointId)}/events?${query}`);
+  const [page, known] = await Promise.all([api(`endpoints/${segment(endpointId)}/events?${query}`), knownEndpoint(endpointId)]);
+  if (!known && !page.items.length) return unknownEndpointView(endpointId);
   const filters = h("form", { class: "filters card", "aria-label": "Filters", onsubmit: (e) => {
     e.preventDefault();
     const form = new FormData(e.target);
@@ -263,7 +270,7 @@ async function eventView(endpointId, eventId) {
     ["Status", statusBadge(e.resolutionStatus, e.pendingSubStatus)],
     ["Event type", e.eventTypeId], ["Session", e.sessionId], ["Correlation", e.correlationId],
     ["Last message", `${e.messageType} ${e.lastMessageId || ""}`], ["From → To", `${e.from || "?"} → ${e.to || "?"}`],
-    ["Updated", when(e.updatedAt)], ["Reason", e.reason || e.deadLetterErrorDescription || "–"],
+    ["Updated", when(e.updatedAt)], ...failureFacts(e),
     ["Processing time", e.processingTimeMs === null ? "–" : `${e.processingTimeMs} ms`],
   ].flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v || "–")]));
   const handoff = e.pendingSubStatus === "Handoff" ? h("div", { class: "card handoff", "aria-label": "Handoff details" },
@@ -283,7 +290,7 @@ async function eventView(endpointId, eventId) {
       h("td", { "data-label": "Type" }, a.auditType + (a.accessDenied ? " (denied)" : "")),
       h("td", { "data-label": "By" }, a.auditorName),
       h("td", { "data-label": "Comment" }, a.comment || ""),
-      h("td", { "data-label": "Data" }, a.data || "")))))) : h("p", { class: "muted" }, "No audit yet.");
+      h("td", { "data-label": "Data" }, auditData(a.data))))))) : h("p", { class: "muted" }, "No audit yet.");
   return h("section", { "aria-labelledby": "event-title" },
     h("p", {}, h("a", { href: `#/endpoint/${segment(endpointId)}` }, `← Events of ${endpointId}`)),
     h("h1", { id: "event-title" }, `Event ${eventId}`),
@@ -302,7 +309,7 @@ function actionsCard(e, endpointId, eventId) {
   };
   const failed = (error) => toast(`Refused: ${error.message}`);
   const card = h("div", { class: "card", "aria-label": "Actions" }, h("h2", {}, "Actions"));
-  if (!e.actions.length) card.append(h("p", { class: "muted" }, "Nothing to do: this event's state allows no action."));
+  if (!e.actions.length) card.append(noActionNote(e, endpointId));
   if (e.actions.includes("complete")) {
     const result = h("textarea", { id: "complete-result", class: "short", rows: 3 }, "");
     card.append(h("label", {}, "Result (JSON, optional)", result),
@@ -316,10 +323,11 @@ function actionsCard(e, endpointId, eventId) {
           api(base + "complete", { method: "POST", body: { result: value } }).then(done, failed);
         } }, "Complete hand-off"),
         h("button", { type: "button", class: "danger", id: "fail", onclick: async () => {
-          const reason = h("input", { id: "fail-reason", "aria-label": "Why it failed", required: true });
-          if (!(await confirmDialog("Fail the hand-off?", [h("label", {}, "Why it failed", reason)], "Fail"))) return;
+          const reason = h("input", { id: "fail-reason", required: true });
+          const errorType = h("input", { id: "fail-type", placeholder: "ExternalJobFailed" });
+          if (!(await confirmDialog("Fail the hand-off?", [h("label", {}, "Why it failed", reason), h("label", {}, "Error type (optional)", errorType)], "Fail", true))) return;
           if (!reason.value.trim()) return toast("A reason is needed to fail a hand-off.");
-          api(base + "fail", { method: "POST", body: { errorText: reason.value } }).then(done, failed);
+          api(base + "fail", { method: "POST", body: failBody(reason.value, errorType.value) }).then(done, failed);
         } }, "Fail hand-off")));
   }
   if (e.actions.includes("resubmit")) {
@@ -333,8 +341,9 @@ function actionsCard(e, endpointId, eventId) {
           if (now !== original) edited = now;
         } catch { return toast("The payload is not valid JSON."); }
         const what = edited ? "Resubmit with changes" : "Resubmit";
-        if (!(await confirmDialog(`${what}?`, h("p", {}, `One ResubmissionRequest goes to ${endpointId}; the handler runs again.`), what))) return;
-        api(base + "resubmit", { method: "POST", body: edited ? { eventJson: edited } : {} }).then(done, failed);
+        const reason = h("input", { id: "resubmit-reason" });
+        if (!(await confirmDialog(`${what}?`, [h("p", {}, `One ResubmissionRequest goes to ${endpointId}; the handler runs again.`), h("label", {}, "Reason (optional, kept in the audit)", reason)], what))) return;
+        api(base + "resubmit", { method: "POST", body: resubmitBody(edited, reason.value) }).then(done, failed);
       } }, "Resubmit")));
   }
   if (e.actions.includes("skip")) {
@@ -353,6 +362,7 @@ async function poisonView(params) {
   const day = params.get("day") || new Date().toISOString().slice(0, 10).replace(/-/g, "");
   const token = params.get("continuationToken");
   const page = await api(`poison?day=${day}&pageSize=100${token ? "&continuationToken=" + encodeURIComponent(token) : ""}`);
+  lastPoisonPage = page;
   const picker = h("form", { class: "filters card", "aria-label": "Day", onsubmit: (ev) => {
     ev.preventDefault();
     const value = new FormData(ev.target).get("day");
@@ -441,14 +451,14 @@ function lookupView() {
 }
 
 function recordTable(items) {
-  return h("div", { class: "scroll" }, h("table", { class: "stack" },
+  return rememberItems(items, h("div", { class: "scroll" }, h("table", { class: "stack" },
     h("thead", {}, h("tr", {}, ["Status", "Item", "Version", "Locked until", "Updated"].map((t) => h("th", {}, t)))),
     h("tbody", {}, items.map((r) => h("tr", {},
       h("td", { "data-label": "Status" }, r.status + (r.originalStatus ? ` (was ${r.originalStatus})` : "")),
       h("td", { "data-label": "Item" }, `${r.itemEntityKey} / ${r.itemKey}`),
       h("td", { "data-label": "Version" }, String(r.version)),
       h("td", { "data-label": "Locked until" }, when(r.lockedUntil)),
-      h("td", { "data-label": "Updated" }, when(r.updatedAt)))))));
+      h("td", { "data-label": "Updated" }, when(r.updatedAt))))))));
 }
 
 window.addEventListener("hashchange", () => {
@@ -456,3 +466,523 @@ window.addEventListener("hashchange", () => {
   render();
 });
 window.addEventListener("DOMContentLoaded", () => { render(); schedule(); });
+
+// -- issue 25: honest freshness, errors that say what failed, ways back --------------------------------
+
+function parseBody(text, ok) {
+  if (!text) return null;
+  try { return JSON.parse(text); } catch (error) {
+    if (ok) throw error;
+    return { detail: text.slice(0, 200) };
+  }
+}
+
+// Destructive actions start on Cancel; others on the first field, else Confirm.
+function firstFocus(holder, ok, danger) {
+  if (danger) return document.querySelector("#confirm button[value=cancel]");
+  return holder.querySelector("input, textarea") || ok;
+}
+
+function wayBack(error) {
+  if (error.status !== 404) return null;
+  const route = parseRoute();
+  const back = route.parts[0] === "event" && route.parts[1]
+    ? h("a", { href: `#/endpoint/${segment(route.parts[1])}` }, `← Events of ${route.parts[1]}`)
+    : h("a", { href: "#/" }, "← Endpoints");
+  return h("p", {}, back);
+}
+
+// Settle unreachable (network) or unavailable (5xx): keep what was shown, say since when, retry.
+let staleSince = null;
+function unreachable(error) {
+  return !(error instanceof ApiError) || error.status >= 500;
+}
+
+function keepStale(error, main) {
+  if (!unreachable(error)) return false;
+  if (!staleSince) staleSince = new Date();
+  const banner = document.getElementById("stale");
+  const shown = lastRoute === location.hash && main.querySelector("h1");
+  banner.replaceChildren(h("strong", {}, "Settle unreachable"),
+    ` since ${staleSince.toLocaleTimeString()} (${error.message}), retrying every ${REFRESH_MS / 1000} s.`,
+    shown ? " The page shows the last data received." : "");
+  banner.hidden = false;
+  return Boolean(shown);
+}
+
+function freshAgain() {
+  staleSince = null;
+  const banner = document.getElementById("stale");
+  banner.hidden = true;
+  banner.replaceChildren();
+}
+
+async function knownEndpoint(endpointId) {
+  const data = await api("endpoints");
+  return data.items.some((item) => item.endpointId === endpointId);
+}
+
+function unknownEndpointView(endpointId) {
+  return h("section", { "aria-labelledby": "list-title" },
+    h("p", {}, h("a", { href: "#/" }, "← Endpoints")),
+    h("h1", { id: "list-title" }, "Unknown endpoint"),
+    h("div", { class: "card error", role: "alert", "data-unknown-endpoint": endpointId },
+      `No endpoint named "${endpointId}" has sent anything to the resolver. Check the name (it is case-sensitive).`));
+}
+
+// The message that failed the event: its ErrorText and ErrorType (the row's last message), else the reason.
+function failureFacts(e) {
+  const content = e.messageContent && typeof e.messageContent === "object" ? e.messageContent : {};
+  const error = content.ErrorContent || null;
+  const facts = [];
+  if (error && (error.ErrorText || error.ErrorType)) {
+    facts.push(["Error", h("span", { class: "error", "data-fact": "error-text" }, error.ErrorText || "–")]);
+    facts.push(["Error type", h("code", { "data-fact": "error-type" }, error.ErrorType || "–")]);
+  }
+  const reason = e.reason || e.deadLetterErrorDescription || e.deadLetterReason;
+  if (reason || !facts.length) facts.push(["Reason", reason || "–"]);
+  if (e.deadLetterReason && e.deadLetterReason !== reason) facts.push(["Dead-letter reason", e.deadLetterReason]);
+  return facts;
+}
+
+function auditData(data) {
+  if (!data) return "";
+  return h("pre", { class: "audit-data", tabindex: "0" }, pretty(data));
+}
+
+const CONTROL_REQUESTS = ["ResubmissionRequest", "SkipRequest", "HandoffCompletedRequest", "HandoffFailedRequest", "RetryRequest"];
+function noActionNote(e, endpointId) {
+  if (CONTROL_REQUESTS.includes(e.messageType)) {
+    return h("p", { class: "muted", "data-waiting": e.messageType },
+      `Nothing to do now: the ${e.messageType} was sent at ${when(e.updatedAt)}; this event waits for ${endpointId}'s answer (it appears here when the endpoint responds).`);
+  }
+  if (e.resolutionStatus === "Pending") {
+    return h("p", { class: "muted", "data-waiting": "Pending" }, `Nothing to do: ${endpointId} has not answered yet.`);
+  }
+  return h("p", { class: "muted" }, "Nothing to do: this event's state allows no action.");
+}
+
+function failBody(text, type) {
+  const body = { errorText: text };
+  if (type.trim()) body.errorType = type.trim();
+  return body;
+}
+
+function resubmitBody(edited, reason) {
+  const body = edited ? { eventJson: edited } : {};
+  if (reason.trim()) body.reason = reason.trim();
+  return body;
+}
+
+
+// -- issue 25: find, failed across endpoints, sessions, audits -----------------------------------------
+
+const ONCALL_VIEWS = { find: findView, failed: failedView, session: sessionView, audits: auditsView };
+const SELECTABLE = ["Failed", "DeadLettered", "Unsupported", "Deferred", "Completed"];
+
+function summaryTable(items, { select } = {}) {
+  return h("div", { class: "scroll" }, h("table", { class: "stack" },
+    h("thead", {}, h("tr", {}, select ? h("th", {}, h("span", { class: "sr" }, "Select")) : null,
+      ["Endpoint", "Event", "Status", "Type", "Session", "Changed", "Reason"].map((t) => h("th", {}, t)))),
+    h("tbody", {}, items.map((e) => h("tr", { "data-event": e.eventId, "data-endpoint-row": e.endpointId },
+      h("td", { "data-label": "Endpoint" }, h("a", { href: `#/endpoint/${segment(e.endpointId)}` }, e.endpointId)),
+      h("td", { "data-label": "Event" }, h("a", { href: `#/event/${segment(e.endpointId)}/${segment(e.eventId)}` }, e.eventId)),
+      h("td", { "data-label": "Status" }, statusBadge(e.resolutionStatus, e.pendingSubStatus)),
+      h("td", { "data-label": "Type" }, e.eventTypeId || "–"),
+      h("td", { "data-label": "Session" }, e.sessionId ? h("a", { href: `#/session/${segment(e.sessionId)}` }, e.sessionId) : "–"),
+      h("td", { "data-label": "Changed" }, when(e.updatedAt)),
+      h("td", { "data-label": "Reason" }, e.reason || ""))))));
+}
+
+async function findView(route) {
+  const q = (route.params.get("q") || "").trim();
+  const kind = route.params.get("by") === "session" ? "session" : "event";
+  const form = h("form", { class: "card filters", role: "search", "aria-label": "Find", onsubmit: (ev) => {
+    ev.preventDefault();
+    const data = new FormData(ev.target);
+    location.hash = `#/find?${new URLSearchParams({ by: String(data.get("by")), q: String(data.get("q") || "").trim() })}`;
+  } },
+    h("label", {}, "Find by", h("select", { name: "by", id: "find-by" },
+      h("option", { value: "event", selected: kind === "event" }, "Event id (or its start)"),
+      h("option", { value: "session", selected: kind === "session" }, "Session id"))),
+    h("label", {}, "Id", h("input", { name: "q", id: "find-q", value: q, required: true, minlength: kind === "event" ? 3 : 1, placeholder: "evt-42 / customer-10442" })),
+    h("button", { type: "submit", id: "find-go" }, "Find"));
+  let results = h("p", { class: "muted" }, "Looks in every endpoint (an event id, its first characters, or a session).");
+  if (q) {
+    const answer = await api(`find?${kind === "session" ? "sessionId" : "eventId"}=${encodeURIComponent(q)}`);
+    results = answer.items.length ? summaryTable(answer.items)
+      : h("p", { id: "find-none" }, `No event ${kind === "session" ? "in session" : "id starts with"} "${q}" on any endpoint.`);
+    if (answer.items.length === 1 && kind === "event" && answer.items[0].eventId === q && route.params.get("go") === "1") {
+      location.hash = `#/event/${segment(answer.items[0].endpointId)}/${segment(q)}`;
+    }
+  }
+  return h("section", { "aria-labelledby": "find-title" },
+    h("h1", { id: "find-title" }, "Find"), form, results);
+}
+
+async function sessionView(route) {
+  const sessionId = route.parts[1] || "";
+  const answer = await api(`find?sessionId=${encodeURIComponent(sessionId)}`);
+  const open = answer.items.filter((e) => !["Completed", "Skipped"].includes(e.resolutionStatus));
+  const blocked = answer.items.find((e) => ["Failed", "DeadLettered"].includes(e.resolutionStatus));
+  return h("section", { "aria-labelledby": "session-title" },
+    h("p", {}, h("a", { href: "#/find?by=session" }, "← Find")),
+    h("h1", { id: "session-title" }, `Session ${sessionId}`),
+    h("p", { class: blocked ? "error" : "muted", "data-session-state": blocked ? "blocked" : "open" },
+      blocked ? `Blocked: ${blocked.eventId} on ${blocked.endpointId} is ${blocked.resolutionStatus}; ${open.length} event(s) of this session are not done.`
+        : `${answer.items.length} event(s), ${open.length} not done; nothing failed.`),
+    answer.items.length ? summaryTable(answer.items) : h("p", {}, "No event of this session on any endpoint."));
+}
+
+async function failedView(route) {
+  const answer = await api("failed?pageSize=50");
+  const filter = route.params.get("errorText") || "";
+  const shown = filterByError(answer.items, filter);
+  return h("section", { "aria-labelledby": "failed-title" },
+    h("h1", { id: "failed-title" }, "Failed across endpoints"),
+    h("p", { class: "muted" }, "Failed and dead-lettered events of every endpoint, newest change first (50 per endpoint and status)."),
+    errorFilterForm("#/failed", new URLSearchParams(), filter, shown.length, answer.items.length),
+    shown.length ? summaryTable(shown) : h("p", {}, filter ? "No failed event's error matches." : "Nothing failed."));
+}
+
+function filterByError(items, text) {
+  const needle = text.trim().toLowerCase();
+  return needle ? items.filter((e) => (e.reason || "").toLowerCase().includes(needle)) : items;
+}
+
+function errorFilterForm(base, params, value, shown, total) {
+  return h("form", { class: "card filters", "aria-label": "Error text filter", onsubmit: (ev) => {
+    ev.preventDefault();
+    const next = new URLSearchParams(params);
+    const text = String(new FormData(ev.target).get("errorText") || "").trim();
+    if (text) next.set("errorText", text); else next.delete("errorText");
+    next.delete("continuationToken");
+    location.hash = `${base}?${next}`;
+  } },
+    h("label", {}, "Error text contains", h("input", { name: "errorText", id: "error-text", value, placeholder: "timeout" })),
+    h("button", { type: "submit", class: "secondary" }, "Filter"),
+    value ? h("span", { class: "muted", id: "error-count", role: "status" }, `${shown} of ${total} loaded events match`) : null);
+}
+
+async function auditsView(route) {
+  const p = route.params;
+  const query = new URLSearchParams();
+  for (const name of ["endpointId", "auditType", "by", "from", "to", "continuationToken"]) if (p.get(name)) query.set(name, p.get(name));
+  query.set("pageSize", "50");
+  const page = await api(`audits?${query}`);
+  const form = h("form", { class: "card filters", "aria-label": "Audit filters", onsubmit: (ev) => {
+    ev.preventDefault();
+    const next = new URLSearchParams();
+    for (const [k, v] of new FormData(ev.target).entries()) {
+      if (!v) continue;
+      next.set(k, (k === "from" || k === "to") ? new Date(v + "Z").toISOString() : String(v));
+    }
+    location.hash = `#/audits?${next}`;
+  } },
+    h("label", {}, "Endpoint", h("input", { name: "endpointId", value: p.get("endpointId") || "" })),
+    h("label", {}, "Type", h("select", { name: "auditType", id: "audit-type" }, h("option", { value: "" }, "Any"),
+      ["Resubmit", "ResubmitWithChanges", "Skip", "CompleteHandoff", "FailHandoff", "ReplayPoison", "ReplayPoisonWithChanges", "DismissPoison"]
+        .map((t) => h("option", { value: t, selected: p.get("auditType") === t }, t)))),
+    h("label", {}, "Operator", h("input", { name: "by", value: p.get("by") || "" })),
+    h("label", {}, "From (UTC)", h("input", { name: "from", type: "datetime-local", value: localValue(p.get("from")) })),
+    h("label", {}, "to (UTC)", h("input", { name: "to", type: "datetime-local", value: localValue(p.get("to")) })),
+    h("button", { type: "submit" }, "Search"));
+  const rows = page.items.map((a) => h("tr", { "data-audit": a.auditType },
+    h("td", { "data-label": "When" }, when(a.auditTimestamp)),
+    h("td", { "data-label": "Type" }, a.auditType + (a.accessDenied ? " (denied)" : "")),
+    h("td", { "data-label": "By" }, a.auditorName),
+    h("td", { "data-label": "Endpoint" }, a.endpointId ? h("a", { href: `#/endpoint/${segment(a.endpointId)}` }, a.endpointId) : "–"),
+    h("td", { "data-label": "Event" }, a.eventId ? h("a", { href: `#/event/${segment(a.endpointId)}/${segment(a.eventId)}` }, a.eventId) : "–"),
+    h("td", { "data-label": "Comment" }, a.comment || ""),
+    h("td", { "data-label": "Data" }, auditData(a.data))));
+  const next = new URLSearchParams(p);
+  if (page.continuationToken) next.set("continuationToken", page.continuationToken);
+  return h("section", { "aria-labelledby": "audits-title" },
+    h("h1", { id: "audits-title" }, "Audits"),
+    h("p", { class: "muted" }, "Operator actions, oldest first (the last 24 hours unless a time is given)."),
+    form,
+    page.items.length ? h("div", { class: "scroll" }, h("table", { class: "stack", "aria-label": "Audits" },
+      h("thead", {}, h("tr", {}, ["When", "Type", "By", "Endpoint", "Event", "Comment", "Data"].map((t) => h("th", {}, t)))),
+      h("tbody", {}, rows))) : h("p", {}, "No audit matches."),
+    page.continuationToken ? h("div", { class: "pager" }, h("a", { href: `#/audits?${next}` }, "Next page")) : null);
+}
+
+// -- issue 25: bulk actions and the error-text filter on an endpoint's listing -----------------------------
+
+let bulkBusy = false;
+const bulkSelection = new Map(); // endpointId -> Set of event ids
+let bulkReport = null; // { endpointId, ... } of the last bulk run, shown until the route changes
+
+function selectionOf(endpointId) {
+  if (!bulkSelection.has(endpointId)) bulkSelection.set(endpointId, new Set());
+  return bulkSelection.get(endpointId);
+}
+
+async function listingExtras(view, endpointId, params) {
+  if (!view.querySelector("form.filters")) return; // a problem or an unknown endpoint: nothing to add
+  const table = view.querySelector("table.stack");
+  const selected = selectionOf(endpointId);
+  const filter = params.get("errorText") || "";
+  if (table) {
+    const head = table.querySelector("thead tr");
+    head.prepend(h("th", {}, h("span", { class: "sr" }, "Select")));
+    let total = 0;
+    let shown = 0;
+    for (const row of table.querySelectorAll("tbody tr[data-event]")) {
+      total += 1;
+      const id = row.dataset.event;
+      const status = row.querySelector(".badge").className.replace("badge ", "");
+      const reason = row.querySelector('td[data-label="Reason"]').textContent;
+      if (filter && !reason.toLowerCase().includes(filter.toLowerCase())) { row.remove(); continue; }
+      shown += 1;
+      const box = h("input", { type: "checkbox", "aria-label": `Select ${id}`, "data-select": id, checked: selected.has(id),
+        disabled: !SELECTABLE.includes(status), onchange: (ev) => {
+          if (ev.target.checked) selected.add(id); else selected.delete(id);
+          updateBulkBar(view, endpointId);
+        } });
+      row.prepend(h("td", { "data-label": "Select" }, box));
+    }
+    view.querySelector("form.filters").after(errorFilterForm(`#/endpoint/${segment(endpointId)}`, params, filter, shown, total));
+    if (!shown) table.closest(".scroll").replaceWith(h("p", { id: "error-none" }, "No event on this page matches the error text."));
+  } else {
+    view.querySelector("form.filters").after(errorFilterForm(`#/endpoint/${segment(endpointId)}`, params, filter, 0, 0));
+  }
+  const bar = h("div", { class: "card bulk", id: "bulk", "aria-label": "Bulk actions" });
+  view.querySelector("h1").after(bar);
+  updateBulkBar(view, endpointId);
+}
+
+function updateBulkBar(view, endpointId) {
+  const bar = view.querySelector("#bulk");
+  if (!bar) return;
+  const selected = selectionOf(endpointId);
+  const params = parseRoute().params;
+  const boxes = [...view.querySelectorAll("input[data-select]:not(:disabled)")];
+  bar.replaceChildren(
+    h("h2", {}, "Act in bulk"),
+    h("p", { id: "bulk-count", role: "status" }, `${selected.size} selected`),
+    h("div", { class: "buttons" },
+      h("button", { type: "button", class: "secondary", id: "bulk-page", disabled: !boxes.length, onclick: () => {
+        for (const box of boxes) { box.checked = true; selected.add(box.dataset.select); }
+        updateBulkBar(view, endpointId);
+      } }, "Select this page"),
+      h("button", { type: "button", class: "secondary", id: "bulk-matching", onclick: () => selectMatching(view, endpointId, params) },
+        "Select all matching this filter"),
+      h("button", { type: "button", class: "secondary", id: "bulk-clear", disabled: !selected.size, onclick: () => {
+        selected.clear();
+        for (const box of boxes) box.checked = false;
+        updateBulkBar(view, endpointId);
+      } }, "Clear"),
+      h("button", { type: "button", id: "bulk-resubmit", disabled: !selected.size || bulkBusy, onclick: () => runBulk(view, endpointId, "resubmit") }, "Resubmit selected"),
+      h("button", { type: "button", class: "danger", id: "bulk-skip", disabled: !selected.size || bulkBusy, onclick: () => runBulk(view, endpointId, "skip") }, "Skip selected")),
+    bulkReport && bulkReport.endpointId === endpointId ? bulkReportView(bulkReport) : null);
+}
+
+// Every page of the listing with the same filters (the API's own paging), rows that allow an action.
+async function selectMatching(view, endpointId, params) {
+  const selected = selectionOf(endpointId);
+  const query = new URLSearchParams();
+  for (const name of ["status", "eventTypeId", "from", "to"]) if (params.get(name)) query.set(name, params.get(name));
+  query.set("pageSize", "200");
+  const filter = (params.get("errorText") || "").toLowerCase();
+  let token = null;
+  let pages = 0;
+  do {
+    if (token) query.set("continuationToken", token);
+    const page = await api(`endpoints/${segment(endpointId)}/events?${query}`);
+    for (const e of page.items) {
+      if (!SELECTABLE.includes(e.resolutionStatus)) continue;
+      if (filter && !(e.reason || "").toLowerCase().includes(filter)) continue;
+      selected.add(e.eventId);
+    }
+    token = page.continuationToken;
+    pages += 1;
+  } while (token && pages < 50);
+  for (const box of view.querySelectorAll("input[data-select]")) box.checked = selected.has(box.dataset.select);
+  updateBulkBar(view, endpointId);
+}
+
+const BULK_CHUNK = 10;
+
+async function runBulk(view, endpointId, action) {
+  const selected = selectionOf(endpointId);
+  const ids = [...selected];
+  const reason = h("input", { id: "bulk-reason" });
+  const body = [h("p", {}, `${ids.length} event(s) of ${endpointId}: one ${action === "skip" ? "SkipRequest" : "ResubmissionRequest"} and one audit each. Events whose state does not allow it are refused one by one.`),
+    h("label", {}, "Reason (optional, kept in each audit)", reason)];
+  if (!(await confirmDialog(`${action === "skip" ? "Skip" : "Resubmit"} ${ids.length} event(s)?`, body, action === "skip" ? "Skip all" : "Resubmit all", action === "skip"))) return;
+  bulkBusy = true;
+  const report = { endpointId, action, total: ids.length, done: 0, accepted: 0, refused: [] };
+  bulkReport = report;
+  const bar = view.querySelector("#bulk");
+  const progress = h("progress", { id: "bulk-progress", max: ids.length, value: 0, "aria-label": "Bulk progress" });
+  const text = h("p", { id: "bulk-progress-text", role: "status" }, `0 / ${ids.length}`);
+  bar.append(progress, text);
+  try {
+    for (let i = 0; i < ids.length; i += BULK_CHUNK) {
+      const chunk = ids.slice(i, i + BULK_CHUNK);
+      const payload = { action, eventIds: chunk };
+      if (reason.value.trim()) payload.reason = reason.value.trim();
+      try {
+        const answer = await api(`endpoints/${segment(endpointId)}/bulk`, { method: "POST", body: payload });
+        for (const item of answer.items) {
+          if (item.status === 202) { report.accepted += 1; selected.delete(item.eventId); }
+          else report.refused.push({ eventId: item.eventId, status: item.status, detail: item.detail || item.problem });
+        }
+      } catch (error) {
+        for (const id of chunk) report.refused.push({ eventId: id, status: error.status || 0, detail: `${error.message} (retry)` });
+      }
+      report.done += chunk.length;
+      progress.value = report.done;
+      text.textContent = `${report.done} / ${ids.length}: ${report.accepted} accepted, ${report.refused.length} refused`;
+    }
+  } finally {
+    bulkBusy = false;
+  }
+  toast(`Bulk ${action}: ${report.accepted} accepted, ${report.refused.length} refused`);
+  render();
+}
+
+function bulkReportView(report) {
+  return h("div", { id: "bulk-report" },
+    h("p", {}, `Last bulk ${report.action}: ${report.accepted} of ${report.total} accepted${report.refused.length ? `, ${report.refused.length} refused (still selected; safe to retry):` : "."}`),
+    report.refused.length ? h("ul", {}, report.refused.map((r) => h("li", { "data-refused": r.eventId },
+      h("a", { href: `#/event/${segment(report.endpointId)}/${segment(r.eventId)}` }, r.eventId), ` — ${r.status}: ${r.detail || ""}`))) : null);
+}
+
+// -- issue 25: poison dismissed or edited and replayed --------------------------------------------------
+
+let showDismissed = false;
+let lastPoisonPage = null;
+
+function poisonExtras(view) {
+  if (!view.querySelector("#poison-title")) return;
+  const rows = view.querySelectorAll("tr[data-poison]");
+  const items = lastPoisonPage ? lastPoisonPage.items : [];
+  const table = view.querySelector("table.stack");
+  if (table) {
+    table.before(h("label", { class: "inline" }, h("input", { type: "checkbox", id: "show-dismissed", checked: showDismissed,
+      onchange: (ev) => { showDismissed = ev.target.checked; render(); } }), "Show dismissed"));
+  }
+  rows.forEach((row, index) => {
+    const p = items[index];
+    if (!p) return;
+    const cell = row.lastElementChild;
+    if (p.dismissedAt) {
+      row.classList.add("dismissed");
+      row.querySelector('td[data-label="Replay"]').textContent = `Dismissed by ${p.dismissedBy} at ${when(p.dismissedAt)}: ${p.dismissReason}`;
+      cell.replaceChildren();
+      if (!showDismissed) row.hidden = true;
+      return;
+    }
+    if (["applied", "refused", "duplicate"].includes(p.replayOutcome)) return;
+    cell.append(h("div", { class: "row-actions" },
+      h("button", { type: "button", class: "secondary", "data-edit-replay": p.id, onclick: () => editReplay(p) }, "Edit & replay"),
+      h("button", { type: "button", class: "danger", "data-dismiss": p.id, onclick: () => dismissPoison(p) }, "Dismiss")));
+  });
+}
+
+async function dismissPoison(p) {
+  const reason = h("input", { id: "dismiss-reason", required: true });
+  if (!(await confirmDialog("Dismiss this poison message?", [h("p", {}, "It is archived: no longer counted, kept with who and why. It cannot be replayed afterwards."),
+    h("label", {}, "Why no fix will ever project it", reason)], "Dismiss", true))) return;
+  if (!reason.value.trim()) return toast("A reason is needed to dismiss poison.");
+  try {
+    await api(`poison/${segment(p.day)}/${segment(p.id)}/dismiss`, { method: "POST", body: { reason: reason.value.trim() } });
+    toast(`Dismissed ${p.messageId || p.id}`);
+  } catch (error) { toast(`Refused: ${error.message}`); }
+  render();
+}
+
+async function editReplay(p) {
+  const props = h("textarea", { id: "edit-properties", class: "short", rows: 8 }, pretty(p.applicationProperties));
+  const body = h("textarea", { id: "edit-body", rows: 8 }, p.messageContent !== null ? pretty(p.messageContent) : "");
+  if (!(await confirmDialog("Edit and replay through the resolver?", [
+    h("label", {}, "Application properties (JSON)", props), h("label", {}, "Body", body)], "Replay edited"))) return;
+  let properties;
+  try { properties = JSON.parse(props.value); } catch { return toast("The application properties are not valid JSON."); }
+  try {
+    const answer = await api(`poison/${segment(p.day)}/${segment(p.id)}/replay`, { method: "POST", body: { applicationProperties: properties, messageContent: body.value } });
+    toast(`Replay: ${answer.outcome}${answer.detail ? " — " + answer.detail : ""}`);
+  } catch (error) { toast(`Refused: ${error.message}`); }
+  render();
+}
+
+// -- issue 25: state browsing (records of a node by status, scopes by name, error and note columns) -------
+
+let stateQuery = null;
+
+function stateExtras(view) {
+  if (!view.querySelector("#state-title")) return;
+  // The history and stuck tables gain the error and note columns; a stuck record links to its lookup.
+  for (const table of view.querySelectorAll("table.stack")) recordColumns(table);
+  const browse = h("form", { class: "card filters", id: "browse", "aria-label": "Browse records", onsubmit: async (ev) => {
+    ev.preventDefault();
+    const data = new FormData(ev.target);
+    const body = { tenantId: Number(data.get("browseTenantId")), pageSize: 50 };
+    if (data.get("browseScope")) body.scope = String(data.get("browseScope"));
+    if (data.get("browseEntityId")) body.entityId = Number(data.get("browseEntityId"));
+    if (data.get("browseStatus")) body.status = String(data.get("browseStatus"));
+    try { stateQuery = { body, page: await api("records/query", { method: "POST", body }) }; } catch (error) { stateQuery = { body, error }; }
+    render();
+  } },
+    h("label", {}, "Tenant id", h("input", { name: "browseTenantId", type: "number", required: true, value: stateQuery ? stateQuery.body.tenantId : "" })),
+    h("label", {}, "Scope", h("select", { name: "browseScope", id: "browse-scope" }, h("option", { value: "" }, "Any"),
+      ["App", "Process", "Thread", "Element", "ProcessExecution", "ThreadExecution", "ElementExecution"]
+        .map((name) => h("option", { value: name, selected: stateQuery && stateQuery.body.scope === name }, name)))),
+    h("label", {}, "Entity (node) id", h("input", { name: "browseEntityId", type: "number", value: stateQuery && stateQuery.body.entityId !== undefined ? stateQuery.body.entityId : "" })),
+    h("label", {}, "Status", h("select", { name: "browseStatus", id: "browse-status" }, h("option", { value: "" }, "Any"),
+      ["Processing", "Processed", "Failed", "Skipped", "Expired"].map((name) => h("option", { value: name, selected: stateQuery && stateQuery.body.status === name }, name)))),
+    h("button", { type: "submit", id: "browse-go" }, "Browse"));
+  const results = stateQuery ? (stateQuery.error ? problemView(stateQuery.error) : h("div", { id: "browse-results" },
+    h("p", { class: "muted" }, `${stateQuery.page.items.length} record(s)${stateQuery.page.continuationToken ? " (first page)" : ""}`),
+    recordTable(stateQuery.page.items))) : null;
+  const title = view.querySelector("h1");
+  title.after(h("h2", {}, "Browse a node's records"), browse);
+  if (results) {
+    browse.after(results);
+    recordColumns(results.querySelector("table.stack"));
+  }
+  for (const holder of view.querySelectorAll("div.scroll")) linkLookups(holder);
+}
+
+function rememberItems(items, holder) {
+  holder.recordItems = items;
+  return holder;
+}
+
+function recordColumns(table) {
+  if (!table || table.dataset.extra) return;
+  table.dataset.extra = "1";
+  const items = table.parentElement.recordItems || [];
+  table.querySelector("thead tr").append(h("th", {}, "Error"), h("th", {}, "Note"));
+  table.querySelectorAll("tbody tr").forEach((row, i) => {
+    const r = items[i] || {};
+    row.append(h("td", { "data-label": "Error", class: r.error ? "error" : "" }, r.error || ""), h("td", { "data-label": "Note" }, r.note || ""));
+  });
+}
+
+function linkLookups(holder) {
+  const items = holder.recordItems || [];
+  holder.querySelectorAll("tbody tr").forEach((row, i) => {
+    const r = items[i];
+    if (!r) return;
+    const cell = row.querySelector('td[data-label="Item"]');
+    cell.replaceChildren(h("a", { href: "#/state", "data-lookup": r.itemKey, onclick: (ev) => {
+      ev.preventDefault();
+      lookUpRecord(r);
+    } }, `${r.itemEntityKey} / ${r.itemKey}`));
+  });
+}
+
+async function lookUpRecord(r) {
+  const key = { tenantId: r.tenantId, scopeId: r.scopeId, entityId: r.entityId, itemEntityKey: r.itemEntityKey, itemKey: r.itemKey };
+  if (r.entityExecutionId !== null && r.entityExecutionId !== undefined) key.entityExecutionId = r.entityExecutionId;
+  if (r.sourceAppId !== null && r.sourceAppId !== undefined) key.sourceAppId = r.sourceAppId;
+  if (r.subItemEntityKey) key.subItemEntityKey = r.subItemEntityKey;
+  if (r.subItemKey) key.subItemKey = r.subItemKey;
+  try { lookupResult = { ...(await api("records/lookup", { method: "POST", body: { key, pageSize: 50 } })), key }; } catch (error) { lookupResult = { error, key }; }
+  await render();
+  const record = document.getElementById("record");
+  if (record) record.scrollIntoView();
+}

@@ -228,3 +228,28 @@ def test_make_run_from_a_fresh_clone_answers_health(tmp_path: Path) -> None:
     assert "Azurite stopped" in output
     assert not port_open(port)
     assert not any(port_open(p) for p in ports.values())
+
+
+def test_an_app_port_that_is_taken_is_a_clear_sentence_not_a_traceback(tmp_path: Path) -> None:
+    import socket
+
+    port = free_port()
+    ports = {s: free_port() for s in SERVICES}
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", port))
+        squatter.listen()
+        process, log_path = start_run(
+            tmp_path,
+            "--port", str(port),
+            "--azurite-ports", azurite_args(ports),
+            "--azurite-location", str(tmp_path / "data"),
+            "--settings", str(tmp_path / "local.settings.json"),
+            "--host", "dev",
+        )  # fmt: skip
+        code = process.wait(timeout=60)
+    text = log_path.read_text()
+    assert code != 0
+    assert f"port {port} is taken" in text
+    assert "Traceback" not in text
+    # Nothing was started for a run that cannot serve: Azurite is not left behind
+    assert not any(port_open(p) for p in ports.values())

@@ -124,8 +124,9 @@ def test_an_operator_with_a_principal_header_over_16_kib_may_operate(monkeypatch
 # --- item 7: authorisation before existence ---------------------------------------------------------
 
 
+@pytest.mark.parametrize("action", ["poison_replay", "poison_dismiss"])
 def test_a_replay_refused_for_lack_of_the_role_does_not_tell_whether_the_row_exists(
-    call, resolve, flow: Flow
+    call, resolve, flow: Flow, action: str
 ) -> None:
     msg = nimbus("Bogus", endpoint=flow.endpoint, event_id=flow.event_id)
     resolve(msg)
@@ -134,7 +135,8 @@ def test_a_replay_refused_for_lack_of_the_role_does_not_tell_whether_the_row_exi
     items = call("poison_list", method="GET", params={"day": day, "pageSize": "200"}).json["items"]
     [entry] = [p for p in items if p["messageId"] == msg.message_id]
     mallory = principal_headers("mallory")
-    there = call("poison_replay", route_params={"day": day, "id": entry["id"]}, headers=mallory)
-    absent = call("poison_replay", route_params={"day": day, "id": "nope"}, headers=mallory)
+    body = {"reason": "not mine to clear"} if action == "poison_dismiss" else None
+    there = call(action, body, route_params={"day": day, "id": entry["id"]}, headers=mallory)
+    absent = call(action, body, route_params={"day": day, "id": "nope"}, headers=mallory)
     assert (there.status, absent.status) == (403, 403)
     assert there.json["type"] == absent.json["type"] == "urn:settle:problem:access-denied"

@@ -1,0 +1,260 @@
+"""Issue 25, the API under the console: poison dismissed and edit-and-replayed, bulk resubmit / skip
+(one claim, one message and one audit per event, per-event results, safe to retry), audit search."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+from handoff import keys, service
+from tests.handoff.conftest import Flow, nimbus
+
+from .conftest import failed_event, principal_headers
+
+
+def _day(msg) -> str:
+    return str(msg.enqueued_time_utc.strftime("%Y%m%d"))
+
+
+def _poison_entry(call, msg) -> dict[str, Any]:
+    items = call("poison_list", method="GET", params={"day": _day(msg), "pageSize": "200"}).json["items"]
+    [entry] = [p for p in items if p["messageId"] == msg.message_id]
+    return dict(entry)
+
+
+def _audits(call, **params: str) -> list[dict[str, Any]]:
+    answer = call("audits_search", method="GET", params={"pageSize": "200", **params})
+    assert answer.status == 200, answer.body
+    return list(answer.json["items"])
+
+
+def test_poison_no_fix_will_project_is_dismissed_with_a_reason_uncounted_and_audited(call, resolve, flow):
+    msg = nimbus("Bogus", endpoint=flow.endpoint, event_id=flow.event_id)
+    resolve(msg)
+    assert service.overview().counts(flow.endpoint)["Poison"] == 1
+    entry = _poison_entry(call, msg)
+    route = {"day": _day(msg), "id": entry["id"]}
+    # A reason is required: 400 naming it
+    missing = call("poison_dismiss", {}, route_params=route)
+    assert missing.status == 400 and missing.json["field"] == "reason"
+    denied = call("poison_dismiss", {"reason": "x"}, route_params=route, headers=principal_headers("mallory"))
+    assert denied.status == 403
+    done = call(
+        "poison_dismiss", {"reason": "a typo of the old ERP, never resent", "by": "alice"}, route_params=route
+    )
+    assert done.status == 200, done.body
+    assert done.json["dismissedBy"] == "alice" and done.json["dismissReason"].startswith("a typo")
+    # The badge returns to 0, the row keeps the record, a second dismissal / a replay is 409
+    assert service.overview().counts(flow.endpoint)["Poison"] == 0
+    assert _poison_entry(call, msg)["dismissedAt"] is not None
+    again = call("poison_dismiss", {"reason": "again"}, route_params=route)
+    assert again.status == 409 and again.json["type"] == "urn:settle:problem:already-dismissed"
+    assert call("poison_replay", route_params=route).status == 409
+    assert service.overview().counts(flow.endpoint)["Poison"] == 0  # uncounted once
+    audits = _audits(call, endpointId=flow.endpoint, auditType="DismissPoison")
+    assert [(a["auditorName"], a["comment"], a["accessDenied"]) for a in audits] == [
+        ("mallory", "Access denied", True),
+        ("alice", "a typo of the old ERP, never resent", False),
+    ]
+
+
+def test_poison_is_edited_and_replayed_through_the_resolver(call, resolve, flow):
+    # A misspelt type (the helper then addresses it as a response: To = Resolver, From = the endpoint)
+    msg = nimbus("EventRequested", endpoint=flow.endpoint, event_id=flow.event_id)
+    resolve(msg)
+    entry = _poison_entry(call, msg)
+    props = dict(entry["applicationProperties"])
+    props.update(MessageType="EventRequest", To=flow.endpoint, From="Storefront")
+    body = json.loads(entry["messageContent"])
+    body["EventContent"]["EventJson"] = '{"invoice": 43}'
+    answer = call(
+        "poison_replay",
+        {"applicationProperties": props, "messageContent": json.dumps(body), "by": "bob"},
+        route_params={"day": _day(msg), "id": entry["id"]},
+    )
+    assert answer.status == 200, answer.body
+    assert answer.json["outcome"] == "applied"
+    event = call(
+        "endpoint_event", method="GET", route_params={"endpointId": flow.endpoint, "eventId": flow.event_id}
+    ).json
+    assert event["resolutionStatus"] == "Pending" and event["messageType"] == "EventRequest"
+    assert '"invoice": 43' in event["history"][-1]["messageContent"]["EventContent"]["EventJson"]
+    assert service.overview().counts(flow.endpoint)["Poison"] == 0
+    [audit] = _audits(call, endpointId=flow.endpoint, auditType="ReplayPoisonWithChanges")
+    assert audit["auditorName"] == "bob" and audit["comment"] == "applied"
+    assert json.loads(audit["data"])["applicationProperties"]["MessageType"] == "EventRequest"
+
+
+def _failed(resolve, endpoint: str, n: int) -> list[str]:
+    ids = []
+    for i in range(n):
+        event = Flow(endpoint=endpoint, event_id=f"bulk-{i}-{uuid.uuid4().hex[:6]}")
+        failed_event(resolve, event)
+        ids.append(event.event_id)
+    return ids
+
+
+def _control_messages(endpoint: str, event_id: str) -> tuple[int, int]:
+    """(claims, audits) of one event: what a bulk action may leave exactly once."""
+    table = service.store().table(keys.EVENTS_TABLE)
+    low, high = keys.event_range(event_id)
+    claims = audits = 0
+    query = f"PartitionKey eq '{keys.partition(endpoint)}' and RowKey ge '{low}' and RowKey lt '{high}'"
+    for entity in table.query_entities(query):
+        kind = str(entity["RowKey"]).split("|")[2]
+        claims += kind == "c"
+        audits += kind == "a"
+    return claims, audits
+
+
+def test_bulk_resubmit_is_the_single_action_per_event_with_per_event_results(call, resolve, flow, transport):
+    ids = _failed(resolve, flow.endpoint, 4)
+    done = Flow(endpoint=flow.endpoint, event_id="bulk-pending-" + uuid.uuid4().hex[:6])
+    resolve(done.request())  # Pending: nothing to resubmit (NimBus's rules)
+    selection = [*ids, done.event_id, "no-such-event", ids[0]]
+    answer = call(
+        "endpoint_bulk",
+        {"action": "resubmit", "eventIds": selection, "reason": "ERP is back", "by": "alice"},
+        route_params={"endpointId": flow.endpoint},
+    )
+    assert answer.status == 200, answer.body
+    by_event = {i["eventId"]: i for i in answer.json["items"]}
+    assert len(answer.json["items"]) == 6  # a repeated id is acted on once
+    assert all(by_event[e]["status"] == 202 for e in ids)
+    assert by_event[done.event_id]["status"] == 409 and by_event[done.event_id]["problem"] == "conflict"
+    assert by_event["no-such-event"]["status"] == 404
+    assert (answer.json["accepted"], answer.json["refused"]) == (4, 2)
+    sent = [m for _, m in transport.sent]
+    assert sorted(
+        str(
+            m.application_properties[b"EventId"]
+            if b"EventId" in m.application_properties
+            else m.application_properties["EventId"]
+        )
+        for m in sent
+    ) == sorted(ids)
+    for event_id in ids:
+        assert _control_messages(flow.endpoint, event_id) == (1, 1)
+        audit = by_event[event_id]["accepted"]["audit"]
+        assert audit["auditType"] == "Resubmit" and audit["comment"] == "ERP is back"
+    # Safe to repeat as a whole: every event answers from its claim, nothing more is sent or audited
+    again = call(
+        "endpoint_bulk",
+        {"action": "resubmit", "eventIds": ids, "reason": "ERP is back", "by": "alice"},
+        route_params={"endpointId": flow.endpoint},
+    )
+    assert again.status == 200
+    assert all(i["status"] == 202 and i["accepted"]["replayed"] for i in again.json["items"])
+    assert len(transport.sent) == 4
+    assert all(_control_messages(flow.endpoint, e) == (1, 1) for e in ids)
+    # A principal without the operator role: 403, one AccessDenied audit per event, nothing sent
+    denied = call(
+        "endpoint_bulk",
+        {"action": "skip", "eventIds": ids[:2]},
+        route_params={"endpointId": flow.endpoint},
+        headers=principal_headers("mallory"),
+    )
+    assert denied.status == 403
+    assert len(transport.sent) == 4
+    assert all(_control_messages(flow.endpoint, e) == (1, 2) for e in ids[:2])
+    # The audit search finds them by endpoint, type and operator (one copy per audit, however retried)
+    found = _audits(call, endpointId=flow.endpoint, auditType="Resubmit", by="alice")
+    assert sorted(a["eventId"] for a in found) == sorted(ids)
+
+
+def test_a_bulk_request_names_the_bad_field(call, flow):
+    route = {"endpointId": flow.endpoint}
+    assert (
+        call("endpoint_bulk", {"action": "delete", "eventIds": ["a"]}, route_params=route).json["field"]
+        == "action"
+    )
+    too_many = call(
+        "endpoint_bulk", {"action": "skip", "eventIds": [str(i) for i in range(51)]}, route_params=route
+    )
+    assert too_many.status == 400 and too_many.json["field"] == "eventIds"
+
+
+def test_audit_search_checks_its_window_and_token(call):
+    bad = call(
+        "audits_search", method="GET", params={"from": "2026-12-02T00:00:00Z", "to": "2026-11-01T00:00:00Z"}
+    )
+    assert bad.status == 400 and bad.json["field"] == "from"
+    wide = call(
+        "audits_search", method="GET", params={"from": "2026-01-01T00:00:00Z", "to": "2026-12-01T00:00:00Z"}
+    )
+    assert wide.status == 400 and wide.json["field"] == "from"
+    assert call("audits_search", method="GET", params={"continuationToken": "xx"}).status == 400
+
+
+def test_an_event_is_found_by_id_or_prefix_and_a_session_across_endpoints(call, resolve):
+    tag = uuid.uuid4().hex[:8]
+    billing, shipping = f"FindB-{tag}", f"FindS-{tag}"
+    session = f"customer-{tag}"
+    one = Flow(endpoint=billing, event_id=f"inv-{tag}-1")
+    two = Flow(endpoint=shipping, event_id=f"inv-{tag}-2")
+    other = Flow(endpoint=billing, event_id=f"oth-{tag}")
+    resolve(nimbus("EventRequest", endpoint=billing, event_id=one.event_id, session_id=session))
+    resolve(nimbus("EventRequest", endpoint=shipping, event_id=two.event_id, session_id=session))
+    failed_event(resolve, other)  # another session (the helper's default)
+    exact = call("find_events", method="GET", params={"eventId": one.event_id}).json["items"]
+    assert [(e["endpointId"], e["eventId"]) for e in exact] == [(billing, one.event_id)]
+    prefix = call("find_events", method="GET", params={"eventId": f"inv-{tag}"}).json["items"]
+    assert sorted((e["endpointId"], e["eventId"]) for e in prefix) == [
+        (billing, one.event_id),
+        (shipping, two.event_id),
+    ]
+    sessions = call("find_events", method="GET", params={"sessionId": session}).json["items"]
+    assert [(e["endpointId"], e["eventId"], e["sessionId"]) for e in sessions] == [
+        (billing, one.event_id, session),
+        (shipping, two.event_id, session),
+    ]
+    assert call("find_events", method="GET", params={"eventId": "ab"}).json["field"] == "eventId"
+    assert call("find_events", method="GET", params={}).status == 400
+    failed = call("failed_events", method="GET", params={"pageSize": "200"}).json["items"]
+    mine = [e for e in failed if e["endpointId"] in (billing, shipping)]
+    assert [(e["eventId"], e["resolutionStatus"], e["reason"]) for e in mine] == [
+        (other.event_id, "Failed", "ERP timeout")
+    ]
+
+
+def test_the_session_index_row_is_written_in_the_event_rows_transaction(resolve, flow):
+    resolve(nimbus("EventRequest", endpoint=flow.endpoint, event_id=flow.event_id, session_id="s-1"))
+    resolve(
+        nimbus(
+            "ErrorResponse",
+            endpoint=flow.endpoint,
+            event_id=flow.event_id,
+            session_id="s-1",
+            message_id="err-x",
+            parent="req-1",
+            error_text="boom",
+        )
+    )
+    table = service.store().table(keys.EVENTS_TABLE)
+    low, high = keys.session_range("s-1")
+    query = f"PartitionKey eq '{keys.partition(flow.endpoint)}' and RowKey ge '{low}' and RowKey lt '{high}'"
+    assert [e["EventId"] for e in table.query_entities(query)] == [
+        flow.event_id
+    ]  # one row, not one per message
+
+
+def test_find_reads_one_range_per_endpoint_never_a_scan(resolve, fresh_tables):
+    from common.roundtrips import ROUND_TRIPS
+    from management import find
+
+    for endpoint in ("Alpha", "Beta", "Gamma"):
+        for n in range(3):
+            resolve(
+                nimbus("EventRequest", endpoint=endpoint, event_id=f"{endpoint}-{n}", session_id=f"s-{n}")
+            )
+    store = service.store()
+    with ROUND_TRIPS.measure() as tally:
+        assert [e.event_id for e in find.by_event_id(store, "Beta-1")] == ["Beta-1"]
+    assert tally.requests == 1 + 3  # the endpoint list, one bounded range per endpoint
+    with ROUND_TRIPS.measure() as tally:
+        assert [e.endpoint_id for e in find.by_session(store, "s-2")] == ["Alpha", "Beta", "Gamma"]
+    assert tally.requests == 1 + 3 + 3  # the endpoint list, one ss| range per endpoint, one read per event
+    with ROUND_TRIPS.measure() as tally:
+        assert find.failed(store, service.overview(), per_endpoint=50) == []
+    assert tally.requests == 1 + 2 * 3  # the endpoint list, the first page of two buckets per endpoint
