@@ -231,7 +231,11 @@ class SettlementService:
         digest = s.digest()
         if not row.is_pending_handoff:
             return self.replay_or_refuse(s.endpoint_id, s.coordinates.event_id, digest, self._not_parked(row))
-        parked = self._check(row, s.coordinates)
+        try:
+            parked = self._check(row, s.coordinates)
+        except Conflict as mismatch:
+            # Parked again since (a new hand-off): a retry of a settlement of the earlier one is answered.
+            return self.replay_or_refuse(s.endpoint_id, s.coordinates.event_id, digest, mismatch)
         coords = self._complete_coordinates(s.coordinates, row)
         content = settlement_content(
             s.kind, coords, result_json=payload, error_text=s.error_text, error_type=s.error_type
@@ -441,6 +445,16 @@ class SettlementService:
             f"{existing.settled_by!r}, {existing.state.name}) is already in flight.",
             field="coordinates.messageId",
         )
+
+    def answer_addressed(
+        self, endpoint_id: str, event_id: str, addressed_message_id: str, digest: str
+    ) -> SettlementAccepted | None:
+        """The answer to a retry of the request ``digest`` addressed to that message, from its claim (one
+        point read); None when the message has no claim; 409 in-flight when another request holds it."""
+        claim = self.store.get_claim(endpoint_id, event_id, addressed_message_id)
+        if claim is None:
+            return None
+        return self._answer(endpoint_id, self._same_or_refuse(claim, digest), replayed=True)
 
     def replay_or_refuse(
         self, endpoint_id: str, event_id: str, digest: str, refusal: Conflict

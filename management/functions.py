@@ -288,6 +288,7 @@ def event_resubmit(req: func.HttpRequest) -> ActionAccepted:
             actor,
             event_json=body.event_json,
             reason=body.reason,
+            message_id=body.message_id,
         )
         return _accepted(result)
 
@@ -311,7 +312,11 @@ def event_skip(req: func.HttpRequest) -> ActionAccepted:
         body: SkipRequest = _body(req, SkipRequest)
         actor = actor_of(req, body.by)
         result = service.operator_actions().skip(
-            _route(req, "endpointId"), _route(req, "eventId"), actor, reason=body.reason
+            _route(req, "endpointId"),
+            _route(req, "eventId"),
+            actor,
+            reason=body.reason,
+            message_id=body.message_id,
         )
         return _accepted(result)
 
@@ -340,6 +345,7 @@ def event_complete(req: func.HttpRequest) -> ActionAccepted:
             actor,
             kind=MessageType.HandoffCompletedRequest,
             result=body.result,
+            message_id=body.message_id,
         )
         return _accepted(result)
 
@@ -369,6 +375,7 @@ def event_fail(req: func.HttpRequest) -> ActionAccepted:
             kind=MessageType.HandoffFailedRequest,
             error_text=body.error_text,
             error_type=body.error_type,
+            message_id=body.message_id,
         )
         return _accepted(result)
 

@@ -98,7 +98,17 @@ class OperatorEventView(EventView):
     event_json: str | None = Field(description="The EventJson a plain resubmission sends.")
 
 
+AddressedMessage = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=512)]
+_ADDRESSED = (
+    "The message this action addresses (the failed / parked message the operator saw; NimBus's WebApp route "
+    "carries it): a retry of the same action on it is answered from its claim, whatever the event did "
+    "since; another message than the event's current one that was never acted on is 409. Without it, the "
+    "event's current message."
+)
+
+
 class ResubmitRequest(RequestModel):
+    message_id: AddressedMessage | None = Field(default=None, description=_ADDRESSED)
     event_json: EventJson | None = Field(
         default=None, description="Resubmit with changes: the edited EventJson (JSON as text)."
     )
@@ -107,16 +117,19 @@ class ResubmitRequest(RequestModel):
 
 
 class SkipRequest(RequestModel):
+    message_id: AddressedMessage | None = Field(default=None, description=_ADDRESSED)
     reason: Reason | None = None
     by: Name | None = None
 
 
 class CompleteRequest(RequestModel):
+    message_id: AddressedMessage | None = Field(default=None, description=_ADDRESSED)
     result: Any = Field(default=None, description="Any JSON; a string is sent verbatim as EventJson.")
     by: Name | None = None
 
 
 class FailRequest(RequestModel):
+    message_id: AddressedMessage | None = Field(default=None, description=_ADDRESSED)
     error_text: NonBlank
     error_type: Name | None = None
     by: Name | None = None
