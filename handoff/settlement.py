@@ -542,10 +542,13 @@ class SettlementService:
         bookkeeping (it only answers, the reconciler decides when a claim is unconfirmed).
         """
         now = self.clock()
+        # The row first, then the history: the resolver writes a message's history row and the event row
+        # in one transaction, so a row that moved on *before* the history read cannot hide our own
+        # projection (read the other way round, a projection in between looks like "moved on").
+        row = self.store.get_event(endpoint_id, claim.event_id)
         projected = self.store.has_history(endpoint_id, claim.event_id, claim.control_message_id)
         moved_on = False
         if not projected:
-            row = self.store.get_event(endpoint_id, claim.event_id)
             # A hand-off moved on when it is no longer parked by that message; an operator action's
             # event moved on when a newer message than the one it addressed was projected.
             moved_on = row is None or row.last_message_id != claim.parked_message_id
@@ -614,6 +617,21 @@ class SettlementService:
         taken, won = self._pinned(endpoint_id, claim, count=True)
         if not won:
             return taken  # changed by someone else meanwhile: they own this attempt
+        now, window = self.clock(), self.transport().duplicate_window
+        if not can_resend(claim.claimed_at, now, window):
+            # The pin write took long enough (storage retries, a paused process) to cross the deadline:
+            # checked again right before the send, whose own worst case the margin covers.
+            log.warning(
+                "re-send of %s for %s/%s: the re-send deadline passed during the pin write; not sent",
+                claim.control_message_id,
+                endpoint_id,
+                claim.event_id,
+            )
+            if not bookkeeping:
+                return taken
+            return self._transition(
+                endpoint_id, taken, ClaimState.unconfirmed, due=now + recheck_after(claim.claimed_at, now)
+            )
         message = taken.outbox_message()
         with telemetry.span(
             "settle.handoff.resend",
@@ -695,6 +713,7 @@ class SettlementService:
         due: datetime | None = None,
         sent: bool = False,
         attempt: bool = False,
+        again: int = 3,
     ) -> ClaimRow:
         """Move the claim (``If-Match`` its ETag) with its index rows in one transaction; best effort.
 
@@ -749,6 +768,11 @@ class SettlementService:
         try:
             etags = self.store.submit(ops)
         except Exception:
+            retried = self._progress_again(
+                endpoint_id, claim, state, sent=sent, attempt=attempt, due=due, again=again
+            )
+            if retried is not None:
+                return retried
             log.warning(
                 "claim of %s/%s: could not record %s", endpoint_id, claim.event_id, state.name, exc_info=True
             )
@@ -764,6 +788,41 @@ class SettlementService:
                 "updated_at": now,
             }
         )
+
+    def _progress_again(
+        self,
+        endpoint_id: str,
+        claim: ClaimRow,
+        state: ClaimState,
+        *,
+        sent: bool,
+        attempt: bool,
+        due: datetime | None,
+        again: int,
+    ) -> ClaimRow | None:
+        """A transition that records progress (``sent``, ``delivered``) lost its ``If-Match`` to another
+        writer of the claim (a retry's pin, a reconciler's attempt count): apply it again on the claim as
+        it is now, while that is still behind it. Without this, a broker-acknowledged send would stay
+        ``sending`` and could later be listed ``unconfirmed`` (a false alarm). None: nothing was redone."""
+        behind = {
+            ClaimState.sent: (ClaimState.sending, ClaimState.unconfirmed),
+            ClaimState.delivered: (ClaimState.sending, ClaimState.unconfirmed, ClaimState.sent),
+        }.get(state)
+        if behind is None or again <= 0:
+            return None
+        try:
+            current = self.store.get_claim(endpoint_id, claim.event_id, claim.parked_message_id)
+        except Exception:
+            return None
+        if current is None or current.etag == claim.etag or current.state not in behind:
+            return None
+        log.info(
+            "claim of %s/%s changed meanwhile; recording %s again", endpoint_id, claim.event_id, state.name
+        )
+        moved = self._transition(
+            endpoint_id, current, state, due=due, sent=sent, attempt=attempt, again=again - 1
+        )
+        return moved if moved.etag != current.etag else None
 
     def _release(self, endpoint_id: str, row: EventRow, claim: ClaimRow) -> bool:
         """Undo a claim whose send certainly reached nothing; False when the claim may still stand."""
