@@ -855,6 +855,128 @@ class SettlementService:
         return True
 
 
+RESOLVE_AUDIT = "ResolveSettlement"
+DELIVERED, RELEASED = "delivered", "released"
+
+
+@dataclass(frozen=True)
+class ClaimResolution:
+    """What an operator's resolution of an unconfirmed claim did."""
+
+    state: str  # delivered | released
+    replayed: bool
+    claim: ClaimRow | None  # as it was resolved (None: answered from an earlier release's audit)
+
+
+class ClaimResolver:
+    """The human way out of an unconfirmed claim: mark it delivered (the operator checked the endpoint) or
+    release it (the hand-off can be settled again), in one transaction with an audit row saying who and
+    why. A retry of the same resolution is answered as done (``replayed``)."""
+
+    def __init__(self, settlement: SettlementService) -> None:
+        self.settlement = settlement
+        self.store = settlement.store
+
+    def resolve(
+        self,
+        endpoint_id: str,
+        row: EventRow,
+        addressed: str,
+        *,
+        resolution: str,
+        control_message_id: str | None,
+        audit: AuditRow,
+        audits: list[AuditRow],
+    ) -> ClaimResolution:
+        from azure.data.tables import TableTransactionError
+
+        for attempt in range(_CLAIM_ATTEMPTS):
+            if attempt:
+                row = self.store.get_event(endpoint_id, row.event_id) or row
+            claim = self.store.get_claim(endpoint_id, row.event_id, addressed)
+            if claim is None:
+                if resolution == RELEASED and _released_before(audits, addressed, control_message_id):
+                    return ClaimResolution(RELEASED, True, None)
+                raise NotFound(
+                    f"No settlement of message {addressed!r} of event {row.event_id!r} is claimed."
+                )
+            if control_message_id and claim.control_message_id != control_message_id:
+                raise Conflict(
+                    f"The claim of message {addressed!r} holds control message {claim.control_message_id!r}, "
+                    f"not {control_message_id!r} (it was released and settled again?).",
+                    field="controlMessageId",
+                )
+            if resolution == DELIVERED and claim.state is ClaimState.delivered:
+                return ClaimResolution(DELIVERED, True, claim)
+            if claim.state is not ClaimState.unconfirmed:
+                raise Conflict(
+                    f"The settlement of message {addressed!r} is {claim.state.name}, not unconfirmed: "
+                    "only an unconfirmed settlement is resolved by an operator.",
+                    field="messageId",
+                )
+            ops = self._ops(endpoint_id, row, claim, resolution, audit)
+            try:
+                self.store.submit(ops)
+            except TableTransactionError:
+                # The claim changed meanwhile (the reconciler looked again), or the hand-off was projected
+                # away: read both again and decide again.
+                continue
+            return ClaimResolution(resolution, False, claim)
+        raise Conflict(f"The claim of message {addressed!r} kept changing; retry.", field="messageId")
+
+    @staticmethod
+    def _ops(
+        endpoint_id: str, row: EventRow, claim: ClaimRow, resolution: str, audit: AuditRow
+    ) -> list[Operation]:
+        pk = keys.partition(endpoint_id)
+        claim_key = keys.claim_row(claim.event_id, claim.parked_message_id)
+        now = audit.audit_timestamp
+        ops: list[Operation] = []
+        if resolution == DELIVERED:
+            ops.append(
+                store.merge(
+                    {
+                        "PartitionKey": pk,
+                        "RowKey": claim_key,
+                        "State": ClaimState.delivered.name,
+                        "UpdatedAt": now,
+                        "ReconcileKey": "",
+                        "UnconfirmedKey": "",
+                    },
+                    claim.etag or "*",
+                )
+            )
+        else:
+            ops.append(store.delete(pk, claim_key, claim.etag or "*"))
+            if row.queue_key and row.last_message_id == claim.parked_message_id:
+                ops.append(
+                    store.merge({"PartitionKey": pk, "RowKey": row.queue_key, "ClaimedUntil": UNCLAIMED})
+                )
+        if claim.reconcile_key:
+            ops.append(store.delete(pk, claim.reconcile_key))
+        if claim.unconfirmed_key:
+            ops.append(store.delete(pk, claim.unconfirmed_key))
+        ops.append(store.insert(audit.to_entity(pk, keys.audit_row(claim.event_id, now, uuid.uuid4().hex))))
+        return ops
+
+
+def _released_before(audits: list[AuditRow], addressed: str, control_message_id: str | None) -> bool:
+    for audit in audits:
+        if audit.audit_type != RESOLVE_AUDIT or not audit.data:
+            continue
+        try:
+            data = json.loads(audit.data)
+        except ValueError:
+            continue
+        if (
+            data.get("resolution") == RELEASED
+            and data.get("addressedMessageId") == addressed
+            and (control_message_id is None or data.get("controlMessageId") == control_message_id)
+        ):
+            return True
+    return False
+
+
 def audit_data(s: Settlement, control_message_id: str, parked: str) -> str:
     """The audit's ``Data``: valid JSON of at most 4,000 characters (long fields are cut, not the JSON)."""
     return bounded_json(

@@ -29,9 +29,9 @@ from handoff.contract import (
     control_message,
 )
 from handoff.models import SettlementAccepted
-from handoff.outbox import bounded_json, request_digest
-from handoff.records import AuditRow, EventRow, HistoryRow
-from handoff.settlement import ClaimOrder, Settlement, SettlementService
+from handoff.outbox import ClaimState, bounded_json, request_digest
+from handoff.records import AuditRow, ClaimRow, EventRow, HistoryRow
+from handoff.settlement import ClaimOrder, ClaimResolution, Settlement, SettlementService
 from handoff.store import classify_event_rows
 from handoff.transport import MAX_SEND_BYTES, encoded_size
 from management.principal import Actor, allowed, denial
@@ -84,6 +84,16 @@ def allowed_actions(row: EventRow) -> list[str]:
     if allows(row, SKIPPABLE):
         actions.append("skip")
     return actions
+
+
+def offered_actions(row: EventRow, claim: ClaimRow | None) -> list[str]:
+    """What can succeed now: with a claim open on the row's current message every action would be 409, so
+    only an unconfirmed claim's resolutions are offered (``mark-delivered``, ``release``)."""
+    if claim is None or claim.state is ClaimState.superseded:
+        return allowed_actions(row)
+    if claim.state is ClaimState.unconfirmed:
+        return ["mark-delivered", "release"]
+    return []
 
 
 def payload_of(history: list[HistoryRow], row: EventRow) -> tuple[str | None, str | None]:
@@ -224,6 +234,62 @@ class OperatorActions:
         if replay is not None:
             return replay
         return self._answer(self.settlement.settle(settlement, current=row), audit_type)
+
+    # -- the way out of an unconfirmed settlement -----------------------------------------------------
+
+    def resolve_settlement(
+        self,
+        endpoint_id: str,
+        event_id: str,
+        actor: Actor,
+        *,
+        message_id: str,
+        resolution: str,
+        reason: str,
+        control_message_id: str | None = None,
+    ) -> tuple[ClaimResolution, AuditRow]:
+        """Mark an unconfirmed settlement delivered, or release it; audited ``ResolveSettlement``."""
+        from handoff.settlement import RESOLVE_AUDIT, ClaimResolver
+
+        row, _, audits = classify_event_rows(self.store.event_rows(endpoint_id, event_id))
+        if row is None:
+            raise NotFound(f"Event {event_id!r} is unknown on endpoint {endpoint_id!r}.")
+        self._authorise(row, actor, RESOLVE_AUDIT)
+        claim = self.store.get_claim(endpoint_id, event_id, message_id)
+        now = self.clock()
+        audit = AuditRow(
+            auditor_name=actor.by,
+            audit_timestamp=now,
+            audit_type=RESOLVE_AUDIT,
+            comment=reason,
+            data=bounded_json(
+                {
+                    "resolution": resolution,
+                    "addressedMessageId": message_id,
+                    "controlMessageId": claim.control_message_id if claim else control_message_id,
+                    "messageType": claim.message_type.name if claim else None,
+                    "settledBy": claim.settled_by if claim else None,
+                    "claimedAt": claim.claimed_at.isoformat() if claim else None,
+                    "principalName": actor.principal_name,
+                    "principalId": actor.principal_id,
+                }
+            ),
+            event_id=row.event_id,
+            endpoint_id=row.endpoint_id,
+            event_type_id=row.event_type_id,
+            principal_name=actor.principal_name,
+            principal_id=actor.principal_id,
+        )
+        done = ClaimResolver(self.settlement).resolve(
+            endpoint_id,
+            row,
+            message_id,
+            resolution=resolution,
+            control_message_id=control_message_id,
+            audit=audit,
+            audits=audits,
+        )
+        return done, audit
 
     # -- shared -------------------------------------------------------------------------------------
 
