@@ -99,6 +99,8 @@ class Settlement:
     agent_id: str | None = None
     principal_name: str | None = None
     principal_id: str | None = None
+    # From a leased receive: the settlement is refused (409 lease-lost) if another agent holds it now.
+    lease_token: str | None = None
 
     @property
     def audit_type(self) -> str:
@@ -153,6 +155,8 @@ class ClaimOrder:
     principal_id: str | None = None
     # A hand-off settlement also marks the agent queue row (``ClaimedUntil``).
     marks_queue: bool = False
+    # Leased receive: the claim is fenced by the lease (If-Match the queue row holding this token).
+    lease_token: str | None = None
     # An operator action also pins the event row as it was checked (``If-Match`` its ETag, in the claim's
     # transaction): a projection between the check and the claim fails the claim instead of letting a
     # control message go out for a state the operator never saw.
@@ -263,6 +267,7 @@ class SettlementService:
             principal_name=s.principal_name,
             principal_id=s.principal_id,
             marks_queue=True,
+            lease_token=s.lease_token,
         )
         return self.submit(order, row, message, audit_data(s, message.message_id, parked))
 
@@ -375,8 +380,10 @@ class SettlementService:
             store.insert(audit.to_entity(pk, audit_key)),
             store.insert(due.to_entity(pk, reconcile_key)),
         ]
+        fenced = len(ops) if s.marks_queue and row.queue_key and s.lease_token else None
         if s.marks_queue and row.queue_key:
             # If-Match *: the index row must still exist, i.e. the hand-off was not projected away.
+            # With a lease token, If-Match the queue row as read holding that token (set per attempt).
             ops.append(store.merge({"PartitionKey": pk, "RowKey": row.queue_key, "ClaimedUntil": CLAIMED}))
         pin = len(ops)
         if s.pins_event:
@@ -387,6 +394,13 @@ class SettlementService:
                 store.merge({"PartitionKey": pk, "RowKey": event_key, "OperatorClaimAt": now}, row.etag)
             )
         for _ in range(_CLAIM_ATTEMPTS):
+            if fenced is not None:
+                held = self._held_queue_row(s, row, parked)
+                if isinstance(held, ClaimRow):
+                    return claim, held  # our own settlement, retried after the lease ended with it
+                ops[fenced] = store.merge(
+                    {"PartitionKey": pk, "RowKey": row.queue_key, "ClaimedUntil": CLAIMED}, held
+                )
             try:
                 etags = self.store.submit(ops)
             except TableTransactionError as exc:
@@ -395,6 +409,8 @@ class SettlementService:
                     if existing is None:
                         continue  # released between our write and our read: try again
                     return claim, self._same_or_refuse(existing, digest)
+                if fenced is not None and exc.index == fenced and exc.status_code == 412:
+                    continue  # the queue row changed (a renewal, a new lease): read it again
                 if s.pins_event and exc.index == pin:
                     raise Conflict(
                         f"Event {row.event_id!r} changed while the {s.audit_type} was being claimed "
@@ -415,6 +431,26 @@ class SettlementService:
             return claim, None
         raise SettlementInFlight(
             f"A settlement of event {row.event_id!r} kept changing; retry.", field="coordinates.messageId"
+        )
+
+    def _held_queue_row(self, s: ClaimOrder, row: EventRow, parked: str) -> str | ClaimRow:
+        """The ETag of the queue row while it holds ``s.lease_token``; else the claim of the same request
+        (a retry), else 409 lease-lost: another agent holds the hand-off now."""
+        from handoff.receive import LeaseLost
+
+        assert row.queue_key is not None
+        queued = self.store.get_queue_row(s.endpoint_id, row.queue_key)
+        if queued is None:
+            raise self._not_parked_any_more(row)
+        if queued.lease_token == s.lease_token and queued.etag:
+            return queued.etag
+        existing = self.store.get_claim(s.endpoint_id, row.event_id, parked)
+        if existing is not None and existing.request_digest == s.digest:
+            return existing
+        raise LeaseLost(
+            f"The lease on event {row.event_id!r} was lost (it expired and another agent holds it now, or it "
+            "was released); this settlement was not sent.",
+            field="leaseToken",
         )
 
     @staticmethod

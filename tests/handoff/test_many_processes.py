@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 import uuid
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -104,3 +105,31 @@ def test_an_operator_retry_from_another_process_is_answered_from_the_claim(call:
         row = event_of(call, flow)
         assert [a["auditType"] for a in row["audits"]] == ["Resubmit"]
         assert [h["messageType"] for h in row["history"]].count("ResubmissionRequest") == 1
+
+
+def test_agents_on_two_processes_lease_each_parked_hand_off_once(call: Caller, resolve):
+    from .test_receive import park
+
+    endpoint = "Billing-" + uuid.uuid4().hex[:8]
+    base = datetime.now(UTC) - timedelta(hours=1)
+    parked_ids = {
+        park(resolve, endpoint, f"ev-{i:02d}", at=base + timedelta(seconds=i)).event_id for i in range(12)
+    }
+    requests = [
+        {
+            "function": "handoff_receive",
+            "route_params": {"endpointId": endpoint},
+            "headers": {"x-agent-id": "agent"},
+            "body": None,
+        }
+        for _ in range(8)
+    ]
+    start_at = time.time() + 5.0
+    done = run_children(
+        [{"transport": "loopback", "requests": requests, "start_at": start_at} for _ in range(2)]
+    )
+    received = [
+        a["json"]["coordinates"]["eventId"] for answers in done for a in answers if a["status"] == 200
+    ]
+    assert sorted(received) == sorted(parked_ids)  # 16 receives, 12 hand-offs: each leased exactly once
+    assert sum(1 for answers in done for a in answers if a["status"] == 204) == 4
