@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench import catchup, coldstart, contention, keeper, latency, machine, resolver, roundtrips
+from bench import agents, catchup, coldstart, contention, keeper, latency, machine, resolver, roundtrips
 from bench.harness import (
     DEFAULT_OUT,
     Environment,
@@ -42,6 +42,7 @@ SECTIONS: dict[str, Callable[[Environment], list[Figure]]] = {
     "resolver": resolver.run,
     "coldstart": coldstart.run,
     "keeper": keeper.run,
+    "agents": agents.run,
 }
 
 

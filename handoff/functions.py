@@ -18,6 +18,10 @@ from handoff.models import (
     CompleteHandoffRequest,
     EventView,
     FailHandoffRequest,
+    LeasedHandoffView,
+    LeaseReleased,
+    LeaseRequest,
+    LeaseView,
     PendingHandoffView,
     SettlementAccepted,
     UnconfirmedList,
@@ -104,6 +108,7 @@ def handoff_complete(req: func.HttpRequest) -> SettlementAccepted:
             coordinates=body.coordinates.to_contract(),
             settled_by=_settled_by(req, body.settled_by),
             result=body.result,
+            lease_token=body.lease_token,
             **_who(req),
         )
     )
@@ -131,6 +136,7 @@ def handoff_fail(req: func.HttpRequest) -> SettlementAccepted:
             settled_by=_settled_by(req, body.settled_by),
             error_text=body.error_text,
             error_type=body.error_type,
+            lease_token=body.lease_token,
             **_who(req),
         )
     )
@@ -194,7 +200,98 @@ def _route(req: func.HttpRequest, name: str) -> str:
     span="settle.handoff.next",
 )
 def handoff_next(req: func.HttpRequest) -> PendingHandoffView | None:
-    return service.receive_service().next(_route(req, "endpointId"), _event_types(req), _wait_seconds(req))
+    from handoff.receive import long_poll
+
+    endpoint_id, types, wait = _route(req, "endpointId"), _event_types(req), _wait_seconds(req)
+    with long_poll(wait):
+        return service.receive_service().next(endpoint_id, types, wait)
+
+
+_LEASE_RESPONSES = {
+    400: "Invalid parameter",
+    404: "Unknown event",
+    409: "The token no longer holds the hand-off (type urn:settle:problem:lease-lost)",
+}
+
+
+@operation(
+    bp,
+    route="v1/handoffs/{endpointId}/receive",
+    method="POST",
+    summary="Lease the oldest parked hand-off no one holds (leased receive; waits up to "
+    f"{MAX_WAIT_SECONDS} s), or 204",
+    response=LeasedHandoffView,
+    responses={
+        204: "No parked hand-off free within the wait",
+        400: "Invalid parameter",
+        429: "This instance serves 20 long-polls already (Retry-After)",
+    },
+    parameters=(
+        {"name": "endpointId", "in": "path", "required": True, "schema": {"type": "string"}},
+        {"name": "eventTypeId", "in": "query", "required": False, "schema": {"type": "string"}},
+        {
+            "name": "waitSeconds",
+            "in": "query",
+            "required": False,
+            "schema": {"type": "number", "minimum": 0, "maximum": MAX_WAIT_SECONDS},
+        },
+        {
+            "name": "leaseSeconds",
+            "in": "query",
+            "required": False,
+            "schema": {"type": "number", "minimum": 10, "maximum": 3600},
+            "description": "How long the hand-off is held (default 300 s); renew while the work runs.",
+        },
+    ),
+    span="settle.handoff.receive",
+)
+def handoff_receive(req: func.HttpRequest) -> LeasedHandoffView | None:
+    from handoff.receive import lease_length, long_poll
+
+    endpoint_id, types, wait = _route(req, "endpointId"), _event_types(req), _wait_seconds(req)
+    lease_for = lease_length(req.params.get("leaseSeconds"))
+    with long_poll(wait):
+        return service.receive_service().lease(
+            endpoint_id, types, wait, lease_for=lease_for, agent_id=_header(req, "x-agent-id")
+        )
+
+
+@operation(
+    bp,
+    route="v1/handoffs/{endpointId}/leases/renew",
+    method="POST",
+    summary="Renew a lease while its token still holds the hand-off",
+    request=LeaseRequest,
+    response=LeaseView,
+    responses=_LEASE_RESPONSES,
+    parameters=({"name": "endpointId", "in": "path", "required": True, "schema": {"type": "string"}},),
+    span="settle.handoff.lease.renew",
+)
+def handoff_lease_renew(req: func.HttpRequest) -> LeaseView:
+    from handoff.receive import lease_length
+
+    body = parse_body(req, LeaseRequest)
+    lease_for = lease_length(None if body.lease_seconds is None else str(body.lease_seconds))
+    return service.receive_service().renew(
+        _route(req, "endpointId"), body.event_id, body.lease_token, lease_for=lease_for
+    )
+
+
+@operation(
+    bp,
+    route="v1/handoffs/{endpointId}/leases/release",
+    method="POST",
+    summary="Release a lease: the hand-off is offered to the next receive at once",
+    request=LeaseRequest,
+    response=LeaseReleased,
+    responses=_LEASE_RESPONSES,
+    parameters=({"name": "endpointId", "in": "path", "required": True, "schema": {"type": "string"}},),
+    span="settle.handoff.lease.release",
+)
+def handoff_lease_release(req: func.HttpRequest) -> LeaseReleased:
+    body = parse_body(req, LeaseRequest)
+    service.receive_service().release(_route(req, "endpointId"), body.event_id, body.lease_token)
+    return LeaseReleased(event_id=body.event_id, released=True)
 
 
 @operation(

@@ -39,6 +39,13 @@ class HandoffCoordinates(RequestModel):
         return Coordinates.model_validate(self.model_dump())
 
 
+LeaseToken = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=128)]
+_LEASE_TOKEN = (
+    "From a leased receive: the settlement is fenced by the lease (409 lease-lost when another agent holds "
+    "the hand-off now). Without it, today's rules."
+)
+
+
 class CompleteHandoffRequest(RequestModel):
     """Complete a parked hand-off: exactly one ``HandoffCompletedRequest`` is sent."""
 
@@ -46,6 +53,7 @@ class CompleteHandoffRequest(RequestModel):
     coordinates: HandoffCoordinates
     result: Any = Field(default=None, description="Any JSON; a string is sent verbatim as EventJson.")
     settled_by: Name | None = None
+    lease_token: LeaseToken | None = Field(default=None, description=_LEASE_TOKEN)
 
 
 class FailHandoffRequest(RequestModel):
@@ -56,6 +64,7 @@ class FailHandoffRequest(RequestModel):
     error_text: NonBlank
     error_type: Text | None = None
     settled_by: Name | None = None
+    lease_token: LeaseToken | None = Field(default=None, description=_LEASE_TOKEN)
 
 
 class CoordinatesView(ApiModel):
@@ -101,6 +110,26 @@ class SettlementAccepted(ApiModel):
         "detection on the endpoint topics) that it never re-sends it, and where operators then see it "
         "(GET /api/v1/handoffs/{endpointId}/unconfirmed).",
     )
+
+
+class LeaseView(ApiModel):
+    """A lease on a parked hand-off: settle with its token, renew it while the work runs, or release it."""
+
+    token: str
+    expires_at: datetime
+    lease_seconds: int
+    leased_by: str | None = None
+
+
+class LeaseRequest(RequestModel):
+    event_id: Text
+    lease_token: LeaseToken
+    lease_seconds: float | None = Field(default=None, description="Renew only: 10 to 3600 (default 300).")
+
+
+class LeaseReleased(ApiModel):
+    event_id: str
+    released: bool
 
 
 class UnconfirmedClaim(ApiModel):
@@ -326,3 +355,9 @@ class EventView(ApiModel):
             history=[HistoryEntry.of(h) for h in history],
             audits=[AuditEntry.of(a) for a in audits],
         )
+
+
+class LeasedHandoffView(PendingHandoffView):
+    """A parked hand-off leased to the caller (leased receive)."""
+
+    lease: LeaseView

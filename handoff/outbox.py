@@ -35,7 +35,9 @@ CONFIRM_AFTER = timedelta(minutes=2)
 # A settling process sends only this soon after its claim. It bounds when the first copy can reach the
 # broker, which the re-send rule below relies on (a process frozen longer gives the job to the reconciler).
 SEND_DEADLINE = timedelta(seconds=60)
-# Re-sends stop this long before the detection window (counted from the claim) ends, for clock error.
+# Re-sends stop this long before the detection window (counted from the claim) ends. The deadline is
+# checked immediately before each send, so the margin covers the send path's bounded worst case
+# (``handoff.transport.SEND_WORST_CASE``, 25 s: link open budget + send timeout) plus clock error.
 RESEND_MARGIN = timedelta(minutes=1)
 # How often an unconfirmed claim is looked at again (it may still be confirmed by a late projection).
 RECHECK_MIN = timedelta(minutes=5)

@@ -1,17 +1,100 @@
-"""Agent receive (oldest parked event, non-claiming) and the read lookups. Index reads only, never a scan."""
+"""Agent receive and the read lookups. Index reads only, never a scan.
+
+* ``next`` (NimBus-compatible): the oldest parked hand-off, non-claiming.
+* leased receive (issue 22): the oldest parked hand-off no one holds, claimed for a lease with one
+  conditional write on its queue row (``ClaimedUntil`` = the lease's end, ``LeaseToken``); renewable,
+  released on request, taken over by anyone once expired. A settlement carrying the token is fenced by it
+  (:mod:`handoff.settlement`).
+* Long-polls (``waitSeconds`` > 0) hold one of ``LONG_POLL_PERMITS`` per instance; beyond that, 429 with
+  ``Retry-After`` (NimBus's ``nimbus-agent-receive`` concurrency limiter: PermitLimit 20).
+"""
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
-from collections.abc import Callable, Sequence
-from datetime import datetime
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from datetime import datetime, timedelta
 
 from common.clock import iso, utcnow
-from common.errors import NotFound
-from handoff.models import EventView, PendingHandoffView, UnconfirmedClaim, UnconfirmedList
+from common.errors import Conflict, InvalidInput, NotFound, SettleError
+from handoff import keys, store
+from handoff.models import (
+    EventView,
+    LeasedHandoffView,
+    LeaseView,
+    PendingHandoffView,
+    UnconfirmedClaim,
+    UnconfirmedList,
+)
+from handoff.records import QueueRow
 from handoff.store import HandoffStore, classify_event_rows
 
 _POLL_INTERVAL_S = 0.5
+# NimBus WebApp ``/api/agent/receive``: concurrency limiter PermitLimit 20, rejection 429 (contract §4.6).
+LONG_POLL_PERMITS = 20
+long_polls = threading.BoundedSemaphore(LONG_POLL_PERMITS)
+DEFAULT_LEASE = timedelta(minutes=5)
+MIN_LEASE = timedelta(seconds=10)
+MAX_LEASE = timedelta(hours=1)
+# Candidates read per attempt, and attempts when every candidate was taken by a faster agent meanwhile.
+_LEASE_CANDIDATES = 10
+_LEASE_ROUNDS = 5
+_SETTLING = "9999"  # ``ClaimedUntil`` of a hand-off whose settlement is claimed starts so (never expires)
+
+
+class LeaseLost(Conflict):
+    """The lease token no longer holds the hand-off (expired and taken, released, or settled)."""
+
+    slug = "lease-lost"
+    title = "The lease on this hand-off was lost"
+
+
+class TooManyLongPolls(SettleError):
+    """This instance already holds its long-polls' permits (429; ``Retry-After``)."""
+
+    status = 429
+    slug = "too-many-long-polls"
+    title = "Too many long-polls on this instance"
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": "1"}
+
+
+def lease_length(raw: str | None) -> timedelta:
+    """``leaseSeconds`` (query or body): 10 s to 1 h, default 5 min; 400 naming it otherwise."""
+    if raw is None or str(raw).strip() == "":
+        return DEFAULT_LEASE
+    try:
+        seconds = float(raw)
+    except ValueError as exc:
+        raise InvalidInput("leaseSeconds must be a number of seconds.", field="leaseSeconds") from exc
+    if not MIN_LEASE.total_seconds() <= seconds <= MAX_LEASE.total_seconds():
+        raise InvalidInput(
+            f"leaseSeconds must be {MIN_LEASE.total_seconds():.0f} to {MAX_LEASE.total_seconds():.0f}.",
+            field="leaseSeconds",
+        )
+    return timedelta(seconds=seconds)
+
+
+@contextlib.contextmanager
+def long_poll(wait_seconds: float) -> Iterator[None]:
+    """Holds a permit while a call waits; a call that does not wait takes none."""
+    if wait_seconds <= 0:
+        yield
+        return
+    if not long_polls.acquire(blocking=False):
+        raise TooManyLongPolls(
+            f"This instance is serving {LONG_POLL_PERMITS} long-polls already; retry after a second "
+            "(or poll without waitSeconds)."
+        )
+    try:
+        yield
+    finally:
+        long_polls.release()
 
 
 class ReceiveService:
@@ -51,6 +134,156 @@ class ReceiveService:
             if row is not None and row.is_pending_handoff and row.last_message_id == entry.parked_message_id:
                 return PendingHandoffView.of(row)
         return None
+
+    # -- leased receive ------------------------------------------------------------------------------
+
+    def lease(
+        self,
+        endpoint_id: str,
+        event_type_ids: Sequence[str] = (),
+        wait_seconds: float = 0,
+        *,
+        lease_for: timedelta = DEFAULT_LEASE,
+        agent_id: str | None = None,
+    ) -> LeasedHandoffView | None:
+        """Claim the oldest parked hand-off no one holds for ``lease_for``, polling up to ``wait_seconds``."""
+        deadline = self.monotonic() + max(0.0, wait_seconds)
+        while True:
+            found = self._lease_once(endpoint_id, event_type_ids, lease_for, agent_id)
+            if found is not None or self.monotonic() + _POLL_INTERVAL_S > deadline:
+                return found
+            self.sleep(_POLL_INTERVAL_S)
+
+    def _lease_once(
+        self, endpoint_id: str, event_type_ids: Sequence[str], lease_for: timedelta, agent_id: str | None
+    ) -> LeasedHandoffView | None:
+        for _ in range(_LEASE_ROUNDS):
+            now = self.clock()
+            candidates = self.store.queued(
+                endpoint_id, claimed_before=iso(now), event_type_ids=event_type_ids, limit=_LEASE_CANDIDATES
+            )
+            contended = False
+            for entry in candidates:
+                row = self.store.get_event(endpoint_id, entry.event_id)
+                if (
+                    row is None
+                    or not row.is_pending_handoff
+                    or row.last_message_id != entry.parked_message_id
+                ):
+                    continue
+                token = uuid.uuid4().hex
+                until = now + lease_for
+                if self._write_lease(endpoint_id, entry, token, until, agent_id, now):
+                    return LeasedHandoffView(
+                        **PendingHandoffView.of(row).model_dump(by_alias=False),
+                        lease=LeaseView(
+                            token=token,
+                            expires_at=until,
+                            lease_seconds=int(lease_for.total_seconds()),
+                            leased_by=agent_id,
+                        ),
+                    )
+                contended = True  # another agent took it between our read and our write
+            if not contended:
+                return None
+        return None
+
+    def _write_lease(
+        self,
+        endpoint_id: str,
+        entry: QueueRow,
+        token: str,
+        until: datetime,
+        agent_id: str | None,
+        now: datetime,
+    ) -> bool:
+        from azure.data.tables import TableTransactionError
+
+        assert entry.row_key is not None and entry.etag is not None
+        try:
+            self.store.submit(
+                [
+                    store.merge(
+                        {
+                            "PartitionKey": keys.partition(endpoint_id),
+                            "RowKey": entry.row_key,
+                            "ClaimedUntil": iso(until),
+                            "LeaseToken": token,
+                            "LeasedBy": agent_id or "",
+                            "LeasedAt": now,
+                        },
+                        entry.etag,
+                    )
+                ]
+            )
+        except TableTransactionError as exc:
+            if exc.status_code in (404, 412):
+                return False
+            raise
+        return True
+
+    def renew(
+        self, endpoint_id: str, event_id: str, token: str, *, lease_for: timedelta = DEFAULT_LEASE
+    ) -> LeaseView:
+        """Extend a lease the token still holds (also one that expired while no one took it)."""
+        entry = self._held(endpoint_id, event_id, token)
+        now = self.clock()
+        until = now + lease_for
+        if not self._write_lease(endpoint_id, entry, token, until, entry.leased_by, entry.leased_at or now):
+            raise self._lost(event_id)
+        return LeaseView(
+            token=token,
+            expires_at=until,
+            lease_seconds=int(lease_for.total_seconds()),
+            leased_by=entry.leased_by or None,
+        )
+
+    def release(self, endpoint_id: str, event_id: str, token: str) -> None:
+        """Give the hand-off back at once (the next receive gets it)."""
+        from azure.data.tables import TableTransactionError
+
+        entry = self._held(endpoint_id, event_id, token)
+        assert entry.row_key is not None and entry.etag is not None
+        try:
+            self.store.submit(
+                [
+                    store.merge(
+                        {
+                            "PartitionKey": keys.partition(endpoint_id),
+                            "RowKey": entry.row_key,
+                            "ClaimedUntil": "0",
+                        },
+                        entry.etag,
+                    )
+                ]
+            )
+        except TableTransactionError as exc:
+            if exc.status_code in (404, 412):
+                raise self._lost(event_id) from exc
+            raise
+
+    def _held(self, endpoint_id: str, event_id: str, token: str) -> QueueRow:
+        """The queue row while ``token`` holds it and no settlement was claimed; else 409 lease-lost."""
+        row = self.store.get_event(endpoint_id, event_id)
+        if row is None:
+            raise NotFound(f"Event {event_id!r} is unknown on endpoint {endpoint_id!r}.")
+        entry = self.store.get_queue_row(endpoint_id, row.queue_key) if row.queue_key else None
+        if (
+            entry is None
+            or entry.lease_token != token
+            or entry.claimed_until.startswith(_SETTLING)
+            or entry.claimed_until == "0"
+        ):
+            raise self._lost(event_id)
+        return entry
+
+    @staticmethod
+    def _lost(event_id: str) -> LeaseLost:
+        return LeaseLost(
+            f"The lease on event {event_id!r} is not held by this token any more (released, settled, or "
+            "expired and taken by another agent).",
+            field="leaseToken",
+        )
 
     def job(self, endpoint_id: str, external_job_id: str) -> PendingHandoffView:
         """The parked event carrying ``external_job_id``, or 404."""

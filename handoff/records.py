@@ -342,8 +342,13 @@ class QueueRow(TableRecord):
     event_type_id: str | None = None
     parked_message_id: str
     # ISO text compared server-side; "0" (sorts before every time) when unclaimed, so the column always
-    # exists (a filter on a missing property never matches).
+    # exists (a filter on a missing property never matches). A leased receive sets it to the lease's end.
     claimed_until: str = "0"
+    # Leased receive (issue 22): the current lease's token, holder and start (kept after it ends: a
+    # settlement with that token is fenced by it until another agent leases the hand-off).
+    lease_token: str | None = None
+    leased_by: str | None = None
+    leased_at: datetime | None = None
 
 
 class ListingRow(TableRecord):

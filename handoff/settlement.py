@@ -99,6 +99,8 @@ class Settlement:
     agent_id: str | None = None
     principal_name: str | None = None
     principal_id: str | None = None
+    # From a leased receive: the settlement is refused (409 lease-lost) if another agent holds it now.
+    lease_token: str | None = None
 
     @property
     def audit_type(self) -> str:
@@ -153,6 +155,8 @@ class ClaimOrder:
     principal_id: str | None = None
     # A hand-off settlement also marks the agent queue row (``ClaimedUntil``).
     marks_queue: bool = False
+    # Leased receive: the claim is fenced by the lease (If-Match the queue row holding this token).
+    lease_token: str | None = None
     # An operator action also pins the event row as it was checked (``If-Match`` its ETag, in the claim's
     # transaction): a projection between the check and the claim fails the claim instead of letting a
     # control message go out for a state the operator never saw.
@@ -231,7 +235,11 @@ class SettlementService:
         digest = s.digest()
         if not row.is_pending_handoff:
             return self.replay_or_refuse(s.endpoint_id, s.coordinates.event_id, digest, self._not_parked(row))
-        parked = self._check(row, s.coordinates)
+        try:
+            parked = self._check(row, s.coordinates)
+        except Conflict as mismatch:
+            # Parked again since (a new hand-off): a retry of a settlement of the earlier one is answered.
+            return self.replay_or_refuse(s.endpoint_id, s.coordinates.event_id, digest, mismatch)
         coords = self._complete_coordinates(s.coordinates, row)
         content = settlement_content(
             s.kind, coords, result_json=payload, error_text=s.error_text, error_type=s.error_type
@@ -259,6 +267,7 @@ class SettlementService:
             principal_name=s.principal_name,
             principal_id=s.principal_id,
             marks_queue=True,
+            lease_token=s.lease_token,
         )
         return self.submit(order, row, message, audit_data(s, message.message_id, parked))
 
@@ -371,8 +380,10 @@ class SettlementService:
             store.insert(audit.to_entity(pk, audit_key)),
             store.insert(due.to_entity(pk, reconcile_key)),
         ]
+        fenced = len(ops) if s.marks_queue and row.queue_key and s.lease_token else None
         if s.marks_queue and row.queue_key:
             # If-Match *: the index row must still exist, i.e. the hand-off was not projected away.
+            # With a lease token, If-Match the queue row as read holding that token (set per attempt).
             ops.append(store.merge({"PartitionKey": pk, "RowKey": row.queue_key, "ClaimedUntil": CLAIMED}))
         pin = len(ops)
         if s.pins_event:
@@ -383,6 +394,13 @@ class SettlementService:
                 store.merge({"PartitionKey": pk, "RowKey": event_key, "OperatorClaimAt": now}, row.etag)
             )
         for _ in range(_CLAIM_ATTEMPTS):
+            if fenced is not None:
+                held = self._held_queue_row(s, row, parked)
+                if isinstance(held, ClaimRow):
+                    return claim, held  # our own settlement, retried after the lease ended with it
+                ops[fenced] = store.merge(
+                    {"PartitionKey": pk, "RowKey": row.queue_key, "ClaimedUntil": CLAIMED}, held
+                )
             try:
                 etags = self.store.submit(ops)
             except TableTransactionError as exc:
@@ -391,6 +409,8 @@ class SettlementService:
                     if existing is None:
                         continue  # released between our write and our read: try again
                     return claim, self._same_or_refuse(existing, digest)
+                if fenced is not None and exc.index == fenced and exc.status_code == 412:
+                    continue  # the queue row changed (a renewal, a new lease): read it again
                 if s.pins_event and exc.index == pin:
                     raise Conflict(
                         f"Event {row.event_id!r} changed while the {s.audit_type} was being claimed "
@@ -411,6 +431,26 @@ class SettlementService:
             return claim, None
         raise SettlementInFlight(
             f"A settlement of event {row.event_id!r} kept changing; retry.", field="coordinates.messageId"
+        )
+
+    def _held_queue_row(self, s: ClaimOrder, row: EventRow, parked: str) -> str | ClaimRow:
+        """The ETag of the queue row while it holds ``s.lease_token``; else the claim of the same request
+        (a retry), else 409 lease-lost: another agent holds the hand-off now."""
+        from handoff.receive import LeaseLost
+
+        assert row.queue_key is not None
+        queued = self.store.get_queue_row(s.endpoint_id, row.queue_key)
+        if queued is None:
+            raise self._not_parked_any_more(row)
+        if queued.lease_token == s.lease_token and queued.etag:
+            return queued.etag
+        existing = self.store.get_claim(s.endpoint_id, row.event_id, parked)
+        if existing is not None and existing.request_digest == s.digest:
+            return existing
+        raise LeaseLost(
+            f"The lease on event {row.event_id!r} was lost (it expired and another agent holds it now, or it "
+            "was released); this settlement was not sent.",
+            field="leaseToken",
         )
 
     @staticmethod
@@ -441,6 +481,16 @@ class SettlementService:
             f"{existing.settled_by!r}, {existing.state.name}) is already in flight.",
             field="coordinates.messageId",
         )
+
+    def answer_addressed(
+        self, endpoint_id: str, event_id: str, addressed_message_id: str, digest: str
+    ) -> SettlementAccepted | None:
+        """The answer to a retry of the request ``digest`` addressed to that message, from its claim (one
+        point read); None when the message has no claim; 409 in-flight when another request holds it."""
+        claim = self.store.get_claim(endpoint_id, event_id, addressed_message_id)
+        if claim is None:
+            return None
+        return self._answer(endpoint_id, self._same_or_refuse(claim, digest), replayed=True)
 
     def replay_or_refuse(
         self, endpoint_id: str, event_id: str, digest: str, refusal: Conflict
@@ -528,10 +578,13 @@ class SettlementService:
         bookkeeping (it only answers, the reconciler decides when a claim is unconfirmed).
         """
         now = self.clock()
+        # The row first, then the history: the resolver writes a message's history row and the event row
+        # in one transaction, so a row that moved on *before* the history read cannot hide our own
+        # projection (read the other way round, a projection in between looks like "moved on").
+        row = self.store.get_event(endpoint_id, claim.event_id)
         projected = self.store.has_history(endpoint_id, claim.event_id, claim.control_message_id)
         moved_on = False
         if not projected:
-            row = self.store.get_event(endpoint_id, claim.event_id)
             # A hand-off moved on when it is no longer parked by that message; an operator action's
             # event moved on when a newer message than the one it addressed was projected.
             moved_on = row is None or row.last_message_id != claim.parked_message_id
@@ -600,6 +653,21 @@ class SettlementService:
         taken, won = self._pinned(endpoint_id, claim, count=True)
         if not won:
             return taken  # changed by someone else meanwhile: they own this attempt
+        now, window = self.clock(), self.transport().duplicate_window
+        if not can_resend(claim.claimed_at, now, window):
+            # The pin write took long enough (storage retries, a paused process) to cross the deadline:
+            # checked again right before the send, whose own worst case the margin covers.
+            log.warning(
+                "re-send of %s for %s/%s: the re-send deadline passed during the pin write; not sent",
+                claim.control_message_id,
+                endpoint_id,
+                claim.event_id,
+            )
+            if not bookkeeping:
+                return taken
+            return self._transition(
+                endpoint_id, taken, ClaimState.unconfirmed, due=now + recheck_after(claim.claimed_at, now)
+            )
         message = taken.outbox_message()
         with telemetry.span(
             "settle.handoff.resend",
@@ -681,6 +749,7 @@ class SettlementService:
         due: datetime | None = None,
         sent: bool = False,
         attempt: bool = False,
+        again: int = 3,
     ) -> ClaimRow:
         """Move the claim (``If-Match`` its ETag) with its index rows in one transaction; best effort.
 
@@ -735,6 +804,11 @@ class SettlementService:
         try:
             etags = self.store.submit(ops)
         except Exception:
+            retried = self._progress_again(
+                endpoint_id, claim, state, sent=sent, attempt=attempt, due=due, again=again
+            )
+            if retried is not None:
+                return retried
             log.warning(
                 "claim of %s/%s: could not record %s", endpoint_id, claim.event_id, state.name, exc_info=True
             )
@@ -750,6 +824,41 @@ class SettlementService:
                 "updated_at": now,
             }
         )
+
+    def _progress_again(
+        self,
+        endpoint_id: str,
+        claim: ClaimRow,
+        state: ClaimState,
+        *,
+        sent: bool,
+        attempt: bool,
+        due: datetime | None,
+        again: int,
+    ) -> ClaimRow | None:
+        """A transition that records progress (``sent``, ``delivered``) lost its ``If-Match`` to another
+        writer of the claim (a retry's pin, a reconciler's attempt count): apply it again on the claim as
+        it is now, while that is still behind it. Without this, a broker-acknowledged send would stay
+        ``sending`` and could later be listed ``unconfirmed`` (a false alarm). None: nothing was redone."""
+        behind = {
+            ClaimState.sent: (ClaimState.sending, ClaimState.unconfirmed),
+            ClaimState.delivered: (ClaimState.sending, ClaimState.unconfirmed, ClaimState.sent),
+        }.get(state)
+        if behind is None or again <= 0:
+            return None
+        try:
+            current = self.store.get_claim(endpoint_id, claim.event_id, claim.parked_message_id)
+        except Exception:
+            return None
+        if current is None or current.etag == claim.etag or current.state not in behind:
+            return None
+        log.info(
+            "claim of %s/%s changed meanwhile; recording %s again", endpoint_id, claim.event_id, state.name
+        )
+        moved = self._transition(
+            endpoint_id, current, state, due=due, sent=sent, attempt=attempt, again=again - 1
+        )
+        return moved if moved.etag != current.etag else None
 
     def _release(self, endpoint_id: str, row: EventRow, claim: ClaimRow) -> bool:
         """Undo a claim whose send certainly reached nothing; False when the claim may still stand."""
@@ -780,6 +889,128 @@ class SettlementService:
                 return True  # unknown: the caller's retry meets its own claim if it is still there
             return still is None
         return True
+
+
+RESOLVE_AUDIT = "ResolveSettlement"
+DELIVERED, RELEASED = "delivered", "released"
+
+
+@dataclass(frozen=True)
+class ClaimResolution:
+    """What an operator's resolution of an unconfirmed claim did."""
+
+    state: str  # delivered | released
+    replayed: bool
+    claim: ClaimRow | None  # as it was resolved (None: answered from an earlier release's audit)
+
+
+class ClaimResolver:
+    """The human way out of an unconfirmed claim: mark it delivered (the operator checked the endpoint) or
+    release it (the hand-off can be settled again), in one transaction with an audit row saying who and
+    why. A retry of the same resolution is answered as done (``replayed``)."""
+
+    def __init__(self, settlement: SettlementService) -> None:
+        self.settlement = settlement
+        self.store = settlement.store
+
+    def resolve(
+        self,
+        endpoint_id: str,
+        row: EventRow,
+        addressed: str,
+        *,
+        resolution: str,
+        control_message_id: str | None,
+        audit: AuditRow,
+        audits: list[AuditRow],
+    ) -> ClaimResolution:
+        from azure.data.tables import TableTransactionError
+
+        for attempt in range(_CLAIM_ATTEMPTS):
+            if attempt:
+                row = self.store.get_event(endpoint_id, row.event_id) or row
+            claim = self.store.get_claim(endpoint_id, row.event_id, addressed)
+            if claim is None:
+                if resolution == RELEASED and _released_before(audits, addressed, control_message_id):
+                    return ClaimResolution(RELEASED, True, None)
+                raise NotFound(
+                    f"No settlement of message {addressed!r} of event {row.event_id!r} is claimed."
+                )
+            if control_message_id and claim.control_message_id != control_message_id:
+                raise Conflict(
+                    f"The claim of message {addressed!r} holds control message {claim.control_message_id!r}, "
+                    f"not {control_message_id!r} (it was released and settled again?).",
+                    field="controlMessageId",
+                )
+            if resolution == DELIVERED and claim.state is ClaimState.delivered:
+                return ClaimResolution(DELIVERED, True, claim)
+            if claim.state is not ClaimState.unconfirmed:
+                raise Conflict(
+                    f"The settlement of message {addressed!r} is {claim.state.name}, not unconfirmed: "
+                    "only an unconfirmed settlement is resolved by an operator.",
+                    field="messageId",
+                )
+            ops = self._ops(endpoint_id, row, claim, resolution, audit)
+            try:
+                self.store.submit(ops)
+            except TableTransactionError:
+                # The claim changed meanwhile (the reconciler looked again), or the hand-off was projected
+                # away: read both again and decide again.
+                continue
+            return ClaimResolution(resolution, False, claim)
+        raise Conflict(f"The claim of message {addressed!r} kept changing; retry.", field="messageId")
+
+    @staticmethod
+    def _ops(
+        endpoint_id: str, row: EventRow, claim: ClaimRow, resolution: str, audit: AuditRow
+    ) -> list[Operation]:
+        pk = keys.partition(endpoint_id)
+        claim_key = keys.claim_row(claim.event_id, claim.parked_message_id)
+        now = audit.audit_timestamp
+        ops: list[Operation] = []
+        if resolution == DELIVERED:
+            ops.append(
+                store.merge(
+                    {
+                        "PartitionKey": pk,
+                        "RowKey": claim_key,
+                        "State": ClaimState.delivered.name,
+                        "UpdatedAt": now,
+                        "ReconcileKey": "",
+                        "UnconfirmedKey": "",
+                    },
+                    claim.etag or "*",
+                )
+            )
+        else:
+            ops.append(store.delete(pk, claim_key, claim.etag or "*"))
+            if row.queue_key and row.last_message_id == claim.parked_message_id:
+                ops.append(
+                    store.merge({"PartitionKey": pk, "RowKey": row.queue_key, "ClaimedUntil": UNCLAIMED})
+                )
+        if claim.reconcile_key:
+            ops.append(store.delete(pk, claim.reconcile_key))
+        if claim.unconfirmed_key:
+            ops.append(store.delete(pk, claim.unconfirmed_key))
+        ops.append(store.insert(audit.to_entity(pk, keys.audit_row(claim.event_id, now, uuid.uuid4().hex))))
+        return ops
+
+
+def _released_before(audits: list[AuditRow], addressed: str, control_message_id: str | None) -> bool:
+    for audit in audits:
+        if audit.audit_type != RESOLVE_AUDIT or not audit.data:
+            continue
+        try:
+            data = json.loads(audit.data)
+        except ValueError:
+            continue
+        if (
+            data.get("resolution") == RELEASED
+            and data.get("addressedMessageId") == addressed
+            and (control_message_id is None or data.get("controlMessageId") == control_message_id)
+        ):
+            return True
+    return False
 
 
 def audit_data(s: Settlement, control_message_id: str, parked: str) -> str:

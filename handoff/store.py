@@ -199,6 +199,11 @@ class HandoffStore:
         first: Any = next(pages, [])
         return [QueueRow.from_entity(e) for e in first][:limit]
 
+    def get_queue_row(self, endpoint_id: str, queue_key: str) -> QueueRow | None:
+        """Point read of one agent queue row (leases live on it)."""
+        rows = self.point_rows(endpoint_id, [queue_key])
+        return QueueRow.from_entity(rows[0]) if rows else None
+
     def jobs(self, endpoint_id: str, external_job_id: str, *, limit: int = 5) -> list[JobRow]:
         low, high = keys.job_range(external_job_id)
         query = (

@@ -54,6 +54,12 @@ _BROKER_PROPERTIES_ALLOWANCE = 2 * 1024
 MAX_SEND_BYTES = SERVICE_BUS_MAX_MESSAGE_BYTES - _BROKER_PROPERTIES_ALLOWANCE
 _SEND_TIMEOUT_S = 10.0
 _OPEN_ATTEMPTS = 3
+# Opening the link (with its retries) may take this long; a send whose link took longer is not attempted
+# (SendRefused: nothing left). So a send starts within this of the call and is bounded by its timeout:
+# ``SEND_WORST_CASE`` is how long after the deadline check a copy can still reach the broker, which the
+# re-send margin (``handoff.outbox.RESEND_MARGIN``) must exceed.
+_OPEN_BUDGET_S = 15.0
+SEND_WORST_CASE = timedelta(seconds=_OPEN_BUDGET_S + _SEND_TIMEOUT_S)
 # With azure-core tracing on (Settle's telemetry turns it on), azure-servicebus writes the context of its
 # own ``ServiceBus.message`` span into each message it sends or schedules, under these bytes keys, unless
 # the message has them already (``setdefault``). Settle's context written under str keys would go on the
@@ -242,12 +248,18 @@ class ServiceBusTransport:
             ServiceBusServerBusyError,
         )
 
+        started = time.monotonic()
         try:
             sender = self._open(topic)
         except (ServiceBusAuthenticationError, ServiceBusAuthorizationError) as exc:
             raise SendRefused(_not_authorized(topic, exc)) from exc
         except Exception as exc:
             raise SendRefused(f"Service Bus could not be reached for topic {topic!r}: {exc}") from exc
+        if time.monotonic() - started > _OPEN_BUDGET_S:
+            raise SendRefused(
+                f"Opening the link to topic {topic!r} took over {_OPEN_BUDGET_S:.0f} s; nothing was sent "
+                "(a late send could land outside the duplicate-detection window)."
+            )
         try:
             sender.send_messages(keep_trace_context(message), timeout=_SEND_TIMEOUT_S)
         except (ServiceBusAuthenticationError, ServiceBusAuthorizationError) as exc:

@@ -29,9 +29,9 @@ from handoff.contract import (
     control_message,
 )
 from handoff.models import SettlementAccepted
-from handoff.outbox import bounded_json, request_digest
-from handoff.records import AuditRow, EventRow, HistoryRow
-from handoff.settlement import ClaimOrder, Settlement, SettlementService
+from handoff.outbox import ClaimState, bounded_json, request_digest
+from handoff.records import AuditRow, ClaimRow, EventRow, HistoryRow
+from handoff.settlement import ClaimOrder, ClaimResolution, Settlement, SettlementService
 from handoff.store import classify_event_rows
 from handoff.transport import MAX_SEND_BYTES, encoded_size
 from management.principal import Actor, allowed, denial
@@ -69,16 +69,31 @@ _PAYLOAD_SOURCES = frozenset(
 )
 
 
+def allows(row: EventRow, states: frozenset[ResolutionStatus]) -> bool:
+    """NimBus's rule for resubmit / skip; a parked hand-off (Pending + Handoff) allows both (FR-042)."""
+    return row.resolution_status in states or row.is_pending_handoff
+
+
 def allowed_actions(row: EventRow) -> list[str]:
-    """What the console offers for this row."""
+    """What the console offers for this row (by the event's state; an open claim is checked apart)."""
     actions: list[str] = []
     if row.is_pending_handoff:
         actions += ["complete", "fail"]
-    if row.resolution_status in RESUBMITTABLE:
+    if allows(row, RESUBMITTABLE):
         actions.append("resubmit")
-    if row.resolution_status in SKIPPABLE:
+    if allows(row, SKIPPABLE):
         actions.append("skip")
     return actions
+
+
+def offered_actions(row: EventRow, claim: ClaimRow | None) -> list[str]:
+    """What can succeed now: with a claim open on the row's current message every action would be 409, so
+    only an unconfirmed claim's resolutions are offered (``mark-delivered``, ``release``)."""
+    if claim is None or claim.state is ClaimState.superseded:
+        return allowed_actions(row)
+    if claim.state is ClaimState.unconfirmed:
+        return ["mark-delivered", "release"]
+    return []
 
 
 def payload_of(history: list[HistoryRow], row: EventRow) -> tuple[str | None, str | None]:
@@ -123,7 +138,14 @@ class OperatorActions:
     # -- resubmit / skip ----------------------------------------------------------------------------
 
     def resubmit(
-        self, endpoint_id: str, event_id: str, actor: Actor, *, event_json: str | None, reason: str | None
+        self,
+        endpoint_id: str,
+        event_id: str,
+        actor: Actor,
+        *,
+        event_json: str | None,
+        reason: str | None,
+        message_id: str | None = None,
     ) -> ActionResult:
         action = RESUBMIT_WITH_CHANGES if event_json is not None else RESUBMIT
         if event_json is not None:
@@ -133,8 +155,11 @@ class OperatorActions:
                 raise InvalidInput("eventJson must be a JSON document (as text).", field="eventJson") from exc
         row, history = self._load(endpoint_id, event_id)
         self._authorise(row, actor, action)
-        digest = self._digest(MessageType.ResubmissionRequest, row, actor, event_json, reason)
-        if row.resolution_status not in RESUBMITTABLE:
+        digest = self._digest(MessageType.ResubmissionRequest, row, actor, event_json, reason, message_id)
+        replay = self._addressed(row, message_id, digest, action)
+        if replay is not None:
+            return replay
+        if not allows(row, RESUBMITTABLE):
             refusal = self._refusal(row, action, RESUBMITTABLE)
             return self._answer(
                 self.settlement.replay_or_refuse(endpoint_id, event_id, digest, refusal), action
@@ -151,11 +176,22 @@ class OperatorActions:
             MessageType.ResubmissionRequest, row, actor, action, content, digest, reason, payload=payload
         )
 
-    def skip(self, endpoint_id: str, event_id: str, actor: Actor, *, reason: str | None) -> ActionResult:
+    def skip(
+        self,
+        endpoint_id: str,
+        event_id: str,
+        actor: Actor,
+        *,
+        reason: str | None,
+        message_id: str | None = None,
+    ) -> ActionResult:
         row, _ = self._load(endpoint_id, event_id)
         self._authorise(row, actor, SKIP)
-        digest = self._digest(MessageType.SkipRequest, row, actor, None, reason)
-        if row.resolution_status not in SKIPPABLE:
+        digest = self._digest(MessageType.SkipRequest, row, actor, None, reason, message_id)
+        replay = self._addressed(row, message_id, digest, SKIP)
+        if replay is not None:
+            return replay
+        if not allows(row, SKIPPABLE):
             refusal = self._refusal(row, SKIP, SKIPPABLE)
             return self._answer(
                 self.settlement.replay_or_refuse(endpoint_id, event_id, digest, refusal), SKIP
@@ -174,27 +210,86 @@ class OperatorActions:
         result: object = None,
         error_text: str | None = None,
         error_type: str | None = None,
+        message_id: str | None = None,
     ) -> ActionResult:
         """Complete or fail the parked hand-off of an event: NimBus's WebApp settle, audited as the
-        operator (``CompleteHandoff`` / ``FailHandoff``)."""
+        operator (``CompleteHandoff`` / ``FailHandoff``). ``message_id``: the parked message addressed."""
         row, _ = self._load(endpoint_id, event_id)
         audit_type = "CompleteHandoff" if kind is MessageType.HandoffCompletedRequest else "FailHandoff"
         self._authorise(row, actor, audit_type)
-        accepted = self.settlement.settle(
-            Settlement(
-                kind=kind,
-                endpoint_id=endpoint_id,
-                coordinates=Coordinates(event_id=row.event_id, message_id=row.last_message_id or ""),
-                settled_by=actor.by,
-                result=result,
-                error_text=error_text,
-                error_type=error_type,
-                principal_name=actor.principal_name,
-                principal_id=actor.principal_id,
+        settlement = Settlement(
+            kind=kind,
+            endpoint_id=endpoint_id,
+            coordinates=Coordinates(
+                event_id=row.event_id, message_id=message_id or row.last_message_id or ""
             ),
-            current=row,
+            settled_by=actor.by,
+            result=result,
+            error_text=error_text,
+            error_type=error_type,
+            principal_name=actor.principal_name,
+            principal_id=actor.principal_id,
         )
-        return self._answer(accepted, audit_type)
+        replay = self._addressed(row, message_id, settlement.digest(), audit_type)
+        if replay is not None:
+            return replay
+        return self._answer(self.settlement.settle(settlement, current=row), audit_type)
+
+    # -- the way out of an unconfirmed settlement -----------------------------------------------------
+
+    def resolve_settlement(
+        self,
+        endpoint_id: str,
+        event_id: str,
+        actor: Actor,
+        *,
+        message_id: str,
+        resolution: str,
+        reason: str,
+        control_message_id: str | None = None,
+    ) -> tuple[ClaimResolution, AuditRow]:
+        """Mark an unconfirmed settlement delivered, or release it; audited ``ResolveSettlement``."""
+        from handoff.settlement import RESOLVE_AUDIT, ClaimResolver
+
+        row, _, audits = classify_event_rows(self.store.event_rows(endpoint_id, event_id))
+        if row is None:
+            raise NotFound(f"Event {event_id!r} is unknown on endpoint {endpoint_id!r}.")
+        self._authorise(row, actor, RESOLVE_AUDIT)
+        claim = self.store.get_claim(endpoint_id, event_id, message_id)
+        now = self.clock()
+        audit = AuditRow(
+            auditor_name=actor.by,
+            audit_timestamp=now,
+            audit_type=RESOLVE_AUDIT,
+            comment=reason,
+            data=bounded_json(
+                {
+                    "resolution": resolution,
+                    "addressedMessageId": message_id,
+                    "controlMessageId": claim.control_message_id if claim else control_message_id,
+                    "messageType": claim.message_type.name if claim else None,
+                    "settledBy": claim.settled_by if claim else None,
+                    "claimedAt": claim.claimed_at.isoformat() if claim else None,
+                    "principalName": actor.principal_name,
+                    "principalId": actor.principal_id,
+                }
+            ),
+            event_id=row.event_id,
+            endpoint_id=row.endpoint_id,
+            event_type_id=row.event_type_id,
+            principal_name=actor.principal_name,
+            principal_id=actor.principal_id,
+        )
+        done = ClaimResolver(self.settlement).resolve(
+            endpoint_id,
+            row,
+            message_id,
+            resolution=resolution,
+            control_message_id=control_message_id,
+            audit=audit,
+            audits=audits,
+        )
+        return done, audit
 
     # -- shared -------------------------------------------------------------------------------------
 
@@ -239,15 +334,39 @@ class OperatorActions:
             field="eventId",
         )
 
+    def _addressed(
+        self, row: EventRow, message_id: str | None, digest: str, action: str
+    ) -> ActionResult | None:
+        """An action addressed to ``message_id``: its retry is answered from its claim (whatever the event
+        did since); another action's claim on it is 409 in-flight; a message that is not the row's
+        current one and was never acted on is 409 naming it. None: go on (it is the current message)."""
+        if message_id is None:
+            return None
+        accepted = self.settlement.answer_addressed(row.endpoint_id, row.event_id, message_id, digest)
+        if accepted is not None:
+            return self._answer(accepted, action)
+        if message_id != row.last_message_id:
+            raise Conflict(
+                f"messageId {message_id!r} is not the current message of event {row.event_id!r} "
+                f"(that is {row.last_message_id!r}) and no {action} of it was made: look at the event again.",
+                field="messageId",
+            )
+        return None
+
     @staticmethod
     def _digest(
-        kind: MessageType, row: EventRow, actor: Actor, event_json: str | None, reason: str | None
+        kind: MessageType,
+        row: EventRow,
+        actor: Actor,
+        event_json: str | None,
+        reason: str | None,
+        message_id: str | None = None,
     ) -> str:
         return request_digest(
             kind=kind.name,
             endpoint_id=row.endpoint_id,
             event_id=row.event_id,
-            addressed_message_id=row.last_message_id or "",
+            addressed_message_id=message_id or row.last_message_id or "",
             settled_by=actor.by,
             principal_id=actor.principal_id,
             result_json=event_json,
@@ -300,6 +419,8 @@ class OperatorActions:
             principal_name=actor.principal_name,
             principal_id=actor.principal_id,
             pins_event=True,
+            # A parked hand-off resubmitted / skipped (FR-042): its queue row is marked as a settlement's.
+            marks_queue=row.is_pending_handoff,
         )
         data = bounded_json(
             {

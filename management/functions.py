@@ -37,14 +37,20 @@ from management.models import (
     FailRequest,
     FindAnswer,
     OperatorEventView,
+    OverdueHandoff,
+    OverdueHandoffs,
     PoisonEntry,
     PoisonPage,
     RecordLookup,
     ReplayAnswer,
     ReplayRequest,
+    ResolveSettlementRequest,
     ResubmitRequest,
+    SettlementResolved,
+    SettlementView,
     SkipRequest,
     StuckRecords,
+    UnconfirmedSettlements,
 )
 from management.principal import actor_of, allowed, denial, require_operator
 from state.schemas import HistoryRequest, QueryRequest, RecordPage
@@ -152,6 +158,7 @@ def endpoints_overview(req: func.HttpRequest) -> EndpointsOverview:
                 oldest_failed_at=overview.oldest(endpoint_id, FAILED_GROUP),
                 poison=totals[POISON],
                 oldest_poison_day=overview.oldest_poison_day(endpoint_id) if totals[POISON] else None,
+                **_stuck_counts(endpoint_id),
             )
         )
     unattributed = overview.counts(None)[POISON]
@@ -221,20 +228,110 @@ def endpoint_events(req: func.HttpRequest) -> EventPage:
 def endpoint_event(req: func.HttpRequest) -> OperatorEventView:
     require_operator(req)
     from common.errors import NotFound
+    from handoff import keys
     from handoff.models import EventView
+    from handoff.records import ClaimRow
     from handoff.store import classify_event_rows
-    from management.actions import allowed_actions, payload_of
+    from management.actions import offered_actions, payload_of
 
     endpoint_id, event_id = _route(req, "endpointId"), _route(req, "eventId")
-    row, history, audits = classify_event_rows(service.store().event_rows(endpoint_id, event_id))
+    rows = list(service.store().event_rows(endpoint_id, event_id))  # one range read, claims included
+    row, history, audits = classify_event_rows(iter(rows))
     if row is None:
         raise NotFound(f"Event {event_id!r} is unknown on endpoint {endpoint_id!r}.")
     view = EventView.of(row, history, audits)
+    current = keys.claim_row(row.event_id, row.last_message_id) if row.last_message_id else None
+    claim = next((ClaimRow.from_entity(e) for e in rows if e["RowKey"] == current), None)
     return OperatorEventView(
         **view.model_dump(by_alias=False),
-        actions=allowed_actions(row),
+        actions=offered_actions(row, claim),
         event_json=payload_of(history, row)[1],
+        settlement=_settlement_view(claim) if claim is not None else None,
     )
+
+
+# -- stuck settlements and overdue hand-offs (index rows only) ---------------------------------------
+
+_STUCK_CAP = 1000
+
+
+def _stuck_counts(endpoint_id: str) -> dict[str, int]:
+    """Unconfirmed settlements and overdue hand-offs of an endpoint, counted on their index rows."""
+    from common.clock import utcnow
+    from handoff import keys
+
+    store = service.store()
+    return {
+        "unconfirmed": store.count_range(endpoint_id, *keys.UNCONFIRMED_RANGE, cap=_STUCK_CAP),
+        "overdue_handoffs": store.count_range(
+            endpoint_id, *keys.expiry_range_until(utcnow()), cap=_STUCK_CAP
+        ),
+    }
+
+
+def _settlement_view(claim: Any) -> SettlementView:
+    return SettlementView(
+        event_id=claim.event_id,
+        addressed_message_id=claim.parked_message_id,
+        control_message_id=claim.control_message_id,
+        message_type=claim.message_type.name,
+        state=claim.state.name,
+        settled_by=claim.settled_by,
+        claimed_at=claim.claimed_at,
+    )
+
+
+@operation(
+    bp,
+    route="v1/endpoints/{endpointId}/unconfirmed",
+    method="GET",
+    summary="Settlements Settle could neither confirm nor safely re-send: an operator resolves each",
+    response=UnconfirmedSettlements,
+    responses=_AUTH,
+    parameters=(_ENDPOINT,),
+    anonymous=True,
+    tag=_TAG,
+)
+def endpoint_unconfirmed(req: func.HttpRequest) -> UnconfirmedSettlements:
+    require_operator(req)
+    endpoint_id = _route(req, "endpointId")
+    items = [
+        SettlementView(
+            event_id=r.event_id,
+            addressed_message_id=r.parked_message_id,
+            control_message_id=r.control_message_id,
+            message_type=r.message_type.name,
+            state="unconfirmed",
+            settled_by=r.settled_by,
+            claimed_at=r.claimed_at,
+        )
+        for r in service.store().unconfirmed(endpoint_id, limit=_STUCK_CAP)
+    ]
+    return UnconfirmedSettlements(endpoint_id=endpoint_id, count=len(items), items=items)
+
+
+@operation(
+    bp,
+    route="v1/endpoints/{endpointId}/overdue",
+    method="GET",
+    summary="Parked hand-offs past their ExpectedBy, most overdue first (the expiry index, no scan)",
+    response=OverdueHandoffs,
+    responses=_AUTH,
+    parameters=(_ENDPOINT,),
+    anonymous=True,
+    tag=_TAG,
+)
+def endpoint_overdue(req: func.HttpRequest) -> OverdueHandoffs:
+    require_operator(req)
+    from common.clock import utcnow
+    from handoff.records import ExpiryRow
+
+    endpoint_id = _route(req, "endpointId")
+    rows = [
+        ExpiryRow.from_entity(e) for e in service.store().expired(endpoint_id, utcnow(), limit=_STUCK_CAP)
+    ]
+    items = [OverdueHandoff(event_id=r.event_id, expected_by=r.expected_by) for r in rows]
+    return OverdueHandoffs(endpoint_id=endpoint_id, count=len(items), items=items)
 
 
 # -- actions ------------------------------------------------------------------------------------------
@@ -301,6 +398,7 @@ def event_resubmit(req: func.HttpRequest) -> ActionAccepted:
             actor,
             event_json=body.event_json,
             reason=body.reason,
+            message_id=body.message_id,
         )
         return _accepted(result)
 
@@ -324,7 +422,11 @@ def event_skip(req: func.HttpRequest) -> ActionAccepted:
         body: SkipRequest = _body(req, SkipRequest)
         actor = actor_of(req, body.by)
         result = service.operator_actions().skip(
-            _route(req, "endpointId"), _route(req, "eventId"), actor, reason=body.reason
+            _route(req, "endpointId"),
+            _route(req, "eventId"),
+            actor,
+            reason=body.reason,
+            message_id=body.message_id,
         )
         return _accepted(result)
 
@@ -353,6 +455,7 @@ def event_complete(req: func.HttpRequest) -> ActionAccepted:
             actor,
             kind=MessageType.HandoffCompletedRequest,
             result=body.result,
+            message_id=body.message_id,
         )
         return _accepted(result)
 
@@ -382,8 +485,52 @@ def event_fail(req: func.HttpRequest) -> ActionAccepted:
             kind=MessageType.HandoffFailedRequest,
             error_text=body.error_text,
             error_type=body.error_type,
+            message_id=body.message_id,
         )
         return _accepted(result)
+
+
+@operation(
+    bp,
+    route="v1/events/{endpointId}/{eventId}/settlement/resolve",
+    method="POST",
+    span="settle.operator.resolve",
+    summary="Resolve an unconfirmed settlement: mark it delivered (checked at the endpoint) or release it "
+    "(the hand-off can be settled again); audited ResolveSettlement with who and why",
+    request=ResolveSettlementRequest,
+    response=SettlementResolved,
+    responses={**_ACTION, 404: "Unknown event, or no settlement of that message is claimed"},
+    parameters=(_ENDPOINT, _EVENT),
+    anonymous=True,
+    tag=_TAG,
+)
+def event_settlement_resolve(req: func.HttpRequest) -> SettlementResolved:
+    with _counted("resolve", req, "endpointId", "eventId"):
+        from handoff.models import AuditEntry
+
+        body = parse_body(req, ResolveSettlementRequest)
+        actor = actor_of(req, body.by)
+        endpoint_id, event_id = _route(req, "endpointId"), _route(req, "eventId")
+        done, audit = service.operator_actions().resolve_settlement(
+            endpoint_id,
+            event_id,
+            actor,
+            message_id=body.message_id,
+            resolution=body.resolution,
+            reason=body.reason,
+            control_message_id=body.control_message_id,
+        )
+        telemetry.current().set_outcome("replayed" if done.replayed else done.state)
+        return SettlementResolved(
+            endpoint_id=endpoint_id,
+            event_id=event_id,
+            addressed_message_id=body.message_id,
+            control_message_id=done.claim.control_message_id if done.claim else body.control_message_id,
+            state=done.state,
+            replayed=done.replayed,
+            by=actor.by,
+            audit=None if done.replayed else AuditEntry.of(audit),
+        )
 
 
 # -- poison ---------------------------------------------------------------------------------------

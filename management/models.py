@@ -41,6 +41,10 @@ class EndpointSummary(ApiModel):
         description="When the oldest Failed / DeadLettered event failed."
     )
     poison: int = Field(description="Poison messages naming this endpoint that were not replayed.")
+    unconfirmed: int = Field(
+        default=0, description="Settlements Settle could neither confirm nor re-send safely (resolve them)."
+    )
+    overdue_handoffs: int = Field(default=0, description="Parked hand-offs past their ExpectedBy.")
     oldest_poison_day: str | None = Field(
         default=None, description="UTC day (YYYYMMDD) of the oldest of those: GET v1/poison?day= lists it."
     )
@@ -91,14 +95,42 @@ class EventPage(ApiModel):
     continuation_token: str | None
 
 
+class SettlementView(ApiModel):
+    """The claim on the event's current message: a settlement or operator action in flight or done."""
+
+    event_id: str
+    addressed_message_id: str
+    control_message_id: str
+    message_type: str
+    state: str = Field(description="sending, sent, delivered, unconfirmed, superseded.")
+    settled_by: str
+    claimed_at: datetime
+
+
 class OperatorEventView(EventView):
     """The event with what an operator may do with it and the payload a resubmission would send."""
 
-    actions: list[str] = Field(description="complete, fail (a parked hand-off), resubmit, skip.")
+    actions: list[str] = Field(
+        description="Only what can succeed now: complete, fail (a parked hand-off), resubmit, skip; or, for "
+        "an unconfirmed settlement, mark-delivered and release."
+    )
     event_json: str | None = Field(description="The EventJson a plain resubmission sends.")
+    settlement: SettlementView | None = Field(
+        default=None, description="The claim on the current message, if any (what blocks other actions)."
+    )
+
+
+AddressedMessage = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=512)]
+_ADDRESSED = (
+    "The message this action addresses (the failed / parked message the operator saw; NimBus's WebApp route "
+    "carries it): a retry of the same action on it is answered from its claim, whatever the event did "
+    "since; another message than the event's current one that was never acted on is 409. Without it, the "
+    "event's current message."
+)
 
 
 class ResubmitRequest(RequestModel):
+    message_id: AddressedMessage | None = Field(default=None, description=_ADDRESSED)
     event_json: EventJson | None = Field(
         default=None, description="Resubmit with changes: the edited EventJson (JSON as text)."
     )
@@ -107,19 +139,65 @@ class ResubmitRequest(RequestModel):
 
 
 class SkipRequest(RequestModel):
+    message_id: AddressedMessage | None = Field(default=None, description=_ADDRESSED)
     reason: Reason | None = None
     by: Name | None = None
 
 
 class CompleteRequest(RequestModel):
+    message_id: AddressedMessage | None = Field(default=None, description=_ADDRESSED)
     result: Any = Field(default=None, description="Any JSON; a string is sent verbatim as EventJson.")
     by: Name | None = None
 
 
 class FailRequest(RequestModel):
+    message_id: AddressedMessage | None = Field(default=None, description=_ADDRESSED)
     error_text: NonBlank
     error_type: Name | None = None
     by: Name | None = None
+
+
+class ResolveSettlementRequest(RequestModel):
+    """An operator's way out of an unconfirmed settlement (audited ``ResolveSettlement``)."""
+
+    message_id: AddressedMessage = Field(description="The message the settlement addressed (its claim).")
+    control_message_id: AddressedMessage | None = Field(
+        default=None,
+        description="The control message the operator checked (refused if the claim holds another).",
+    )
+    resolution: Literal["delivered", "released"] = Field(
+        description="delivered: the endpoint got it (checked); released: it did not, settle it again."
+    )
+    reason: Reason
+    by: Name | None = None
+
+
+class SettlementResolved(ApiModel):
+    endpoint_id: str
+    event_id: str
+    addressed_message_id: str
+    control_message_id: str | None
+    state: str = Field(description="delivered or released.")
+    replayed: bool = Field(description="True when this resolution was already done (a retry).")
+    by: str
+    audit: AuditEntry | None
+
+
+class UnconfirmedSettlements(ApiModel):
+    endpoint_id: str
+    count: int
+    items: list[SettlementView]
+
+
+class OverdueHandoff(ApiModel):
+    event_id: str
+    expected_by: datetime
+
+
+class OverdueHandoffs(ApiModel):
+    endpoint_id: str
+    count: int
+    items: list[OverdueHandoff]
 
 
 class ReplayRequest(RequestModel):

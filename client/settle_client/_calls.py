@@ -233,6 +233,34 @@ class Requests:
         path = self._path(f"v1/handoffs/{segment(endpoint)}/next")
         return Call("GET", path, maybe(cls), Safety.IDEMPOTENT, params=params, wait=wait_seconds)
 
+    def receive_handoff(
+        self,
+        endpoint: str,
+        cls: type[H],
+        *,
+        event_types: Iterable[str] | None,
+        wait_seconds: float,
+        lease_seconds: float | None,
+    ) -> Call[H | None]:
+        params = tuple(("eventTypeId", t) for t in (event_types or ()))
+        if wait_seconds > 0:
+            params += (("waitSeconds", f"{wait_seconds:g}"),)
+        if lease_seconds is not None:
+            params += (("leaseSeconds", f"{lease_seconds:g}"),)
+        path = self._path(f"v1/handoffs/{segment(endpoint)}/receive")
+        # Not retried after a lost answer: a retry would lease another hand-off (the first one's lease
+        # then simply runs out).
+        return Call("POST", path, maybe(cls), Safety.UNSAFE, params=params, wait=wait_seconds)
+
+    def lease(
+        self, endpoint: str, action: str, event_id: str, token: str, lease_seconds: float | None = None
+    ) -> Call[dict[str, Any]]:
+        body: dict[str, Any] = {"eventId": event_id, "leaseToken": token}
+        if lease_seconds is not None:
+            body["leaseSeconds"] = lease_seconds
+        path = self._path(f"v1/handoffs/{segment(endpoint)}/leases/{action}")
+        return Call("POST", path, lambda r: dict(r.json()), Safety.IDEMPOTENT, body=body)
+
     def job(self, endpoint: str, job_id: str, cls: type[H]) -> Call[H | None]:
         path = self._path(f"v1/handoffs/{segment(endpoint)}/jobs/{segment(job_id)}")
         return Call("GET", path, maybe(cls), Safety.IDEMPOTENT, none_if_not_found=True)
@@ -248,12 +276,14 @@ class Requests:
         *,
         result: Any,
         settled_by: str | None,
+        lease_token: str | None = None,
     ) -> Call[SettlementAccepted]:
         body = {
             "endpointId": endpoint,
             "coordinates": _coordinates(coordinates),
             "result": jsonable(result),
             "settledBy": settled_by,
+            "leaseToken": lease_token,
         }
         return self._settle("complete", body)
 
@@ -265,6 +295,7 @@ class Requests:
         error_text: str,
         error_type: str | None,
         settled_by: str | None,
+        lease_token: str | None = None,
     ) -> Call[SettlementAccepted]:
         body = {
             "endpointId": endpoint,
@@ -272,6 +303,7 @@ class Requests:
             "errorText": error_text,
             "errorType": error_type,
             "settledBy": settled_by,
+            "leaseToken": lease_token,
         }
         return self._settle("fail", body)
 

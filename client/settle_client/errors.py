@@ -18,6 +18,7 @@ import httpx
 
 PROBLEM_PREFIX = "urn:settle:problem:"
 LOCK_LOST = PROBLEM_PREFIX + "lock-lost"
+LEASE_LOST = PROBLEM_PREFIX + "lease-lost"
 NOT_FOUND = PROBLEM_PREFIX + "not-found"
 # Types the client gives to errors no server answered (a refused lock, a dead connection, a bad key).
 CLIENT_PREFIX = "urn:settle:client:"
@@ -93,6 +94,10 @@ class Conflict(SettleError):
 
 class LockLost(Conflict):
     """409 ``lock-lost``: the lock token no longer holds the lock; nothing was written with it."""
+
+
+class LeaseLost(Conflict):
+    """409 ``lease-lost``: the lease token no longer holds the hand-off; nothing was sent with it."""
 
 
 class PayloadTooLarge(SettleError):
@@ -210,7 +215,7 @@ def error_from_response(response: httpx.Response) -> SettleError:
     field = problem.get("field") if isinstance(problem.get("field"), str) else None
     title = problem.get("title") if isinstance(problem.get("title"), str) else None
     cls: type[SettleError]
-    cls = LockLost if kind == LOCK_LOST else _BY_STATUS.get(status, ServerError)
+    cls = {LOCK_LOST: LockLost, LEASE_LOST: LeaseLost}.get(kind or "") or _BY_STATUS.get(status, ServerError)
     common: dict[str, Any] = {
         "type": kind,
         "title": title,

@@ -1,20 +1,29 @@
 """Hand-offs for agents: receive the oldest parked one, settle it, look it up; an agent loop.
 
-``next`` is Settle's non-claiming, oldest-first read: a hand-off an agent leaves unsettled comes back
-on the next read. :meth:`Handoffs.watch` therefore waits ``revisit_seconds`` before handing out again
-the very hand-off it handed out last and that was not settled through it.
+:meth:`Handoffs.receive` is Settle's leased receive: it claims the oldest parked hand-off no one holds
+for a lease, so agents sharing an endpoint split the work; a settlement made through the received
+hand-off carries the lease token and is fenced by it. :meth:`Handoffs.watch` uses it by default: it
+renews the lease while the loop body runs and releases it when the body raises (or the loop stops) with
+the hand-off unsettled; a body that returns without settling leaves the lease to run out, so the
+hand-off comes back (to any agent) one lease later.
+
+``next`` is the non-claiming, oldest-first read (NimBus-compatible): ``watch(leased=False)`` uses it
+and waits ``revisit_seconds`` before handing out again the very hand-off it handed out last and that
+was not settled through it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from pydantic import PrivateAttr
 
-from settle_client.errors import TransportFailure, Unavailable
+from settle_client.errors import Conflict, NotFound, SettleError, TransportFailure, Unavailable
 from settle_client.models import Coordinates, Event, HandoffView, SettlementAccepted
 
 if TYPE_CHECKING:
@@ -24,6 +33,8 @@ if TYPE_CHECKING:
 # The server holds ``next`` at most 20 s (handoff.models.MAX_WAIT_SECONDS); a longer wait is clamped there.
 DEFAULT_WAIT_SECONDS = 20.0
 DEFAULT_REVISIT_SECONDS = 5.0
+# Leased receive: the server's default lease (5 min; 10 s to 1 h), renewed every third of it.
+DEFAULT_LEASE_SECONDS = 300.0
 
 
 class Handoff(HandoffView):
@@ -43,9 +54,15 @@ class Handoff(HandoffView):
         return self._handoffs
 
     def complete(self, result: Any = None, settled_by: str | None = None) -> SettlementAccepted:
-        """Send exactly one HandoffCompletedRequest for it (202). ``result``: any JSON."""
+        """Send exactly one HandoffCompletedRequest for it (202). ``result``: any JSON.
+
+        Received with a lease: fenced by it (:class:`LeaseLost` if another agent holds it now)."""
         accepted = self._api().complete(
-            self.endpoint_id, self.coordinates, result=result, settled_by=settled_by
+            self.endpoint_id,
+            self.coordinates,
+            result=result,
+            settled_by=settled_by,
+            lease_token=self.lease.token if self.lease else None,
         )
         self._settled = True
         return accepted
@@ -55,10 +72,29 @@ class Handoff(HandoffView):
     ) -> SettlementAccepted:
         """Send exactly one HandoffFailedRequest for it (202)."""
         accepted = self._api().fail(
-            self.endpoint_id, self.coordinates, error_text, error_type=error_type, settled_by=settled_by
+            self.endpoint_id,
+            self.coordinates,
+            error_text,
+            error_type=error_type,
+            settled_by=settled_by,
+            lease_token=self.lease.token if self.lease else None,
         )
         self._settled = True
         return accepted
+
+    def renew(self, lease_seconds: float | None = None) -> datetime:
+        """Extend the lease (received with one); when it now ends. :class:`LeaseLost` if it was lost."""
+        if self.lease is None:
+            raise RuntimeError("this hand-off was not received with a lease")
+        answer = self._api()._lease("renew", self, lease_seconds)
+        self.lease = self.lease.model_copy(update={"expires_at": datetime.fromisoformat(answer["expiresAt"])})
+        return self.lease.expires_at
+
+    def release(self) -> None:
+        """Give the hand-off back at once (another agent's receive gets it)."""
+        if self.lease is None:
+            raise RuntimeError("this hand-off was not received with a lease")
+        self._api()._lease("release", self, None)
 
 
 class AsyncHandoff(HandoffView):
@@ -78,7 +114,11 @@ class AsyncHandoff(HandoffView):
 
     async def complete(self, result: Any = None, settled_by: str | None = None) -> SettlementAccepted:
         accepted = await self._api().complete(
-            self.endpoint_id, self.coordinates, result=result, settled_by=settled_by
+            self.endpoint_id,
+            self.coordinates,
+            result=result,
+            settled_by=settled_by,
+            lease_token=self.lease.token if self.lease else None,
         )
         self._settled = True
         return accepted
@@ -87,10 +127,27 @@ class AsyncHandoff(HandoffView):
         self, error_text: str, error_type: str | None = None, settled_by: str | None = None
     ) -> SettlementAccepted:
         accepted = await self._api().fail(
-            self.endpoint_id, self.coordinates, error_text, error_type=error_type, settled_by=settled_by
+            self.endpoint_id,
+            self.coordinates,
+            error_text,
+            error_type=error_type,
+            settled_by=settled_by,
+            lease_token=self.lease.token if self.lease else None,
         )
         self._settled = True
         return accepted
+
+    async def renew(self, lease_seconds: float | None = None) -> datetime:
+        if self.lease is None:
+            raise RuntimeError("this hand-off was not received with a lease")
+        answer = await self._api()._lease("renew", self, lease_seconds)
+        self.lease = self.lease.model_copy(update={"expires_at": datetime.fromisoformat(answer["expiresAt"])})
+        return self.lease.expires_at
+
+    async def release(self) -> None:
+        if self.lease is None:
+            raise RuntimeError("this hand-off was not received with a lease")
+        await self._api()._lease("release", self, None)
 
 
 CoordinatesLike = Coordinates | Mapping[str, Any]
@@ -121,6 +178,28 @@ class Handoffs:
         )
         return self._bind(self._client.send(call))
 
+    def receive(
+        self,
+        endpoint: str,
+        event_types: Iterable[str] | None = None,
+        wait_seconds: float = 0,
+        *,
+        lease_seconds: float | None = None,
+    ) -> Handoff | None:
+        """Lease the oldest parked hand-off of ``endpoint`` no one holds (waiting up to ``wait_seconds``),
+        or ``None``. Settle it through the returned hand-off (fenced by its lease), renew or release it."""
+        call = self._client.requests.receive_handoff(
+            endpoint, Handoff, event_types=event_types, wait_seconds=wait_seconds, lease_seconds=lease_seconds
+        )
+        return self._bind(self._client.send(call))
+
+    def _lease(self, action: str, handoff: HandoffView, lease_seconds: float | None) -> dict[str, Any]:
+        assert handoff.lease is not None
+        call = self._client.requests.lease(
+            handoff.endpoint_id, action, handoff.coordinates.event_id, handoff.lease.token, lease_seconds
+        )
+        return self._client.send(call)
+
     def job(self, endpoint: str, job_id: str) -> Handoff | None:
         """The parked hand-off carrying external job id ``job_id``, or ``None``."""
         return self._bind(self._client.send(self._client.requests.job(endpoint, job_id, Handoff)))
@@ -132,9 +211,12 @@ class Handoffs:
         *,
         result: Any = None,
         settled_by: str | None = None,
+        lease_token: str | None = None,
     ) -> SettlementAccepted:
         """Complete a parked hand-off by its coordinates (409 :class:`Conflict` if it is not parked)."""
-        call = self._client.requests.complete(endpoint, coordinates, result=result, settled_by=settled_by)
+        call = self._client.requests.complete(
+            endpoint, coordinates, result=result, settled_by=settled_by, lease_token=lease_token
+        )
         return self._client.send(call)
 
     def fail(
@@ -145,10 +227,16 @@ class Handoffs:
         *,
         error_type: str | None = None,
         settled_by: str | None = None,
+        lease_token: str | None = None,
     ) -> SettlementAccepted:
         """Fail a parked hand-off by its coordinates."""
         call = self._client.requests.fail(
-            endpoint, coordinates, error_text=error_text, error_type=error_type, settled_by=settled_by
+            endpoint,
+            coordinates,
+            error_text=error_text,
+            error_type=error_type,
+            settled_by=settled_by,
+            lease_token=lease_token,
         )
         return self._client.send(call)
 
@@ -160,12 +248,21 @@ class Handoffs:
         wait_seconds: float = DEFAULT_WAIT_SECONDS,
         stop: threading.Event | None = None,
         revisit_seconds: float = DEFAULT_REVISIT_SECONDS,
+        leased: bool = True,
+        lease_seconds: float = DEFAULT_LEASE_SECONDS,
     ) -> Iterator[Handoff]:
         """Yield parked hand-offs as they come, long-polling ``wait_seconds`` at a time.
+
+        ``leased`` (default): each hand-off is leased to this agent (agents sharing the endpoint never
+        get the same one); the lease is renewed while the loop body runs, released if the body raises
+        or the loop stops with it unsettled. ``leased=False``: the non-claiming ``next``.
 
         Stops cleanly when the loop body breaks, or when ``stop`` is set (noticed when the current
         poll returns, so within ``wait_seconds``). While Settle is unavailable it backs off and goes on.
         """
+        if leased:
+            yield from self._watch_leased(endpoint, event_types, wait_seconds, stop, lease_seconds)
+            return
         stop = stop or threading.Event()
         types = list(event_types) if event_types is not None else None
         unsettled: tuple[str, str | None] | None = None
@@ -189,6 +286,61 @@ class Handoffs:
             yield handoff
             unsettled = None if handoff.settled else _ident(handoff)
 
+    def _watch_leased(
+        self,
+        endpoint: str,
+        event_types: Iterable[str] | None,
+        wait_seconds: float,
+        stop: threading.Event | None,
+        lease_seconds: float,
+    ) -> Iterator[Handoff]:
+        stop = stop or threading.Event()
+        types = list(event_types) if event_types is not None else None
+        failures = 0
+        while not stop.is_set():
+            try:
+                handoff = self.receive(endpoint, types, wait_seconds, lease_seconds=lease_seconds)
+            except (Unavailable, TransportFailure):
+                failures += 1
+                if stop.wait(self._client.retry.backoff_for(min(failures, 8))):
+                    return
+                continue
+            failures = 0
+            if handoff is None:
+                continue
+            done = threading.Event()
+            renewer = threading.Thread(
+                target=_renew_until,
+                args=(handoff, done, lease_seconds),
+                name="settle-lease-renewal",
+                daemon=True,
+            )
+            renewer.start()
+            body_returned = False
+            try:
+                yield handoff
+                body_returned = True
+            finally:
+                done.set()
+                renewer.join()
+                if not body_returned and not handoff.settled:
+                    # The body raised (or the loop stopped) with the hand-off in hand: give it back now.
+                    with contextlib.suppress(SettleError):
+                        handoff.release()
+
+
+def _renew_until(handoff: Handoff, done: threading.Event, lease_seconds: float) -> None:
+    """Renew ``handoff``'s lease every third of it until ``done`` (or the lease is lost / settled)."""
+    while not done.wait(max(1.0, lease_seconds / 3)):
+        if handoff.settled:
+            return
+        try:
+            handoff.renew(lease_seconds)
+        except (Conflict, NotFound):
+            return  # lost, settled or projected away: nothing more to hold
+        except SettleError:
+            continue  # Settle unavailable: try again at the next third
+
 
 class AsyncHandoffs:
     """``client.handoffs`` of :class:`AsyncSettleClient`."""
@@ -209,6 +361,30 @@ class AsyncHandoffs:
         )
         return self._bind(await self._client.send(call))
 
+    async def receive(
+        self,
+        endpoint: str,
+        event_types: Iterable[str] | None = None,
+        wait_seconds: float = 0,
+        *,
+        lease_seconds: float | None = None,
+    ) -> AsyncHandoff | None:
+        call = self._client.requests.receive_handoff(
+            endpoint,
+            AsyncHandoff,
+            event_types=event_types,
+            wait_seconds=wait_seconds,
+            lease_seconds=lease_seconds,
+        )
+        return self._bind(await self._client.send(call))
+
+    async def _lease(self, action: str, handoff: HandoffView, lease_seconds: float | None) -> dict[str, Any]:
+        assert handoff.lease is not None
+        call = self._client.requests.lease(
+            handoff.endpoint_id, action, handoff.coordinates.event_id, handoff.lease.token, lease_seconds
+        )
+        return await self._client.send(call)
+
     async def job(self, endpoint: str, job_id: str) -> AsyncHandoff | None:
         return self._bind(await self._client.send(self._client.requests.job(endpoint, job_id, AsyncHandoff)))
 
@@ -219,8 +395,11 @@ class AsyncHandoffs:
         *,
         result: Any = None,
         settled_by: str | None = None,
+        lease_token: str | None = None,
     ) -> SettlementAccepted:
-        call = self._client.requests.complete(endpoint, coordinates, result=result, settled_by=settled_by)
+        call = self._client.requests.complete(
+            endpoint, coordinates, result=result, settled_by=settled_by, lease_token=lease_token
+        )
         return await self._client.send(call)
 
     async def fail(
@@ -231,9 +410,15 @@ class AsyncHandoffs:
         *,
         error_type: str | None = None,
         settled_by: str | None = None,
+        lease_token: str | None = None,
     ) -> SettlementAccepted:
         call = self._client.requests.fail(
-            endpoint, coordinates, error_text=error_text, error_type=error_type, settled_by=settled_by
+            endpoint,
+            coordinates,
+            error_text=error_text,
+            error_type=error_type,
+            settled_by=settled_by,
+            lease_token=lease_token,
         )
         return await self._client.send(call)
 
@@ -245,8 +430,16 @@ class AsyncHandoffs:
         wait_seconds: float = DEFAULT_WAIT_SECONDS,
         stop: asyncio.Event | None = None,
         revisit_seconds: float = DEFAULT_REVISIT_SECONDS,
+        leased: bool = True,
+        lease_seconds: float = DEFAULT_LEASE_SECONDS,
     ) -> AsyncIterator[AsyncHandoff]:
         """As :meth:`Handoffs.watch`; cancelling the task that iterates also stops it (at once)."""
+        if leased:
+            async for leased_handoff in self._watch_leased(
+                endpoint, event_types, wait_seconds, stop, lease_seconds
+            ):
+                yield leased_handoff
+            return
         stop = stop or asyncio.Event()
         types = list(event_types) if event_types is not None else None
         unsettled: tuple[str, str | None] | None = None
@@ -269,6 +462,54 @@ class AsyncHandoffs:
                 continue
             yield handoff
             unsettled = None if handoff.settled else _ident(handoff)
+
+    async def _watch_leased(
+        self,
+        endpoint: str,
+        event_types: Iterable[str] | None,
+        wait_seconds: float,
+        stop: asyncio.Event | None,
+        lease_seconds: float,
+    ) -> AsyncIterator[AsyncHandoff]:
+        stop = stop or asyncio.Event()
+        types = list(event_types) if event_types is not None else None
+        failures = 0
+        while not stop.is_set():
+            try:
+                handoff = await self.receive(endpoint, types, wait_seconds, lease_seconds=lease_seconds)
+            except (Unavailable, TransportFailure):
+                failures += 1
+                if await _wait(stop, self._client.retry.backoff_for(min(failures, 8))):
+                    return
+                continue
+            failures = 0
+            if handoff is None:
+                continue
+            renewer = asyncio.ensure_future(_renew_async(handoff, lease_seconds))
+            body_returned = False
+            try:
+                yield handoff
+                body_returned = True
+            finally:
+                renewer.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await renewer
+                if not body_returned and not handoff.settled:
+                    with contextlib.suppress(SettleError):
+                        await handoff.release()
+
+
+async def _renew_async(handoff: AsyncHandoff, lease_seconds: float) -> None:
+    while True:
+        await asyncio.sleep(max(1.0, lease_seconds / 3))
+        if handoff.settled:
+            return
+        try:
+            await handoff.renew(lease_seconds)
+        except (Conflict, NotFound):
+            return
+        except SettleError:
+            continue
 
 
 async def _wait(stop: asyncio.Event, seconds: float) -> bool:

@@ -218,8 +218,17 @@ class Coordinates(_Wire):
         return self.model_dump(by_alias=True, exclude_none=True)
 
 
+class Lease(_Wire):
+    """A lease on a parked hand-off from a leased receive: its settlement is fenced by ``token``."""
+
+    token: str
+    expires_at: datetime
+    lease_seconds: int
+    leased_by: str | None = None
+
+
 class HandoffView(_Wire):
-    """A parked hand-off (Pending + Handoff) as ``next`` and ``job`` answer it."""
+    """A parked hand-off (Pending + Handoff) as ``next``, ``receive`` and ``job`` answer it."""
 
     endpoint_id: str
     event_type_id: str | None = None
@@ -231,6 +240,8 @@ class HandoffView(_Wire):
     parked_at: datetime | None = None
     # Settle stored the parked body truncated (too large for a row): ``payload`` is not the whole body.
     content_truncated: bool = False
+    # Leased receive only: the lease this agent holds on it (``None`` from ``next`` and ``job``).
+    lease: Lease | None = None
 
     def payload_json(self) -> Any:
         """The parked event's body (EventJson) parsed as JSON (``None`` when absent).

@@ -154,6 +154,7 @@ async function render({ quiet } = {}) {
     if (section === "endpoint") view = await endpointView(route.parts[1], route.params);
     else if (section === "event") view = await eventView(route.parts[1], route.parts[2]);
     else if (section === "poison") view = await poisonView(route.params);
+    else if (section === "stuck") view = await stuckView(route.parts[1]);
     else if (section === "state") view = await stateView();
     else if (ONCALL_VIEWS[section]) view = await ONCALL_VIEWS[section](route);
     else view = await endpointsView();
@@ -188,6 +189,7 @@ async function endpointsView() {
       BUCKETS.map(([bucket, key, label]) =>
         h("td", { class: "num", "data-label": label }, badge(bucket, item.counts[key], `${base}?status=${bucket}`))),
       h("td", { class: "num", "data-label": "Poison" }, badge("Poison", item.poison, poisonHref(item.oldestPoisonDay))),
+      stuckBadges(item),
       h("td", { "data-label": "Oldest pending" }, age(item.oldestPendingAt)),
       h("td", { "data-label": "Oldest failed" }, age(item.oldestFailedAt)));
   });
@@ -196,7 +198,8 @@ async function endpointsView() {
     h("p", { class: "muted" }, "Everything that needs a human: counts are exact; Pending includes Pending + Handoff."),
     data.items.length ? h("div", { class: "scroll" }, h("table", { class: "stack" },
       h("thead", {}, h("tr", {}, h("th", {}, "Endpoint"), BUCKETS.map(([, , label]) => h("th", { class: "num" }, label)),
-        h("th", { class: "num" }, "Poison"), h("th", {}, "Oldest pending"), h("th", {}, "Oldest failed"))),
+        h("th", { class: "num" }, "Poison"), STUCK_COLUMNS.map((label) => h("th", { class: "num" }, label)),
+        h("th", {}, "Oldest pending"), h("th", {}, "Oldest failed"))),
       h("tbody", {}, rows))) : h("p", {}, "No endpoint has sent anything to the resolver yet."),
     data.unattributedPoison ? h("p", {}, `Poison naming no endpoint: `, h("a", { href: poisonHref(data.unattributedOldestPoisonDay) }, String(data.unattributedPoison))) : null);
 }
@@ -309,7 +312,8 @@ function actionsCard(e, endpointId, eventId) {
   };
   const failed = (error) => toast(`Refused: ${error.message}`);
   const card = h("div", { class: "card", "aria-label": "Actions" }, h("h2", {}, "Actions"));
-  if (!e.actions.length) card.append(noActionNote(e, endpointId));
+  if (e.settlement) card.append(settlementNote(e, endpointId, eventId));
+  else if (!e.actions.length) card.append(noActionNote(e, endpointId));
   if (e.actions.includes("complete")) {
     const result = h("textarea", { id: "complete-result", class: "short", rows: 3 }, "");
     card.append(h("label", {}, "Result (JSON, optional)", result),
@@ -320,14 +324,14 @@ function actionsCard(e, endpointId, eventId) {
             try { value = JSON.parse(result.value); } catch { return toast("The result is not valid JSON."); }
           }
           if (!(await confirmDialog("Complete the hand-off?", h("p", {}, `One HandoffCompletedRequest goes to ${endpointId}.`), "Complete"))) return;
-          api(base + "complete", { method: "POST", body: { result: value } }).then(done, failed);
+          api(base + "complete", { method: "POST", body: addressed(e, { result: value }) }).then(done, failed);
         } }, "Complete hand-off"),
         h("button", { type: "button", class: "danger", id: "fail", onclick: async () => {
           const reason = h("input", { id: "fail-reason", required: true });
           const errorType = h("input", { id: "fail-type", placeholder: "ExternalJobFailed" });
           if (!(await confirmDialog("Fail the hand-off?", [h("label", {}, "Why it failed", reason), h("label", {}, "Error type (optional)", errorType)], "Fail", true))) return;
           if (!reason.value.trim()) return toast("A reason is needed to fail a hand-off.");
-          api(base + "fail", { method: "POST", body: failBody(reason.value, errorType.value) }).then(done, failed);
+          api(base + "fail", { method: "POST", body: addressed(e, failBody(reason.value, errorType.value)) }).then(done, failed);
         } }, "Fail hand-off")));
   }
   if (e.actions.includes("resubmit")) {
@@ -343,17 +347,90 @@ function actionsCard(e, endpointId, eventId) {
         const what = edited ? "Resubmit with changes" : "Resubmit";
         const reason = h("input", { id: "resubmit-reason" });
         if (!(await confirmDialog(`${what}?`, [h("p", {}, `One ResubmissionRequest goes to ${endpointId}; the handler runs again.`), h("label", {}, "Reason (optional, kept in the audit)", reason)], what))) return;
-        api(base + "resubmit", { method: "POST", body: resubmitBody(edited, reason.value) }).then(done, failed);
+        api(base + "resubmit", { method: "POST", body: addressed(e, resubmitBody(edited, reason.value)) }).then(done, failed);
       } }, "Resubmit")));
   }
   if (e.actions.includes("skip")) {
     card.append(h("div", { class: "buttons" }, h("button", { type: "button", class: "secondary", id: "skip", onclick: async () => {
       const reason = h("input", { id: "skip-reason", "aria-label": "Reason (optional)" });
       if (!(await confirmDialog("Skip this event?", [h("p", {}, `One SkipRequest goes to ${endpointId}; the event is not handled.`), h("label", {}, "Reason (optional)", reason)], "Skip", true))) return;
-      api(base + "skip", { method: "POST", body: reason.value.trim() ? { reason: reason.value.trim() } : {} }).then(done, failed);
+      api(base + "skip", { method: "POST", body: addressed(e, reason.value.trim() ? { reason: reason.value.trim() } : {}) }).then(done, failed);
     } }, "Skip")));
   }
   return card;
+}
+
+// -- stuck settlements and overdue hand-offs (issue 22) ---------------------------------------------
+
+const STUCK_COLUMNS = ["Unconfirmed", "Overdue hand-offs"];
+
+function stuckBadges(item) {
+  const href = `#/stuck/${segment(item.endpointId)}`;
+  return [
+    h("td", { class: "num", "data-label": "Unconfirmed" }, badge("Unconfirmed", item.unconfirmed || 0, href)),
+    h("td", { class: "num", "data-label": "Overdue hand-offs" }, badge("Overdue", item.overdueHandoffs || 0, href)),
+  ];
+}
+
+// Every action names the message the operator saw: a retry of it is answered from its claim, never sent twice.
+function addressed(e, body) {
+  return e.lastMessageId ? { ...body, messageId: e.lastMessageId } : body;
+}
+
+async function stuckView(endpointId) {
+  const [unconfirmed, overdue] = await Promise.all([
+    api(`endpoints/${segment(endpointId)}/unconfirmed`), api(`endpoints/${segment(endpointId)}/overdue`)]);
+  const link = (eventId) => h("a", { href: `#/event/${segment(endpointId)}/${segment(eventId)}` }, eventId);
+  return h("section", { "aria-labelledby": "stuck-title" },
+    h("p", {}, h("a", { href: "#/" }, "← Endpoints")),
+    h("h1", { id: "stuck-title" }, `Needs a human on ${endpointId}`),
+    h("h2", {}, `Unconfirmed settlements (${unconfirmed.count})`),
+    h("p", { class: "muted" }, "Settle could neither confirm these control messages nor re-send them safely. Check the endpoint, then open the event to mark it delivered or release it."),
+    unconfirmed.items.length ? h("div", { class: "scroll" }, h("table", { class: "stack", "aria-label": "Unconfirmed settlements" },
+      h("thead", {}, h("tr", {}, ["Event", "Message", "Control message", "By", "Claimed"].map((t) => h("th", {}, t)))),
+      h("tbody", {}, unconfirmed.items.map((c) => h("tr", { "data-unconfirmed": c.eventId },
+        h("td", { "data-label": "Event" }, link(c.eventId)),
+        h("td", { "data-label": "Message" }, c.messageType),
+        h("td", { "data-label": "Control message" }, c.controlMessageId),
+        h("td", { "data-label": "By" }, c.settledBy),
+        h("td", { "data-label": "Claimed" }, `${when(c.claimedAt)} (${age(c.claimedAt)} ago)`)))))) : h("p", {}, "None."),
+    h("h2", {}, `Overdue hand-offs (${overdue.count})`),
+    overdue.items.length ? h("div", { class: "scroll" }, h("table", { class: "stack", "aria-label": "Overdue hand-offs" },
+      h("thead", {}, h("tr", {}, ["Event", "Expected by", "Overdue by"].map((t) => h("th", {}, t)))),
+      h("tbody", {}, overdue.items.map((o) => h("tr", { "data-overdue": o.eventId },
+        h("td", { "data-label": "Event" }, link(o.eventId)),
+        h("td", { "data-label": "Expected by" }, when(o.expectedBy)),
+        h("td", { "data-label": "Overdue by" }, age(o.expectedBy))))))) : h("p", {}, "None."));
+}
+
+// The claim on the event's current message: what is in flight, and (unconfirmed only) the way out.
+function settlementNote(e, endpointId, eventId) {
+  const s = e.settlement;
+  const note = h("div", { class: "settlement", "aria-label": "Settlement" },
+    h("p", {}, `${s.messageType} ${s.controlMessageId} by ${s.settledBy} is ${s.state} (claimed ${when(s.claimedAt)}).`));
+  if (s.state !== "unconfirmed") {
+    note.append(h("p", { class: "muted" }, "Nothing else can be sent for this message while it stands."));
+    return note;
+  }
+  note.append(h("p", {}, "Settle could not confirm it reached the endpoint, and cannot re-send it safely. Check the endpoint first."));
+  const resolveWith = (resolution, title, okLabel, danger) => async () => {
+    const reason = h("input", { id: "resolve-reason", "aria-label": "Why (what you checked)", required: true });
+    if (!(await confirmDialog(title, [h("label", {}, "Why (what you checked)", reason)], okLabel, danger))) return;
+    if (!reason.value.trim()) return toast("A reason is needed.");
+    const body = { messageId: s.addressedMessageId, controlMessageId: s.controlMessageId, resolution, reason: reason.value.trim() };
+    api(`events/${segment(endpointId)}/${segment(eventId)}/settlement/resolve`, { method: "POST", body }).then(
+      (result) => { toast(`Settlement ${result.state}${result.replayed ? " (already)" : ""} by ${result.by}`); render(); },
+      (error) => toast(`Refused: ${error.message}`));
+  };
+  const buttons = h("div", { class: "buttons" });
+  if (e.actions.includes("mark-delivered")) {
+    buttons.append(h("button", { type: "button", id: "mark-delivered", onclick: resolveWith("delivered", "Mark it delivered?", "Mark delivered") }, "Mark delivered"));
+  }
+  if (e.actions.includes("release")) {
+    buttons.append(h("button", { type: "button", class: "danger", id: "release", onclick: resolveWith("released", "Release it? The hand-off can then be settled again.", "Release", true) }, "Release"));
+  }
+  note.append(buttons);
+  return note;
 }
 
 // -- poison ------------------------------------------------------------------------------------------

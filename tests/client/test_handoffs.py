@@ -90,7 +90,9 @@ def test_watch_stops_when_asked_and_revisits_an_unsettled_handoff_later(settle, 
     park(host, endpoint)
     stop = threading.Event()
     seen = []
-    for handoff in settle.handoffs.watch(endpoint, wait_seconds=1, revisit_seconds=0.2, stop=stop):
+    for handoff in settle.handoffs.watch(
+        endpoint, wait_seconds=1, revisit_seconds=0.2, stop=stop, leased=False
+    ):
         seen.append(handoff.coordinates.event_id)  # left unsettled: the job is still running
         if len(seen) == 2:
             stop.set()
@@ -99,7 +101,7 @@ def test_watch_stops_when_asked_and_revisits_an_unsettled_handoff_later(settle, 
 
 
 def test_watch_stops_from_another_thread_within_one_poll(host, endpoint):
-    polling = Gate("/next")
+    polling = Gate("/receive")
     polling.opened.set()  # let every poll through; ``waiting`` tells that one was sent
     stop = threading.Event()
     finished = threading.Event()

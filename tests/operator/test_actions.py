@@ -125,8 +125,8 @@ def test_skip_sends_an_empty_skip_request_correlated_with_the_skipped_message(ca
         ("deferred", "resubmit", 409),
         ("unsupported", "resubmit", 202),
         ("deadlettered", "skip", 202),
-        ("parked", "resubmit", 409),  # Pending + Handoff: settle it (complete / fail), not resubmit
-        ("parked", "skip", 409),
+        ("parked", "resubmit", 202),  # Pending + Handoff: NimBus FR-042 keeps resubmit and skip
+        ("parked", "skip", 202),
         ("skipped", "resubmit", 409),
         ("skipped", "skip", 409),
     ],
@@ -271,7 +271,7 @@ def test_the_console_settles_a_parked_hand_off_as_the_operator(call, resolve, fl
     detail = call(
         "endpoint_event", method="GET", route_params={"endpointId": flow.endpoint, "eventId": flow.event_id}
     )
-    assert detail.json["actions"] == ["complete", "fail"]
+    assert detail.json["actions"] == ["complete", "fail", "resubmit", "skip"]
     answer = act(call, flow, "complete", {"result": {"ledger": 1}, "by": "olivia"})
     assert answer.status == 202, answer.body
     [(_, message)] = transport.sent

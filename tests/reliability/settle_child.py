@@ -107,7 +107,13 @@ def main(args: dict[str, Any]) -> None:
 
     kill = args.get("kill")
     runtime.reset(policies=[KillAfterClaim()] if kill == "claim-applied" else [])
-    service.use_transport(FileTransport(args["topic_file"], kill=kill, window_s=args.get("window_s")))
+    if args.get("transport") == "loopback":
+        # The real learning transport: this process's resolver projects what it sends (issue 22's races).
+        from handoff.transport import LoopbackTransport
+
+        service.use_transport(LoopbackTransport(lambda msg: service.resolver_service().handle(msg)))
+    else:
+        service.use_transport(FileTransport(args["topic_file"], kill=kill, window_s=args.get("window_s")))
     import function_app
 
     functions = {str(f.get_function_name()): f for f in function_app.app.get_functions()}
@@ -117,16 +123,20 @@ def main(args: dict[str, Any]) -> None:
     for request in args["requests"]:
         fn = functions[request["function"]]
         req = func.HttpRequest(
-            "POST",
+            request.get("method", "POST"),
             f"http://localhost/api/{getattr(fn.get_trigger(), 'route', '')}",
             headers={"content-type": "application/json", **request.get("headers", {})},
-            params={},
-            route_params={},
-            body=json.dumps(request["body"]).encode(),
+            params=request.get("params", {}),
+            route_params=request.get("route_params", {}),
+            body=json.dumps(request["body"]).encode() if request.get("body") is not None else b"",
         )
         resp = fn.get_user_function()(req)
         body = resp.get_body()
-        answer = {"eventId": request["body"]["coordinates"]["eventId"], "status": resp.status_code}
+        event_id = (request.get("body") or {}).get("coordinates", {}).get("eventId")
+        answer = {
+            "eventId": event_id or request.get("route_params", {}).get("eventId"),
+            "status": resp.status_code,
+        }
         answer["json"] = json.loads(body) if body else None
         print(json.dumps(answer), flush=True)
 

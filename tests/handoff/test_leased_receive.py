@@ -1,0 +1,235 @@
+"""Leased receive (issue 22, item 1): agents that share an endpoint split its parked hand-offs.
+
+A receive claims the oldest parked hand-off no one holds for a lease and answers it with a lease token;
+hand-offs under a live lease are skipped (one unfinished hand-off never blocks the rest); a settlement
+made with the token is fenced by it; one made without keeps today's rules; ``next`` stays non-claiming.
+The transport projects (the broker model forwards at once); the clock is the test's.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from handoff import service
+
+from .broker import Broker, BrokerTransport
+from .conftest import Flow
+from .test_receive import park
+from .test_settlement import complete
+
+
+@pytest.fixture
+def broker() -> Iterator[Broker]:
+    broker = Broker(forward=True)
+    service.use_transport(BrokerTransport(broker))
+    yield broker
+    service.reset()
+
+
+@pytest.fixture
+def clock() -> Iterator[list[datetime]]:
+    now = [datetime.now(UTC)]
+    receive = service.receive_service()
+    receive.clock = lambda: now[0]
+    yield now
+    service.reset()
+
+
+def parked_many(resolve: Any, endpoint: str, n: int) -> list[Flow]:
+    base = datetime.now(UTC) - timedelta(hours=1)
+    return [park(resolve, endpoint, f"ev-{i:03d}", at=base + timedelta(seconds=i)) for i in range(n)]
+
+
+def receive(call: Any, endpoint: str, agent: str = "agent-1", **params: str) -> Any:
+    return call(
+        "handoff_receive",
+        None,
+        route_params={"endpointId": endpoint},
+        params=params,
+        headers={"x-agent-id": agent},
+    )
+
+
+def lease_call(call: Any, what: str, endpoint: str, event_id: str, token: str, **extra: Any) -> Any:
+    return call(
+        f"handoff_lease_{what}",
+        {"eventId": event_id, "leaseToken": token, **extra},
+        route_params={"endpointId": endpoint},
+    )
+
+
+def settle_leased(call: Any, flow: Flow, token: str | None, agent: str) -> Any:
+    extra: dict[str, Any] = {"settledBy": agent}
+    if token is not None:
+        extra["leaseToken"] = token
+    coords = {"eventId": flow.event_id, "messageId": "park-1"}
+    return complete(call, flow, coordinates=coords, **extra)
+
+
+def test_agents_on_threads_split_the_parked_hand_offs_and_none_is_received_twice(call, resolve, broker):
+    endpoint = "Billing-" + uuid.uuid4().hex[:8]
+    flows = {f.event_id: f for f in parked_many(resolve, endpoint, 12)}
+    got: list[tuple[str, str]] = []
+    lock = threading.Lock()
+    barrier = threading.Barrier(3)
+
+    def agent(name: str) -> None:
+        barrier.wait(10)
+        while True:
+            answer = receive(call, endpoint, name)
+            if answer.status == 204:
+                return
+            assert answer.status == 200, answer.body
+            event_id = answer.json["coordinates"]["eventId"]
+            with lock:
+                got.append((name, event_id))
+            settled = settle_leased(call, flows[event_id], answer.json["lease"]["token"], name)
+            assert settled.status == 202, settled.body
+
+    threads = [threading.Thread(target=agent, args=(f"agent-{i}",)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    received = [e for _, e in got]
+    assert sorted(received) == sorted(flows)  # every hand-off received exactly once
+    assert len(broker.delivered) == 12
+
+
+def test_an_unfinished_hand_off_never_blocks_the_ones_behind_it(call, resolve, broker, clock):
+    endpoint = "Billing-" + uuid.uuid4().hex[:8]
+    parked_many(resolve, endpoint, 3)
+    first = receive(call, endpoint, "slow-agent")
+    assert first.json["coordinates"]["eventId"] == "ev-000"
+    assert receive(call, endpoint, "agent-2").json["coordinates"]["eventId"] == "ev-001"
+    assert receive(call, endpoint, "agent-3").json["coordinates"]["eventId"] == "ev-002"
+    assert receive(call, endpoint, "agent-4").status == 204
+    # next (NimBus-compatible) still does not claim; it skips hand-offs under a live lease
+    assert call("handoff_next", method="GET", route_params={"endpointId": endpoint}).status == 204
+
+
+def test_an_expired_lease_is_taken_over_and_fences_the_old_holder(call, resolve, broker, clock):
+    endpoint = "Billing-" + uuid.uuid4().hex[:8]
+    [flow] = parked_many(resolve, endpoint, 1)
+    old = receive(call, endpoint, "agent-a", leaseSeconds="30")
+    assert old.status == 200 and old.json["lease"]["leaseSeconds"] == 30
+    clock[0] += timedelta(seconds=31)
+    new = receive(call, endpoint, "agent-b")
+    assert new.status == 200 and new.json["lease"]["token"] != old.json["lease"]["token"]
+    # The old holder cannot settle over the new one; the new holder can
+    refused = settle_leased(call, flow, old.json["lease"]["token"], "agent-a")
+    assert refused.status == 409 and refused.json["type"] == "urn:settle:problem:lease-lost"
+    assert broker.delivered == []
+    assert settle_leased(call, flow, new.json["lease"]["token"], "agent-b").status == 202
+    assert len(broker.delivered) == 1
+
+
+def test_an_expired_lease_no_one_took_still_settles(call, resolve, broker, clock):
+    endpoint = "Billing-" + uuid.uuid4().hex[:8]
+    [flow] = parked_many(resolve, endpoint, 1)
+    lease = receive(call, endpoint, "agent-a", leaseSeconds="30").json["lease"]
+    clock[0] += timedelta(minutes=5)
+    assert settle_leased(call, flow, lease["token"], "agent-a").status == 202
+
+
+def test_a_renewed_lease_is_not_taken_and_a_released_one_is_received_at_once(call, resolve, broker, clock):
+    endpoint = "Billing-" + uuid.uuid4().hex[:8]
+    parked_many(resolve, endpoint, 1)
+    lease = receive(call, endpoint, "agent-a", leaseSeconds="30").json["lease"]
+    clock[0] += timedelta(seconds=20)
+    renewed = lease_call(call, "renew", endpoint, "ev-000", lease["token"], leaseSeconds=30)
+    assert renewed.status == 200, renewed.body
+    clock[0] += timedelta(seconds=20)  # 40 s after the receive: alive only thanks to the renewal
+    assert receive(call, endpoint, "agent-b").status == 204
+    released = lease_call(call, "release", endpoint, "ev-000", lease["token"])
+    assert released.status == 200, released.body
+    again = receive(call, endpoint, "agent-b")
+    assert again.status == 200 and again.json["coordinates"]["eventId"] == "ev-000"
+    # The first holder's token is dead now
+    assert lease_call(call, "renew", endpoint, "ev-000", lease["token"]).status == 409
+
+
+def test_a_settlement_without_a_lease_keeps_todays_rules(call, resolve, broker, clock):
+    endpoint = "Billing-" + uuid.uuid4().hex[:8]
+    [flow] = parked_many(resolve, endpoint, 1)
+    receive(call, endpoint, "agent-a")
+    assert settle_leased(call, flow, None, "operator-script").status == 202
+
+
+def test_a_lease_ends_with_the_settlement_renewal_and_release_cannot_free_it(call, resolve, clock):
+    # A resolver that lags: the hand-off is claimed (settlement in flight) but still parked
+    bus = BrokerTransport(Broker())
+    service.use_transport(bus)
+    endpoint = "Billing-" + uuid.uuid4().hex[:8]
+    [flow] = parked_many(resolve, endpoint, 1)
+    lease = receive(call, endpoint, "agent-a").json["lease"]
+    assert settle_leased(call, flow, lease["token"], "agent-a").status == 202
+    assert lease_call(call, "renew", endpoint, "ev-000", lease["token"]).status == 409
+    lease_call(call, "release", endpoint, "ev-000", lease["token"])
+    clock[0] += timedelta(hours=2)
+    assert receive(call, endpoint, "agent-b").status == 204
+    # the retry of the leased settlement is answered from its claim
+    again = settle_leased(call, flow, lease["token"], "agent-a")
+    assert again.status == 202 and again.json["replayed"] is True
+
+
+def test_a_renewal_between_the_settlements_read_and_its_claim_does_not_lose_the_lease(
+    call, resolve, broker, clock, monkeypatch
+):
+    endpoint = "Billing-" + uuid.uuid4().hex[:8]
+    [flow] = parked_many(resolve, endpoint, 1)
+    lease = receive(call, endpoint, "agent-a").json["lease"]
+    store = service.store()
+    original = store.get_queue_row
+    renewed: list[int] = []
+    busy: list[bool] = []
+
+    def read_then_renew(*args: Any, **kw: Any) -> Any:
+        found = original(*args, **kw)
+        if not busy:  # the first read is the settlement's; the renewal reads too
+            busy.append(True)
+            renewed.append(lease_call(call, "renew", endpoint, "ev-000", lease["token"]).status)
+        return found
+
+    monkeypatch.setattr(store, "get_queue_row", read_then_renew)
+    answer = settle_leased(call, flow, lease["token"], "agent-a")
+    assert renewed == [200]
+    assert answer.status == 202, answer.body
+
+
+@pytest.mark.parametrize("value", ["0", "abc", "100000"])
+def test_a_lease_length_out_of_bounds_is_400_naming_it(call, resolve, broker, value):
+    answer = receive(call, "Billing-x", leaseSeconds=value)
+    assert answer.status == 400 and answer.json["field"] == "leaseSeconds"
+
+
+def test_long_polls_beyond_the_instances_permits_are_429_with_retry_after(call, broker):
+    from handoff.receive import LONG_POLL_PERMITS, long_polls
+
+    assert LONG_POLL_PERMITS == 20  # NimBus's nimbus-agent-receive limiter
+    held = [long_polls.acquire(blocking=False) for _ in range(LONG_POLL_PERMITS)]
+    try:
+        assert all(held)
+        for name in ("handoff_receive", "handoff_next"):
+            answer = call(
+                name,
+                None,
+                method="POST" if name == "handoff_receive" else "GET",
+                route_params={"endpointId": "Billing-busy"},
+                params={"waitSeconds": "5"},
+            )
+            assert answer.status == 429, answer.body
+            assert int(answer.headers["retry-after"]) >= 1
+        # A call that does not wait takes no permit
+        assert receive(call, "Billing-busy").status == 204
+    finally:
+        for _ in held:
+            long_polls.release()
+    assert long_polls.acquire(blocking=False)  # every permit came back
+    long_polls.release()
