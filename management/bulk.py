@@ -14,7 +14,7 @@ The console sends a selection in chunks (``MAX_EVENTS`` each) and shows the prog
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from common.errors import SettleError
@@ -43,15 +43,21 @@ def run(
     *,
     action: str,
     reason: str | None,
+    message_ids: Mapping[str, str] | None = None,
     on_done: Callable[[BulkItem], None] = lambda _item: None,
 ) -> list[BulkItem]:
+    """``message_ids``: per event, the message the operator saw; each action addresses it (a retry is
+    answered from its claim), else the event's current message."""
     items: list[BulkItem] = []
     for event_id in event_ids:
+        message_id = (message_ids or {}).get(event_id)
         try:
             if action == "resubmit":
-                result = actions.resubmit(endpoint_id, event_id, actor, event_json=None, reason=reason)
+                result = actions.resubmit(
+                    endpoint_id, event_id, actor, event_json=None, reason=reason, message_id=message_id
+                )
             else:
-                result = actions.skip(endpoint_id, event_id, actor, reason=reason)
+                result = actions.skip(endpoint_id, event_id, actor, reason=reason, message_id=message_id)
             item = BulkItem(event_id, 202, result=result)
         except SettleError as exc:
             item = BulkItem(event_id, exc.status, slug=exc.slug, detail=str(exc))

@@ -712,6 +712,7 @@ def endpoint_bulk(req: func.HttpRequest) -> BulkAnswer:
         actor,
         action=body.action,
         reason=body.reason,
+        message_ids=body.message_ids,
         on_done=done,
     )
     answers = []

@@ -339,6 +339,16 @@ class BulkRequest(RequestModel):
         max_length=50,
         description="At most 50 per call; the console sends a selection in chunks.",
     )
+    message_ids: (
+        dict[Annotated[str, StringConstraints(min_length=1, max_length=512)], AddressedMessage] | None
+    ) = Field(
+        default=None,
+        max_length=50,
+        description="Per event id, the message the operator saw (its last message): the event's action "
+        "addresses it as a single action's `messageId` does, so a repeated bulk call is answered from each "
+        "event's claim whatever the event did since. An event without an entry addresses its current "
+        "message.",
+    )
     reason: Reason | None = None
     by: Name | None = None
 

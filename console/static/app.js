@@ -235,7 +235,7 @@ async function endpointView(endpointId, params) {
     h("label", {}, "Changed from (UTC)", h("input", { name: "from", type: "datetime-local", value: localValue(params.get("from")) })),
     h("label", {}, "to (UTC)", h("input", { name: "to", type: "datetime-local", value: localValue(params.get("to")) })),
     h("button", { type: "submit" }, "Apply"));
-  const rows = page.items.map((e) => h("tr", { "data-event": e.eventId },
+  const rows = page.items.map((e) => h("tr", { "data-event": e.eventId, "data-message": e.lastMessageId || "" },
     h("td", { "data-label": "Event" }, h("a", { href: `#/event/${segment(endpointId)}/${segment(e.eventId)}` }, e.eventId)),
     h("td", { "data-label": "Status" }, statusBadge(e.resolutionStatus, e.pendingSubStatus)),
     h("td", { "data-label": "Type" }, e.eventTypeId || "–"),
@@ -787,11 +787,11 @@ async function auditsView(route) {
 // -- issue 25: bulk actions and the error-text filter on an endpoint's listing -----------------------------
 
 let bulkBusy = false;
-const bulkSelection = new Map(); // endpointId -> Set of event ids
+const bulkSelection = new Map(); // endpointId -> Map of event id -> the message the operator saw (its last)
 let bulkReport = null; // { endpointId, ... } of the last bulk run, shown until the route changes
 
 function selectionOf(endpointId) {
-  if (!bulkSelection.has(endpointId)) bulkSelection.set(endpointId, new Set());
+  if (!bulkSelection.has(endpointId)) bulkSelection.set(endpointId, new Map());
   return bulkSelection.get(endpointId);
 }
 
@@ -814,7 +814,7 @@ async function listingExtras(view, endpointId, params) {
       shown += 1;
       const box = h("input", { type: "checkbox", "aria-label": `Select ${id}`, "data-select": id, checked: selected.has(id),
         disabled: !SELECTABLE.includes(status), onchange: (ev) => {
-          if (ev.target.checked) selected.add(id); else selected.delete(id);
+          if (ev.target.checked) selected.set(id, row.dataset.message); else selected.delete(id);
           updateBulkBar(view, endpointId);
         } });
       row.prepend(h("td", { "data-label": "Select" }, box));
@@ -840,7 +840,7 @@ function updateBulkBar(view, endpointId) {
     h("p", { id: "bulk-count", role: "status" }, `${selected.size} selected`),
     h("div", { class: "buttons" },
       h("button", { type: "button", class: "secondary", id: "bulk-page", disabled: !boxes.length, onclick: () => {
-        for (const box of boxes) { box.checked = true; selected.add(box.dataset.select); }
+        for (const box of boxes) { box.checked = true; selected.set(box.dataset.select, box.closest("tr").dataset.message); }
         updateBulkBar(view, endpointId);
       } }, "Select this page"),
       h("button", { type: "button", class: "secondary", id: "bulk-matching", onclick: () => selectMatching(view, endpointId, params) },
@@ -870,7 +870,7 @@ async function selectMatching(view, endpointId, params) {
     for (const e of page.items) {
       if (!SELECTABLE.includes(e.resolutionStatus)) continue;
       if (filter && !(e.reason || "").toLowerCase().includes(filter)) continue;
-      selected.add(e.eventId);
+      selected.set(e.eventId, e.lastMessageId || "");
     }
     token = page.continuationToken;
     pages += 1;
@@ -883,7 +883,7 @@ const BULK_CHUNK = 10;
 
 async function runBulk(view, endpointId, action) {
   const selected = selectionOf(endpointId);
-  const ids = [...selected];
+  const ids = [...selected.keys()];
   const reason = h("input", { id: "bulk-reason" });
   const body = [h("p", {}, `${ids.length} event(s) of ${endpointId}: one ${action === "skip" ? "SkipRequest" : "ResubmissionRequest"} and one audit each. Events whose state does not allow it are refused one by one.`),
     h("label", {}, "Reason (optional, kept in each audit)", reason)];
@@ -898,7 +898,9 @@ async function runBulk(view, endpointId, action) {
   try {
     for (let i = 0; i < ids.length; i += BULK_CHUNK) {
       const chunk = ids.slice(i, i + BULK_CHUNK);
-      const payload = { action, eventIds: chunk };
+      // Each event's action addresses the message the operator saw: a retried chunk is answered from its claims.
+      const messageIds = Object.fromEntries(chunk.filter((id) => selected.get(id)).map((id) => [id, selected.get(id)]));
+      const payload = { action, eventIds: chunk, messageIds };
       if (reason.value.trim()) payload.reason = reason.value.trim();
       try {
         const answer = await api(`endpoints/${segment(endpointId)}/bulk`, { method: "POST", body: payload });

@@ -284,6 +284,11 @@ def test_bulk_resubmit_of_all_matching_with_progress_and_a_partial_failure(
     # Meanwhile another operator skips one of them: that event's resubmit is refused, the others go on
     skipped = api_post(host.base_url, f"events/Billing/{timeouts[0]}/skip", {"by": "carol"})
     assert skipped.status_code == 202, skipped.text
+    posted: list[dict] = []
+    page.on(
+        "request",
+        lambda r: posted.append(json.loads(r.post_data)) if r.method == "POST" and "/bulk" in r.url else None,
+    )
     page.click("#bulk-resubmit")
     expect(page.locator("#confirm-title")).to_have_text(f"Resubmit {len(timeouts)} event(s)?")
     page.fill("#bulk-reason", "ERP timeouts fixed")
@@ -292,6 +297,12 @@ def test_bulk_resubmit_of_all_matching_with_progress_and_a_partial_failure(
     expect(page.locator(f'[data-refused="{timeouts[0]}"]')).to_contain_text("409")
     expect(page.locator("#bulk-count")).to_have_text("1 selected")  # the refused one stays selected
     check_both_widths(page, shots, "bulk", "#bulk-report")
+    # Every event's action addressed the failed message the operator saw (a retried chunk replays)
+    addressed = {e: m for body in posted for e, m in body["messageIds"].items()}
+    assert sorted(addressed) == sorted(timeouts)
+    for event_id in timeouts[1:]:
+        failed = api_json(host.base_url, f"endpoints/Billing/events/{event_id}")["history"]
+        assert addressed[event_id] in [m["messageId"] for m in failed if m["messageType"] == "ErrorResponse"]
     for event_id in timeouts[1:]:
         row = api_json(host.base_url, f"endpoints/Billing/events/{event_id}")
         assert row["messageType"] == "ResubmissionRequest"

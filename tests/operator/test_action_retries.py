@@ -140,3 +140,24 @@ def test_concurrent_identical_operator_retries_send_one_message(call, resolve, f
     assert len({a.json["controlMessageId"] for a in answers}) == 1
     assert len(control_copies(broker, flow, "ResubmissionRequest")) == 1
     assert audit_types(call, flow) == ["Resubmit"]
+
+
+def test_a_repeated_bulk_resubmit_is_answered_from_each_claim_after_the_events_failed_again(
+    call, resolve, flow, broker
+):
+    # Given a failed event bulk-resubmitted, addressed to the failed message the operator saw
+    failed_event(resolve, flow)
+    body = {"action": "resubmit", "eventIds": [flow.event_id], "messageIds": {flow.event_id: "err-1"}}
+    route = {"endpointId": flow.endpoint}
+    first = call("endpoint_bulk", body, route_params=route)
+    assert first.status == 200 and first.json["items"][0]["status"] == 202, first.body
+    # and the endpoint failed again before the console's retry of the same chunk arrived
+    fails_again(resolve, flow, broker, "err-2")
+    again = call("endpoint_bulk", body, route_params=route)
+    # Then the retry is the same action: answered from its claim, one ResubmissionRequest, one audit
+    [item] = again.json["items"]
+    assert item["status"] == 202 and item["accepted"]["replayed"] is True, again.body
+    first_id = first.json["items"][0]["accepted"]["controlMessageId"]
+    assert item["accepted"]["controlMessageId"] == first_id
+    assert control_copies(broker, flow, "ResubmissionRequest") == [first_id]
+    assert audit_types(call, flow) == ["Resubmit"]
