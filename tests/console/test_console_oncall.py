@@ -284,7 +284,7 @@ def test_bulk_resubmit_of_all_matching_with_progress_and_a_partial_failure(
     # Meanwhile another operator skips one of them: that event's resubmit is refused, the others go on
     skipped = api_post(host.base_url, f"events/Billing/{timeouts[0]}/skip", {"by": "carol"})
     assert skipped.status_code == 202, skipped.text
-    posted: list[dict] = []
+    posted: list[dict[str, Any]] = []
     page.on(
         "request",
         lambda r: posted.append(json.loads(r.post_data)) if r.method == "POST" and "/bulk" in r.url else None,
