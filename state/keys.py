@@ -18,6 +18,17 @@
     ``~`` is escaped inside item paths, so no record row starts with it; record reads that span a
     partition exclude the range [``~``, ``~~``).
 
+Sharded partitions (``SETTLE_STATE_SHARDS``, default 1)
+    With ``S`` > 1 shards a node definition's records spread over ``S`` partitions
+    ``{tenantId}|{scopeId}|{entityId}.{S:03d}-{shard:03d}``; the shard is derived from the record's item
+    path (:func:`shard_of`), so every row of one record (head, history, index rows) stays in one
+    partition and one entity group transaction. ``S`` is part of the PartitionKey: a record keeps the
+    partition it was created in, and a deployment that changes ``S`` lists its earlier values in
+    ``SETTLE_STATE_SHARDS_PREVIOUS`` so that records of the earlier layouts are still found (a head
+    read that misses probes them, a lock on a key new to the instance reads before inserting). ``S`` = 1
+    is the unsharded key. Every layout of one node sorts inside [``{t}|{s}|{e}``, ``{t}|{s}|{e}/``)
+    (``.`` and ``/`` sort below the digits), so a query of a node is one PartitionKey range read.
+
 ``statelocks`` table (level 1 of the expiry index)
     PartitionKey ``{kind}{minute:010d}``, RowKey = the state PartitionKey: which partitions hold index rows
     of that minute. Catch-up range-reads the minutes that have begun, so its cost follows expired locks
@@ -28,6 +39,10 @@ and every key round-trips); keys are at most 1 KiB.
 """
 
 from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
 
 from common.errors import KeyTooLong
 from common.keys import MAX_KEY_BYTES as MAX_KEY_BYTES
@@ -58,6 +73,82 @@ MARKER_MARK = "m"
 
 def partition_key(tenant_id: int, scope: Scope | int, entity_id: int) -> str:
     return f"{tenant_id}{SEPARATOR}{int(scope)}{SEPARATOR}{entity_id}"
+
+
+SHARD_MARK = "."
+SHARD_END = chr(ord(SHARD_MARK) + 1)  # "/": the exclusive upper bound of a node's partitions
+MAX_SHARDS = 999
+SHARDS_SETTING = "SETTLE_STATE_SHARDS"
+PREVIOUS_SHARDS_SETTING = "SETTLE_STATE_SHARDS_PREVIOUS"
+
+
+def shard_of(path: str, shards: int) -> int:
+    """The shard of a record (its item path): stable across processes and versions (SHA-256)."""
+    if shards <= 1:
+        return 0
+    digest = hashlib.sha256(path.encode("utf-8", "surrogatepass")).digest()
+    return int.from_bytes(digest[:8], "big") % shards
+
+
+def sharded_partition_key(tenant_id: int, scope: Scope | int, entity_id: int, shards: int, shard: int) -> str:
+    base = partition_key(tenant_id, scope, entity_id)
+    return base if shards <= 1 else f"{base}{SHARD_MARK}{shards:03d}-{shard:03d}"
+
+
+def node_partition_range(tenant_id: int, scope: Scope | int, entity_id: int) -> tuple[str, str]:
+    """PartitionKey bounds [low, high) of every partition of one node definition, in every layout."""
+    base = partition_key(tenant_id, scope, entity_id)
+    return base, base + SHARD_END
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How many partitions a node definition's records spread over (now, and in earlier layouts)."""
+
+    shards: int = 1
+    previous: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        for value in (self.shards, *self.previous):
+            if not 1 <= value <= MAX_SHARDS:
+                raise ValueError(f"{SHARDS_SETTING} must be between 1 and {MAX_SHARDS}; got {value}")
+
+    @property
+    def single(self) -> bool:
+        """One partition per node and no earlier layout: the unsharded key, read with ``eq``."""
+        return self.shards == 1 and not self.previous
+
+    def partition(self, key: RecordKey) -> str:
+        """The partition a record created now goes to."""
+        return self._at(key, self.shards)
+
+    def earlier_partitions(self, key: RecordKey) -> list[str]:
+        """Where a record created under an earlier layout may be (probed when the current one misses)."""
+        now = self.partition(key)
+        seen: list[str] = []
+        for shards in self.previous:
+            pk = self._at(key, shards)
+            if pk != now and pk not in seen:
+                seen.append(pk)
+        return seen
+
+    @staticmethod
+    def _at(key: RecordKey, shards: int) -> str:
+        shard = shard_of(item_path(key), shards)
+        return sharded_partition_key(key.tenant_id, key.scope, key.entity_id, shards, shard)
+
+    @classmethod
+    def from_env(cls) -> Layout:
+        """``SETTLE_STATE_SHARDS`` (default 1) and ``SETTLE_STATE_SHARDS_PREVIOUS`` (comma-separated)."""
+        shards = (os.environ.get(SHARDS_SETTING) or "1").strip()
+        previous = (os.environ.get(PREVIOUS_SHARDS_SETTING) or "").replace(";", ",")
+        try:
+            return cls(int(shards), tuple(int(p) for p in previous.split(",") if p.strip()))
+        except ValueError as exc:
+            raise ValueError(
+                f"{SHARDS_SETTING} must be a whole number of shards (1-{MAX_SHARDS}) and "
+                f"{PREVIOUS_SHARDS_SETTING} a comma-separated list of earlier ones: {exc}"
+            ) from exc
 
 
 def tenant_prefix(tenant_id: int, scope: Scope | int | None = None) -> str:

@@ -41,13 +41,13 @@ from state.keys import (
     LOCK_KIND,
     RETENTION_KIND,
     STATE_TABLE,
+    Layout,
     check_key_size,
     escape,
     head_row_key,
     history_row_key_of,
     index_row_key,
     parse_index_row_key,
-    partition_key,
     record_range,
 )
 from state.model import LockDecision, RecordKey, Status, lock_decision
@@ -217,8 +217,10 @@ def _not_found(exc: Exception) -> bool:
 class StateStore:
     """Records of the built-in handler."""
 
-    def __init__(self, tables: Tables, *, hint_bytes: int = HINT_BYTES) -> None:
+    def __init__(self, tables: Tables, *, hint_bytes: int = HINT_BYTES, layout: Layout | None = None) -> None:
         self._tables = tables
+        # How a node definition's records spread over partitions (state/keys.py; docs/tables.md).
+        self.layout = layout if layout is not None else Layout.from_env()
         self.index = ExpiryIndex(tables)
         self._hints = _Hints(max_bytes=hint_bytes)
         self._signer: Signer | None = None
@@ -246,8 +248,13 @@ class StateStore:
     # -- reads -------------------------------------------------------------------------------------
     def read_head(self, key: RecordKey) -> Head | None:
         check_key_size(key)
-        pk, rk = partition_key(key.tenant_id, key.scope, key.entity_id), head_row_key(key)
+        pk, rk = self.layout.partition(key), head_row_key(key)
         head = self.read_head_at(pk, rk)
+        if head is None:
+            for earlier in self.layout.earlier_partitions(key):  # a record created under an earlier S
+                head = self.read_head_at(earlier, rk)
+                if head is not None:
+                    break
         self._hints.put(pk, rk, head)
         return head
 
@@ -267,11 +274,21 @@ class StateStore:
         """Head first, then superseded versions newest first."""
         check_key_size(key)
         low, high = record_range(key)
+        query = "PartitionKey eq @pk and RowKey ge @low and RowKey lt @high"
+        if continuation is None and self.layout.earlier_partitions(key):
+            for pk in [self.layout.partition(key), *self.layout.earlier_partitions(key)]:
+                rows, token = self.query_page(
+                    query, {"pk": pk, "low": low, "high": high}, page_size=page_size, continuation=None
+                )
+                if rows or token:  # a record lives in one layout: the first that has rows is it
+                    return rows, token
+            return [], None
+        pk = self.layout.partition(key)
+        if self.layout.earlier_partitions(key):  # a later page: continue where the record lives
+            head = self.read_head(key)
+            pk = str(head.entity["PartitionKey"]) if head is not None else pk
         return self.query_page(
-            "PartitionKey eq @pk and RowKey ge @low and RowKey lt @high",
-            {"pk": partition_key(key.tenant_id, key.scope, key.entity_id), "low": low, "high": high},
-            page_size=page_size,
-            continuation=continuation,
+            query, {"pk": pk, "low": low, "high": high}, page_size=page_size, continuation=continuation
         )
 
     def query_page(
@@ -291,8 +308,10 @@ class StateStore:
         id while that lock holds gets it back (``replayed``) instead of a refusal."""
         check_key_size(key)
         self.signer()  # a lock is only taken when its token can be issued
-        pk, rk = partition_key(key.tenant_id, key.scope, key.entity_id), head_row_key(key)
+        pk, rk = self.layout.partition(key), head_row_key(key)
         known, current = self._hints.get(pk, rk)
+        if not known and self.layout.earlier_partitions(key):
+            current = self.read_head(key)  # the record may live in an earlier layout: never insert a twin
         if known and current is not None:
             now = self.now()
             decision = lock_decision(
@@ -443,7 +462,9 @@ class StateStore:
         """
         current: Head | None = None
         if claims.locked_until > self.now():
-            current = Head(entity_of(key, claims), claims.e)
+            # Built in the current layout; a record of an earlier layout fails this write (404) and is
+            # re-read where it lives.
+            current = Head(entity_of(key, claims, self.layout.partition(key)), claims.e)
         for _ in range(_MAX_ATTEMPTS):
             if current is None:
                 head = self.read_head(key)
@@ -491,7 +512,7 @@ class StateStore:
     # -- building rows ---------------------------------------------------------------------------------
     def _base_entity(self, key: RecordKey, ctx: WriteContext, status: Status) -> dict[str, Any]:
         entity: dict[str, Any] = {
-            "PartitionKey": partition_key(key.tenant_id, key.scope, key.entity_id),
+            "PartitionKey": self.layout.partition(key),
             "RowKey": head_row_key(key),
             "TenantId": key.tenant_id,
             "ScopeId": int(key.scope),
@@ -531,7 +552,7 @@ class StateStore:
     def _next_head(
         self, key: RecordKey, ctx: WriteContext, current: Head, status: Status, now: datetime
     ) -> dict[str, Any]:
-        return self._new_head(
+        new = self._new_head(
             key,
             ctx,
             status,
@@ -539,6 +560,8 @@ class StateStore:
             version=current.version + 1,
             created_at=current.entity.get("CreatedAt", now),
         )
+        new["PartitionKey"] = current.entity["PartitionKey"]  # a record stays in the partition it has
+        return new
 
     def conclude(
         self, current: Head, status: Status, *, substatus: str, error: str | None, now: datetime
@@ -677,10 +700,10 @@ def claims_of(key: RecordKey, head: Head) -> LockClaims:
     )
 
 
-def entity_of(key: RecordKey, claims: LockClaims) -> dict[str, Any]:
+def entity_of(key: RecordKey, claims: LockClaims, partition: str) -> dict[str, Any]:
     """The Processing head a token was issued for, column for column (its history row copies it)."""
     entity: dict[str, Any] = {
-        "PartitionKey": partition_key(key.tenant_id, key.scope, key.entity_id),
+        "PartitionKey": partition,
         "RowKey": head_row_key(key),
         "TenantId": key.tenant_id,
         "ScopeId": int(key.scope),
