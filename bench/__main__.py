@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench import catchup, coldstart, contention, latency, machine, resolver, roundtrips
+from bench import catchup, coldstart, contention, latency, machine, resolver, roundtrips, scaleout
 from bench.harness import (
     DEFAULT_OUT,
     Environment,
@@ -41,6 +41,7 @@ SECTIONS: dict[str, Callable[[Environment], list[Figure]]] = {
     "catchup": catchup.run,
     "resolver": resolver.run,
     "coldstart": coldstart.run,
+    "scaleout": scaleout.run,
 }
 
 

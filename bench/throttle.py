@@ -59,6 +59,7 @@ class Charge:
     account: str
     partitions: dict[tuple[str, str], int]
     read: bool = False  # a query: charged after the answer, by the rows it returned
+    write: bool = False  # entities written (insert, update, merge, delete, every operation of a batch)
 
     @property
     def entities(self) -> int:
@@ -73,7 +74,7 @@ def charge_of(method: str, target: str, body: bytes | None) -> Charge:
     point = _POINT.match(path)
     if point:
         _, table, pk, _ = point.groups()
-        return Charge(account, {(table, pk.replace("''", "'")): 1})
+        return Charge(account, {(table, pk.replace("''", "'")): 1}, write=method != "GET")
     if path.endswith("/$batch") and body:
         inner = _INNER.findall(body)
         table, pk = "", ""
@@ -88,7 +89,7 @@ def charge_of(method: str, target: str, body: bytes | None) -> Charge:
         if not pk:
             found = _PK_JSON.search(body)
             pk = json.loads(b'"' + found.group(1) + b'"') if found else ""
-        return Charge(account, {(table, pk): max(1, len(inner))})
+        return Charge(account, {(table, pk): max(1, len(inner))}, write=True)
     collection = _COLLECTION.match(path)
     if collection and collection.group(2) != "Tables":
         table = collection.group(2)
@@ -100,7 +101,7 @@ def charge_of(method: str, target: str, body: bytes | None) -> Charge:
         if method == "POST" and body:
             found = _PK_JSON.search(body)
             pk = json.loads(b'"' + found.group(1) + b'"') if found else ""
-            return Charge(account, {(table, pk): 1})
+            return Charge(account, {(table, pk): 1}, write=True)
     return Charge(account, {})
 
 
@@ -159,6 +160,7 @@ class Budget:
     _partitions: dict[tuple[str, str, str], _Bucket] = field(default_factory=dict)
     _accounts: dict[str, _Bucket] = field(default_factory=dict)
     admitted: Counter[tuple[str, str, str]] = field(default_factory=Counter)
+    written: Counter[tuple[str, str, str]] = field(default_factory=Counter)  # entities written, admitted
     refused: Counter[str] = field(default_factory=Counter)
     requests: int = 0
 
@@ -207,6 +209,8 @@ class Budget:
                 for held, key, n in partitions:
                     held.tokens -= n
                     self.admitted[key] += int(n)
+                    if charge.write:
+                        self.written[key] += int(n)
             return None
 
     def charge_rows(self, account: str, table: str, body: bytes) -> None:
@@ -224,6 +228,11 @@ class Budget:
                 key = (account, table, pk)
                 self._bucket(self._partitions, key, self.partition_per_s, now).tokens -= n
                 self.admitted[key] += n
+
+    def writes(self, table_suffix: str = "") -> int:
+        """Entities written (admitted) so far, in tables whose name ends with ``table_suffix``."""
+        with self._lock:
+            return sum(n for (_, table, _), n in self.written.items() if table.endswith(table_suffix))
 
     def refusals(self) -> int:
         with self._lock:
