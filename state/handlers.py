@@ -50,7 +50,7 @@ from state.store import FINISHED, Head, StateStore, WriteContext, effective_stat
 from state.token import key_digest
 
 PAGE_PURPOSE = "page"
-_PAGE_KEYS = frozenset({"PartitionKey", "RowKey"})
+_PAGE_KEYS = frozenset({"PartitionKey", "RowKey", "Account"})  # Account: state over several accounts
 
 
 class StateHandler(Protocol):

@@ -24,6 +24,7 @@ from __future__ import annotations
 import threading
 import uuid
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -217,18 +218,32 @@ def _not_found(exc: Exception) -> bool:
 class StateStore:
     """Records of the built-in handler."""
 
-    def __init__(self, tables: Tables, *, hint_bytes: int = HINT_BYTES, layout: Layout | None = None) -> None:
+    def __init__(
+        self,
+        tables: Tables,
+        *,
+        hint_bytes: int = HINT_BYTES,
+        layout: Layout | None = None,
+        accounts: Sequence[Tables] | None = None,
+    ) -> None:
+        from state.accounts import RoutedTable, extra_accounts
+
         self._tables = tables
+        # The state table's accounts: 0 is ``tables``; more from SETTLE_TABLES_{i} (ADR-0015).
+        if accounts is None:
+            accounts = [tables, *(Tables(s) for s in extra_accounts(tables.settings.prefix))]
+        self._routed = RoutedTable(accounts) if len(accounts) > 1 else None
         # How a node definition's records spread over partitions (state/keys.py; docs/tables.md).
-        self.layout = layout if layout is not None else Layout.from_env()
-        self.index = ExpiryIndex(tables)
+        self.layout = layout if layout is not None else Layout.from_env(accounts=len(accounts))
+        self.index = ExpiryIndex(tables, state_table=lambda: self.table)
         self._hints = _Hints(max_bytes=hint_bytes)
         self._signer: Signer | None = None
         self._signer_lock = threading.Lock()
 
     @property
     def table(self) -> Any:
-        return self._tables.table(STATE_TABLE)
+        """The state table (with several accounts: routed by each call's partition)."""
+        return self._routed if self._routed is not None else self._tables.table(STATE_TABLE)
 
     def signer(self) -> Signer:
         """The deployment's token signer (its key is read once per process)."""
@@ -294,11 +309,27 @@ class StateStore:
     def query_page(
         self, query: str, parameters: dict[str, Any], *, page_size: int, continuation: dict[str, str] | None
     ) -> tuple[list[dict[str, Any]], dict[str, str] | None]:
-        pager = self.table.query_entities(query, parameters=parameters, results_per_page=page_size).by_page(
-            continuation_token=continuation
+        if self._routed is None or "pk" in parameters:
+            entities = self.table.query_entities(query, parameters=parameters, results_per_page=page_size)
+            pager = entities.by_page(continuation_token=continuation)
+            page = [dict(e) for e in next(pager, [])]
+            return page, pager.continuation_token
+        # Across partitions over several accounts: account after account; the token names the account.
+        state = dict(continuation or {})
+        account = int(state.pop("Account", "0"))
+        if account >= len(self._routed.clients()):
+            return [], None  # issued before an account was removed from the settings: nothing more
+        table = self._routed.clients()[account]
+        pager = table.query_entities(query, parameters=parameters, results_per_page=page_size).by_page(
+            continuation_token=state or None
         )
         page = [dict(e) for e in next(pager, [])]
-        return page, pager.continuation_token
+        token = pager.continuation_token
+        if token:
+            return page, {**token, "Account": str(account)}
+        if account + 1 < len(self._routed.clients()):
+            return page, {"Account": str(account + 1)}
+        return page, None
 
     # -- lock ----------------------------------------------------------------------------------------
     def lock(
