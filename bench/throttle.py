@@ -34,6 +34,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -151,6 +152,20 @@ class Refusal:
         return self.status, reason, headers, body
 
 
+class VirtualClock:
+    """A clock that advances ``step`` seconds per reading: budgets counted in requests, not wall time, so
+    a test throttles the same way on a fast or a loaded machine (and a refused request still lets time
+    pass, so a retrying caller is eventually admitted)."""
+
+    def __init__(self, step: float) -> None:
+        self.step = step
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now += self.step
+        return self.now
+
+
 @dataclass
 class Budget:
     """Per-partition and per-account entity budgets (entities per second), with what they admitted."""
@@ -158,6 +173,7 @@ class Budget:
     partition_per_s: float = AZURE_PARTITION_ENTITIES_PER_S / SCALE
     account_per_s: float = AZURE_ACCOUNT_ENTITIES_PER_S / SCALE
     timeout_every: int = 10  # every n-th refusal is a 500 OperationTimedOut (0: never)
+    clock: Callable[[], float] = time.monotonic  # seconds; tests freeze it so budgets do not depend on speed
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _partitions: dict[tuple[str, str, str], _Bucket] = field(default_factory=dict)
     _accounts: dict[str, _Bucket] = field(default_factory=dict)
@@ -183,8 +199,8 @@ class Budget:
 
     def admit(self, charge: Charge) -> Refusal | None:
         """Take the charge from both budgets, or refuse it (nothing taken)."""
-        now = time.monotonic()
         with self._lock:
+            now = self.clock()  # under the lock: a test's virtual clock may count calls
             self.requests += 1
             account = self._bucket(self._accounts, charge.account, self.account_per_s, now)
             needed = 1.0 if charge.read else float(charge.entities)
@@ -221,9 +237,9 @@ class Budget:
             rows = json.loads(body).get("value", [])
         except (ValueError, AttributeError):
             return
-        now = time.monotonic()
         per: Counter[str] = Counter(str(r.get("PartitionKey", "")) for r in rows if isinstance(r, dict))
         with self._lock:
+            now = self.clock()
             account_bucket = self._bucket(self._accounts, account, self.account_per_s, now)
             account_bucket.tokens -= max(1, len(rows))
             for pk, n in per.items():
