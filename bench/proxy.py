@@ -26,6 +26,17 @@ from bench.throttle import Budget, charge_of
 _HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "content-length"}
 
 
+class _QuietServer(ThreadingHTTPServer):
+    """A client closing its kept-alive connection (a bench section closing its clients) is not an error."""
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        import sys
+
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)
+
+
 def _table_of(target: str) -> str:
     """The table a collection request names (``/{account}/{table}()``)."""
     parts = unquote(urlsplit(target).path).split("/")
@@ -177,7 +188,7 @@ class CountingProxy:
             def log_message(self, format: str, *args: Any) -> None:
                 return
 
-        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        server = _QuietServer(("127.0.0.1", 0), Handler)
         server.daemon_threads = True
         self._server = server
         self._thread = threading.Thread(target=server.serve_forever, name="counting-proxy", daemon=True)
