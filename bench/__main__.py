@@ -11,6 +11,7 @@ import argparse
 import logging
 import os
 import platform
+import signal
 import sys
 import time
 import traceback
@@ -19,7 +20,18 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench import agents, catchup, coldstart, contention, keeper, latency, machine, resolver, roundtrips
+from bench import (
+    agents,
+    catchup,
+    coldstart,
+    contention,
+    keeper,
+    latency,
+    machine,
+    resolver,
+    roundtrips,
+    scaleout,
+)
 from bench.harness import (
     DEFAULT_OUT,
     Environment,
@@ -43,6 +55,7 @@ SECTIONS: dict[str, Callable[[Environment], list[Figure]]] = {
     "coldstart": coldstart.run,
     "keeper": keeper.run,
     "agents": agents.run,
+    "scaleout": scaleout.run,
 }
 
 
@@ -95,6 +108,10 @@ def run(
     return results
 
 
+def _terminated(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("--smoke", action="store_true", help="tiny sizes (seconds), to keep it working in CI")
@@ -102,6 +119,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--only", nargs="*", choices=list(SECTIONS), default=[], help="run these sections")
     parser.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     args = parser.parse_args(argv)
+    # A bench stopped with SIGTERM (a CI timeout, `kill`) unwinds like Ctrl-C, so its Azurite is stopped.
+    signal.signal(signal.SIGTERM, _terminated)
     # Connection-pool and Settle warnings under 32 racing threads are expected; keep the table readable.
     logging.basicConfig(level=logging.ERROR)
     command = "python -m bench" + (" --smoke" if args.smoke else "")

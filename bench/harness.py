@@ -63,7 +63,8 @@ class Sizes:
             latency_reps=40,
             contention_ks=(2, 8, 32),
             contention_repeats=10,
-            catchup_sizes=(10_000, 100_000),
+            # 100k took 452 s to load on a busy machine, 25k 197 s: make bench must stay under 10 min
+            catchup_sizes=(2_000, 10_000),
             catchup_fallback_sizes=(1_000, 5_000),
             catchup_expired=100,
             catchup_runs=7,

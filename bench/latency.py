@@ -168,6 +168,10 @@ def run(env: Environment) -> list[Figure]:
         # Ratio per round (both sides from the same round), then the median of the ratios.
         ratios = [s / b for s, b in zip(per_round[name], per_round[f"raw {baseline}"], strict=True)]
         value = median(ratios)
+        # The spread of the rounds, so a verdict that a rerun could flip is visible as such.
+        spread = f"per-round ratios {min(ratios):.2f}-{max(ratios):.2f} over {len(ratios)} rounds"
+        if min(ratios) <= TARGET < max(ratios) and (name, baseline) not in informative:
+            spread += f"; rounds on both sides of {TARGET}: the verdict may flip between runs"
         figures.append(
             Figure(
                 section=SECTION,
@@ -178,6 +182,7 @@ def run(env: Environment) -> list[Figure]:
                 target="(context)" if (name, baseline) in informative else target,
                 verdict="info" if (name, baseline) in informative else verdict_at_most(value, TARGET),
                 unit="s",
+                note=spread,
             )
         )
     if not measured:

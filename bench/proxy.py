@@ -18,10 +18,29 @@ import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
+
+from bench.throttle import Budget, charge_of
 
 # Hop-by-hop headers (RFC 9110 §7.6.1) and the length, which the proxy sets itself.
 _HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "content-length"}
+
+
+class _QuietServer(ThreadingHTTPServer):
+    """A client closing its kept-alive connection (a bench section closing its clients) is not an error."""
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        import sys
+
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)
+
+
+def _table_of(target: str) -> str:
+    """The table a collection request names (``/{account}/{table}()``)."""
+    parts = unquote(urlsplit(target).path).split("/")
+    return parts[2].split("(")[0] if len(parts) > 2 else ""
 
 
 @dataclass(frozen=True)
@@ -36,8 +55,10 @@ class Seen:
 class CountingProxy:
     """Forwards to ``upstream`` (``http://host:port``) and records every request."""
 
-    def __init__(self, upstream: str) -> None:
+    def __init__(self, upstream: str, *, budget: Budget | None = None) -> None:
         parts = urlsplit(upstream)
+        # Optional storage budget (bench/throttle.py): beyond it a request is answered as Azure throttles.
+        self.budget = budget
         self.upstream_host = parts.hostname or "127.0.0.1"
         self.upstream_port = parts.port or 80
         self._lock = threading.Lock()
@@ -115,7 +136,16 @@ class CountingProxy:
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP}
                 proxy._begin(self.command, urlsplit(self.path).path)
                 try:
-                    status, reason, reply_headers, reply = self._exchange(body, headers)
+                    budget = proxy.budget
+                    charge = charge_of(self.command, self.path, body) if budget is not None else None
+                    refusal = budget.admit(charge) if budget is not None and charge is not None else None
+                    if refusal is not None:
+                        status, reason, reply_headers, reply = refusal.reply()
+                    else:
+                        status, reason, reply_headers, reply = self._exchange(body, headers)
+                        if budget is not None and charge is not None and charge.read and status == 200:
+                            table = next(iter(charge.partitions), ("", ""))[0] or _table_of(self.path)
+                            budget.charge_rows(charge.account, table, reply)
                 finally:
                     proxy._end()
                 self.send_response_only(status, reason)
@@ -158,7 +188,7 @@ class CountingProxy:
             def log_message(self, format: str, *args: Any) -> None:
                 return
 
-        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        server = _QuietServer(("127.0.0.1", 0), Handler)
         server.daemon_threads = True
         self._server = server
         self._thread = threading.Thread(target=server.serve_forever, name="counting-proxy", daemon=True)

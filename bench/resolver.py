@@ -4,7 +4,10 @@ NimBus messages (each event: EventRequest, PendingHandoffResponse, HandoffComple
 ResolutionResponse) are projected one after another through the ``resolver`` function. While Settle
 projects a message, every Table call it makes (``get_entity``, ``submit_transaction``,
 ``create_entity``, ...) is recorded with its arguments and outcome. The **floor** replays exactly those
-calls, in the same order, through a Table client of the same service client Settle uses, on replica
+calls **that the documented minimum allows** (docs/tables.md: one point read of the event row and one
+transaction; any other call Settle makes, such as an extra read, is left out of the floor, so it shows
+as a slower Settle instead of moving both sides), in the same order, through a Table client of the same
+service client Settle uses, on replica
 tables that went through the same calls before (so every read finds the same rows, every conditional
 write the same versions: the ETags a call used are mapped to the replica's). It is the storage work of
 the projection with none of Settle's own (parsing, models, the status map, building the operations), so
@@ -208,12 +211,23 @@ class Replica:
                 self.etags[original] = replayed
 
 
+DOCUMENTED_REQUESTS = 2  # a projection: one point read of the event row, one transaction (docs/tables.md)
+
+
+def documented_minimum(calls: list[Call]) -> list[Call]:
+    """The calls a projection needs by the documented design: the first point read and the transactions
+    (one; an ETag race would add read + transaction pairs, which the bench's sequential messages never
+    meet). Everything else Settle did is its own cost, never the floor's."""
+    first_read = next((c for c in calls if c.method == "get_entity"), None)
+    return [c for c in calls if c is first_read or c.method == "submit_transaction"]
+
+
 class _ResolverFailed(Exception):
     """The resolver (the code under test) raised; reported as a finding, not a benchmark crash."""
 
 
 def run(env: Environment) -> list[Figure]:
-    name = "messages/s / floor (the same Table calls, replayed)/s"
+    name = "messages/s / floor (the documented minimum of Table calls, replayed)/s"
     target = f">= {TARGET}x"
     if not env.app.has("resolver"):
         return [missing(SECTION, name, target, "resolver not registered", unit="msg/s")]
@@ -241,9 +255,10 @@ def run(env: Environment) -> list[Figure]:
         recorded.append(list(calls))
 
     def floor(i: int) -> None:
-        replica.prepare(recorded[i])
+        allowed = documented_minimum(recorded[i])
+        replica.prepare(allowed)
         start = time.perf_counter()
-        replica.replay(recorded[i])
+        replica.replay(allowed)
         floor_s[i] = time.perf_counter() - start
 
     def upsert(i: int) -> None:
@@ -302,6 +317,17 @@ def run(env: Environment) -> list[Figure]:
         "prefix": prefix,
     }
     return [
+        Figure(
+            section=SECTION,
+            name="Table requests per message / documented minimum",
+            settle=round(calls_per_message, 3),
+            baseline=DOCUMENTED_REQUESTS,
+            ratio=round(calls_per_message / DOCUMENTED_REQUESTS, 3),
+            target=f"<= {DOCUMENTED_REQUESTS} (+ one insert per endpoint and process)",
+            verdict="met" if calls_per_message <= DOCUMENTED_REQUESTS + 0.01 else "missed",
+            unit="requests",
+            note="the documented minimum of a projection, independent of Settle's calls",
+        ),
         Figure(
             section=SECTION,
             name=name,

@@ -46,5 +46,13 @@ class RoundTrips(SansIOHTTPPolicy[Any, Any]):
         finally:
             self._local.tallies.remove(tally)
 
+    def open_tallies(self) -> list[Tally]:
+        """The measures open on this thread (hand them to a worker thread with :meth:`adopt`)."""
+        return list(getattr(self._local, "tallies", ()))
+
+    def adopt(self, tallies: list[Tally]) -> None:
+        """Count this thread's requests in ``tallies`` too (work an operation fans out to threads)."""
+        self._local.tallies = list(tallies)
+
 
 ROUND_TRIPS = RoundTrips()

@@ -12,6 +12,12 @@ delete the minute's markers in that partition, read its rows again (a transactio
 before the markers went is handled now), then delete the level-1 row ``If-Match`` the ETag read at the
 start. If a lock path touched it meanwhile, the delete fails and the next run looks again (ADR-0011).
 
+Scale-out: a run works on up to ``STATE_CATCHUP_PARALLELISM`` (default 8) level-1 pointers at once, one
+thread per (minute, partition) pair taken in order from level 1, so a backlog spread over a node's shards
+(``SETTLE_STATE_SHARDS``) is caught up in parallel while each partition still sees one sequential stream
+of catch-up writes (a few hundred entities/s at most, well inside a partition's budget). Every write is
+ETag-conditional or insert-only, so workers (and instances) that meet the same record race safely.
+
 Work per run is bounded by ``max_rows`` (index rows handled plus partitions visited). The timer
 (:meth:`Catchup.drain`) runs again while a run ran out of rows, for up to ``DRAIN_SECONDS``, so a backlog
 larger than one run (a fleet of workers killed at once) is still caught up within one timer period; only
@@ -22,13 +28,17 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from common import telemetry
 from common.clock import epoch_ms, iso, to_ms
+from common.roundtrips import ROUND_TRIPS
 from state.expiry import ExpiryIndex, Pointer
 from state.keys import BUCKET_MS, LOCK_KIND, RETENTION_KIND, bucket_range, due_range, is_marker
 from state.model import Status
@@ -41,6 +51,8 @@ CLOSE_MARGIN_MS = 5_000
 # How long one timer invocation keeps starting bounded runs while they run out of rows (the default schedule
 # is every minute; timer functions run on one instance at a time, so a longer drain only delays the next).
 DRAIN_SECONDS = 50.0
+PARALLELISM_SETTING = "STATE_CATCHUP_PARALLELISM"
+DEFAULT_PARALLELISM = 8
 _COLUMN_OF_KIND = {kind: column for column, kind in INDEX_COLUMNS.items()}
 
 
@@ -63,22 +75,47 @@ class CatchupResult:
         """Did the run change the index (so that another run would start further on)?"""
         return bool(self.locks_failed or self.records_expired or self.stale_index_rows or self.minutes_closed)
 
+    def add(self, other: CatchupResult) -> None:
+        for name in (
+            "index_rows_read",
+            "records_read",
+            "locks_failed",
+            "records_expired",
+            "stale_index_rows",
+            "minutes_visited",
+            "minutes_closed",
+        ):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
 
 class _Budget:
     def __init__(self, rows: int) -> None:
         self.left = rows
+        self._lock = threading.Lock()
 
     def take(self) -> bool:
-        if self.left <= 0:
-            return False
-        self.left -= 1
-        return True
+        with self._lock:
+            if self.left <= 0:
+                return False
+            self.left -= 1
+            return True
+
+
+def parallelism_from_env() -> int:
+    value = os.environ.get(PARALLELISM_SETTING) or str(DEFAULT_PARALLELISM)
+    try:
+        return max(1, min(64, int(value)))
+    except ValueError as exc:
+        raise ValueError(f"{PARALLELISM_SETTING} must be a whole number (1-64); got {value!r}") from exc
 
 
 class Catchup:
-    def __init__(self, store: StateStore, index: ExpiryIndex | None = None) -> None:
+    def __init__(
+        self, store: StateStore, index: ExpiryIndex | None = None, *, parallelism: int | None = None
+    ) -> None:
         self._store = store
         self._index = index or store.index
+        self.parallelism = parallelism if parallelism is not None else parallelism_from_env()
 
     def drain(self, *, now: datetime | None = None, max_rows: int | None = None) -> list[CatchupResult]:
         """What the timer does: bounded runs, again while one ran out of rows having changed something
@@ -99,13 +136,7 @@ class Catchup:
             # earliest the storage clock may read (issue 23).
             when = to_ms(now) if now is not None else self._store.earliest()
             budget = _Budget(max_rows)
-            for kind in (LOCK_KIND, RETENTION_KIND):
-                for pointer in self._index.pointers(kind, when):
-                    result.index_rows_read += 1
-                    if not budget.take():
-                        break
-                    result.minutes_visited += 1
-                    self._visit(pointer, when, result, budget)
+            self._visit_all(when, result, budget)
             result.exhausted = budget.left <= 0
             result.elapsed_ms = (time.perf_counter() - started) * 1000
             span.update(
@@ -118,6 +149,56 @@ class Catchup:
             span.set_outcome("budget-exhausted" if result.exhausted else "done")
             log.info("state catch-up: %s", result)
             return result
+
+    def _visit_all(self, when: datetime, result: CatchupResult, budget: _Budget) -> None:
+        """Visit the level-1 pointers in order, up to ``parallelism`` of them at once."""
+
+        def listed() -> Iterator[Pointer]:
+            for kind in (LOCK_KIND, RETENTION_KIND):
+                yield from self._index.pointers(kind, when)
+
+        pointers = listed()
+        lock = threading.Lock()
+        stopped = False
+        tallies = ROUND_TRIPS.open_tallies()
+        errors: list[BaseException] = []
+
+        def worker(own: CatchupResult) -> None:
+            nonlocal stopped
+            ROUND_TRIPS.adopt(tallies)  # the caller's round-trip measure counts the workers' requests
+            while True:
+                with lock:
+                    if stopped or errors:
+                        return
+                    pointer = next(pointers, None)
+                    if pointer is None:
+                        stopped = True
+                        return
+                    own.index_rows_read += 1
+                    if not budget.take():
+                        stopped = True
+                        return
+                own.minutes_visited += 1
+                try:
+                    self._visit(pointer, when, own, budget)
+                except BaseException as exc:
+                    with lock:
+                        errors.append(exc)
+                    return
+
+        own = [CatchupResult() for _ in range(self.parallelism)]
+        if self.parallelism == 1:
+            worker(own[0])
+        else:
+            threads = [threading.Thread(target=worker, args=(r,), daemon=True) for r in own]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        for r in own:
+            result.add(r)
+        if errors:
+            raise errors[0]
 
     def _visit(self, pointer: Pointer, now: datetime, result: CatchupResult, budget: _Budget) -> None:
         """Handle one partition's due rows of one minute; close the minute when it is over and done."""

@@ -29,7 +29,7 @@ import contextlib
 import threading
 import uuid
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -67,8 +67,10 @@ class Pointer:
 class ExpiryIndex:
     """Prepares markers for the lock path and reads level 1 for catch-up."""
 
-    def __init__(self, tables: Tables) -> None:
+    def __init__(self, tables: Tables, *, state_table: Callable[[], Any] | None = None) -> None:
         self._tables = tables
+        # Where a partition's markers go (the state table; with several accounts, routed by partition).
+        self._state_table = state_table or (lambda: tables.table(STATE_TABLE))
         self._guard = threading.Lock()
         self._prepared: OrderedDict[tuple[str, str, int], str] = OrderedDict()
         self._preparing: dict[tuple[str, str, int], threading.Lock] = {}
@@ -118,7 +120,7 @@ class ExpiryIndex:
         nonce = uuid.uuid4().hex
         marker = {"PartitionKey": partition, "RowKey": marker_row_key(kind, bucket, nonce)}
         with contextlib.suppress(ResourceExistsError):  # our own insert, applied but its answer lost
-            self._tables.table(STATE_TABLE).create_entity(marker)
+            self._state_table().create_entity(marker)
         level1 = self._tables.table(EXPIRY_TABLE)
         row = level1_entity(kind, bucket, partition)
         for _ in range(_TOUCH_ATTEMPTS):

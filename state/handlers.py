@@ -21,6 +21,7 @@ from state.keys import (
     INDEX_MARK,
     escape,
     item_entity_range,
+    node_partition_range,
     parse_row_key,
     partition_key,
     tenant_prefix,
@@ -51,7 +52,7 @@ from state.store import PreviousAttempt as Attempt
 from state.token import key_digest
 
 PAGE_PURPOSE = "page"
-_PAGE_KEYS = frozenset({"PartitionKey", "RowKey"})
+_PAGE_KEYS = frozenset({"PartitionKey", "RowKey", "Account"})  # Account: state over several accounts
 
 
 class StateHandler(Protocol):
@@ -347,9 +348,14 @@ class BuiltInHandler:
         now = self._store.now()  # one instant for the filter and the labels, so they agree
         filters = ["Status ne 5", "TenantId eq @tenant", "( RowKey lt @index or RowKey ge @indexend )"]
         params: dict[str, Any] = {"tenant": req.tenant_id, "index": INDEX_MARK, "indexend": INDEX_END}
-        if req.scope_id is not None and req.entity_id is not None:
+        if req.scope_id is not None and req.entity_id is not None and self._store.layout.single:
             filters.insert(0, "PartitionKey eq @pk")
             params["pk"] = partition_key(req.tenant_id, req.scope_id, req.entity_id)
+        elif req.scope_id is not None and req.entity_id is not None:
+            # Sharded: one range read over the node's partitions (every layout), shard after shard.
+            filters.insert(0, "PartitionKey ge @low and PartitionKey lt @high")
+            low, high = node_partition_range(req.tenant_id, req.scope_id, req.entity_id)
+            params.update(low=low, high=high)
         else:
             prefix = tenant_prefix(req.tenant_id, req.scope_id)
             filters.insert(0, "PartitionKey ge @low and PartitionKey lt @high")

@@ -18,6 +18,17 @@
     ``~`` is escaped inside item paths, so no record row starts with it; record reads that span a
     partition exclude the range [``~``, ``~~``).
 
+Sharded partitions (``SETTLE_STATE_SHARDS``, default 1)
+    With ``S`` > 1 shards a node definition's records spread over ``S`` partitions
+    ``{tenantId}|{scopeId}|{entityId}.{S:03d}-{shard:03d}``; the shard is derived from the record's item
+    path (:func:`shard_of`), so every row of one record (head, history, index rows) stays in one
+    partition and one entity group transaction. ``S`` is part of the PartitionKey: a record keeps the
+    partition it was created in, and a deployment that changes ``S`` lists its earlier values in
+    ``SETTLE_STATE_SHARDS_PREVIOUS`` so that records of the earlier layouts are still found (a head
+    read that misses probes them, a lock on a key new to the instance reads before inserting). ``S`` = 1
+    is the unsharded key. Every layout of one node sorts inside [``{t}|{s}|{e}``, ``{t}|{s}|{e}/``)
+    (``.`` and ``/`` sort below the digits), so a query of a node is one PartitionKey range read.
+
 ``statelocks`` table (level 1 of the expiry index)
     PartitionKey ``{kind}{minute:010d}``, RowKey = the state PartitionKey: which partitions hold index rows
     of that minute. Catch-up range-reads the minutes that have begun, so its cost follows expired locks
@@ -28,6 +39,10 @@ and every key round-trips); keys are at most 1 KiB.
 """
 
 from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
 
 from common.errors import KeyTooLong
 from common.keys import MAX_KEY_BYTES as MAX_KEY_BYTES
@@ -58,6 +73,110 @@ MARKER_MARK = "m"
 
 def partition_key(tenant_id: int, scope: Scope | int, entity_id: int) -> str:
     return f"{tenant_id}{SEPARATOR}{int(scope)}{SEPARATOR}{entity_id}"
+
+
+SHARD_MARK = "."
+SHARD_END = chr(ord(SHARD_MARK) + 1)  # "/": the exclusive upper bound of a node's partitions
+MAX_SHARDS = 999
+ACCOUNT_MARK = "-a"
+SHARDS_SETTING = "SETTLE_STATE_SHARDS"
+PREVIOUS_SHARDS_SETTING = "SETTLE_STATE_SHARDS_PREVIOUS"
+
+
+def shard_of(path: str, shards: int) -> int:
+    """The shard of a record (its item path): stable across processes and versions (SHA-256)."""
+    if shards <= 1:
+        return 0
+    digest = hashlib.sha256(path.encode("utf-8", "surrogatepass")).digest()
+    return int.from_bytes(digest[:8], "big") % shards
+
+
+def sharded_partition_key(
+    tenant_id: int, scope: Scope | int, entity_id: int, shards: int, shard: int, accounts: int = 1
+) -> str:
+    """The partition of shard ``shard`` of ``shards``; with several accounts it names its account
+    (``-a{shard mod accounts}``), so the shard -> account map is fixed and read from the key itself."""
+    base = partition_key(tenant_id, scope, entity_id)
+    if shards <= 1:
+        return base
+    account = f"{ACCOUNT_MARK}{shard % accounts}" if accounts > 1 else ""
+    return f"{base}{SHARD_MARK}{shards:03d}-{shard:03d}{account}"
+
+
+def account_of(partition: str) -> int:
+    """The storage account (0, 1, ...) a state partition lives in: named by its key, else 0."""
+    tail = partition.rsplit(SHARD_MARK, 1)[-1] if SHARD_MARK in partition else ""
+    if ACCOUNT_MARK in tail:
+        return int(tail.rsplit(ACCOUNT_MARK, 1)[1])
+    return 0
+
+
+def node_partition_range(tenant_id: int, scope: Scope | int, entity_id: int) -> tuple[str, str]:
+    """PartitionKey bounds [low, high) of every partition of one node definition, in every layout."""
+    base = partition_key(tenant_id, scope, entity_id)
+    return base, base + SHARD_END
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How many partitions a node definition's records spread over (now, and in earlier layouts)."""
+
+    shards: int = 1
+    previous: tuple[int | tuple[int, int], ...] = ()  # S, or (S, accounts) of an earlier layout
+    accounts: int = 1  # storage accounts the state table is spread over (shard mod accounts)
+
+    def __post_init__(self) -> None:
+        for value in (self.shards, *(p if isinstance(p, int) else p[0] for p in self.previous)):
+            if not 1 <= value <= MAX_SHARDS:
+                raise ValueError(f"{SHARDS_SETTING} must be between 1 and {MAX_SHARDS}; got {value}")
+        if self.accounts < 1:
+            raise ValueError("a layout needs at least one storage account")
+
+    @property
+    def single(self) -> bool:
+        """One partition per node and no earlier layout: the unsharded key, read with ``eq``."""
+        return self.shards == 1 and not self.previous
+
+    def partition(self, key: RecordKey) -> str:
+        """The partition a record created now goes to."""
+        return self._at(key, self.shards, self.accounts)
+
+    def earlier_partitions(self, key: RecordKey) -> list[str]:
+        """Where a record created under an earlier layout may be (probed when the current one misses)."""
+        now = self.partition(key)
+        seen: list[str] = []
+        for earlier in self.previous:
+            shards, accounts = (earlier, 1) if isinstance(earlier, int) else earlier
+            pk = self._at(key, shards, accounts)
+            if pk != now and pk not in seen:
+                seen.append(pk)
+        return seen
+
+    @staticmethod
+    def _at(key: RecordKey, shards: int, accounts: int) -> str:
+        shard = shard_of(item_path(key), shards)
+        return sharded_partition_key(key.tenant_id, key.scope, key.entity_id, shards, shard, accounts)
+
+    @classmethod
+    def from_env(cls, accounts: int = 1) -> Layout:
+        """``SETTLE_STATE_SHARDS`` (default 1) and ``SETTLE_STATE_SHARDS_PREVIOUS`` (comma-separated; an
+        earlier layout over several accounts is written ``S@N``)."""
+        shards = (os.environ.get(SHARDS_SETTING) or "1").strip()
+        previous = (os.environ.get(PREVIOUS_SHARDS_SETTING) or "").replace(";", ",")
+
+        def earlier(text: str) -> int | tuple[int, int]:
+            count, _, over = text.strip().partition("@")
+            return (int(count), int(over)) if over else int(count)
+
+        try:
+            return cls(
+                int(shards), tuple(earlier(p) for p in previous.split(",") if p.strip()), accounts=accounts
+            )
+        except ValueError as exc:
+            raise ValueError(
+                f"{SHARDS_SETTING} must be a whole number of shards (1-{MAX_SHARDS}) and "
+                f"{PREVIOUS_SHARDS_SETTING} a comma-separated list of earlier ones: {exc}"
+            ) from exc
 
 
 def tenant_prefix(tenant_id: int, scope: Scope | int | None = None) -> str:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import threading
 import uuid
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -41,13 +42,13 @@ from state.keys import (
     LOCK_KIND,
     RETENTION_KIND,
     STATE_TABLE,
+    Layout,
     check_key_size,
     escape,
     head_row_key,
     history_row_key_of,
     index_row_key,
     parse_index_row_key,
-    partition_key,
     record_range,
 )
 from state.model import LockDecision, RecordKey, Status, lock_decision
@@ -247,16 +248,32 @@ def _not_found(exc: Exception) -> bool:
 class StateStore:
     """Records of the built-in handler."""
 
-    def __init__(self, tables: Tables, *, hint_bytes: int = HINT_BYTES) -> None:
+    def __init__(
+        self,
+        tables: Tables,
+        *,
+        hint_bytes: int = HINT_BYTES,
+        layout: Layout | None = None,
+        accounts: Sequence[Tables] | None = None,
+    ) -> None:
+        from state.accounts import RoutedTable, extra_accounts
+
         self._tables = tables
-        self.index = ExpiryIndex(tables)
+        # The state table's accounts: 0 is ``tables``; more from SETTLE_TABLES_{i} (ADR-0015).
+        if accounts is None:
+            accounts = [tables, *(Tables(s) for s in extra_accounts(tables.settings.prefix))]
+        self._routed = RoutedTable(accounts) if len(accounts) > 1 else None
+        # How a node definition's records spread over partitions (state/keys.py; docs/tables.md).
+        self.layout = layout if layout is not None else Layout.from_env(accounts=len(accounts))
+        self.index = ExpiryIndex(tables, state_table=lambda: self.table)
         self._hints = _Hints(max_bytes=hint_bytes)
         self._signer: Signer | None = None
         self._signer_lock = threading.Lock()
 
     @property
     def table(self) -> Any:
-        return self._tables.table(STATE_TABLE)
+        """The state table (with several accounts: routed by each call's partition)."""
+        return self._routed if self._routed is not None else self._tables.table(STATE_TABLE)
 
     def signer(self) -> Signer:
         """The deployment's token signer (its key is read once per process)."""
@@ -287,8 +304,13 @@ class StateStore:
     # -- reads -------------------------------------------------------------------------------------
     def read_head(self, key: RecordKey) -> Head | None:
         check_key_size(key)
-        pk, rk = partition_key(key.tenant_id, key.scope, key.entity_id), head_row_key(key)
+        pk, rk = self.layout.partition(key), head_row_key(key)
         head = self.read_head_at(pk, rk)
+        if head is None:
+            for earlier in self.layout.earlier_partitions(key):  # a record created under an earlier S
+                head = self.read_head_at(earlier, rk)
+                if head is not None:
+                    break
         self._hints.put(pk, rk, head)
         return head
 
@@ -308,21 +330,47 @@ class StateStore:
         """Head first, then superseded versions newest first."""
         check_key_size(key)
         low, high = record_range(key)
+        query = "PartitionKey eq @pk and RowKey ge @low and RowKey lt @high"
+        if continuation is None and self.layout.earlier_partitions(key):
+            for pk in [self.layout.partition(key), *self.layout.earlier_partitions(key)]:
+                rows, token = self.query_page(
+                    query, {"pk": pk, "low": low, "high": high}, page_size=page_size, continuation=None
+                )
+                if rows or token:  # a record lives in one layout: the first that has rows is it
+                    return rows, token
+            return [], None
+        pk = self.layout.partition(key)
+        if self.layout.earlier_partitions(key):  # a later page: continue where the record lives
+            head = self.read_head(key)
+            pk = str(head.entity["PartitionKey"]) if head is not None else pk
         return self.query_page(
-            "PartitionKey eq @pk and RowKey ge @low and RowKey lt @high",
-            {"pk": partition_key(key.tenant_id, key.scope, key.entity_id), "low": low, "high": high},
-            page_size=page_size,
-            continuation=continuation,
+            query, {"pk": pk, "low": low, "high": high}, page_size=page_size, continuation=continuation
         )
 
     def query_page(
         self, query: str, parameters: dict[str, Any], *, page_size: int, continuation: dict[str, str] | None
     ) -> tuple[list[dict[str, Any]], dict[str, str] | None]:
-        pager = self.table.query_entities(query, parameters=parameters, results_per_page=page_size).by_page(
-            continuation_token=continuation
+        if self._routed is None or "pk" in parameters:
+            entities = self.table.query_entities(query, parameters=parameters, results_per_page=page_size)
+            pager = entities.by_page(continuation_token=continuation)
+            page = [dict(e) for e in next(pager, [])]
+            return page, pager.continuation_token
+        # Across partitions over several accounts: account after account; the token names the account.
+        state = dict(continuation or {})
+        account = int(state.pop("Account", "0"))
+        if account >= len(self._routed.clients()):
+            return [], None  # issued before an account was removed from the settings: nothing more
+        table = self._routed.clients()[account]
+        pager = table.query_entities(query, parameters=parameters, results_per_page=page_size).by_page(
+            continuation_token=state or None
         )
         page = [dict(e) for e in next(pager, [])]
-        return page, pager.continuation_token
+        token = pager.continuation_token
+        if token:
+            return page, {**token, "Account": str(account)}
+        if account + 1 < len(self._routed.clients()):
+            return page, {"Account": str(account + 1)}
+        return page, None
 
     # -- lock ----------------------------------------------------------------------------------------
     def lock(
@@ -332,8 +380,10 @@ class StateStore:
         id while that lock holds gets it back (``replayed``) instead of a refusal."""
         check_key_size(key)
         self.signer()  # a lock is only taken when its token can be issued
-        pk, rk = partition_key(key.tenant_id, key.scope, key.entity_id), head_row_key(key)
+        pk, rk = self.layout.partition(key), head_row_key(key)
         known, current = self._hints.get(pk, rk)
+        if not known and self.layout.earlier_partitions(key):
+            current = self.read_head(key)  # the record may live in an earlier layout: never insert a twin
         if known and current is not None:
             judged = self.earliest()
             decision = lock_decision(
@@ -514,7 +564,9 @@ class StateStore:
         current: Head | None = None
         # The holder's own lock is judged by the latest the storage clock may read: valid for sure.
         if claims.locked_until > self.latest():
-            current = Head(entity_of(key, claims), claims.e)
+            # Built in the current layout; a record of an earlier layout fails this write (404) and is
+            # re-read where it lives.
+            current = Head(entity_of(key, claims, self.layout.partition(key)), claims.e)
         for _ in range(_MAX_ATTEMPTS):
             if current is None:
                 head = self.read_head(key)
@@ -609,7 +661,7 @@ class StateStore:
     # -- building rows ---------------------------------------------------------------------------------
     def _base_entity(self, key: RecordKey, ctx: WriteContext, status: Status) -> dict[str, Any]:
         entity: dict[str, Any] = {
-            "PartitionKey": partition_key(key.tenant_id, key.scope, key.entity_id),
+            "PartitionKey": self.layout.partition(key),
             "RowKey": head_row_key(key),
             "TenantId": key.tenant_id,
             "ScopeId": int(key.scope),
@@ -649,7 +701,7 @@ class StateStore:
     def _next_head(
         self, key: RecordKey, ctx: WriteContext, current: Head, status: Status, now: datetime
     ) -> dict[str, Any]:
-        return self._new_head(
+        new = self._new_head(
             key,
             ctx,
             status,
@@ -657,6 +709,8 @@ class StateStore:
             version=current.version + 1,
             created_at=current.entity.get("CreatedAt", now),
         )
+        new["PartitionKey"] = current.entity["PartitionKey"]  # a record stays in the partition it has
+        return new
 
     def conclude(
         self, current: Head, status: Status, *, substatus: str, error: str | None, now: datetime
@@ -829,10 +883,10 @@ def claims_of(key: RecordKey, head: Head) -> LockClaims:
     )
 
 
-def entity_of(key: RecordKey, claims: LockClaims) -> dict[str, Any]:
+def entity_of(key: RecordKey, claims: LockClaims, partition: str) -> dict[str, Any]:
     """The Processing head a token was issued for, column for column (its history row copies it)."""
     entity: dict[str, Any] = {
-        "PartitionKey": partition_key(key.tenant_id, key.scope, key.entity_id),
+        "PartitionKey": partition,
         "RowKey": head_row_key(key),
         "TenantId": key.tenant_id,
         "ScopeId": int(key.scope),

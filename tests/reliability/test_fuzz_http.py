@@ -17,7 +17,7 @@ the bar at the coin flip between the two halves).
 from __future__ import annotations
 
 import json
-from datetime import UTC
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -166,7 +166,11 @@ def conforming(
         )
     if kind == "string":
         if schema.get("format") == "date-time":
-            return st.datetimes(timezones=st.just(UTC)).map(lambda d: d.isoformat().replace("+00:00", "Z"))
+            # Valid means what the API accepts: Table Storage holds instants from 1601-01-01 on (an earlier
+            # one is refused with a 400 naming the field, and was ~45 % of the valid-shaped queries).
+            return st.datetimes(min_value=datetime(1601, 1, 2), timezones=st.just(UTC)).map(
+                lambda d: d.isoformat().replace("+00:00", "Z")
+            )
         low = schema.get("minLength", 0)
         high = min(schema.get("maxLength", 20), max(low, 20))
         return st.one_of(
@@ -235,6 +239,7 @@ QUERY_STATUSES = ["Processed", "Processing", "Failed", "Skipped", "Expired", 1, 
 # Lock tokens Settle issued during this run, with the key each was issued for (fenced writes need both).
 ISSUED: list[tuple[dict[str, Any], str]] = []
 FENCED = {"state_set", "state_upsert", "state_release", "state_lock_extend"}
+REACH_PERCENT = 95
 STATE_OPERATIONS = {
     "state_exists",
     "state_lock",
@@ -387,12 +392,17 @@ def test_no_generated_body_or_parameter_gets_a_5xx_and_most_reach_storage(faulty
 
     # When every function is called with generated input
     fuzz()
-    # Then (checked per call) never a 5xx, and at least half the cases of each state operation reached storage
+    # Then (checked per call) never a 5xx, and, judged route by route, at least 95 % of the valid-shaped
+    # cases of each state operation reached storage (valid input wrongly refused is a defect too)
     for (area, op), (reached, total) in sorted(TALLY.reach.items()):
         if area != AREA or op not in STATE_OPERATIONS:
             continue
         hit, tried = reached - before.get(op, [0, 0])[0], total - before.get(op, [0, 0])[1]
-        TALLY.check(AREA, tried > 0 and 2 * hit >= tried, f"{op}: {hit} of {tried} cases reached storage")
+        TALLY.check(
+            AREA,
+            tried > 0 and 100 * hit >= REACH_PERCENT * tried,
+            f"{op}: {hit} of {tried} cases reached storage",
+        )
 
 
 # --- issue 23: the wire shapes a reviewer found, generated -----------------------------------------------

@@ -1,0 +1,329 @@
+"""Scale-out: one hot node definition under a storage budget, for S = 1 (unsharded), 4 and 16 shards.
+
+Everything here goes through :class:`bench.throttle.Budget` (Azure's per-partition and per-account
+targets divided by ``bench.throttle.SCALE``), so a figure says how far the layout gets against the budget,
+not how fast Azurite is. Figures:
+
+* sustained lock + set items/s on one node, as a multiple of one partition's budget (entities written per
+  second / the partition budget), with p99 latency of an item and the share of requests refused (503 /
+  500); target ≥ 0.8 x S, capped by the account budget (the note names the bound);
+* entity writes per operation beside the floor the design needs, from the documented minimum (not from
+  Settle's own calls): a lock on a new key = its head + its crash-proof index row (2); a fenced set = the
+  new head + the superseded version's history row + the lock's index row deleted (3);
+* catch-up: a backlog of 5 s of the S = 16 rate (locks left to expire) cleared, read from storage (every
+  head Failed, no lock index row left), in timer periods (a period = one ``Catchup.drain``, what the timer
+  runs; the production schedule is once a minute).
+
+The workload threads act as well-behaved callers: a refused request (503 / 500) is retried after a short
+random back-off, as the client library does with ``Retry-After``.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from bench.harness import Environment, Figure, log
+from bench.proxy import CountingProxy
+from bench.throttle import SCALE, Budget
+from common.settings import TableSettings
+from common.tables import Tables
+from state.keys import STATE_TABLE, Layout, node_partition_range
+from state.model import RecordKey, Scope, Status
+from state.store import StateStore, WriteContext
+
+SECTION = "scaleout"
+SHARD_COUNTS = (1, 4, 16)
+FLOOR_LOCK = 2  # head + lock index row (ADR-0011: a live lock always has its row)
+FLOOR_SET = 3  # new head + history row of the replaced version + the lock's index row deleted
+TENANT, SCOPE, ENTITY = 7, Scope(4), 4242
+TIMER_PERIOD_S = 60.0  # STATE_CATCHUP_SCHEDULE's default (local.settings.json.example, infra)
+
+
+@dataclass
+class _Run:
+    items: int = 0
+    latencies: list[float] = field(default_factory=list)
+    refused: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def _throttled_store(env: Environment, budget: Budget, shards: int, prefix: str, *, sdk_retries: bool) -> Any:
+    proxy = CountingProxy(env.table_endpoint(), budget=budget).start()
+    settings = TableSettings(
+        connection_string=proxy.connection_string(env.connection),
+        service_uri=None,
+        client_id=None,
+        prefix=prefix,
+    )
+    options: dict[str, Any] = {} if sdk_retries else {"retry_total": 0}
+    tables = Tables(settings, client_options=options)
+    return proxy, tables, StateStore(tables, layout=Layout(shards))
+
+
+def _key() -> RecordKey:
+    return RecordKey(TENANT, SCOPE, ENTITY, "invoice", uuid.uuid4().hex)
+
+
+def _throttled(exc: Exception) -> bool:
+    from azure.core.exceptions import HttpResponseError
+
+    return isinstance(exc, HttpResponseError) and exc.status_code in (500, 503)
+
+
+def _patiently(run: _Run, call: Any) -> Any:
+    """Call until storage admits it (a refused request changed nothing: the throttle never forwarded it)."""
+    for attempt in range(200):
+        try:
+            return call()
+        except Exception as exc:
+            if not _throttled(exc):
+                raise
+            with run.lock:
+                run.refused += 1
+            time.sleep(random.uniform(0.02, 0.05) * min(4, attempt + 1))
+    raise RuntimeError("storage refused 200 times in a row")
+
+
+def _sustain(store: StateStore, threads: int, seconds: float) -> _Run:
+    run = _Run()
+    ctx = WriteContext()
+    end = time.monotonic() + seconds
+
+    def worker() -> None:
+        while time.monotonic() < end:
+            key = _key()
+            started = time.perf_counter()
+            token = _patiently(run, lambda key=key: store.lock(key, ctx, 120).token)
+            _patiently(
+                run,
+                lambda key=key, token=token: store.record(
+                    key,
+                    ctx,
+                    status=Status.PROCESSED,
+                    envelope_props=None,
+                    substatus=None,
+                    error=None,
+                    token_text=token,
+                    digest="bench",
+                ),
+            )
+            with run.lock:
+                run.items += 1
+                run.latencies.append(time.perf_counter() - started)
+
+    pool = [threading.Thread(target=worker, daemon=True) for _ in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    return run
+
+
+def _p99(values: list[float]) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
+
+
+def _writes_per_op(env: Environment) -> list[Figure]:
+    """Entities written by a lock on a new key and a fenced set, beside their floors (no throttling)."""
+    budget = Budget(partition_per_s=1e9, account_per_s=1e9, timeout_every=0)
+    proxy, tables, store = _throttled_store(env, budget, 1, "w" + uuid.uuid4().hex[:10], sdk_retries=True)
+    try:
+        ctx = WriteContext()
+        warm = _key()
+        store.record(
+            warm,
+            ctx,
+            status=Status.PROCESSED,
+            envelope_props=None,
+            substatus=None,
+            error=None,
+            token_text=store.lock(warm, ctx, 120).token,
+        )  # tables, signing key, this minute's marker and level-1 row: paid once per instance
+        keys = [_key() for _ in range(20)]
+        before = budget.writes()
+        tokens = [store.lock(k, ctx, 120).token for k in keys]
+        per_lock = (budget.writes() - before) / len(keys)
+        before = budget.writes()
+        for k, token in zip(keys, tokens, strict=True):
+            store.record(
+                k,
+                ctx,
+                status=Status.PROCESSED,
+                envelope_props=None,
+                substatus=None,
+                error=None,
+                token_text=token,
+            )
+        per_set = (budget.writes() - before) / len(keys)
+    finally:
+        tables.close()
+        proxy.stop()
+    figures = []
+    for name, value, floor, why in (
+        (
+            "entity writes: lock, new key",
+            per_lock,
+            FLOOR_LOCK,
+            "head + index row; the 3rd is the minute marker merge",
+        ),
+        ("entity writes: set with the lock token", per_set, FLOOR_SET, "head + history + index row delete"),
+    ):
+        figures.append(
+            Figure(
+                section=SECTION,
+                name=name,
+                settle=round(value, 2),
+                baseline=floor,
+                ratio=round(value / floor, 2),
+                target="= floor",
+                verdict="met" if value <= floor else "missed",
+                unit="entities",
+                note=f"floor from the documented minimum: {why}",
+            )
+        )
+    return figures
+
+
+def _catchup(env: Environment, rate: float, smoke: bool) -> Figure:
+    """A backlog of 5 s of ``rate`` expired locks on 16 shards, cleared under the budget."""
+    from state.catchup import Catchup, parallelism_from_env
+
+    backlog = max(10, round(5 * rate)) if not smoke else 10
+    budget = Budget.scaled()
+    prefix = "c" + uuid.uuid4().hex[:10]
+    proxy, tables, store = _throttled_store(env, budget, 16, prefix, sdk_retries=False)
+    run = _Run()
+    try:
+        ctx = WriteContext()
+        keys = [_key() for _ in range(backlog)]
+        for k in keys:
+            _patiently(run, lambda k=k: store.lock(k, ctx, 1))
+        time.sleep(2.1)  # every lock expired
+        # Catch-up runs as deployed: the SDK's own retries (exponential back-off) on 503 / 500.
+        proxy2, tables2, store2 = _throttled_store(env, budget, 16, prefix, sdk_retries=True)
+        refused_before = budget.refusals()
+        periods, started = 0, time.monotonic()
+        try:
+            while periods < 5:
+                periods += 1
+                Catchup(store2).drain()
+                if _left(env, prefix) == (backlog, 0):
+                    break
+        finally:
+            tables2.close()
+            proxy2.stop()
+        elapsed = time.monotonic() - started
+        failed, left = _left(env, prefix)
+    finally:
+        tables.close()
+        proxy.stop()
+    met = failed == backlog and left == 0 and periods <= 2
+    parallelism = parallelism_from_env()
+    projected = backlog * SCALE * 2 * 0.010 / parallelism
+    return Figure(
+        section=SECTION,
+        name=f"catch-up: backlog of 5 s at the S=16 rate ({backlog} locks) cleared",
+        settle=periods,
+        baseline=2,
+        ratio=None,
+        target="≤ 2 timer periods",
+        verdict="met" if met else "missed",
+        unit="periods",
+        note=(
+            f"read from storage: {failed}/{backlog} heads Failed, {left} lock index rows left; "
+            f"{elapsed:.1f} s; "
+            f"{budget.refusals() - refused_before} requests refused by the budget during catch-up; "
+            f"the simulation scales rates, not latency: at Azure's scale ({backlog * SCALE} locks, "
+            f"2 round trips of ~10 ms each per lock, {parallelism} workers) arithmetic gives "
+            f"{projected:.0f} s = {math.ceil(projected / TIMER_PERIOD_S)} period(s) of {TIMER_PERIOD_S:.0f} s"
+        ),
+    )
+
+
+def _left(env: Environment, prefix: str) -> tuple[int, int]:
+    """(heads Failed, lock index rows left) of the hot node, read straight from Azurite (no throttle)."""
+    from azure.data.tables import TableServiceClient
+
+    table = TableServiceClient.from_connection_string(env.connection).get_table_client(prefix + STATE_TABLE)
+    low, high = node_partition_range(TENANT, SCOPE, ENTITY)
+    failed = left = 0
+    for row in table.query_entities(
+        "PartitionKey ge @low and PartitionKey lt @high", parameters={"low": low, "high": high}
+    ):
+        rk = str(row["RowKey"])
+        if rk.endswith("|c") and int(row["Status"]) == int(Status.FAILED):
+            failed += 1
+        elif rk.startswith("~l") and "StateRK" in row:
+            left += 1
+    return failed, left
+
+
+def run(env: Environment) -> list[Figure]:
+    seconds = 2.0 if env.smoke else 10.0
+    threads = 4 if env.smoke else 12
+    partition_budget = Budget.scaled().partition_per_s
+    account_budget = Budget.scaled().account_per_s
+    figures = _writes_per_op(env)
+    rates: dict[int, float] = {}
+    for shards in SHARD_COUNTS if not env.smoke else (1, 4):
+        budget = Budget.scaled()
+        proxy, tables, store = _throttled_store(
+            env, budget, shards, "s" + uuid.uuid4().hex[:10], sdk_retries=False
+        )
+        try:
+            store.signer()
+            requests_before, writes_before, started = budget.requests, budget.writes(), time.monotonic()
+            result = _sustain(store, threads, seconds)
+            elapsed = time.monotonic() - started
+            requests = budget.requests - requests_before
+            written = budget.writes() - writes_before
+        finally:
+            tables.close()
+            proxy.stop()
+        rates[shards] = result.items / elapsed
+        multiple = written / elapsed / partition_budget
+        ceiling = min(shards * partition_budget, account_budget)
+        bound = (
+            "account budget"
+            if shards * partition_budget > account_budget
+            else f"{shards} partition budget(s)"
+        )
+        target = 0.8 * ceiling / partition_budget
+        refused = result.refused / requests if requests else 0.0
+        if refused < 0.01 and written / elapsed < 0.8 * ceiling:
+            bound = "this machine (storage refused < 1 %)"
+        p99 = _p99(result.latencies)
+        log(
+            f"scaleout S={shards}: {rates[shards]:.1f} items/s, {multiple:.2f}x a partition, "
+            f"refused {refused:.1%}"
+        )
+        figures.append(
+            Figure(
+                section=SECTION,
+                name=f"lock+set on one node, S={shards}" + (" (unsharded baseline)" if shards == 1 else ""),
+                settle=round(multiple, 2),
+                baseline=round(target, 2),
+                ratio=None,
+                target=f"≥ {target:.1f}x one partition's budget",
+                verdict="met" if multiple >= target else "missed",
+                unit="x partition",
+                note=(
+                    f"{rates[shards]:.1f} items/s, {written / max(1, result.items):.1f} entity writes/item; "
+                    f"p99 {1000 * (p99 or 0):.0f} ms; "
+                    f"{refused:.1%} of {requests} requests refused (503/500); "
+                    f"bound: {bound}; budget {partition_budget:.0f}/{account_budget:.0f} entities/s "
+                    f"(Azure's targets / {SCALE})"
+                ),
+            )
+        )
+    figures.append(_catchup(env, max(rates.values()), env.smoke))
+    return figures
