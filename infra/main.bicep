@@ -38,6 +38,19 @@ param tablePrefix string = 'settle'
 @description('NCRONTAB (6 fields, UTC) of the state catch-up timer.')
 param stateCatchupSchedule string = '0 */1 * * * *'
 
+@description('State partitions per node (SETTLE_STATE_SHARDS, ADR-0015): 1 keeps one partition per node (~330 items/s each). Changing it on a live deployment needs the old value in stateShardsPrevious.')
+@minValue(1)
+@maxValue(999)
+param stateShards int = 1
+
+@description('Earlier state layouts still holding records (SETTLE_STATE_SHARDS_PREVIOUS): comma-separated S, or S@N for a layout over N accounts; empty when S never changed.')
+param stateShardsPrevious string = ''
+
+@description('Level-1 pointers one catch-up run works on at once (STATE_CATCHUP_PARALLELISM, 1-64).')
+@minValue(1)
+@maxValue(64)
+param stateCatchupParallelism int = 8
+
 @description('Client id of the Entra ID app registration operators sign in to the console with; it defines the app role Settle.Operator (ADR-0013). Empty: no sign-in, the management API refuses every request.')
 param operatorAppClientId string = ''
 
@@ -254,6 +267,9 @@ module functionApp 'modules/functionapp.bicep' = {
     duplicateDetection: endpointTopicsDetectDuplicates
     applicationInsightsConnectionString: monitoring.outputs.applicationInsightsConnectionString
     stateCatchupSchedule: stateCatchupSchedule
+    stateShards: stateShards
+    stateShardsPrevious: stateShardsPrevious
+    stateCatchupParallelism: stateCatchupParallelism
     handoffSweeperEnabled: handoffSweeperEnabled
     handoffSweeperSchedule: handoffSweeperSchedule
     maximumInstanceCount: maximumInstanceCount

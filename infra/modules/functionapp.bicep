@@ -59,6 +59,19 @@ param applicationInsightsConnectionString string
 @description('NCRONTAB (6 fields, UTC) of the state catch-up timer.')
 param stateCatchupSchedule string
 
+@description('State partitions per node (SETTLE_STATE_SHARDS).')
+@minValue(1)
+@maxValue(999)
+param stateShards int
+
+@description('Earlier state layouts (SETTLE_STATE_SHARDS_PREVIOUS), comma-separated.')
+param stateShardsPrevious string
+
+@description('Level-1 pointers one catch-up run works on at once (STATE_CATCHUP_PARALLELISM).')
+@minValue(1)
+@maxValue(64)
+param stateCatchupParallelism int
+
 @description('Whether the hand-off timeout sweeper runs.')
 param handoffSweeperEnabled bool
 
@@ -122,6 +135,11 @@ var appSettings = {
   // Settlement sends control messages to Service Bus (loopback is a local-development shortcut).
   SETTLE_LOOPBACK: 'false'
   STATE_CATCHUP_SCHEDULE: stateCatchupSchedule
+  // State layout (ADR-0015). Set here, never by hand: appSettings replaces the whole collection on every
+  // deployment, and a shard count dropped by a redeploy would hide every record written under it.
+  SETTLE_STATE_SHARDS: string(stateShards)
+  SETTLE_STATE_SHARDS_PREVIOUS: stateShardsPrevious
+  STATE_CATCHUP_PARALLELISM: string(stateCatchupParallelism)
   HANDOFF_SWEEPER_ENABLED: handoffSweeperEnabled ? 'true' : 'false'
   HANDOFF_SWEEPER_SCHEDULE: handoffSweeperSchedule
   // The management API and the console demand a signed-in principal (App Service authentication) with

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.infra.bicep import Expr, Loop, Resource
+from tests.infra.bicep import BicepFile, Expr, Interp, Loop, Resource
 from tests.infra.report import Finding, Report
 from tests.infra.roles import check_roles
 from tests.infra.trace import Form, Tracer
@@ -85,6 +85,10 @@ def app_settings(site: Resource, unit: Unit) -> dict[str, Any]:
     """The app settings of a site: ``[for s in items(<var>): {name: s.key, value: s.value}]`` or a list."""
     config = site.body.get("properties", {}).get("siteConfig", {}) if isinstance(site.body, dict) else {}
     listed = config.get("appSettings") if isinstance(config, dict) else None
+    lists = _setting_lists(site)
+    if lists:  # concat(<items loop variable>, <numbered settings>...): the first is the named settings
+        first = unit.file.variables.get(lists[0])
+        listed = first if isinstance(first, Loop) else listed
     if isinstance(listed, Loop):
         match = re.fullmatch(r"items\((\w+)\)", listed.iterable.text.strip())
         variable = unit.file.variables.get(match.group(1)) if match else None
@@ -96,6 +100,35 @@ def app_settings(site: Resource, unit: Unit) -> dict[str, Any]:
             if isinstance(s, dict) and isinstance(s.get("name"), str)
         }
     return {}
+
+
+def _setting_lists(site: Resource) -> list[str]:
+    """The variables a site's ``appSettings`` is made of: ``<var>``, or ``concat(<var>, <var>, ...)``."""
+    config = site.body.get("properties", {}).get("siteConfig", {}) if isinstance(site.body, dict) else {}
+    listed = config.get("appSettings") if isinstance(config, dict) else None
+    if not isinstance(listed, Expr):
+        return []
+    match = re.fullmatch(r"concat\(([\w\s,]*)\)", listed.text.strip())
+    return [n.strip() for n in match.group(1).split(",") if n.strip()] if match else []
+
+
+def numbered_app_settings(site: Resource, file: BicepFile) -> dict[str, Loop]:
+    """Numbered settings a site sets (pattern with ``{i}`` -> the loop that sets it): a variable
+    ``[for (x, j) in list: {name: 'NAME_${j + 1}...', value: ...}]`` in ``concat(...)``, i.e. for
+    i = 1..length(list). Only ``j + 1`` of the loop's own index makes a pattern (numbering from 1)."""
+    found: dict[str, Loop] = {}
+    for name in _setting_lists(site):
+        loop = file.variables.get(name)
+        if not (isinstance(loop, Loop) and loop.index and isinstance(loop.body, dict)):
+            continue
+        setting = loop.body.get("name")
+        if not isinstance(setting, Interp):
+            continue
+        numbers = [p for p in setting.parts if not isinstance(p, str)]
+        if len(numbers) != 1 or re.sub(r"\s", "", getattr(numbers[0], "text", "")) != f"{loop.index}+1":
+            continue
+        found["".join(p if isinstance(p, str) else "{i}" for p in setting.parts)] = loop
+    return found
 
 
 class Wiring:
