@@ -38,6 +38,9 @@ param deploymentContainerName string
 @description('Table endpoint of the data storage account (https://<account>.table.core.windows.net/).')
 param tableEndpoint string
 
+@description('Table endpoints of state accounts 1..N-1 in account order (stateaccounts.bicep); empty with one account.')
+param stateTableEndpoints array = []
+
 @description('Prefix of Settle\'s table names (SETTLE_TABLE_PREFIX).')
 param tablePrefix string
 
@@ -148,6 +151,22 @@ var appSettings = {
   SETTLE_OPERATOR_AUTH: empty(operatorAppClientId) ? 'disabled' : 'required'
 }
 
+var namedSettings = [
+  for setting in items(appSettings): {
+    name: setting.key
+    value: setting.value
+  }
+]
+
+// State accounts 1..N-1 (ADR-0015): SETTLE_TABLES_{i}__tableServiceUri for i = 1..N-1, each reached with
+// the same identity (the code falls back to SETTLE_TABLES__clientId). Account 0 is SETTLE_TABLES__* above.
+var stateAccountSettings = [
+  for (endpoint, i) in stateTableEndpoints: {
+    name: 'SETTLE_TABLES_${i + 1}__tableServiceUri'
+    value: endpoint
+  }
+]
+
 // "http" is the Flex function group of every HTTP-triggered function (Flex "always ready" instances).
 var alwaysReadyHttp = [
   {
@@ -194,12 +213,7 @@ resource site 'Microsoft.Web/sites@2024-04-01' = {
       scmMinTlsVersion: '1.2'
       http20Enabled: true
       remoteDebuggingEnabled: false
-      appSettings: [
-        for setting in items(appSettings): {
-          name: setting.key
-          value: setting.value
-        }
-      ]
+      appSettings: concat(namedSettings, stateAccountSettings)
     }
     functionAppConfig: {
       deployment: {

@@ -43,10 +43,7 @@ NUMBERED_NOT_SET = {
     "SETTLE_TABLES_{i}": "connection-string form of state account i for Azurite/local runs; Azure uses "
     "SETTLE_TABLES_{i}__tableServiceUri, and shared-key access is disabled on every account",
     "SETTLE_TABLES_{i}__clientId": "every state account is reached with the one identity: the code "
-    "falls back "
-    "to SETTLE_TABLES__clientId (set), which holds Table Data Contributor on each account",
-    "SETTLE_TABLES_{i}__tableServiceUri": "infra/ creates one state account (the data account, "
-    "SETTLE_TABLES__tableServiceUri); accounts 1..N-1 are not created yet (issue 21 item 6)",
+    "falls back to SETTLE_TABLES__clientId (set), which holds Table Data Contributor on each account",
 }
 
 
