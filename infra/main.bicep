@@ -5,10 +5,11 @@
 //   monitoring.bicep            Log Analytics + Application Insights, local auth disabled
 //   storage.bicep               host storage (+ deployment container) and data storage (+ Settle's tables),
 //                               their diagnostic settings and the data account's delete lock
+//   stateaccounts.bicep         state accounts 1..N-1 (stateAccounts > 1): more accounts for the state table
 //   servicebus-namespace.bicep  a new namespace (SAS off), unless an existing one is attached
 //   servicebus.bicep            Resolver topic/subscription, NimBus endpoint topics, diagnostic settings
 //   servicebus-rbac.bicep       the identity's Service Bus roles (in the namespace's resource group)
-//   rbac.bicep                  the identity's storage and telemetry roles
+//   rbac.bicep                  the identity's storage (state accounts too) and telemetry roles
 //   functionapp.bicep           Flex Consumption plan + Python 3.11 function app + app settings
 //   alerts.bicep                dead letters on the resolver, function failures, Service Bus throttling,
 //                               and Settle's own signals (poison, expired locks, overdue hand-offs, 503s)
@@ -37,6 +38,24 @@ param tablePrefix string = 'settle'
 
 @description('NCRONTAB (6 fields, UTC) of the state catch-up timer.')
 param stateCatchupSchedule string = '0 */1 * * * *'
+
+@description('State partitions per node (SETTLE_STATE_SHARDS, ADR-0015): 1 keeps one partition per node (~330 items/s each). Changing it on a live deployment needs the old value in stateShardsPrevious.')
+@minValue(1)
+@maxValue(999)
+param stateShards int = 1
+
+@description('Earlier state layouts still holding records (SETTLE_STATE_SHARDS_PREVIOUS): comma-separated S, or S@N for a layout over N accounts; empty when S never changed.')
+param stateShardsPrevious string = ''
+
+@description('Storage accounts Settle\'s state table is spread over (ADR-0015): 1 is the data account alone; N > 1 adds N-1 accounts (stateaccounts.bicep) and puts shard s in account s mod N, so it only helps with stateShards >= N. Fixed once records exist: changing it is a layout change like stateShards (list the earlier layout as S@N in stateShardsPrevious) and an account that holds rows must never be removed.')
+@minValue(1)
+@maxValue(64)
+param stateAccounts int = 1
+
+@description('Level-1 pointers one catch-up run works on at once (STATE_CATCHUP_PARALLELISM, 1-64).')
+@minValue(1)
+@maxValue(64)
+param stateCatchupParallelism int = 8
 
 @description('Client id of the Entra ID app registration operators sign in to the console with; it defines the app role Settle.Operator (ADR-0013). Empty: no sign-in, the management API refuses every request.')
 param operatorAppClientId string = ''
@@ -181,6 +200,21 @@ module storage 'modules/storage.bicep' = {
   }
 }
 
+// State accounts 1..N-1 (account 0 is the data account above); names differ from the data account's
+// ('std' + the token) by the account number after 'std'.
+module stateAccountsModule 'modules/stateaccounts.bicep' = {
+  name: 'stateaccounts-${resourceToken}'
+  params: {
+    stateStorageNames: [for i in range(1, stateAccounts - 1): take('std${i}${resourceToken}', 24)]
+    dataStorageSku: dataStorageSku
+    lockAccounts: lockDataAccount
+    location: location
+    tags: allTags
+    stateTableName: '${tablePrefix}state'
+    logAnalyticsWorkspaceId: monitoring.outputs.workspaceId
+  }
+}
+
 module serviceBusNamespace 'modules/servicebus-namespace.bicep' = if (createServiceBusNamespace) {
   name: 'servicebus-namespace-${resourceToken}'
   scope: resourceGroup(serviceBusResourceGroup)
@@ -229,6 +263,7 @@ module rbac 'modules/rbac.bicep' = {
     principalId: identity.outputs.principalId
     hostStorageName: storage.outputs.hostStorageName
     dataStorageName: storage.outputs.dataStorageName
+    stateStorageNames: stateAccountsModule.outputs.storageNames
     applicationInsightsName: monitoring.outputs.applicationInsightsName
     developerPrincipalId: developerPrincipalId
     developerPrincipalType: developerPrincipalType
@@ -247,6 +282,7 @@ module functionApp 'modules/functionapp.bicep' = {
     hostBlobEndpoint: storage.outputs.hostBlobEndpoint
     deploymentContainerName: storage.outputs.deploymentContainerName
     tableEndpoint: storage.outputs.tableEndpoint
+    stateTableEndpoints: stateAccountsModule.outputs.tableEndpoints
     tablePrefix: tablePrefix
     serviceBusFullyQualifiedNamespace: serviceBus.outputs.fullyQualifiedNamespace
     resolverTopicName: serviceBus.outputs.resolverTopicName
@@ -254,6 +290,9 @@ module functionApp 'modules/functionapp.bicep' = {
     duplicateDetection: endpointTopicsDetectDuplicates
     applicationInsightsConnectionString: monitoring.outputs.applicationInsightsConnectionString
     stateCatchupSchedule: stateCatchupSchedule
+    stateShards: stateShards
+    stateShardsPrevious: stateShardsPrevious
+    stateCatchupParallelism: stateCatchupParallelism
     handoffSweeperEnabled: handoffSweeperEnabled
     handoffSweeperSchedule: handoffSweeperSchedule
     maximumInstanceCount: maximumInstanceCount

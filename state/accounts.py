@@ -19,14 +19,19 @@ from common.tables import Tables
 from state.keys import STATE_TABLE, account_of
 
 MAX_ACCOUNTS = 64
+# The app settings of account i >= 1, declared once as patterns (tests/infra/codescan.py reads
+# ``PATTERN.format(i=...)`` as the numbered setting, checked against what infra/ sets for i = 1..N-1).
+ACCOUNT_CONNECTION_SETTING = "SETTLE_TABLES_{i}"
+ACCOUNT_URI_SETTING = "SETTLE_TABLES_{i}__tableServiceUri"
+ACCOUNT_CLIENT_ID_SETTING = "SETTLE_TABLES_{i}__clientId"
 
 
 def extra_accounts(prefix: str) -> list[TableSettings]:
     """Settings of accounts 1, 2, ... from the environment (none when ``SETTLE_TABLES_1`` is unset)."""
     found: list[TableSettings] = []
     for i in range(1, MAX_ACCOUNTS):
-        conn = env(f"SETTLE_TABLES_{i}")
-        uri = env(f"SETTLE_TABLES_{i}__tableServiceUri")
+        conn = env(ACCOUNT_CONNECTION_SETTING.format(i=i))
+        uri = env(ACCOUNT_URI_SETTING.format(i=i))
         if conn is None and uri is None:
             break
         if conn == DEVELOPMENT_STORAGE:
@@ -35,7 +40,7 @@ def extra_accounts(prefix: str) -> list[TableSettings]:
             TableSettings(
                 connection_string=conn,
                 service_uri=uri,
-                client_id=env(f"SETTLE_TABLES_{i}__clientId") or env("SETTLE_TABLES__clientId"),
+                client_id=env(ACCOUNT_CLIENT_ID_SETTING.format(i=i)) or env("SETTLE_TABLES__clientId"),
                 prefix=prefix,
             )
         )

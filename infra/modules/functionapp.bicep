@@ -38,6 +38,9 @@ param deploymentContainerName string
 @description('Table endpoint of the data storage account (https://<account>.table.core.windows.net/).')
 param tableEndpoint string
 
+@description('Table endpoints of state accounts 1..N-1 in account order (stateaccounts.bicep); empty with one account.')
+param stateTableEndpoints array = []
+
 @description('Prefix of Settle\'s table names (SETTLE_TABLE_PREFIX).')
 param tablePrefix string
 
@@ -58,6 +61,19 @@ param applicationInsightsConnectionString string
 
 @description('NCRONTAB (6 fields, UTC) of the state catch-up timer.')
 param stateCatchupSchedule string
+
+@description('State partitions per node (SETTLE_STATE_SHARDS).')
+@minValue(1)
+@maxValue(999)
+param stateShards int
+
+@description('Earlier state layouts (SETTLE_STATE_SHARDS_PREVIOUS), comma-separated.')
+param stateShardsPrevious string
+
+@description('Level-1 pointers one catch-up run works on at once (STATE_CATCHUP_PARALLELISM).')
+@minValue(1)
+@maxValue(64)
+param stateCatchupParallelism int
 
 @description('Whether the hand-off timeout sweeper runs.')
 param handoffSweeperEnabled bool
@@ -122,6 +138,11 @@ var appSettings = {
   // Settlement sends control messages to Service Bus (loopback is a local-development shortcut).
   SETTLE_LOOPBACK: 'false'
   STATE_CATCHUP_SCHEDULE: stateCatchupSchedule
+  // State layout (ADR-0015). Set here, never by hand: appSettings replaces the whole collection on every
+  // deployment, and a shard count dropped by a redeploy would hide every record written under it.
+  SETTLE_STATE_SHARDS: string(stateShards)
+  SETTLE_STATE_SHARDS_PREVIOUS: stateShardsPrevious
+  STATE_CATCHUP_PARALLELISM: string(stateCatchupParallelism)
   HANDOFF_SWEEPER_ENABLED: handoffSweeperEnabled ? 'true' : 'false'
   HANDOFF_SWEEPER_SCHEDULE: handoffSweeperSchedule
   // The management API and the console demand a signed-in principal (App Service authentication) with
@@ -129,6 +150,22 @@ var appSettings = {
   // headers, so the code refuses every management request ('disabled'; also its default in Azure).
   SETTLE_OPERATOR_AUTH: empty(operatorAppClientId) ? 'disabled' : 'required'
 }
+
+var namedSettings = [
+  for setting in items(appSettings): {
+    name: setting.key
+    value: setting.value
+  }
+]
+
+// State accounts 1..N-1 (ADR-0015): SETTLE_TABLES_{i}__tableServiceUri for i = 1..N-1, each reached with
+// the same identity (the code falls back to SETTLE_TABLES__clientId). Account 0 is SETTLE_TABLES__* above.
+var stateAccountSettings = [
+  for (endpoint, i) in stateTableEndpoints: {
+    name: 'SETTLE_TABLES_${i + 1}__tableServiceUri'
+    value: endpoint
+  }
+]
 
 // "http" is the Flex function group of every HTTP-triggered function (Flex "always ready" instances).
 var alwaysReadyHttp = [
@@ -176,12 +213,7 @@ resource site 'Microsoft.Web/sites@2024-04-01' = {
       scmMinTlsVersion: '1.2'
       http20Enabled: true
       remoteDebuggingEnabled: false
-      appSettings: [
-        for setting in items(appSettings): {
-          name: setting.key
-          value: setting.value
-        }
-      ]
+      appSettings: concat(namedSettings, stateAccountSettings)
     }
     functionAppConfig: {
       deployment: {

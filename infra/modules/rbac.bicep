@@ -9,6 +9,7 @@
 // |                                   |                                              | the Flex deployment container          |
 // | Storage Table Data Contributor    | data storage account                         | Settle's tables; the code creates      |
 // |                                   |                                              | tables on first use (account scope)    |
+// | Storage Table Data Contributor    | each state account 1..N-1 (stateaccounts)    | the state table spread over N accounts |
 // | Monitoring Metrics Publisher      | Application Insights component               | Entra-authenticated telemetry          |
 
 @description('Object id of the app\'s user-assigned identity.')
@@ -23,6 +24,9 @@ param hostStorageName string
 @minLength(3)
 @maxLength(24)
 param dataStorageName string
+
+@description('Names of state accounts 1..N-1 (stateaccounts.bicep); empty with one account.')
+param stateStorageNames array = []
 
 @description('Name of the Application Insights component.')
 param applicationInsightsName string
@@ -48,6 +52,12 @@ resource dataStorage 'Microsoft.Storage/storageAccounts@2023-05-01' existing = {
   name: dataStorageName
 }
 
+resource stateStorage 'Microsoft.Storage/storageAccounts@2023-05-01' existing = [
+  for name in stateStorageNames: {
+    name: name
+  }
+]
+
 resource appInsights 'Microsoft.Insights/components@2020-02-02' existing = {
   name: applicationInsightsName
 }
@@ -72,6 +82,18 @@ resource dataTableContributor 'Microsoft.Authorization/roleAssignments@2022-04-0
   }
 }
 
+resource stateTableContributor 'Microsoft.Authorization/roleAssignments@2022-04-01' = [
+  for (name, i) in stateStorageNames: {
+    scope: stateStorage[i]
+    name: guid(stateStorage[i].id, principalId, roles['Storage Table Data Contributor'])
+    properties: {
+      principalId: principalId
+      principalType: 'ServicePrincipal'
+      roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles['Storage Table Data Contributor'])
+    }
+  }
+]
+
 resource metricsPublisher 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
   scope: appInsights
   name: guid(appInsights.id, principalId, roles['Monitoring Metrics Publisher'])
@@ -92,3 +114,15 @@ resource developerTables 'Microsoft.Authorization/roleAssignments@2022-04-01' = 
     roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles['Storage Table Data Contributor'])
   }
 }
+
+resource developerStateTables 'Microsoft.Authorization/roleAssignments@2022-04-01' = [
+  for (name, i) in stateStorageNames: if (!empty(developerPrincipalId)) {
+    scope: stateStorage[i]
+    name: guid(stateStorage[i].id, developerPrincipalId, roles['Storage Table Data Contributor'])
+    properties: {
+      principalId: developerPrincipalId
+      principalType: developerPrincipalType
+      roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles['Storage Table Data Contributor'])
+    }
+  }
+]

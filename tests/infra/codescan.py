@@ -2,6 +2,10 @@
 
 Reads: ``env("NAME")`` / ``env_flag("NAME")`` (common/settings.py), ``os.environ.get/[...]``,
 ``os.getenv``; the name may be a literal, a module-level string constant, or an f-string of constants.
+Numbered settings (one per storage account, ``SETTLE_TABLES_{i}__tableServiceUri``): the code declares the
+pattern once as a module constant holding ``{i}`` and reads ``PATTERN.format(i=...)``; the scan records the
+pattern itself (``Scan.numbered``), which the Bicep must set for i = 1..N-1 (tests/infra/settings.py). Any
+other computed name (an f-string of a variable) stays unresolved.
 Binding expressions: any string that is exactly ``%NAME%`` (``topic_name="%RESOLVER_TOPIC%"``).
 Binding connections: ``connection="Prefix"`` in a trigger/binding decorator (an app-setting prefix).
 A read whose name cannot be resolved statically is reported as unresolved, so nothing slips through.
@@ -21,12 +25,14 @@ from tests.infra.bicep import REPO
 
 _BINDING = re.compile(r"^%([A-Za-z_][A-Za-z0-9_]*)%$")
 _READERS = {"env", "env_flag", "getenv"}
+NUMBER = "{i}"  # the placeholder of a numbered setting's pattern
 
 
 @dataclass
 class Scan:
     reads: dict[str, set[str]] = field(default_factory=dict)  # setting -> files
     connections: dict[str, set[str]] = field(default_factory=dict)  # connection prefix -> files
+    numbered: dict[str, set[str]] = field(default_factory=dict)  # "NAME_{i}..." pattern -> files
     unresolved: list[str] = field(default_factory=list)
 
     def add(self, bucket: dict[str, set[str]], name: str, where: str) -> None:
@@ -80,6 +86,23 @@ def _resolve(node: ast.expr, constants: dict[str, str]) -> str | None:
     return None
 
 
+def _numbered(node: ast.expr, constants: dict[str, str]) -> str | None:
+    """The pattern of ``PATTERN.format(i=<anything>)``, PATTERN a constant holding ``{i}`` once and no other
+    placeholder (so the name is the pattern with a number in place of ``{i}``)."""
+    if not (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "format"
+        and not node.args
+        and [kw.arg for kw in node.keywords] == ["i"]
+    ):
+        return None
+    pattern = _resolve(node.func.value, constants)
+    if pattern is None or pattern.count(NUMBER) != 1 or "{" in pattern.replace(NUMBER, ""):
+        return None
+    return pattern
+
+
 def _is_environ(node: ast.expr) -> bool:
     return isinstance(node, ast.Attribute) and node.attr == "environ"
 
@@ -103,8 +126,11 @@ def scan_source(text: str, where: str, scan: Scan, shared: dict[str, str] | None
 
     def read(arg: ast.expr, node: ast.expr) -> None:
         resolved = _resolve(arg, constants)
+        pattern = _numbered(arg, constants)
         if resolved is not None:
             scan.add(scan.reads, resolved, where)
+        elif pattern is not None:
+            scan.add(scan.numbered, pattern, where)
         elif id(arg) not in passthrough:
             scan.unresolved.append(f"{where}:{node.lineno} {ast.unparse(node)}")
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from tests.infra.codescan import scan_code
 from tests.infra.report import Finding, Report
 from tests.infra.units import Unit
-from tests.infra.wiring import SITE, app_settings
+from tests.infra.wiring import SITE, app_settings, numbered_app_settings
 
 # Settings the code reads that are deliberately NOT set in Azure, each with the reason.
 LOCAL_ONLY = {
@@ -37,6 +37,14 @@ TELEMETRY_OPTIONS = {
 # (requires a signed-in principal) where it is present (management/principal.py, ADR-0013).
 PLATFORM_SET = {"WEBSITE_INSTANCE_ID"}
 NOT_SET = {**LOCAL_ONLY, **TELEMETRY_OPTIONS, **dict.fromkeys(PLATFORM_SET, "set by the platform")}
+# Numbered settings (tests/infra/codescan.py: a pattern with ``{i}``, one per extra state account) that the
+# Bicep deliberately does NOT set for i = 1..N-1, each with the reason.
+NUMBERED_NOT_SET = {
+    "SETTLE_TABLES_{i}": "connection-string form of state account i for Azurite/local runs; Azure uses "
+    "SETTLE_TABLES_{i}__tableServiceUri, and shared-key access is disabled on every account",
+    "SETTLE_TABLES_{i}__clientId": "every state account is reached with the one identity: the code "
+    "falls back to SETTLE_TABLES__clientId (set), which holds Table Data Contributor on each account",
+}
 
 
 def check_settings(units: dict[str, Unit]) -> Report:
@@ -72,6 +80,26 @@ def check_settings(units: dict[str, Unit]) -> Report:
                         "tests/infra/settings.py with the reason it is not)",
                     )
                 )
+        numbered = numbered_app_settings(site, unit.file)
+        for pattern, files in sorted(scan.numbered.items()):
+            if pattern not in numbered and pattern not in NUMBERED_NOT_SET:
+                report.errors.append(
+                    Finding(
+                        unit.rel,
+                        site.line,
+                        site.symbol,
+                        "appSettings",
+                        f"{pattern}: a numbered setting read by {', '.join(sorted(files))}, not set for "
+                        "i = 1..N-1 (set it in the numbered settings, or list it in tests/infra/settings.py "
+                        "with the reason it is not)",
+                    )
+                )
+        for pattern in sorted(set(numbered) & set(NUMBERED_NOT_SET)):
+            report.errors.append(
+                Finding(
+                    unit.rel, site.line, site.symbol, "appSettings", f"{pattern}: {NUMBERED_NOT_SET[pattern]}"
+                )
+            )
         for prefix in sorted(scan.connections):
             for suffix in ("__fullyQualifiedNamespace", "__credential", "__clientId"):
                 if f"{prefix}{suffix}" not in settings:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from tests.infra.bicep import REPO, load_infra
 from tests.infra.codescan import Scan, scan_code, scan_source, sources
-from tests.infra.settings import LOCAL_ONLY, PLATFORM_SET, TELEMETRY_OPTIONS
+from tests.infra.settings import LOCAL_ONLY, NUMBERED_NOT_SET, PLATFORM_SET, TELEMETRY_OPTIONS
+from tests.infra.wiring import SITE, numbered_app_settings
 
 # Settings the Functions host (not our code) needs in Azure.
 HOST_SETTINGS = {
@@ -60,6 +61,25 @@ def test_every_setting_the_code_reads_is_set_by_the_bicep() -> None:
     assert missing == {}
 
 
+def bicep_numbered_settings() -> set[str]:
+    file = load_infra("modules/functionapp.bicep")
+    site = next(r for r in file.resources if r.type.lower() == SITE)
+    return set(numbered_app_settings(site, file))
+
+
+def test_every_numbered_setting_the_code_reads_is_set_for_each_extra_account_or_listed() -> None:
+    # Issue 21: state account i >= 1 is read as SETTLE_TABLES_{i}...; the code declares each pattern once.
+    numbered = scan_code().numbered
+    assert {
+        "SETTLE_TABLES_{i}",
+        "SETTLE_TABLES_{i}__tableServiceUri",
+        "SETTLE_TABLES_{i}__clientId",
+    } <= set(numbered)
+    missing = sorted(set(numbered) - bicep_numbered_settings() - set(NUMBERED_NOT_SET))
+    assert missing == []
+    assert bicep_numbered_settings() & set(NUMBERED_NOT_SET) == set()
+
+
 def test_every_binding_connection_has_its_identity_settings() -> None:
     scan = scan_code()
     assert "ServiceBusConnection" in scan.connections
@@ -100,6 +120,9 @@ def test_a_new_setting_in_code_would_be_found() -> None:
         "@bp.service_bus_queue_trigger(arg_name='m', queue_name='q', connection=PREFIX)\n"
         "def f(t): ...\n"
         "g = env(compute_name())\n"
+        "ACCOUNT = 'NEW_ACCOUNT_{i}__uri'\n"
+        "h = env(ACCOUNT.format(i=n))\n"
+        "k = env(f'NEW_ACCOUNT_{n}')\n"
         "when = now.strftime('%Y%m%dT%H%M%S%fZ')\n"
     )
     # When it is scanned
@@ -114,6 +137,9 @@ def test_a_new_setting_in_code_would_be_found() -> None:
         "NEW_SCHEDULE",
     }
     assert set(scan.connections) == {"NEW_CONN"}
-    assert len(scan.unresolved) == 1 and "compute_name" in scan.unresolved[0]
+    # a numbered setting read through its declared pattern is the pattern; an f-string of a number is not
+    assert set(scan.numbered) == {"NEW_ACCOUNT_{i}__uri"}
+    assert len(scan.unresolved) == 2
+    assert "compute_name" in scan.unresolved[0] and "NEW_ACCOUNT_{n}" in scan.unresolved[1]
     # and none of them is in the Bicep, so the main test would fail for such a module
     assert set(scan.reads) & bicep_settings() == set()

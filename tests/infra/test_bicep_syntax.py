@@ -19,6 +19,7 @@ EXPECTED_FILES = {
     "modules/rbac.bicep",
     "modules/functionapp.bicep",
     "modules/alerts.bicep",
+    "modules/stateaccounts.bicep",
 }
 
 

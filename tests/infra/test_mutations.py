@@ -4,7 +4,8 @@ report it, for the right reason.
 
 The first eight are the edits that kept the old infra tests passing while `az deployment group create`
 failed (issue 12); then ours, issue 16's log alerts, and the 19 an outside review found that the checks of
-shape let through (issue 26: wrong values and wiring). Each names the check (infracheck.CHECKS) that must
+shape let through (issue 26: wrong values and wiring), and 6 of the state accounts 1..N-1 (issue 21).
+Each names the check (infracheck.CHECKS) that must
 catch it, so an edit that no check catches fails here. The vendored type data is parsed once and shared
 by every mutant.
 """
@@ -152,7 +153,11 @@ MUTATIONS = [
         "functionAppConfig-nested-in-siteConfig",
         "modules/functionapp.bicep",
         (
-            ("      ]\n    }\n    functionAppConfig: {", "      ]\n    functionAppConfig: {"),
+            (
+                "      appSettings: concat(namedSettings, stateAccountSettings)\n"
+                "    }\n    functionAppConfig: {",
+                "      appSettings: concat(namedSettings, stateAccountSettings)\n    functionAppConfig: {",
+            ),
             ("    }\n  }\n}\n\n// FTP and basic-auth", "    }\n    }\n  }\n}\n\n// FTP and basic-auth"),
         ),
         "site properties.siteConfig.functionAppConfig: unknown property",
@@ -517,6 +522,57 @@ MUTATIONS = [
         "deploy.sh: a failing what-if, then yes, deployed",
         "deploy-script",
     ),
+    # -- issue 21: state accounts 1..N-1 (modules/stateaccounts.bicep) --
+    edit(
+        "state-account-role-granted-to-the-developer",
+        "modules/rbac.bicep",
+        "    name: guid(stateStorage[i].id, principalId, roles['Storage Table Data Contributor'])\n"
+        "    properties: {\n      principalId: principalId\n",
+        "    name: guid(stateStorage[i].id, principalId, roles['Storage Table Data Contributor'])\n"
+        "    properties: {\n      principalId: developerPrincipalId\n",
+        "the app's identity holds no Storage Table Data Contributor on stateStorage",
+        "wiring",
+    ),
+    edit(
+        "state-account-role-on-account-0",
+        "main.bicep",
+        "    stateStorageNames: stateAccountsModule.outputs.storageNames\n",
+        "    stateStorageNames: [for i in range(1, stateAccounts - 1): storage.outputs.dataStorageName]\n",
+        "the app's identity holds no Storage Table Data Contributor on stateStorage",
+        "wiring",
+    ),
+    edit(
+        "state-account-endpoints-of-account-0",
+        "main.bicep",
+        "    stateTableEndpoints: stateAccountsModule.outputs.tableEndpoints\n",
+        "    stateTableEndpoints: [for i in range(1, stateAccounts - 1): storage.outputs.tableEndpoint]\n",
+        "SETTLE_TABLES_{i}__tableServiceUri: must be read from account i of a looped declaration",
+        "wiring",
+    ),
+    edit(
+        "state-account-endpoints-all-of-the-first-extra-account",
+        "modules/stateaccounts.bicep",
+        "stateStorage[i].properties.primaryEndpoints.table",
+        "stateStorage[0].properties.primaryEndpoints.table",
+        "SETTLE_TABLES_{i}__tableServiceUri: must be read from account i of a looped declaration",
+        "wiring",
+    ),
+    edit(
+        "state-account-blob-endpoint-as-its-table-endpoint",
+        "modules/stateaccounts.bicep",
+        "stateStorage[i].properties.primaryEndpoints.table",
+        "stateStorage[i].properties.primaryEndpoints.blob",
+        "SETTLE_TABLES_{i}__tableServiceUri: must be, for each i, the table endpoint of account i",
+        "wiring",
+    ),
+    edit(
+        "state-account-settings-numbered-from-0",
+        "modules/functionapp.bicep",
+        "name: 'SETTLE_TABLES_${i + 1}__tableServiceUri'",
+        "name: 'SETTLE_TABLES_${i}__tableServiceUri'",
+        "SETTLE_TABLES_{i}__tableServiceUri: a numbered setting read by state/accounts.py, not set",
+        "settings",
+    ),
 ]
 
 
@@ -541,8 +597,8 @@ def test_the_unmutated_copy_passes_every_check(infra_copy: Path) -> None:
     assert report.errors == [], report.text()
 
 
-def test_there_are_the_57_edits_of_issues_12_16_and_26_each_with_the_check_that_catches_it() -> None:
-    assert len(MUTATIONS) >= 57
+def test_there_are_the_63_edits_of_issues_12_16_21_and_26_each_with_the_check_that_catches_it() -> None:
+    assert len(MUTATIONS) >= 63
     assert len({m.id for m in MUTATIONS}) == len(MUTATIONS)
     assert {m.check for m in MUTATIONS} <= set(CHECKS)
     # Every check proves itself on at least one edit (a check no mutation exercises could be dead).

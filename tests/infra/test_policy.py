@@ -117,6 +117,55 @@ def test_deployment_container_is_private_and_tables_are_created_on_the_data_acco
     assert storage.resource("dataTableService").body["parent"].text == "dataStorage"
 
 
+def test_every_state_account_is_hardened_locked_watched_and_granted_like_the_data_account() -> None:
+    # Issue 21: state accounts 1..N-1 (stateaccounts.bicep) hold Settle's state like the data account.
+    storage = load_infra("modules/storage.bicep")
+    state = load_infra("modules/stateaccounts.bicep")
+    data, extra = storage.resource("dataStorage"), state.resource("stateStorage")
+    assert extra.loop is not None and extra.loop.iterable.text == "stateStorageNames"
+    assert extra.body["properties"] == data.body["properties"]
+    assert extra.body["sku"]["name"].text == "dataStorageSku" == data.body["sku"]["name"].text
+    # the state table, in each account's table service
+    table, service = state.resource("stateTable"), state.resource("stateTableService")
+    assert table.body["parent"].text == "stateTableService[i]" and table.body["name"].text == "stateTableName"
+    assert service.body["parent"].text == "stateStorage[i]"
+    # the same delete lock, under the same switch as the data account's
+    lock, data_lock = state.resource("stateStorageLock"), storage.resource("dataStorageLock")
+    assert lock.body["scope"].text == "stateStorage[i]"
+    assert lock.body["properties"]["level"] == data_lock.body["properties"]["level"] == "CanNotDelete"
+    main = load_infra("main.bicep")
+    call = next(m for m in main.modules if m.symbol == "stateAccountsModule")
+    assert call.body["params"]["lockAccounts"].text == "lockDataAccount"
+    assert call.body["params"]["dataStorageSku"].text == "dataStorageSku"
+    # the same diagnostics: account metrics, table service request logs
+    for symbol, scope, twin in (
+        ("stateStorageDiagnostics", "stateStorage[i]", "dataStorageDiagnostics"),
+        ("stateTableDiagnostics", "stateTableService[i]", "dataTableDiagnostics"),
+    ):
+        diagnostics = state.resource(symbol)
+        assert diagnostics.body["scope"].text == scope
+        assert diagnostics.body["properties"] == storage.resource(twin).body["properties"]
+    # Table Data Contributor for the app's identity on each account (rbac.bicep, by name from the verified
+    # list), on the accounts this module created
+    rbac = load_infra("modules/rbac.bicep")
+    grant = rbac.resource("stateTableContributor")
+    assert grant.body["scope"].text == "stateStorage[i]"
+    assert grant.body["properties"]["principalId"].text == "principalId"
+    assert "roles['Storage Table Data Contributor']" in grant.body["properties"]["roleDefinitionId"].text
+    rbac_call = next(m for m in main.modules if m.symbol == "rbac")
+    assert rbac_call.body["params"]["principalId"].text == "identity.outputs.principalId"
+    assert rbac_call.body["params"]["stateStorageNames"].text == "stateAccountsModule.outputs.storageNames"
+    assert state.outputs["storageNames"].body.text == "stateStorage[i].name"
+
+
+def test_one_state_account_by_default_and_the_extra_ones_are_numbered_from_1() -> None:
+    main = load_infra("main.bicep")
+    assert main.params["stateAccounts"].default == 1
+    call = next(m for m in main.modules if m.symbol == "stateAccountsModule")
+    names = call.body["params"]["stateStorageNames"]
+    assert names.iterable.text == "range(1, stateAccounts - 1)"  # Bicep range(start, count): 1..N-1
+
+
 # ---- Service Bus -----------------------------------------------------------------------------------
 
 
@@ -194,9 +243,14 @@ def test_no_siteconfig_property_flex_rejects() -> None:
 
 def test_app_settings_are_all_of_the_site_and_come_from_one_object() -> None:
     site_config = load_infra("modules/functionapp.bicep").resource("site").body["properties"]["siteConfig"]
-    loop = site_config["appSettings"]
+    # The named settings of one object, then the numbered ones of state accounts 1..N-1 (issue 21).
+    functionapp = load_infra("modules/functionapp.bicep")
+    assert site_config["appSettings"].text == "concat(namedSettings, stateAccountSettings)"
+    loop = functionapp.variables["namedSettings"]
     assert isinstance(loop, Loop) and loop.iterable.text == "items(appSettings)"
     assert {k: v.text for k, v in loop.body.items()} == {"name": "setting.key", "value": "setting.value"}
+    numbered = functionapp.variables["stateAccountSettings"]
+    assert isinstance(numbered, Loop) and numbered.iterable.text == "stateTableEndpoints"
     # No second place sets app settings (a sites/config 'appsettings' resource would replace them); the
     # only sites/config resource is App Service authentication (authsettingsV2, ADR-0013).
     for path in bicep_files():
@@ -275,7 +329,7 @@ def test_role_assignments_live_only_in_the_rbac_modules() -> None:
 
 def test_every_role_assignment_is_named_by_guid_of_its_scope_and_has_a_principal_type() -> None:
     assignments = role_assignments()
-    assert len(assignments) == 10
+    assert len(assignments) == 12
     for path, a in assignments:
         name = a.body["name"]
         assert isinstance(name, Expr) and name.text.startswith("guid("), a.symbol
@@ -298,6 +352,7 @@ def test_the_app_identity_holds_exactly_the_narrow_roles() -> None:
     assert granted == {
         ("modules/rbac.bicep", "Storage Blob Data Owner", "hostStorage"),
         ("modules/rbac.bicep", "Storage Table Data Contributor", "dataStorage"),
+        ("modules/rbac.bicep", "Storage Table Data Contributor", "stateStorage"),  # accounts 1..N-1
         ("modules/rbac.bicep", "Monitoring Metrics Publisher", "appInsights"),
         ("modules/servicebus-rbac.bicep", "Azure Service Bus Data Receiver", "resolverSubscription"),
         ("modules/servicebus-rbac.bicep", "Azure Service Bus Data Sender", "endpointTopics"),
@@ -307,6 +362,8 @@ def test_the_app_identity_holds_exactly_the_narrow_roles() -> None:
     rbac, sb = load_infra("modules/rbac.bicep"), load_infra("modules/servicebus-rbac.bicep")
     assert rbac.resource("hostStorage").body["name"].text == "hostStorageName"
     assert rbac.resource("dataStorage").body["name"].text == "dataStorageName"
+    state_loop = rbac.resource("stateStorage").loop
+    assert state_loop is not None and state_loop.iterable.text == "stateStorageNames"
     assert sb.resource("resolverSubscription").body["parent"].text == "resolverTopic"
     topics_loop = sb.resource("endpointTopics").loop
     assert topics_loop is not None and topics_loop.iterable.text == "endpointTopicNames"
@@ -316,6 +373,7 @@ def test_the_app_identity_holds_exactly_the_narrow_roles() -> None:
     main = {m.symbol: m for m in load_infra("main.bicep").modules}
     assert main["rbac"].body["params"]["hostStorageName"].text == "storage.outputs.hostStorageName"
     assert main["rbac"].body["params"]["dataStorageName"].text == "storage.outputs.dataStorageName"
+    assert main["rbac"].body["params"]["stateStorageNames"].text == "stateAccountsModule.outputs.storageNames"
 
 
 def test_no_broad_role_is_granted_anywhere() -> None:
@@ -347,7 +405,7 @@ def test_developer_access_is_optional_and_off_by_default() -> None:
     developer = [
         a for _, a in role_assignments() if a.body["properties"]["principalId"].text != "principalId"
     ]
-    assert len(developer) == 3 and all(
+    assert len(developer) == 4 and all(  # tables (data + state accounts), receiver, sender
         a.condition is not None and "developerPrincipalId" in a.condition.text for a in developer
     )
     for path in RBAC_FILES:

@@ -27,7 +27,7 @@ def test_the_role_list_is_the_verified_one_with_its_provenance() -> None:
 def test_every_role_assignment_resolves_to_a_listed_name_and_its_id() -> None:
     table = role_table(INFRA)
     grants = check_infra().grants
-    assert len(grants) == 10
+    assert len(grants) == 12
     for grant in grants:
         assert table[grant.role] == grant.role_id, grant
     # The ID that made every deployment fail (issue 12) is nowhere.

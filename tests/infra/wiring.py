@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.infra.bicep import Expr, Loop, Resource
+from tests.infra.bicep import BicepFile, Expr, Interp, Loop, Resource
 from tests.infra.report import Finding, Report
 from tests.infra.roles import check_roles
 from tests.infra.trace import Form, Tracer
@@ -85,6 +85,10 @@ def app_settings(site: Resource, unit: Unit) -> dict[str, Any]:
     """The app settings of a site: ``[for s in items(<var>): {name: s.key, value: s.value}]`` or a list."""
     config = site.body.get("properties", {}).get("siteConfig", {}) if isinstance(site.body, dict) else {}
     listed = config.get("appSettings") if isinstance(config, dict) else None
+    lists = _setting_lists(site)
+    if lists:  # concat(<items loop variable>, <numbered settings>...): the first is the named settings
+        first = unit.file.variables.get(lists[0])
+        listed = first if isinstance(first, Loop) else listed
     if isinstance(listed, Loop):
         match = re.fullmatch(r"items\((\w+)\)", listed.iterable.text.strip())
         variable = unit.file.variables.get(match.group(1)) if match else None
@@ -96,6 +100,35 @@ def app_settings(site: Resource, unit: Unit) -> dict[str, Any]:
             if isinstance(s, dict) and isinstance(s.get("name"), str)
         }
     return {}
+
+
+def _setting_lists(site: Resource) -> list[str]:
+    """The variables a site's ``appSettings`` is made of: ``<var>``, or ``concat(<var>, <var>, ...)``."""
+    config = site.body.get("properties", {}).get("siteConfig", {}) if isinstance(site.body, dict) else {}
+    listed = config.get("appSettings") if isinstance(config, dict) else None
+    if not isinstance(listed, Expr):
+        return []
+    match = re.fullmatch(r"concat\(([\w\s,]*)\)", listed.text.strip())
+    return [n.strip() for n in match.group(1).split(",") if n.strip()] if match else []
+
+
+def numbered_app_settings(site: Resource, file: BicepFile) -> dict[str, Loop]:
+    """Numbered settings a site sets (pattern with ``{i}`` -> the loop that sets it): a variable
+    ``[for (x, j) in list: {name: 'NAME_${j + 1}...', value: ...}]`` in ``concat(...)``, i.e. for
+    i = 1..length(list). Only ``j + 1`` of the loop's own index makes a pattern (numbering from 1)."""
+    found: dict[str, Loop] = {}
+    for name in _setting_lists(site):
+        loop = file.variables.get(name)
+        if not (isinstance(loop, Loop) and loop.index and isinstance(loop.body, dict)):
+            continue
+        setting = loop.body.get("name")
+        if not isinstance(setting, Interp):
+            continue
+        numbers = [p for p in setting.parts if not isinstance(p, str)]
+        if len(numbers) != 1 or re.sub(r"\s", "", getattr(numbers[0], "text", "")) != f"{loop.index}+1":
+            continue
+        found["".join(p if isinstance(p, str) else "{i}" for p in setting.parts)] = loop
+    return found
 
 
 class Wiring:
@@ -117,7 +150,14 @@ class Wiring:
         if res.loop is not None and steps and steps[0][0] == "index":
             steps = steps[1:]
         if res.existing and isinstance(res.body, dict) and "name" in res.body:
-            name = self.tracer.trace(unit, res.body["name"])
+            name = self.tracer.trace(unit, res.body["name"], self._loop_vars(res))
+            if res.loop is not None and name == ("loop", res.loop.item):
+                # [for name in names: {name: name}]: item i is named by item i of the list, which is
+                # followed to a looped declaration's name (read at its own loop index)
+                listed = self.tracer.trace(unit, res.loop.iterable)
+                name = listed[2] if listed[0] == "for" else listed
+                if name[0] == "read" and name[3] and name[3][0][0] == "index" and name[3][0][1][0] == "loop":
+                    name = ("read", name[1], name[2], tuple(name[3][1:]))
             if name[0] == "read" and tuple(name[3]) == props("name"):
                 found = self.target(name)
                 if found is not None:
@@ -230,7 +270,8 @@ class Wiring:
                     f"must be the clientId of the identity assigned to the app ({names}); is {show(form)}",
                 )
 
-        tables_accounts = self.table_accounts()
+        # Un-numbered table endpoints name account 0: one declared once (not per i), holding the tables.
+        tables_accounts = {k for k in self.table_accounts() if self.units[k[0]].resources[k[1]].loop is None}
         for name, item in settings.items():
             form = self.tracer.trace(unit, item)
             if name.endswith("__clientId") or name == "AZURE_CLIENT_ID":
@@ -280,7 +321,64 @@ class Wiring:
                     )
                 else:
                     needs.append(("Storage Blob Data Owner", name, found))
+        self.check_numbered(unit, site, settings, needs, client_id)
         self.check_grants(identities, granted, needs)
+
+    def check_numbered(
+        self,
+        unit: Unit,
+        site: Resource,
+        settings: dict[str, Any],
+        needs: list[tuple[str, str, Target]],
+        client_id: Any,
+    ) -> None:
+        """Numbered settings (``NAME_{i}...`` for i = 1..N-1, one per extra account): the value of each i
+        is read from resource i of a looped declaration, never from the one the un-numbered setting names
+        (account 0), and holds what the un-numbered form must hold (a table endpoint of an account that
+        holds the tables, where the identity is Table Data Contributor; a client id of the app's identity)."""
+        for pattern, loop in numbered_app_settings(site, unit.file).items():
+            name = pattern.replace("{i}", "i")
+
+            def fail(message: str, pattern: str = pattern) -> None:
+                self.error(unit, site, f"appSettings.{pattern}", message)
+
+            inner = frozenset({loop.item} | ({loop.index} if loop.index else set()))
+            value = loop.body.get("value") if isinstance(loop.body, dict) else None
+            form = self.tracer.trace(unit, value, inner)
+            if form == ("loop", loop.item):  # the item of the list the settings are made from
+                listed = self.tracer.trace(unit, loop.iterable)
+                form = listed[2] if listed[0] == "for" else ("member", listed, (("index", ("loop", "i")),))
+            if pattern.endswith("__clientId"):
+                client_id(name, form)
+                continue
+            if not pattern.endswith("__tableServiceUri"):
+                continue
+            found = self.target(form)
+            first = self.target(self.tracer.trace(unit, settings.get(pattern.replace("_{i}", "", 1))))
+            holders = self.table_accounts()
+            if not (
+                found is not None
+                and found.steps == props("properties", "primaryEndpoints", "table")
+                and found.key in holders
+            ):
+                fail(
+                    "must be, for each i, the table endpoint of account i, an account that holds the "
+                    f"tables; is {show(form)}"
+                )
+            elif (
+                found.res.loop is None
+                or (first is not None and first.key == found.key)
+                or not (
+                    form[0] == "read" and form[3] and form[3][0][0] == "index" and form[3][0][1][0] == "loop"
+                )
+            ):
+                fail(
+                    f"must be read from account i of a looped declaration (one account per i), not from "
+                    f"{found.res.symbol}, which every i would share (the accounts' rows would all go to one "
+                    f"account); is {show(form)}"
+                )
+            else:
+                needs.append(("Storage Table Data Contributor", pattern, found))
 
     def table_accounts(self) -> set[tuple[str, str]]:
         """The storage accounts that hold the tables the deployment creates."""
