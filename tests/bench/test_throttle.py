@@ -162,3 +162,22 @@ def test_the_resolver_floor_is_the_documented_minimum_so_an_extra_read_is_settle
     calls = [read, extra, write, other]
     # Then the floor replays only the read and the transaction the documented design needs
     assert documented_minimum(calls) == [read, write]
+
+
+def test_the_writes_of_each_row_are_counted_so_a_hot_row_shows(throttled: tuple[Budget, Any, Any]) -> None:
+    from azure.data.tables import UpdateMode
+
+    budget, table, _ = throttled
+    table.create_entity({"PartitionKey": "hot", "RowKey": "marker"})
+    # Given three EGTs that each insert a row and merge the same one (as a lock merges its minute's marker)
+    for n in range(3):
+        table.submit_transaction(
+            [
+                ("create", {"PartitionKey": "hot", "RowKey": f"r{n}"}),
+                ("update", {"PartitionKey": "hot", "RowKey": "marker", "n": n}, {"mode": UpdateMode.MERGE}),
+            ]
+        )
+    # Then the merged row was written 4 times (its insert + 3 merges), each other row once
+    written = {rk: n for (_, _, pk, rk), n in budget.row_writes.items() if pk == "hot"}
+    assert written == {"marker": 4, "r0": 1, "r1": 1, "r2": 1}
+    assert budget.hottest_row()[1] == 4
