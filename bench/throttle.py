@@ -11,6 +11,11 @@ in token buckets refilled continuously (one second of budget is the burst):
   charged the entities it returned, per partition of the rows (a range read costs what it reads);
 * anything else (create table, ...): 1 entity of the account.
 
+A request is admitted while its partition and the account are within budget (at least one entity left);
+a transaction may take a bucket below zero, a debt repaid at the budget's rate before anything else is
+admitted, so the rate over time is the budget's and single-entity requests (reads between retries) cannot
+starve a transaction that needs several entities at once.
+
 Beyond either budget a request is **not forwarded** and is answered as Azure answers throttling
 (reference/scale-targets.md: "503 Server Busy or 500 Operation Timeout; back off exponentially"): status
 503 with error code ``ServerBusy``, or, for every ``timeout_every``-th refusal, 500 with error code
@@ -237,9 +242,12 @@ class Budget:
                     self._partitions, (charge.account, table, pk), self.partition_per_s, now
                 )
                 partitions.append((bucket, (charge.account, table, pk), 1.0 if charge.read else n))
-                if bucket.tokens < min(n, bucket.rate) or (charge.read and bucket.tokens < 1):
+                # Admitted while the partition is within its budget (at least one entity left); a batch
+                # may take it below zero, a debt repaid at its rate before anything else is admitted.
+                # Requiring all n at once would let single reads starve a transaction for ever.
+                if bucket.tokens < 1:
                     scope = "partition"
-            if scope is None and account.tokens < min(needed, account.rate):
+            if scope is None and account.tokens < 1:
                 scope = "account"
             if scope is not None:
                 self.refused[scope] += 1
