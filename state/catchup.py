@@ -33,6 +33,7 @@ what is left after that waits for the next timer.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
 import os
 import threading
@@ -218,7 +219,12 @@ class Catchup:
         if self.parallelism == 1:
             worker(own[0])
         else:
-            threads = [threading.Thread(target=worker, args=(r,), daemon=True) for r in own]
+            # Each worker runs in a copy of the caller's context: its events (a lock expired) belong to
+            # the run's span, as they do with one worker.
+            threads = [
+                threading.Thread(target=contextvars.copy_context().run, args=(worker, r), daemon=True)
+                for r in own
+            ]
             for t in threads:
                 t.start()
             for t in threads:
