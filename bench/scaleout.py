@@ -33,7 +33,7 @@ from bench.proxy import CountingProxy
 from bench.throttle import SCALE, Budget
 from common.settings import TableSettings
 from common.tables import Tables
-from state.keys import STATE_TABLE, Layout, node_partition_range
+from state.keys import STATE_TABLE, Layout, is_marker, node_partition_range
 from state.model import RecordKey, Scope, Status
 from state.store import StateStore, WriteContext
 
@@ -286,6 +286,7 @@ def run(env: Environment) -> list[Figure]:
             elapsed = time.monotonic() - started
             requests = budget.requests - requests_before
             written = budget.writes() - writes_before
+            markers = _marker_writes(budget)
         finally:
             tables.close()
             proxy.stop()
@@ -325,5 +326,39 @@ def run(env: Environment) -> list[Figure]:
                 ),
             )
         )
+        figures.append(_marker_figure(shards, markers, written, elapsed, partition_budget))
     figures.append(_catchup(env, max(rates.values()), env.smoke))
     return figures
+
+
+def _marker_writes(budget: Budget) -> tuple[int, int]:
+    """(writes of every minute-marker row, writes of the most written one) admitted so far."""
+    rows = budget.row_writes.items()
+    counts = [n for (_, table, _, rk), n in rows if table.endswith(STATE_TABLE) and is_marker(rk)]
+    return sum(counts), max(counts, default=0)
+
+
+def _marker_figure(
+    shards: int, markers: tuple[int, int], written: int, elapsed: float, partition_budget: float
+) -> Figure:
+    """What ADR-0011's per-lock marker merge costs: its share of the entity writes, and the rate of the
+    single hottest marker row beside one partition's budget (a marker is one row per instance, shard and
+    minute, so with S shards the merges spread over S rows)."""
+    total, hottest = markers
+    share = total / written if written else 0.0
+    hottest_rate = hottest / elapsed
+    return Figure(
+        section=SECTION,
+        name=f"minute-marker merges, S={shards}",
+        settle=round(share, 3),
+        baseline=None,
+        ratio=None,
+        target="cost (ADR-0011), not a limit",
+        verdict="info",
+        unit="share of entity writes",
+        note=(
+            f"{total} of {written} entity writes merged a marker; hottest marker row "
+            f"{hottest_rate:.2f} writes/s = {hottest_rate / partition_budget:.0%} of one partition's budget "
+            f"({partition_budget:.0f}/s) — a marker is written inside its partition's budget, never beyond it"
+        ),
+    )

@@ -11,6 +11,11 @@ in token buckets refilled continuously (one second of budget is the burst):
   charged the entities it returned, per partition of the rows (a range read costs what it reads);
 * anything else (create table, ...): 1 entity of the account.
 
+A request is admitted while its partition and the account are within budget (at least one entity left);
+a transaction may take a bucket below zero, a debt repaid at the budget's rate before anything else is
+admitted, so the rate over time is the budget's and single-entity requests (reads between retries) cannot
+starve a transaction that needs several entities at once.
+
 Beyond either budget a request is **not forwarded** and is answered as Azure answers throttling
 (reference/scale-targets.md: "503 Server Busy or 500 Operation Timeout; back off exponentially"): status
 503 with error code ``ServerBusy``, or, for every ``timeout_every``-th refusal, 500 with error code
@@ -53,6 +58,7 @@ _COLLECTION = re.compile(r"^/([^/]+)/([^/(]+)(\(\))?$")
 _INNER = re.compile(rb"^(GET|POST|PUT|MERGE|PATCH|DELETE) (\S+) HTTP/1\.1\r?$", re.MULTILINE)
 _PK_EQ = re.compile(r"PartitionKey eq '((?:[^']|'')*)'")
 _PK_JSON = re.compile(rb'"PartitionKey"\s*:\s*"((?:[^"\\]|\\.)*)"')
+_RK_JSON = re.compile(rb'"RowKey"\s*:\s*"((?:[^"\\]|\\.)*)"')
 
 
 @dataclass(frozen=True)
@@ -63,6 +69,7 @@ class Charge:
     partitions: dict[tuple[str, str], int]
     read: bool = False  # a query: charged after the answer, by the rows it returned
     write: bool = False  # entities written (insert, update, merge, delete, every operation of a batch)
+    rows: tuple[tuple[str, str, str], ...] = ()  # (table, PartitionKey, RowKey) of each entity written
 
     @property
     def entities(self) -> int:
@@ -76,8 +83,10 @@ def charge_of(method: str, target: str, body: bytes | None) -> Charge:
     account = path.split("/")[1] if path.count("/") >= 1 else ""
     point = _POINT.match(path)
     if point:
-        _, table, pk, _ = point.groups()
-        return Charge(account, {(table, pk.replace("''", "'")): 1}, write=method != "GET")
+        _, table, pk, rk = point.groups()
+        pk, rk = pk.replace("''", "'"), rk.replace("''", "'")
+        written = ((table, pk, rk),) if method != "GET" else ()
+        return Charge(account, {(table, pk): 1}, write=method != "GET", rows=written)
     if path.endswith("/$batch") and body:
         inner = _INNER.findall(body)
         table, pk = "", ""
@@ -92,7 +101,8 @@ def charge_of(method: str, target: str, body: bytes | None) -> Charge:
         if not pk:
             found = _PK_JSON.search(body)
             pk = json.loads(b'"' + found.group(1) + b'"') if found else ""
-        return Charge(account, {(table, pk): max(1, len(inner))}, write=True)
+        rows = _batch_rows(body, table, pk)
+        return Charge(account, {(table, pk): max(1, len(inner))}, write=True, rows=rows)
     collection = _COLLECTION.match(path)
     if collection and collection.group(2) != "Tables":
         table = collection.group(2)
@@ -104,8 +114,26 @@ def charge_of(method: str, target: str, body: bytes | None) -> Charge:
         if method == "POST" and body:
             found = _PK_JSON.search(body)
             pk = json.loads(b'"' + found.group(1) + b'"') if found else ""
-            return Charge(account, {(table, pk): 1}, write=True)
+            rk = _RK_JSON.search(body)
+            written = ((table, pk, json.loads(b'"' + rk.group(1) + b'"')),) if rk else ()
+            return Charge(account, {(table, pk): 1}, write=True, rows=written)
     return Charge(account, {})
+
+
+def _batch_rows(body: bytes, table: str, pk: str) -> tuple[tuple[str, str, str], ...]:
+    """The row each operation of a batch writes: from its URL, or (an insert) from its JSON body."""
+    found = list(_INNER.finditer(body))
+    rows = []
+    for n, op in enumerate(found):
+        point = _POINT.match(unquote(urlsplit(op.group(2).decode()).path))
+        if point:
+            rows.append((table, pk, point.group(4).replace("''", "'")))
+            continue
+        end = found[n + 1].start() if n + 1 < len(found) else len(body)
+        rk = _RK_JSON.search(body, op.end(), end)
+        if rk:
+            rows.append((table, pk, json.loads(b'"' + rk.group(1) + b'"')))
+    return tuple(rows)
 
 
 @dataclass
@@ -179,6 +207,8 @@ class Budget:
     _accounts: dict[str, _Bucket] = field(default_factory=dict)
     admitted: Counter[tuple[str, str, str]] = field(default_factory=Counter)
     written: Counter[tuple[str, str, str]] = field(default_factory=Counter)  # entities written, admitted
+    # writes admitted per row (account, table, PartitionKey, RowKey): shows a row every request touches
+    row_writes: Counter[tuple[str, str, str, str]] = field(default_factory=Counter)
     refused: Counter[str] = field(default_factory=Counter)
     requests: int = 0
 
@@ -212,9 +242,12 @@ class Budget:
                     self._partitions, (charge.account, table, pk), self.partition_per_s, now
                 )
                 partitions.append((bucket, (charge.account, table, pk), 1.0 if charge.read else n))
-                if bucket.tokens < min(n, bucket.rate) or (charge.read and bucket.tokens < 1):
+                # Admitted while the partition is within its budget (at least one entity left); a batch
+                # may take it below zero, a debt repaid at its rate before anything else is admitted.
+                # Requiring all n at once would let single reads starve a transaction for ever.
+                if bucket.tokens < 1:
                     scope = "partition"
-            if scope is None and account.tokens < min(needed, account.rate):
+            if scope is None and account.tokens < 1:
                 scope = "account"
             if scope is not None:
                 self.refused[scope] += 1
@@ -229,6 +262,8 @@ class Budget:
                     self.admitted[key] += int(n)
                     if charge.write:
                         self.written[key] += int(n)
+                for table, pk, rk in charge.rows:
+                    self.row_writes[(charge.account, table, pk, rk)] += 1
             return None
 
     def charge_rows(self, account: str, table: str, body: bytes) -> None:
@@ -251,6 +286,12 @@ class Budget:
         """Entities written (admitted) so far, in tables whose name ends with ``table_suffix``."""
         with self._lock:
             return sum(n for (_, table, _), n in self.written.items() if table.endswith(table_suffix))
+
+    def hottest_row(self, table_suffix: str = "") -> tuple[tuple[str, str, str, str] | None, int]:
+        """The row written most often (admitted) so far, and how many times."""
+        with self._lock:
+            rows = [(k, n) for k, n in self.row_writes.items() if k[1].endswith(table_suffix)]
+        return max(rows, key=lambda kn: kn[1]) if rows else (None, 0)
 
     def refusals(self) -> int:
         with self._lock:

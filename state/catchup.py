@@ -18,6 +18,12 @@ thread per (minute, partition) pair taken in order from level 1, so a backlog sp
 of catch-up writes (a few hundred entities/s at most, well inside a partition's budget). Every write is
 ETag-conditional or insert-only, so workers (and instances) that meet the same record race safely.
 
+Across instances: before visiting a pointer a run leases it (``ExpiryIndex.lease``: a merge of
+``LeasedBy``/``LeasedUntil`` into the level-1 row ``If-Match`` the ETag it listed, for ``DEFAULT_LEASE_MS``),
+and a run of another instance skips a pointer whose lease still runs, so several instances' runs divide the
+backlog. Leases divide work only (every write stays conditional); the minute is closed ``If-Match`` the ETag
+the lease returned, which keeps ADR-0011's proof (the lease is the read the markers are listed after).
+
 Work per run is bounded by ``max_rows`` (index rows handled plus partitions visited). The timer
 (:meth:`Catchup.drain`) runs again while a run ran out of rows, for up to ``DRAIN_SECONDS``, so a backlog
 larger than one run (a fleet of workers killed at once) is still caught up within one timer period; only
@@ -27,13 +33,15 @@ what is left after that waits for the next timer.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
 import os
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from common import telemetry
@@ -53,6 +61,10 @@ CLOSE_MARGIN_MS = 5_000
 DRAIN_SECONDS = 50.0
 PARALLELISM_SETTING = "STATE_CATCHUP_PARALLELISM"
 DEFAULT_PARALLELISM = 8
+# How long a run's lease on a level-1 pointer keeps other instances' runs off it (one timer period).
+DEFAULT_LEASE_MS = 60_000
+# Leases are per instance (process): every run of this process may take this process's leases again.
+PROCESS_OWNER = uuid.uuid4().hex
 _COLUMN_OF_KIND = {kind: column for column, kind in INDEX_COLUMNS.items()}
 
 
@@ -67,6 +79,7 @@ class CatchupResult:
     stale_index_rows: int = 0
     minutes_visited: int = 0
     minutes_closed: int = 0
+    leases_skipped: int = 0  # pointers another instance's run held a lease on
     exhausted: bool = False  # the run stopped at max_rows: there may be more to do
     elapsed_ms: float = 0.0
 
@@ -84,6 +97,7 @@ class CatchupResult:
             "stale_index_rows",
             "minutes_visited",
             "minutes_closed",
+            "leases_skipped",
         ):
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
@@ -111,11 +125,20 @@ def parallelism_from_env() -> int:
 
 class Catchup:
     def __init__(
-        self, store: StateStore, index: ExpiryIndex | None = None, *, parallelism: int | None = None
+        self,
+        store: StateStore,
+        index: ExpiryIndex | None = None,
+        *,
+        parallelism: int | None = None,
+        lease_ms: int = DEFAULT_LEASE_MS,
+        owner: str | None = None,
     ) -> None:
         self._store = store
         self._index = index or store.index
         self.parallelism = parallelism if parallelism is not None else parallelism_from_env()
+        # Whose leases this run's are (an instance: the process, unless a test plays several instances).
+        self.owner = owner or PROCESS_OWNER
+        self.lease_ms = lease_ms
 
     def drain(self, *, now: datetime | None = None, max_rows: int | None = None) -> list[CatchupResult]:
         """What the timer does: bounded runs, again while one ran out of rows having changed something
@@ -178,9 +201,15 @@ class Catchup:
                     if not budget.take():
                         stopped = True
                         return
-                own.minutes_visited += 1
                 try:
-                    self._visit(pointer, when, own, budget)
+                    leased = self._index.lease(
+                        pointer, self.owner, when, when + timedelta(milliseconds=self.lease_ms)
+                    )
+                    if leased is None:
+                        own.leases_skipped += 1
+                        continue
+                    own.minutes_visited += 1
+                    self._visit(leased, when, own, budget)
                 except BaseException as exc:
                     with lock:
                         errors.append(exc)
@@ -190,7 +219,12 @@ class Catchup:
         if self.parallelism == 1:
             worker(own[0])
         else:
-            threads = [threading.Thread(target=worker, args=(r,), daemon=True) for r in own]
+            # Each worker runs in a copy of the caller's context: its events (a lock expired) belong to
+            # the run's span, as they do with one worker.
+            threads = [
+                threading.Thread(target=contextvars.copy_context().run, args=(worker, r), daemon=True)
+                for r in own
+            ]
             for t in threads:
                 t.start()
             for t in threads:

@@ -30,7 +30,7 @@ import threading
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -62,6 +62,21 @@ class Pointer:
     bucket: int
     partition: str
     etag: str
+    leased_by: str | None = None  # the catch-up run's owner that leased it (a lease divides work only)
+    leased_until: datetime | None = None
+
+
+def _pointer(entity: Any) -> Pointer:
+    found, bucket = parse_level1_partition(str(entity["PartitionKey"]))
+    until = entity.get("LeasedUntil")
+    return Pointer(
+        found,
+        bucket,
+        str(entity["RowKey"]),
+        str(entity.metadata["etag"]),
+        leased_by=entity.get("LeasedBy"),
+        leased_until=until if isinstance(until, datetime) else None,
+    )
 
 
 class ExpiryIndex:
@@ -149,8 +164,41 @@ class ExpiryIndex:
         }
         table = self._tables.table(EXPIRY_TABLE)
         for entity in table.query_entities(query, parameters=parameters, results_per_page=page_size):
-            found, bucket = parse_level1_partition(str(entity["PartitionKey"]))
-            yield Pointer(found, bucket, str(entity["RowKey"]), str(entity.metadata["etag"]))
+            yield _pointer(entity)
+
+    def lease(self, pointer: Pointer, owner: str, now: datetime, until: datetime) -> Pointer | None:
+        """Lease ``pointer`` to ``owner`` until ``until``: a merge ``If-Match`` its ETag, so of several
+        instances' runs one works on it; None when another owner's lease is still running at ``now`` or
+        the row is gone. The returned pointer carries the ETag after the lease, which is the one catch-up
+        must delete with (ADR-0011's proof: the lease is the read it orders markers after)."""
+        from azure.core import MatchConditions
+        from azure.core.exceptions import ResourceModifiedError, ResourceNotFoundError
+        from azure.data.tables import UpdateMode
+
+        table = self._tables.table(EXPIRY_TABLE)
+        for _ in range(_TOUCH_ATTEMPTS):
+            held = pointer.leased_until is not None and pointer.leased_until > now
+            if held and pointer.leased_by != owner:
+                return None
+            row = level1_entity(pointer.kind, pointer.bucket, pointer.partition)
+            row.update(LeasedBy=owner, LeasedUntil=until)
+            try:
+                answer = table.update_entity(
+                    row,
+                    mode=UpdateMode.MERGE,
+                    etag=pointer.etag,
+                    match_condition=MatchConditions.IfNotModified,
+                )
+                return replace(pointer, etag=str(answer["etag"]), leased_by=owner, leased_until=until)
+            except ResourceModifiedError:
+                pass  # leased by another run, or touched by a preparation: read it again
+            except ResourceNotFoundError:
+                return None  # another run closed the minute
+            try:
+                pointer = _pointer(table.get_entity(row["PartitionKey"], row["RowKey"]))
+            except ResourceNotFoundError:
+                return None
+        return None
 
     def drop(self, pointer: Pointer) -> bool:
         """Delete a level-1 row if nobody touched it since catch-up read it; False when it stays."""

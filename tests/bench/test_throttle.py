@@ -162,3 +162,49 @@ def test_the_resolver_floor_is_the_documented_minimum_so_an_extra_read_is_settle
     calls = [read, extra, write, other]
     # Then the floor replays only the read and the transaction the documented design needs
     assert documented_minimum(calls) == [read, write]
+
+
+def test_the_writes_of_each_row_are_counted_so_a_hot_row_shows(throttled: tuple[Budget, Any, Any]) -> None:
+    from azure.data.tables import UpdateMode
+
+    budget, table, _ = throttled
+    table.create_entity({"PartitionKey": "hot", "RowKey": "marker"})
+    # Given three EGTs that each insert a row and merge the same one (as a lock merges its minute's marker)
+    for n in range(3):
+        table.submit_transaction(
+            [
+                ("create", {"PartitionKey": "hot", "RowKey": f"r{n}"}),
+                ("update", {"PartitionKey": "hot", "RowKey": "marker", "n": n}, {"mode": UpdateMode.MERGE}),
+            ]
+        )
+    # Then the merged row was written 4 times (its insert + 3 merges), each other row once
+    written = {rk: n for (_, _, pk, rk), n in budget.row_writes.items() if pk == "hot"}
+    assert written == {"marker": 4, "r0": 1, "r1": 1, "r2": 1}
+    assert budget.hottest_row()[1] == 4
+
+
+def test_a_batch_is_not_starved_by_single_entity_requests_and_its_excess_is_repaid(
+    azurite_connection: str,
+) -> None:
+    from azure.data.tables import TableServiceClient
+
+    now = [0.0]
+    budget = Budget(partition_per_s=10, account_per_s=1000, timeout_every=0, clock=lambda: now[0])
+    name = "throttle" + uuid.uuid4().hex[:10]
+    direct = TableServiceClient.from_connection_string(azurite_connection).create_table_if_not_exists(name)
+    with CountingProxy(_endpoint(azurite_connection), budget=budget) as proxy:
+        service = TableServiceClient.from_connection_string(
+            proxy.connection_string(azurite_connection), retry_total=0
+        )
+        table = service.get_table_client(name)
+        # Given single inserts that leave the partition 2 entities of budget (as reads do between retries)
+        assert [_insert(table, "p", f"s{n}") for n in range(8)] == [None] * 8
+        # When a transaction of 3 entities comes: admitted while the partition is within its budget
+        table.submit_transaction([("create", {"PartitionKey": "p", "RowKey": f"b{n}"}) for n in range(3)])
+        # Then its excess is debt: nothing more is admitted until it is repaid at the partition's rate
+        assert _insert(table, "p", "late") == SERVER_BUSY
+        now[0] = 0.15  # +1.5 entities: still below one
+        assert _insert(table, "p", "late") == SERVER_BUSY
+        now[0] = 0.25  # +2.5: the debt of 1 repaid, 1.5 entities of budget
+        assert _insert(table, "p", "late") is None
+    assert _stored(direct, "p") == 12

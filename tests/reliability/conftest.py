@@ -26,6 +26,7 @@ from tests.reliability.tally import TALLY, scale
 ROOT = Path(__file__).resolve().parents[2]
 _AREA_OF_MODULE = {
     "test_state_faults": "state faults",
+    "test_state_throttled": "state throttled",
     "test_state_model": "state model",
     "test_resolver": "resolver",
     "test_settlement_races": "settlement races",

@@ -215,8 +215,8 @@ def test_catch_up_costs_what_the_table_says(state, fresh_tables):
     with ROUND_TRIPS.measure() as tally:
         result = service.catchup().run(now=now)
     assert result.locks_failed == 3 and result.minutes_closed == 0
-    assert tally.requests == 2 + result.minutes_visited + 2 * 3
-    assert "2 + 1 per minute visited + 2 per expired lock or deadline" in documented()["catch-up"]
+    assert tally.requests == 2 + 2 * result.minutes_visited + 2 * 3
+    assert "2 + 2 per minute visited + 2 per expired lock or deadline" in documented()["catch-up"]
 
 
 def test_retention_markers_are_prepared_like_lock_markers(state):
