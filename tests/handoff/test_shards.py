@@ -99,6 +99,8 @@ def test_the_layout_setting_is_checked(monkeypatch):
 
 def test_changing_the_shard_count_loses_nothing(call, resolve, monkeypatch, loopback):  # noqa: F811
     # Given events parked under the unsharded layout (S = 1)
+    monkeypatch.setenv(keys.SHARDS_SETTING, "1")
+    monkeypatch.delenv(keys.PREVIOUS_SHARDS_SETTING, raising=False)
     endpoint = "Reshard-" + uuid.uuid4().hex[:8]
     base = datetime.now(UTC) - timedelta(hours=2)
     old = [park(resolve, endpoint, f"old-{i}", base + timedelta(minutes=i)) for i in range(3)]
