@@ -27,7 +27,19 @@ RowKey                             row
 =================================  =====================================================================
 
 Every row of one event shares the prefix ``ev|{eventId}|``, so the event read (row + history + audits)
-is one range query. Table ``hoendpoints`` lists endpoints that ever parked (the sweeper's only
+is one range query.
+
+Sharded endpoints (``SETTLE_HANDOFF_SHARDS`` = S, default 1): with S > 1 an endpoint's rows spread over S
+partitions ``{endpoint}~{S:03d}-{shard:03d}``, shard = first 8 bytes of SHA-256 of the event id, big-endian,
+mod S (``~`` is escaped in an encoded endpoint id, so no endpoint's partition equals another's shard). Every
+row that belongs to one event (its ``ev|`` rows and its hq/jb/ex/rc/uc/ad/sd/sa/ss rows and the counts
+deltas written with its changes) lives in the event's shard, so the resolver's and settlement's writes stay
+one EGT. Each shard has its own ``ct|0`` snapshot; ``pz|`` rows (poison has no event) stay in the
+unsharded partition ``{endpoint}``. Readers of an endpoint read each shard (first pages, merged) and sum the
+shards' counts. With S = 1 every key is exactly the unsharded one above. Earlier values of S are listed in
+``SETTLE_HANDOFF_SHARDS_PREVIOUS`` (comma-separated): an event keeps the partition it was created in, a
+lookup that misses in the current layout probes the earlier ones, and every endpoint reader reads the
+earlier layouts' shards too. Table ``hoendpoints`` lists endpoints that ever parked (the sweeper's only
 cross-partition need); table ``hopoison`` keeps poison messages by day for operators.
 
 Encoding: Table keys forbid ``/ \\ # ?`` and control characters, and ``|`` / ``~`` separate our parts, so
@@ -37,6 +49,7 @@ those (and ``%``) are written ``%XX``: injective, readable, and it keeps the ran
 from __future__ import annotations
 
 import hashlib
+import os
 from datetime import UTC, datetime
 
 from common.errors import KeyTooLong
@@ -75,6 +88,69 @@ def stamp(value: datetime) -> str:
 
 def partition(endpoint_id: str) -> str:
     return checked(encode(endpoint_id), field="endpointId")
+
+
+MAX_SHARDS = 999
+SHARDS_SETTING = "SETTLE_HANDOFF_SHARDS"
+PREVIOUS_SHARDS_SETTING = "SETTLE_HANDOFF_SHARDS_PREVIOUS"
+
+
+def _shards(text: str, setting: str) -> int:
+    try:
+        value = int(text.strip())
+    except ValueError:
+        raise ValueError(
+            f"{setting} must be a whole number of shards (1-{MAX_SHARDS}); got {text!r}"
+        ) from None
+    if not 1 <= value <= MAX_SHARDS:
+        raise ValueError(f"{setting} must be between 1 and {MAX_SHARDS}; got {value}")
+    return value
+
+
+def shard_count() -> int:
+    """The current layout's S (``SETTLE_HANDOFF_SHARDS``, default 1)."""
+    return _shards(os.environ.get(SHARDS_SETTING) or "1", SHARDS_SETTING)
+
+
+def previous_shard_counts() -> tuple[int, ...]:
+    """Earlier values of S whose rows must still be found (``SETTLE_HANDOFF_SHARDS_PREVIOUS``)."""
+    text = (os.environ.get(PREVIOUS_SHARDS_SETTING) or "").replace(";", ",")
+    current = shard_count()
+    found: list[int] = []
+    for part in text.split(","):
+        if part.strip():
+            value = _shards(part, PREVIOUS_SHARDS_SETTING)
+            if value != current and value not in found:
+                found.append(value)
+    return tuple(found)
+
+
+def shard_of(event_id: str, shards: int) -> int:
+    """The shard of one event: first 8 bytes of SHA-256 of the event id, big-endian, mod ``shards``."""
+    return int.from_bytes(hashlib.sha256(event_id.encode()).digest()[:8], "big") % shards
+
+
+def shard_partition(endpoint_id: str, shards: int, shard: int) -> str:
+    """PartitionKey of one shard of an endpoint (the unsharded key when ``shards`` is 1)."""
+    base = partition(endpoint_id)
+    return base if shards == 1 else checked(f"{base}~{shards:03d}-{shard:03d}", field="endpointId")
+
+
+def event_partition(endpoint_id: str, event_id: str, shards: int | None = None) -> str:
+    """PartitionKey of every row of one event in the layout with ``shards`` (default: the current one)."""
+    count = shard_count() if shards is None else shards
+    return shard_partition(endpoint_id, count, shard_of(event_id, count) if count > 1 else 0)
+
+
+def endpoint_partitions(endpoint_id: str) -> list[str]:
+    """Every partition that can hold rows of the endpoint: the current layout's shards, then earlier ones'."""
+    found: list[str] = []
+    for count in (shard_count(), *previous_shard_counts()):
+        for shard in range(count):
+            pk = shard_partition(endpoint_id, count, shard)
+            if pk not in found:
+                found.append(pk)
+    return found
 
 
 def event_prefix(event_id: str) -> str:

@@ -20,7 +20,7 @@ from datetime import datetime, timedelta
 
 from common.clock import iso, utcnow
 from common.errors import Conflict, InvalidInput, NotFound, SettleError
-from handoff import keys, store
+from handoff import store
 from handoff.models import (
     EventView,
     LeasedHandoffView,
@@ -205,7 +205,7 @@ class ReceiveService:
                 [
                     store.merge(
                         {
-                            "PartitionKey": keys.partition(endpoint_id),
+                            "PartitionKey": self.store.event_partition(endpoint_id, entry.event_id),
                             "RowKey": entry.row_key,
                             "ClaimedUntil": iso(until),
                             "LeaseToken": token,
@@ -249,7 +249,7 @@ class ReceiveService:
                 [
                     store.merge(
                         {
-                            "PartitionKey": keys.partition(endpoint_id),
+                            "PartitionKey": self.store.event_partition(endpoint_id, entry.event_id),
                             "RowKey": entry.row_key,
                             "ClaimedUntil": "0",
                         },
@@ -267,7 +267,7 @@ class ReceiveService:
         row = self.store.get_event(endpoint_id, event_id)
         if row is None:
             raise NotFound(f"Event {event_id!r} is unknown on endpoint {endpoint_id!r}.")
-        entry = self.store.get_queue_row(endpoint_id, row.queue_key) if row.queue_key else None
+        entry = self.store.get_queue_row(endpoint_id, event_id, row.queue_key) if row.queue_key else None
         if (
             entry is None
             or entry.lease_token != token

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from common import telemetry
-from handoff import keys, store
+from handoff import store
 from handoff.outbox import RETRY_AFTER, ClaimState
 from handoff.records import ReconcileRow
 from handoff.settlement import SettlementService
@@ -117,7 +117,8 @@ class Reconciler:
 
     def _drop(self, endpoint_id: str, due: ReconcileRow) -> None:
         assert due.row_key is not None
-        self.store.submit([store.delete(keys.partition(endpoint_id), due.row_key, due.etag)])
+        pk = self.store.event_partition(endpoint_id, due.event_id)
+        self.store.submit([store.delete(pk, due.row_key, due.etag)])
 
     def _postpone(self, endpoint_id: str, due: ReconcileRow) -> None:
         """Move a row that could not be handled behind the others (best effort), so it blocks no one."""

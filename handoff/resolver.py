@@ -261,7 +261,7 @@ class ResolverService:
         from azure.data.tables import TableTransactionError
 
         endpoint = m.endpoint_id
-        pk = keys.partition(endpoint)
+        pk = self.store.event_partition(endpoint, m.event_id)  # every row of the event: one EGT
         for _ in range(_ETAG_ATTEMPTS):
             current = self.store.get_event(endpoint, m.event_id)
             now = self.clock()

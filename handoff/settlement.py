@@ -338,7 +338,7 @@ class SettlementService:
         from azure.data.tables import TableTransactionError
 
         parked, digest = s.addressed_message_id, s.digest
-        pk = keys.partition(s.endpoint_id)
+        pk = self.store.event_partition(s.endpoint_id, row.event_id)
         claim_key = keys.claim_row(row.event_id, parked)
         now = self.clock()
         audit_key = keys.audit_row(row.event_id, now, uuid.uuid4().hex)
@@ -439,7 +439,7 @@ class SettlementService:
         from handoff.receive import LeaseLost
 
         assert row.queue_key is not None
-        queued = self.store.get_queue_row(s.endpoint_id, row.queue_key)
+        queued = self.store.get_queue_row(s.endpoint_id, row.event_id, row.queue_key)
         if queued is None:
             raise self._not_parked_any_more(row)
         if queued.lease_token == s.lease_token and queued.etag:
@@ -719,7 +719,7 @@ class SettlementService:
         """
         now = self.clock()
         entity: dict[str, Any] = {
-            "PartitionKey": keys.partition(endpoint_id),
+            "PartitionKey": self.store.event_partition(endpoint_id, claim.event_id),
             "RowKey": keys.claim_row(claim.event_id, claim.parked_message_id),
             "UpdatedAt": now,
         }
@@ -756,7 +756,7 @@ class SettlementService:
         ``due``: keep it open and look again then. A lost race (another instance moved it first) or a
         storage fault leaves it as it was: the reconciler looks again.
         """
-        pk = keys.partition(endpoint_id)
+        pk = self.store.event_partition(endpoint_id, claim.event_id)
         now = self.clock()
         new_reconcile = (
             keys.reconcile_row(due, claim.event_id, claim.parked_message_id) if due and state.open else None
@@ -864,7 +864,7 @@ class SettlementService:
         """Undo a claim whose send certainly reached nothing; False when the claim may still stand."""
         from azure.data.tables import TableTransactionError
 
-        pk = keys.partition(endpoint_id)
+        pk = self.store.event_partition(endpoint_id, row.event_id)
         ops: list[Operation] = [
             store.delete(pk, keys.claim_row(row.event_id, claim.parked_message_id), claim.etag),
             store.delete(pk, claim.audit_key),
@@ -950,7 +950,9 @@ class ClaimResolver:
                     "only an unconfirmed settlement is resolved by an operator.",
                     field="messageId",
                 )
-            ops = self._ops(endpoint_id, row, claim, resolution, audit)
+            ops = self._ops(
+                self.store.event_partition(endpoint_id, row.event_id), row, claim, resolution, audit
+            )
             try:
                 self.store.submit(ops)
             except TableTransactionError:
@@ -961,10 +963,7 @@ class ClaimResolver:
         raise Conflict(f"The claim of message {addressed!r} kept changing; retry.", field="messageId")
 
     @staticmethod
-    def _ops(
-        endpoint_id: str, row: EventRow, claim: ClaimRow, resolution: str, audit: AuditRow
-    ) -> list[Operation]:
-        pk = keys.partition(endpoint_id)
+    def _ops(pk: str, row: EventRow, claim: ClaimRow, resolution: str, audit: AuditRow) -> list[Operation]:
         claim_key = keys.claim_row(claim.event_id, claim.parked_message_id)
         now = audit.audit_timestamp
         ops: list[Operation] = []

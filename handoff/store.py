@@ -98,13 +98,45 @@ class HandoffStore:
 
     # -- events partition ---------------------------------------------------------------------------
 
-    def get_event(self, endpoint_id: str, event_id: str) -> EventRow | None:
-        """Point read of the event row (one round trip)."""
+    def event_partition(self, endpoint_id: str, event_id: str) -> str:
+        """The partition of every row of one event (``keys`` "Sharded endpoints").
+
+        Computed, without a read, unless earlier layouts are listed (``SETTLE_HANDOFF_SHARDS_PREVIOUS``):
+        then an event row missing from the current layout is looked for in the earlier ones (one point read
+        each), because an event keeps the partition it was created in. Not found anywhere: the current one.
+        """
+        current = keys.event_partition(endpoint_id, event_id)
+        earlier = [keys.event_partition(endpoint_id, event_id, n) for n in keys.previous_shard_counts()]
+        earlier = [pk for pk in earlier if pk != current]
+        if not earlier:
+            return current
+        for pk in (current, *earlier):
+            if self._event_entity(pk, event_id, select=["RowKey"]) is not None:
+                return pk
+        return current
+
+    def _event_entity(self, pk: str, event_id: str, select: list[str] | None = None) -> Any:
         from azure.core.exceptions import ResourceNotFoundError
 
         try:
-            entity = self._events().get_entity(keys.partition(endpoint_id), keys.event_row(event_id))
+            return self._events().get_entity(pk, keys.event_row(event_id), select=select)
         except ResourceNotFoundError:
+            return None
+
+    def endpoint_partitions(self, endpoint_id: str) -> list[str]:
+        """Every partition of the endpoint (its shards, current and earlier layouts); one with S = 1."""
+        return keys.endpoint_partitions(endpoint_id)
+
+    def get_event(self, endpoint_id: str, event_id: str) -> EventRow | None:
+        """Point read of the event row (one round trip; +1 per earlier layout on a miss)."""
+        current = keys.event_partition(endpoint_id, event_id)
+        entity = self._event_entity(current, event_id)
+        if entity is None:
+            for count in keys.previous_shard_counts():
+                pk = keys.event_partition(endpoint_id, event_id, count)
+                if pk != current and (entity := self._event_entity(pk, event_id)) is not None:
+                    break
+        if entity is None:
             return None
         row: EventRow = EventRow.from_entity(entity)
         return row
@@ -112,19 +144,20 @@ class HandoffStore:
     def event_rows(self, endpoint_id: str, event_id: str) -> Iterator[Any]:
         """Every row of one event (event row, history, audits, claims): one range query."""
         low, high = keys.event_range(event_id)
-        pk = keys.partition(endpoint_id)
+        pk = self.event_partition(endpoint_id, event_id)
         keys.checked(high, field="eventId")
         query = f"PartitionKey eq {_quote(pk)} and RowKey ge {_quote(low)} and RowKey lt {_quote(high)}"
         return iter(self._events().query_entities(query))
 
-    def point_rows(self, endpoint_id: str, row_keys: list[str]) -> list[Any]:
-        """Rows of the endpoint partition by key (one point read each; missing ones are left out)."""
+    def point_rows(self, endpoint_id: str, event_id: str, row_keys: list[str]) -> list[Any]:
+        """Rows of one event's partition by key (one point read each; missing ones are left out)."""
         from azure.core.exceptions import ResourceNotFoundError
 
+        pk = self.event_partition(endpoint_id, event_id)
         found = []
         for row_key in row_keys:
             try:
-                found.append(self._events().get_entity(keys.partition(endpoint_id), row_key))
+                found.append(self._events().get_entity(pk, row_key))
             except ResourceNotFoundError:
                 continue
         return found
@@ -134,7 +167,7 @@ class HandoffStore:
 
         try:
             entity = self._events().get_entity(
-                keys.partition(endpoint_id), keys.claim_row(event_id, parked_message_id)
+                self.event_partition(endpoint_id, event_id), keys.claim_row(event_id, parked_message_id)
             )
         except ResourceNotFoundError:
             return None
@@ -145,7 +178,8 @@ class HandoffStore:
         """Every claim of one event (one per parked message it ever had): one short range read."""
         low, high = keys.claim_range(event_id)
         keys.checked(high, field="eventId")
-        return [ClaimRow.from_entity(e) for e in self._range(endpoint_id, low, high)]
+        pk = self.event_partition(endpoint_id, event_id)
+        return [ClaimRow.from_entity(e) for e in self._range(pk, low, high)]
 
     def has_history(self, endpoint_id: str, event_id: str, message_id: str) -> bool:
         """Whether the resolver projected this message for this event (point read of its history row)."""
@@ -153,21 +187,33 @@ class HandoffStore:
 
         try:
             self._events().get_entity(
-                keys.partition(endpoint_id), keys.history_row(event_id, message_id), select=["RowKey"]
+                self.event_partition(endpoint_id, event_id),
+                keys.history_row(event_id, message_id),
+                select=["RowKey"],
             )
         except ResourceNotFoundError:
             return False
         return True
 
+    def _merged(
+        self, endpoint_id: str, low: str, high: str, *, limit: int, after: dict[str, str] | None = None
+    ) -> list[Any]:
+        """The first ``limit`` rows of ``[low, high)`` over every shard of the endpoint, in RowKey order
+        (each shard read up to ``limit`` rows, then merged; ``after``: per shard, start behind that key)."""
+        rows: list[Any] = []
+        for pk in self.endpoint_partitions(endpoint_id):
+            start = (after or {}).get(pk)
+            rows.extend(self._range(pk, start or low, high, after=bool(start), limit=limit))
+        rows.sort(key=lambda e: str(e["RowKey"]))
+        return rows[:limit]
+
     def _range(
-        self, endpoint_id: str, low: str, high: str, *, after: bool = False, limit: int | None = None
+        self, pk: str, low: str, high: str, *, after: bool = False, limit: int | None = None
     ) -> Iterator[Any]:
-        """Rows of ``[low, high)`` (``(low, high)`` with ``after``) in key order, following continuations."""
+        """Rows of ``[low, high)`` (``(low, high)`` with ``after``) of one partition in key order, following
+        continuations."""
         op = "gt" if after else "ge"
-        query = (
-            f"PartitionKey eq {_quote(keys.partition(endpoint_id))} and RowKey {op} {_quote(low)}"
-            f" and RowKey lt {_quote(high)}"
-        )
+        query = f"PartitionKey eq {_quote(pk)} and RowKey {op} {_quote(low)} and RowKey lt {_quote(high)}"
         page = min(limit, 1000) if limit else None
         for count, entity in enumerate(self._events().query_entities(query, results_per_page=page), 1):
             yield entity
@@ -187,65 +233,69 @@ class HandoffStore:
     ) -> list[QueueRow]:
         """The oldest parked events not claimed at ``claimed_before`` (first page only: never a scan)."""
         low, high = keys.QUEUE_RANGE
-        clauses = [
-            f"PartitionKey eq {_quote(keys.partition(endpoint_id))}",
-            f"RowKey ge {_quote(low)}",
-            f"RowKey lt {_quote(high)}",
-            f"ClaimedUntil lt {_quote(claimed_before)}",
-        ]
-        if event_type_ids:
-            clauses.append("(" + " or ".join(f"EventTypeId eq {_quote(t)}" for t in event_type_ids) + ")")
-        pages = self._events().query_entities(" and ".join(clauses), results_per_page=limit).by_page()
-        first: Any = next(pages, [])
-        return [QueueRow.from_entity(e) for e in first][:limit]
+        found: list[Any] = []
+        for pk in self.endpoint_partitions(endpoint_id):  # each shard's first page, merged oldest first
+            clauses = [
+                f"PartitionKey eq {_quote(pk)}",
+                f"RowKey ge {_quote(low)}",
+                f"RowKey lt {_quote(high)}",
+                f"ClaimedUntil lt {_quote(claimed_before)}",
+            ]
+            if event_type_ids:
+                clauses.append("(" + " or ".join(f"EventTypeId eq {_quote(t)}" for t in event_type_ids) + ")")
+            pages = self._events().query_entities(" and ".join(clauses), results_per_page=limit).by_page()
+            first: Any = next(pages, [])
+            found.extend(list(first)[:limit])
+        found.sort(key=lambda e: str(e["RowKey"]))
+        return [QueueRow.from_entity(e) for e in found[:limit]]
 
-    def get_queue_row(self, endpoint_id: str, queue_key: str) -> QueueRow | None:
+    def get_queue_row(self, endpoint_id: str, event_id: str, queue_key: str) -> QueueRow | None:
         """Point read of one agent queue row (leases live on it)."""
-        rows = self.point_rows(endpoint_id, [queue_key])
+        rows = self.point_rows(endpoint_id, event_id, [queue_key])
         return QueueRow.from_entity(rows[0]) if rows else None
 
     def jobs(self, endpoint_id: str, external_job_id: str, *, limit: int = 5) -> list[JobRow]:
         low, high = keys.job_range(external_job_id)
-        query = (
-            f"PartitionKey eq {_quote(keys.partition(endpoint_id))} and RowKey ge {_quote(low)}"
-            f" and RowKey lt {_quote(high)}"
-        )
-        pages = self._events().query_entities(query, results_per_page=limit).by_page()
-        return [JobRow.from_entity(e) for e in next(pages, [])][:limit]
+        found: list[Any] = []
+        for pk in self.endpoint_partitions(endpoint_id):  # the job's rows may be in any shard
+            query = f"PartitionKey eq {_quote(pk)} and RowKey ge {_quote(low)} and RowKey lt {_quote(high)}"
+            pages = self._events().query_entities(query, results_per_page=limit).by_page()
+            found.extend(list(next(pages, []))[:limit])
+        found.sort(key=lambda e: str(e["RowKey"]))
+        return [JobRow.from_entity(e) for e in found[:limit]]
 
     def expired(
-        self, endpoint_id: str, now: datetime, *, after: str | None = None, limit: int = 500
+        self, endpoint_id: str, now: datetime, *, after: dict[str, str] | None = None, limit: int = 500
     ) -> list[dict[str, Any]]:
-        """Expiry index rows due at ``now``, in ExpectedBy order, after the key ``after``, at most ``limit``.
+        """Expiry index rows due at ``now`` over every shard, in ExpectedBy order, at most ``limit``; in each
+        shard behind the key ``after[shard]`` (the sweeper's cursor is per shard). Each row carries its
+        ``PartitionKey``.
 
         Follows continuation tokens: a page of rows that cannot be swept never hides the ones behind it.
         """
         low, high = keys.expiry_range_until(now)
-        rows = self._range(endpoint_id, after or low, high, after=bool(after), limit=limit)
-        return [dict(e) for e in rows]
+        return [dict(e) for e in self._merged(endpoint_id, low, high, limit=limit, after=after)]
 
     def count_range(self, endpoint_id: str, low: str, high: str, *, cap: int) -> int:
         """Rows of ``[low, high)`` in the endpoint's partition, counted up to ``cap`` (keys only)."""
-        query = (
-            f"PartitionKey eq {_quote(keys.partition(endpoint_id))} and RowKey ge {_quote(low)}"
-            f" and RowKey lt {_quote(high)}"
-        )
         count = 0
-        for _ in self._events().query_entities(query, select=["RowKey"], results_per_page=1000):
-            count += 1
-            if count >= cap:
-                break
+        for pk in self.endpoint_partitions(endpoint_id):  # summed over the shards
+            query = f"PartitionKey eq {_quote(pk)} and RowKey ge {_quote(low)} and RowKey lt {_quote(high)}"
+            for _ in self._events().query_entities(query, select=["RowKey"], results_per_page=1000):
+                count += 1
+                if count >= cap:
+                    return count
         return count
 
     def due_reconcile(self, endpoint_id: str, now: datetime, *, limit: int = 200) -> list[ReconcileRow]:
         """Open claims to look at now, oldest due first."""
         low, high = keys.reconcile_range_until(now)
-        return [ReconcileRow.from_entity(e) for e in self._range(endpoint_id, low, high, limit=limit)]
+        return [ReconcileRow.from_entity(e) for e in self._merged(endpoint_id, low, high, limit=limit)]
 
     def unconfirmed(self, endpoint_id: str, *, limit: int = 1000) -> list[UnconfirmedRow]:
         """Claims that could neither be confirmed nor safely re-sent (usually none)."""
         low, high = keys.UNCONFIRMED_RANGE
-        return [UnconfirmedRow.from_entity(e) for e in self._range(endpoint_id, low, high, limit=limit)]
+        return [UnconfirmedRow.from_entity(e) for e in self._merged(endpoint_id, low, high, limit=limit)]
 
     # -- endpoints and poison -----------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ settlement path (claim → send → audit) with errorType ``TimeoutExpired``:
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -110,7 +111,8 @@ class Sweeper:
     def _sweep_endpoint(self, endpoint: EndpointRow, report: SweepReport) -> None:
         now = self.clock()
         cursor = endpoint.sweep_cursor or None
-        entries = self.store.expired(endpoint.endpoint_id, now, after=cursor, limit=self.rows_per_endpoint)
+        after = _cursors(endpoint.endpoint_id, cursor)
+        entries = self.store.expired(endpoint.endpoint_id, now, after=after, limit=self.rows_per_endpoint)
         for entry in entries:
             event_id = str(entry["EventId"])
             try:
@@ -119,7 +121,11 @@ class Sweeper:
                 log.warning("sweeping %s/%s failed", endpoint.endpoint_id, event_id, exc_info=True)
                 report.errors.setdefault(endpoint.endpoint_id, {})[event_id] = f"{type(exc).__name__}: {exc}"
         # Stopped at the bound: continue after the last row next time; reached the end: start over.
-        new_cursor = str(entries[-1]["RowKey"]) if len(entries) >= self.rows_per_endpoint else None
+        new_cursor = None
+        if len(entries) >= self.rows_per_endpoint:
+            for entry in entries:  # per shard: behind the last row taken from it
+                after[str(entry["PartitionKey"])] = str(entry["RowKey"])
+            new_cursor = _cursor_text(endpoint.endpoint_id, after)
         if new_cursor != cursor:
             self.store.save_sweep_cursor(endpoint, new_cursor)
 
@@ -154,3 +160,22 @@ class Sweeper:
             report.skipped.append(event_id)
             return
         report.failed.append(event_id)
+
+
+def _cursors(endpoint_id: str, text: str | None) -> dict[str, str]:
+    """The sweeper's cursor per shard: a plain RowKey (the unsharded partition, as before shards) or a JSON
+    object ``{PartitionKey: RowKey}`` (``ex|`` keys never start with ``{``)."""
+    if not text:
+        return {}
+    if text.startswith("{"):
+        loaded = json.loads(text)
+        return {str(k): str(v) for k, v in loaded.items()} if isinstance(loaded, dict) else {}
+    return {keys.partition(endpoint_id): text}
+
+
+def _cursor_text(endpoint_id: str, cursors: dict[str, str]) -> str | None:
+    if not cursors:
+        return None
+    if list(cursors) == [keys.partition(endpoint_id)]:
+        return cursors[keys.partition(endpoint_id)]
+    return json.dumps(cursors, sort_keys=True)

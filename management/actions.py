@@ -317,7 +317,7 @@ class OperatorActions:
             principal_name=actor.principal_name,
             principal_id=actor.principal_id,
         )
-        pk = keys.partition(row.endpoint_id)
+        pk = self.store.event_partition(row.endpoint_id, row.event_id)
         self.store.submit(
             [store.insert(audit.to_entity(pk, keys.audit_row(row.event_id, now, uuid.uuid4().hex)))]
         )
@@ -439,7 +439,7 @@ class OperatorActions:
         audit = None
         if claim is not None:
             _, _, audits = classify_event_rows(
-                iter(self.store.point_rows(accepted.endpoint_id, [claim.audit_key]))
+                iter(self.store.point_rows(accepted.endpoint_id, accepted.event_id, [claim.audit_key]))
             )
             audit = audits[0] if audits else None
         return ActionResult(accepted=accepted, action=action, audit=audit)

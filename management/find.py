@@ -70,15 +70,19 @@ def by_event_id(store: HandoffStore, text: str) -> list[EventSummary]:
     high = low + "\uffff"
     found: list[EventSummary] = []
     for endpoint_id in sorted(store.endpoints()):
-        pk = keys.partition(endpoint_id)
-        query = (
-            f"PartitionKey eq {_quote(pk)} and RowKey ge {_quote(low)} and RowKey lt {_quote(high)} "
-            "and HistoryCount ge 0"
-        )
-        for n, entity in enumerate(table.query_entities(query, results_per_page=MAX_HITS)):
-            if n == MAX_HITS:
-                break
-            found.append(summary(endpoint_id, EventRow.from_entity(entity)))
+        # A prefix can match events of any shard: one short range read per shard (the exact id is in the
+        # shard its hash names, so it is always among them).
+        hits = 0
+        for pk in keys.endpoint_partitions(endpoint_id):
+            query = (
+                f"PartitionKey eq {_quote(pk)} and RowKey ge {_quote(low)} and RowKey lt {_quote(high)} "
+                "and HistoryCount ge 0"
+            )
+            for n, entity in enumerate(table.query_entities(query, results_per_page=MAX_HITS)):
+                if n == MAX_HITS or hits == MAX_HITS:
+                    break
+                hits += 1
+                found.append(summary(endpoint_id, EventRow.from_entity(entity)))
     exact = [s for s in found if s.event_id == text]
     return exact + [s for s in found if s.event_id != text]
 
@@ -92,14 +96,14 @@ def by_session(store: HandoffStore, session_id: str) -> list[EventSummary]:
     low, high = keys.session_range(session_id)
     found: list[EventSummary] = []
     for endpoint_id in sorted(store.endpoints()):
-        pk = keys.partition(endpoint_id)
-        query = f"PartitionKey eq {_quote(pk)} and RowKey ge {_quote(low)} and RowKey lt {_quote(high)}"
-        for index in table.query_entities(query, select=["EventId"]):
-            try:
-                entity = table.get_entity(pk, keys.event_row(str(index["EventId"])))
-            except ResourceNotFoundError:
-                continue
-            found.append(summary(endpoint_id, EventRow.from_entity(entity)))
+        for pk in keys.endpoint_partitions(endpoint_id):  # a session's events may sit in every shard
+            query = f"PartitionKey eq {_quote(pk)} and RowKey ge {_quote(low)} and RowKey lt {_quote(high)}"
+            for index in table.query_entities(query, select=["EventId"]):
+                try:
+                    entity = table.get_entity(pk, keys.event_row(str(index["EventId"])))
+                except ResourceNotFoundError:
+                    continue
+                found.append(summary(endpoint_id, EventRow.from_entity(entity)))
     return sorted(found, key=lambda s: s.enqueued_time_utc)
 
 

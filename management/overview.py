@@ -94,18 +94,30 @@ class Overview:
                 return CountsRead(totals, snapshot, deltas)
         raise Conflict("The counts kept changing while being read; retry.")
 
+    @staticmethod
+    def _count_partitions(endpoint_id: str | None) -> list[str]:
+        """Where an endpoint's counts live: its unsharded partition (poison's ``ct|`` rows) and, with
+        ``SETTLE_HANDOFF_SHARDS`` > 1, each shard (the deltas written with its events' changes)."""
+        if endpoint_id is None:
+            return [keys.UNATTRIBUTED_PARTITION]
+        base = keys.partition(endpoint_id)
+        return [base, *(pk for pk in keys.endpoint_partitions(endpoint_id) if pk != base)]
+
     def counts(self, endpoint_id: str | None) -> dict[str, int]:
-        """Exact counts of an endpoint (None: poison that names no endpoint); folds when deltas pile up."""
-        pk = keys.partition(endpoint_id) if endpoint_id is not None else keys.UNATTRIBUTED_PARTITION
-        read = self.read_counts(pk)
-        if len(read.deltas) >= FOLD_WHEN:
-            self._fold(pk, read)
-        return read.totals
+        """Exact counts of an endpoint (None: poison that names no endpoint), the sum of its partitions'
+        folds; folds a partition when its deltas pile up."""
+        totals: dict[str, int] = {}
+        for pk in self._count_partitions(endpoint_id):
+            read = self.read_counts(pk)
+            if len(read.deltas) >= FOLD_WHEN:
+                self._fold(pk, read)
+            totals = counts.add(totals, read.totals) if totals else read.totals
+        return totals
 
     def fold(self, endpoint_id: str | None) -> int:
-        """Fold up to :data:`FOLD_BATCH` deltas into the snapshot; how many (0 when another fold won)."""
-        pk = keys.partition(endpoint_id) if endpoint_id is not None else keys.UNATTRIBUTED_PARTITION
-        return self._fold(pk, self.read_counts(pk))
+        """Fold up to :data:`FOLD_BATCH` deltas of each partition into its snapshot; how many (0 when
+        another fold won)."""
+        return sum(self._fold(pk, self.read_counts(pk)) for pk in self._count_partitions(endpoint_id))
 
     def fold_all(self, endpoint_ids: Sequence[str], *, rounds: int = 10) -> dict[str, str]:
         """Fold every endpoint's deltas (the timer), at most ``rounds`` transactions each; one endpoint's
@@ -146,11 +158,14 @@ class Overview:
 
     def oldest(self, endpoint_id: str, group: str) -> datetime | None:
         low, high = keys.since_range(group)
-        pages = self._range(keys.partition(endpoint_id), low, high, results_per_page=1).by_page()
-        for entity in next(pages, []):
-            row: SinceRow = SinceRow.from_entity(entity)
-            return row.since_at
-        return None
+        found: list[datetime] = []
+        for pk in keys.endpoint_partitions(endpoint_id):  # the first row of each shard; the oldest of them
+            pages = self._range(pk, low, high, results_per_page=1).by_page()
+            for entity in next(pages, []):
+                row: SinceRow = SinceRow.from_entity(entity)
+                found.append(row.since_at)
+                break
+        return min(found) if found else None
 
     def oldest_poison_day(self, endpoint_id: str | None) -> str | None:
         """The UTC day (YYYYMMDD) of the oldest poison still counted: the first ``pz|`` index row."""
@@ -173,37 +188,74 @@ class Overview:
         page_size: int,
         continuation: str | None,
     ) -> Listing:
-        """A page of the endpoint's events, newest change first, from the rows that can match only."""
-        pk = keys.partition(endpoint_id)
+        """A page of the endpoint's events, newest change first, from the rows that can match only.
+
+        Sharded endpoints: each shard's next ``page_size + 1`` rows, merged by RowKey (newest first); the
+        continuation holds each shard's position."""
+        partitions = keys.endpoint_partitions(endpoint_id)
         low, high = keys.listing_range(bucket, newest, oldest)
-        op = "ge"
+        positions: dict[str, str] = {}
         if continuation:
-            after = decode_continuation(continuation)
-            if not (low <= after < high):
+            positions = decode_positions(continuation, partitions)
+            if not all(low <= after < high for after in positions.values()):
                 raise InvalidInput(
                     "continuationToken does not belong to this listing (status, from and to must not change "
                     "between pages).",
                     field="continuationToken",
                 )
-            low, op = after, "gt"
-        clauses = [
-            f"PartitionKey eq {_quote(pk)}",
-            f"RowKey {op} {_quote(low)}",
-            f"RowKey lt {_quote(high)}",
-        ]
-        if event_type_ids:
-            clauses.append("(" + " or ".join(f"EventTypeId eq {_quote(t)}" for t in event_type_ids) + ")")
-        rows: list[ListingRow] = []
-        entities = self._table().query_entities(" and ".join(clauses), results_per_page=page_size + 1)
-        for entity in entities:
-            if len(rows) == page_size:
-                return Listing(rows, encode_continuation(str(rows[-1].row_key)))
-            rows.append(ListingRow.from_entity(entity))
-        return Listing(rows, None)
+        merged: list[tuple[str, str, Any]] = []
+        for pk in partitions:
+            after = positions.get(pk)
+            clauses = [
+                f"PartitionKey eq {_quote(pk)}",
+                f"RowKey {'gt' if after else 'ge'} {_quote(after or low)}",
+                f"RowKey lt {_quote(high)}",
+            ]
+            if event_type_ids:
+                clauses.append("(" + " or ".join(f"EventTypeId eq {_quote(t)}" for t in event_type_ids) + ")")
+            entities = self._table().query_entities(" and ".join(clauses), results_per_page=page_size + 1)
+            for n, entity in enumerate(entities, 1):
+                merged.append((str(entity["RowKey"]), pk, entity))
+                if n > page_size:
+                    break
+        merged.sort(key=lambda item: item[:2])
+        rows = [ListingRow.from_entity(entity) for _, _, entity in merged[:page_size]]
+        if len(merged) <= page_size:
+            return Listing(rows, None)
+        for row_key, pk, _ in merged[:page_size]:
+            positions[pk] = row_key
+        if len(partitions) == 1:
+            return Listing(rows, encode_continuation(positions[partitions[0]]))
+        return Listing(rows, encode_positions(positions))
 
 
 def encode_continuation(row_key: str) -> str:
     return base64.urlsafe_b64encode(json.dumps({"k": row_key}).encode()).decode().rstrip("=")
+
+
+def encode_positions(positions: dict[str, str]) -> str:
+    """A sharded listing's continuation: each shard's last row key so far."""
+    return base64.urlsafe_b64encode(json.dumps({"s": positions}).encode()).decode().rstrip("=")
+
+
+def decode_positions(token: str, partitions: list[str]) -> dict[str, str]:
+    """Shard → row key of a continuation (an unsharded token names the first partition). Like
+    :func:`decode_continuation` it only positions reads the caller may make anyway; every shard it names
+    must be one of this endpoint's."""
+    try:
+        data = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
+    except (binascii.Error, ValueError) as exc:
+        raise InvalidInput(
+            "continuationToken is not one this API issued.", field="continuationToken"
+        ) from exc
+    if isinstance(data, dict) and "k" in data:
+        return {partitions[0]: decode_continuation(token)}
+    shards = data.get("s") if isinstance(data, dict) else None
+    if not isinstance(shards, dict) or not all(
+        isinstance(k, str) and k in partitions and isinstance(v, str) for k, v in shards.items()
+    ):
+        raise InvalidInput("continuationToken is not one this API issued.", field="continuationToken")
+    return dict(shards)
 
 
 def decode_continuation(token: str) -> str:

@@ -30,8 +30,14 @@ def _rows(connection: str, prefix: str) -> dict[str, Counter[str]]:
     found: dict[str, Counter[str]] = {e: Counter() for e in EVENTS}
     try:
         table = tables.table(keys.EVENTS_TABLE)
-        query = f"PartitionKey eq '{keys.partition(ENDPOINT)}' and RowKey ge 'ev|' and RowKey lt 'ev}}'"
-        for entity in table.query_entities(query):
+        rows = [
+            entity
+            for pk in keys.endpoint_partitions(ENDPOINT)  # every shard (SETTLE_HANDOFF_SHARDS)
+            for entity in table.query_entities(
+                f"PartitionKey eq '{pk}' and RowKey ge 'ev|' and RowKey lt 'ev}}'"
+            )
+        ]
+        for entity in rows:
             _, event, kind, *_ = str(entity["RowKey"]).split("|")
             event = keys.decode(event)
             if kind in ("c", "a"):

@@ -56,8 +56,11 @@ def unconfirmed(call, endpoint: str) -> dict[str, Any]:
 def reconcile_rows(endpoint: str) -> list[str]:
     table = runtime.tables().table(keys.EVENTS_TABLE)
     low, high = keys.RECONCILE_RANGE
-    query = f"PartitionKey eq '{keys.partition(endpoint)}' and RowKey ge '{low}' and RowKey lt '{high}'"
-    return [str(e["RowKey"]) for e in table.query_entities(query)]
+    found: list[str] = []
+    for pk in keys.endpoint_partitions(endpoint):  # every shard (SETTLE_HANDOFF_SHARDS)
+        query = f"PartitionKey eq '{pk}' and RowKey ge '{low}' and RowKey lt '{high}'"
+        found += [str(e["RowKey"]) for e in table.query_entities(query)]
+    return sorted(found)
 
 
 def test_a_confirmed_send_leaves_nothing_to_reconcile(call, resolve, flow, broker, bus):

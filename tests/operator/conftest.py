@@ -24,14 +24,14 @@ from tests.handoff.conftest import (  # noqa: F401  (fixtures shared with the ha
 def recount(endpoint: str) -> dict[str, int]:
     """What the counts must be: every event row of the partition, counted by scanning (tests only)."""
     table = service.store().table(keys.EVENTS_TABLE)
-    pk = keys.partition(endpoint)
     totals = dict.fromkeys(counts.BUCKETS, 0)
-    query = f"PartitionKey eq '{pk}' and RowKey ge 'ev|' and RowKey lt 'ev}}'"
-    for entity in table.query_entities(query):
-        if str(entity["RowKey"]).endswith("|e"):
-            row = EventRow.from_entity(entity)
-            for bucket in counts.buckets_of(row.resolution_status, row.pending_sub_status):
-                totals[bucket] += 1
+    for pk in keys.endpoint_partitions(endpoint):  # every shard (SETTLE_HANDOFF_SHARDS)
+        query = f"PartitionKey eq '{pk}' and RowKey ge 'ev|' and RowKey lt 'ev}}'"
+        for entity in table.query_entities(query):
+            if str(entity["RowKey"]).endswith("|e"):
+                row = EventRow.from_entity(entity)
+                for bucket in counts.buckets_of(row.resolution_status, row.pending_sub_status):
+                    totals[bucket] += 1
     return totals
 
 

@@ -100,7 +100,8 @@ def _control_messages(endpoint: str, event_id: str) -> tuple[int, int]:
     table = service.store().table(keys.EVENTS_TABLE)
     low, high = keys.event_range(event_id)
     claims = audits = 0
-    query = f"PartitionKey eq '{keys.partition(endpoint)}' and RowKey ge '{low}' and RowKey lt '{high}'"
+    pk = keys.event_partition(endpoint, event_id)
+    query = f"PartitionKey eq '{pk}' and RowKey ge '{low}' and RowKey lt '{high}'"
     for entity in table.query_entities(query):
         kind = str(entity["RowKey"]).split("|")[2]
         claims += kind == "c"
@@ -233,7 +234,8 @@ def test_the_session_index_row_is_written_in_the_event_rows_transaction(resolve,
     )
     table = service.store().table(keys.EVENTS_TABLE)
     low, high = keys.session_range("s-1")
-    query = f"PartitionKey eq '{keys.partition(flow.endpoint)}' and RowKey ge '{low}' and RowKey lt '{high}'"
+    pk = keys.event_partition(flow.endpoint, flow.event_id)
+    query = f"PartitionKey eq '{pk}' and RowKey ge '{low}' and RowKey lt '{high}'"
     assert [e["EventId"] for e in table.query_entities(query)] == [
         flow.event_id
     ]  # one row, not one per message
