@@ -47,6 +47,14 @@ param stateShards int = 1
 @description('Earlier state layouts still holding records (SETTLE_STATE_SHARDS_PREVIOUS): comma-separated S, or S@N for a layout over N accounts; empty when S never changed.')
 param stateShardsPrevious string = ''
 
+@description('Hand-off partitions per endpoint (SETTLE_HANDOFF_SHARDS, docs/tables.md "Sharded endpoints"): 1 keeps one partition per endpoint (~40 hand-offs/s). Changing it on a live deployment needs the old value in handoffShardsPrevious.')
+@minValue(1)
+@maxValue(999)
+param handoffShards int = 1
+
+@description('Earlier hand-off layouts still holding rows (SETTLE_HANDOFF_SHARDS_PREVIOUS): comma-separated S; empty when S never changed.')
+param handoffShardsPrevious string = ''
+
 @description('Storage accounts Settle\'s state table is spread over (ADR-0015): 1 is the data account alone; N > 1 adds N-1 accounts (stateaccounts.bicep) and puts shard s in account s mod N, so it only helps with stateShards >= N. Fixed once records exist: changing it is a layout change like stateShards (list the earlier layout as S@N in stateShardsPrevious) and an account that holds rows must never be removed.')
 @minValue(1)
 @maxValue(64)
@@ -293,6 +301,8 @@ module functionApp 'modules/functionapp.bicep' = {
     stateShards: stateShards
     stateShardsPrevious: stateShardsPrevious
     stateCatchupParallelism: stateCatchupParallelism
+    handoffShards: handoffShards
+    handoffShardsPrevious: handoffShardsPrevious
     handoffSweeperEnabled: handoffSweeperEnabled
     handoffSweeperSchedule: handoffSweeperSchedule
     maximumInstanceCount: maximumInstanceCount

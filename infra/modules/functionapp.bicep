@@ -70,6 +70,14 @@ param stateShards int
 @description('Earlier state layouts (SETTLE_STATE_SHARDS_PREVIOUS), comma-separated.')
 param stateShardsPrevious string
 
+@description('Hand-off partitions per endpoint (SETTLE_HANDOFF_SHARDS).')
+@minValue(1)
+@maxValue(999)
+param handoffShards int
+
+@description('Earlier hand-off layouts (SETTLE_HANDOFF_SHARDS_PREVIOUS), comma-separated.')
+param handoffShardsPrevious string
+
 @description('Level-1 pointers one catch-up run works on at once (STATE_CATCHUP_PARALLELISM).')
 @minValue(1)
 @maxValue(64)
@@ -143,6 +151,8 @@ var appSettings = {
   SETTLE_STATE_SHARDS: string(stateShards)
   SETTLE_STATE_SHARDS_PREVIOUS: stateShardsPrevious
   STATE_CATCHUP_PARALLELISM: string(stateCatchupParallelism)
+  SETTLE_HANDOFF_SHARDS: string(handoffShards)
+  SETTLE_HANDOFF_SHARDS_PREVIOUS: handoffShardsPrevious
   HANDOFF_SWEEPER_ENABLED: handoffSweeperEnabled ? 'true' : 'false'
   HANDOFF_SWEEPER_SCHEDULE: handoffSweeperSchedule
   // The management API and the console demand a signed-in principal (App Service authentication) with
