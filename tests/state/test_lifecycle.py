@@ -65,7 +65,7 @@ def test_failure_path_release_then_lock_again(state, key):
 
 def test_crashed_holder_lock_expires_is_taken_over_and_the_old_token_gets_409(state, key):
     old = state.lock(key, lockSeconds=1).json
-    time.sleep(1.3)
+    time.sleep(2.0)
     new = state.lock(key).json
     assert new["acquired"] is True and new["takeover"] is True
     late = state.set(key, status="Processed", data={"by": "old"}, lockToken=old["lockToken"])
@@ -83,7 +83,7 @@ def test_crashed_holder_lock_expires_is_taken_over_and_the_old_token_gets_409(st
 
 def test_an_expired_token_cannot_write_even_when_nobody_took_over(state, key):
     lock = state.lock(key, lockSeconds=1).json
-    time.sleep(1.3)
+    time.sleep(2.0)
     late = state.set(key, status="Processed", lockToken=lock["lockToken"])
     assert late.status == 409 and "expired" in late.json["detail"]
     assert state.get(key).json["status"] == "Processing"
@@ -91,7 +91,7 @@ def test_an_expired_token_cannot_write_even_when_nobody_took_over(state, key):
 
 def test_fenced_release_after_takeover_writes_nothing(state, key):
     old = state.lock(key, lockSeconds=1).json
-    time.sleep(1.3)
+    time.sleep(2.0)
     state.lock(key)
     before = state.history(key).json["items"]
     late = state.release(key, error="x", lockToken=old["lockToken"])
@@ -172,7 +172,7 @@ def test_retention_expires_finished_records_so_they_may_be_processed_again(state
     handler = {"key": "built-in", "options": {"retentionSeconds": 1}}
     state.set(key, status="Processed", handler=handler)
     assert state.exists(key).json["exists"] is True
-    time.sleep(1.2)
+    time.sleep(2.0)
     assert state.exists(key).json == {"exists": False, "status": "Expired"}
     assert state.get(key).json["status"] == "Expired"
     assert state.lock(key).json["acquired"] is True
@@ -301,6 +301,6 @@ def test_a_lock_replayed_by_request_id_says_so(state, key):
 
 def test_a_request_id_does_not_replay_an_expired_lock(state, key):
     state.lock(key, requestId="msg-1", lockSeconds=1)
-    time.sleep(1.3)
+    time.sleep(2.0)
     takeover = state.lock(key, requestId="msg-1").json
     assert takeover["acquired"] and takeover["takeover"] and not takeover["replayed"]

@@ -90,7 +90,7 @@ def test_query_filters_on_the_status_it_reports_after_retention_passed(state, ca
     state.set(forever, status="Processed")
     held = new_key(tenantId=tenant, itemKey="held")
     state.lock(held, handler=short)
-    time.sleep(1.2)
+    time.sleep(2.0)
 
     def keys(status: str) -> set[str]:
         items = collect(call, {"tenantId": tenant, "status": status})

@@ -112,7 +112,7 @@ def _lock_again_cold(state, key) -> int:
 @case("lock, take over an expired lock known to this instance")
 def _takeover(state, key) -> int:
     state.lock(key, lockSeconds=1)
-    time.sleep(1.3)
+    time.sleep(2.0)
     return count(lambda: state.lock(key))
 
 

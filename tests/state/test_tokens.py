@@ -57,7 +57,7 @@ def rows_of(key: dict[str, Any]) -> list[dict[str, Any]]:
 
 def test_editing_the_expiry_of_an_expired_token_does_not_bypass_the_fence(state, key):
     token = state.lock(key, lockSeconds=1).json["lockToken"]
-    time.sleep(1.3)
+    time.sleep(2.0)
     body = payload_of(token)
     body["u"] = body["u"] + 3_600_000  # an hour more
     before = rows_of(key)
@@ -191,7 +191,7 @@ def test_the_superseded_processing_row_is_the_lockers_version_column_for_column(
     key = new_key(sourceAppId=7, entityExecutionId=1001)
     handler = {"options": {"retentionDays": 36500}}
     state.lock(key, lockSeconds=1, handler=handler)
-    time.sleep(1.3)
+    time.sleep(2.0)
     token = state.lock(key, requestId="req-1", handler=handler).json["lockToken"]
     locked = _stored_head(key)
     assert locked["Substatus"] == "LockTakenOver" and locked["Note"]
