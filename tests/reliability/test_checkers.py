@@ -63,18 +63,22 @@ def test_the_fault_policy_fails_exactly_the_request_it_is_told_to(faulty_tables,
     with faulty_tables.plan(1, "after") as plan:
         first = call("state_set", body)
     TALLY.add(AREA, operations=2, faults=len(plan.injected))
-    # Then the caller saw a 503 although storage holds the outcome (the ambiguous case)
+    # Then the fault hit that request, and the caller still learned the outcome storage holds: the lost
+    # answer is settled by one read-back of the head (issue 23), so the ambiguous case is a 200, not a 503
     TALLY.check(
-        AREA, first.status == 503 and plan.injected == [f"after #1 {plan.requests[0]}"], f"{first.status}"
+        AREA, first.status == 200 and plan.injected == [f"after #1 {plan.requests[0]}"], f"{first.status}"
     )
     TALLY.check(AREA, read_rows(key_).statuses == ["Processing", "Processed"], "the write did not apply")
-    # And a request failing before it is sent leaves storage untouched
+    # And a request failing before it is sent reached nothing: the read-back finds no head, so the lock
+    # is sent once more (issue 23) and storage holds exactly one version of it
     other = new_key()
     with faulty_tables.plan(1, "before") as plan:
-        refused = call("state_lock", {"key": other})
+        retried = call("state_lock", {"key": other})
     TALLY.add(AREA, operations=1, faults=len(plan.injected))
     TALLY.check(
-        AREA, refused.status == 503 and read_rows(other).head is None, "a before-fault reached storage"
+        AREA,
+        len(plan.injected) == 1 and retried.status == 200 and read_rows(other).statuses == ["Processing"],
+        f"a before-fault: {retried.status}, {read_rows(other).statuses}",
     )
 
 
