@@ -7,8 +7,11 @@ every storage response (an azure-core policy feeds :class:`ServerClock`), so it 
 Each response bounds the offset (server minus local clock): the header says the server's second ``D``
 (truncated), sent between our send time ``s`` and receive time ``r``, so the offset lies in
 ``[D - r, D + 1 - s]``. The clock keeps the intersection of the bounds of recent samples (they land at
-different phases of the second, so it narrows quickly to about one round trip) and uses its middle.
-Samples older than a minute are dropped so that drift is followed. Skew bound between two instances
+different phases of the second, so it narrows quickly to about one round trip). Its estimate starts at
+the first interval's middle and then moves only as far as a narrower interval forces it (onto its nearest
+bound), so two readings a moment apart never step back while the samples agree: a lock extended twice by
+the same length never ends earlier the second time. Samples older than a minute are dropped so that drift
+is followed. Skew bound between two instances
 that talk to storage: about one round trip plus the remaining width of their intervals; before any
 response has arrived, the local UTC clock is used.
 """
@@ -39,7 +42,9 @@ class ServerClock:
         self._lock = threading.Lock()
         self._samples: deque[tuple[float, float, float]] = deque(maxlen=_MAX_SAMPLES)  # (lo, hi, at)
         self._offset_s = 0.0
-        self.width_s = float("inf")  # how uncertain the current offset is
+        self._lo = float("-inf")  # the offset lies in [_lo, _hi]
+        self._hi = float("inf")
+        self.width_s = float("inf")  # how uncertain the current offset is (_hi - _lo)
 
     def observe(self, server_second: float, *, sent_at: float, received_at: float) -> None:
         """One response: the server's ``Date`` (whole seconds, epoch) seen between two local times."""
@@ -51,11 +56,14 @@ class ServerClock:
                 self._samples.popleft()
             lo = max(sample[0] for sample in self._samples)
             hi = min(sample[1] for sample in self._samples)
+            restart = lo > hi or self.width_s == float("inf")
             if lo > hi:  # the clocks moved (drift, a step): start again from this sample
                 self._samples.clear()
                 self._samples.append((low, high, received_at))
                 lo, hi = low, high
-            self._offset_s = (lo + hi) / 2
+            # the first interval (or a restart): its middle; then only as far as the interval forces
+            self._offset_s = (lo + hi) / 2 if restart else min(max(self._offset_s, lo), hi)
+            self._lo, self._hi = lo, hi
             self.width_s = hi - lo
 
     @property
@@ -66,11 +74,13 @@ class ServerClock:
         return datetime.fromtimestamp(time.time() + self._offset_s, tz=UTC)
 
     def uncertainty_s(self) -> float:
-        """How far :meth:`now` may be from the storage clock: half the offset interval's width (about
-        0.5 s after one response, a round trip once samples at different phases of the second narrowed it),
-        or ``UNSAMPLED_UNCERTAINTY_S`` before any response (the local clock is all there is)."""
-        width = self.width_s
-        return UNSAMPLED_UNCERTAINTY_S if width == float("inf") else width / 2
+        """How far :meth:`now` may be from the storage clock: the distance from the estimate to the farther
+        bound of the offset interval (about 0.5 s after one response, a round trip once samples at
+        different phases of the second narrowed it), or ``UNSAMPLED_UNCERTAINTY_S`` before any response
+        (the local clock is all there is)."""
+        if self.width_s == float("inf"):
+            return UNSAMPLED_UNCERTAINTY_S
+        return max(self._offset_s - self._lo, self._hi - self._offset_s, 0.0)
 
 
 class ServerClockPolicy(SansIOHTTPPolicy[Any, Any]):

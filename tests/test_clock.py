@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 
@@ -19,8 +20,8 @@ def test_samples_at_different_phases_pin_the_offset_to_within_the_round_trip():
         server_second = math.floor(local + rtt / 2 + true_offset)
         clock.observe(server_second, sent_at=local, received_at=local + rtt)
     # then the estimate is within tens of milliseconds (not the header's whole second), and says so
-    assert abs(clock.offset_s - true_offset) <= clock.width_s / 2 + 1e-9
-    assert clock.width_s < 0.1
+    assert abs(clock.offset_s - true_offset) <= clock.uncertainty_s() + 1e-9
+    assert clock.width_s < 0.1 and clock.uncertainty_s() <= clock.width_s
 
 
 def test_a_clock_step_restarts_the_estimate():
@@ -39,3 +40,26 @@ def test_the_app_learns_the_storage_clock_from_its_responses(call):
         )
     assert SERVER_CLOCK.width_s < 1.0
     assert abs(SERVER_CLOCK.offset_s) < 1.0  # Azurite runs on this machine's clock
+
+
+def test_the_estimate_never_steps_back_while_the_samples_agree():
+    # given a server 0.4 s ahead, first seen through one slow response (a whole-second interval)
+    true_offset = 0.4
+    clock = ServerClock()
+    local = 2_000_000.3
+    clock.observe(math.floor(local + 0.05 + true_offset), sent_at=local, received_at=local + 0.1)
+    rng = random.Random(11)
+    readings = [clock.offset_s]
+    for _ in range(200):
+        # when later responses at other phases of the second narrow the interval from either side
+        local += rng.uniform(0.01, 0.7)
+        rtt = rng.uniform(0.001, 0.02)
+        clock.observe(math.floor(local + rtt / 2 + true_offset), sent_at=local, received_at=local + rtt)
+        readings.append(clock.offset_s)
+        # then the estimate stays inside what the samples allow, and the uncertainty covers the truth
+        assert clock._lo - 1e-9 <= clock.offset_s <= clock._hi + 1e-9
+        assert abs(clock.offset_s - true_offset) <= clock.uncertainty_s() + 1e-9
+    # and it moved only one way (the middle of each narrower interval steps back and forth)
+    steps = [b - a for a, b in itertools.pairwise(readings)]
+    assert all(step >= 0 for step in steps) or all(step <= 0 for step in steps), steps
+    assert clock.width_s < 0.05

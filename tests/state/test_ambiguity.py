@@ -199,6 +199,8 @@ def skewed(monkeypatch) -> Callable[[float, float], None]:
         monkeypatch.setattr(SERVER_CLOCK, "observe", lambda *a, **k: None)
         monkeypatch.setattr(SERVER_CLOCK, "_offset_s", true_offset + error_s)
         monkeypatch.setattr(SERVER_CLOCK, "width_s", width_s)
+        monkeypatch.setattr(SERVER_CLOCK, "_lo", true_offset + error_s - width_s / 2)
+        monkeypatch.setattr(SERVER_CLOCK, "_hi", true_offset + error_s + width_s / 2)
 
     return skew
 
