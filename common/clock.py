@@ -73,6 +73,13 @@ class ServerClock:
     def now(self) -> datetime:
         return datetime.fromtimestamp(time.time() + self._offset_s, tz=UTC)
 
+    def bounds_s(self) -> tuple[float, float]:
+        """How far below and above :meth:`now` the storage clock may read (the offset interval around the
+        estimate; ``UNSAMPLED_UNCERTAINTY_S`` either way before any response)."""
+        if self.width_s == float("inf"):
+            return UNSAMPLED_UNCERTAINTY_S, UNSAMPLED_UNCERTAINTY_S
+        return max(self._offset_s - self._lo, 0.0), max(self._hi - self._offset_s, 0.0)
+
     def uncertainty_s(self) -> float:
         """How far :meth:`now` may be from the storage clock: the distance from the estimate to the farther
         bound of the offset interval (about 0.5 s after one response, a round trip once samples at
@@ -116,13 +123,15 @@ def utcnow() -> datetime:
 def earliest_now() -> datetime:
     """The earliest the storage clock may read now: judge "has it expired?" by this before acting on
     someone else's expiry (a takeover, catch-up failing a lock), so an uncertain estimate waits instead."""
-    return SERVER_CLOCK.now() - timedelta(seconds=SERVER_CLOCK.uncertainty_s())
+    below, _ = SERVER_CLOCK.bounds_s()
+    return SERVER_CLOCK.now() - timedelta(seconds=below)
 
 
 def latest_now() -> datetime:
     """The latest the storage clock may read now: judge "is my lock still valid?" by this (the fence), so
     an uncertain estimate stops writing before the lock may have ended."""
-    return SERVER_CLOCK.now() + timedelta(seconds=SERVER_CLOCK.uncertainty_s())
+    _, above = SERVER_CLOCK.bounds_s()
+    return SERVER_CLOCK.now() + timedelta(seconds=above)
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)

@@ -59,6 +59,8 @@ def test_the_estimate_never_steps_back_while_the_samples_agree():
         # then the estimate stays inside what the samples allow, and the uncertainty covers the truth
         assert clock._lo - 1e-9 <= clock.offset_s <= clock._hi + 1e-9
         assert abs(clock.offset_s - true_offset) <= clock.uncertainty_s() + 1e-9
+        below, above = clock.bounds_s()
+        assert clock.offset_s - below - 1e-9 <= true_offset <= clock.offset_s + above + 1e-9
     # and it moved only one way (the middle of each narrower interval steps back and forth)
     steps = [b - a for a, b in itertools.pairwise(readings)]
     assert all(step >= 0 for step in steps) or all(step <= 0 for step in steps), steps
