@@ -45,20 +45,7 @@ def _error_text(content: str | None) -> str | None:
 
 
 def summary(endpoint_id: str, row: EventRow) -> EventSummary:
-    return EventSummary(
-        endpoint_id=endpoint_id,
-        event_id=row.event_id,
-        event_type_id=row.event_type_id,
-        resolution_status=row.resolution_status.name,
-        pending_sub_status=row.pending_sub_status,
-        message_type=row.message_type.name,
-        last_message_id=row.last_message_id,
-        session_id=row.session_id,
-        updated_at=row.updated_at,
-        enqueued_time_utc=row.enqueued_time_utc,
-        reason=row.reason or _error_text(row.message_content),
-        external_job_id=row.external_job_id,
-    )
+    return EventSummary.of(endpoint_id, row, reason=row.reason or _error_text(row.message_content))
 
 
 def by_event_id(store: HandoffStore, text: str) -> list[EventSummary]:

@@ -9,7 +9,7 @@ from pydantic import Field, StringConstraints
 
 from common.models import ApiModel, RequestModel
 from handoff.models import AuditEntry, EventView, SettlementAccepted
-from handoff.records import ListingRow, PoisonRow
+from handoff.records import EventRow, ListingRow, PoisonRow
 from state.schemas import Record, RecordPage
 
 Name = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=256)]
@@ -73,7 +73,9 @@ class EventSummary(ApiModel):
     external_job_id: str | None
 
     @classmethod
-    def of(cls, endpoint_id: str, row: ListingRow) -> EventSummary:
+    def of(cls, endpoint_id: str, row: ListingRow | EventRow, *, reason: str | None = None) -> EventSummary:
+        """An event's summary from its listing row or its event row (the columns they share); ``reason``
+        overrides the row's when given (find names the error text of a row without a reason)."""
         return cls(
             endpoint_id=endpoint_id,
             event_id=row.event_id,
@@ -85,7 +87,7 @@ class EventSummary(ApiModel):
             session_id=row.session_id,
             updated_at=row.updated_at,
             enqueued_time_utc=row.enqueued_time_utc,
-            reason=row.reason,
+            reason=reason if reason is not None else row.reason,
             external_job_id=row.external_job_id,
         )
 
