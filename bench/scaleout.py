@@ -28,7 +28,6 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench import handoff_scaleout
 from bench.harness import Environment, Figure, log
 from bench.proxy import CountingProxy
 from bench.throttle import SCALE, Budget
@@ -329,7 +328,6 @@ def run(env: Environment) -> list[Figure]:
         )
         figures.append(_marker_figure(shards, markers, written, elapsed, partition_budget))
     figures.append(_catchup(env, max(rates.values()), env.smoke))
-    figures += handoff_scaleout.run(env)  # resolver hand-offs on one endpoint, S = 1, 4, 16
     return figures
 
 
