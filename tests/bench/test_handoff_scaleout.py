@@ -19,6 +19,7 @@ def _sample(shards: int, multiple: float, *, requests: int = 400, refused: int =
     cost = 39.0
     return bench.Sample(
         shards=shards,
+        sessions=bench.sessions_for(shards),
         prefix="t",
         endpoint="E",
         window_s=30.0,
