@@ -25,6 +25,7 @@ from bench import (
     catchup,
     coldstart,
     contention,
+    handoff_scaleout,
     keeper,
     latency,
     machine,
@@ -46,6 +47,21 @@ from bench.harness import (
     write_results,
 )
 
+
+def _scaleout(env: Environment) -> list[Figure]:
+    """The ``scaleout`` section: one hot node (bench/scaleout.py), then one busy endpoint's hand-offs
+    (bench/handoff_scaleout.py); a part that fails is reported and does not hide the other's figures."""
+    figures: list[Figure] = []
+    for part, run_part in (("state", scaleout.run), ("hand-offs", handoff_scaleout.run)):
+        try:
+            figures += run_part(env)
+        except Exception as exc:
+            traceback.print_exc(file=sys.stderr)
+            why = f"{type(exc).__name__}: {exc}"
+            figures.append(missing("scaleout", f"scaleout {part} (section failed)", "", why))
+    return figures
+
+
 SECTIONS: dict[str, Callable[[Environment], list[Figure]]] = {
     "roundtrips": roundtrips.run,
     "latency": latency.run,
@@ -55,7 +71,7 @@ SECTIONS: dict[str, Callable[[Environment], list[Figure]]] = {
     "coldstart": coldstart.run,
     "keeper": keeper.run,
     "agents": agents.run,
-    "scaleout": scaleout.run,
+    "scaleout": _scaleout,
 }
 
 

@@ -6,6 +6,8 @@ import base64
 import json
 from typing import Any
 
+import pytest
+
 from handoff import counts, keys, service
 from handoff.contract import ResolutionStatus
 from handoff.records import EventRow
@@ -19,6 +21,22 @@ from tests.handoff.conftest import (  # noqa: F401  (fixtures shared with the ha
     resolve,
     transport,
 )
+
+
+@pytest.fixture(params=[1, 4], ids=lambda s: f"S={s}")
+def handoff_shards(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> int:
+    """Run the test at S = 1 (unsharded) and S = 4 hand-off shards (``SETTLE_HANDOFF_SHARDS``), whatever the
+    suite's own setting; the test asserts the round trips docs/tables.md gives for that layout."""
+    shards = int(request.param)
+    monkeypatch.setenv(keys.SHARDS_SETTING, str(shards))
+    monkeypatch.delenv(keys.PREVIOUS_SHARDS_SETTING, raising=False)
+    return shards
+
+
+def counts_partitions(shards: int) -> int:
+    """Partitions the counts of one endpoint are read from: its S shards, and with S > 1 the unsharded
+    partition too, which keeps poison's counts (docs/tables.md "Sharded endpoints")."""
+    return shards + (1 if shards > 1 else 0)
 
 
 def recount(endpoint: str) -> dict[str, int]:

@@ -11,7 +11,7 @@ from handoff.contract import MessageType
 from handoff.resolver import RETRY_BUDGET, Outcome
 from tests.handoff.conftest import Flow, nimbus
 
-from .conftest import principal_headers
+from .conftest import counts_partitions, principal_headers
 
 
 def listing(call, endpoint: str, **params: str):
@@ -78,14 +78,14 @@ def test_listing_pages_with_a_continuation_token_it_checks(call, resolve):
     assert listing(call, endpoint, continuationToken="garbage!").status == 400
 
 
-def test_listing_filters_by_time_and_reads_one_page(call, resolve):
+def test_listing_filters_by_time_and_reads_one_page(call, resolve, handoff_shards: int):
     endpoint = "Time-" + uuid.uuid4().hex[:8]
     seed(resolve, endpoint)
     future = (datetime.now(UTC) + timedelta(hours=1)).isoformat().replace("+00:00", "Z")
     assert ids(listing(call, endpoint, **{"from": future})) == []
     with ROUND_TRIPS.measure() as tally:
         assert ids(listing(call, endpoint, status="Failed")) == ["e2"]
-    assert tally.requests == 1
+    assert tally.requests == handoff_shards  # one page per shard, merged newest first
     assert listing(call, endpoint, status="Bogus").status == 400
     assert listing(call, endpoint, to="yesterday").json["field"] == "to"
 
@@ -198,15 +198,19 @@ def test_one_event_for_operators_is_one_read_with_its_actions_and_payload(call, 
     assert unknown.status == 404
 
 
-def test_the_overview_costs_one_read_plus_six_per_endpoint_plus_two(call, resolve, fresh_tables):
+def test_the_overview_costs_one_read_plus_six_per_endpoint_plus_two(
+    call, resolve, fresh_tables, handoff_shards: int
+):
     seed(resolve, "Alpha")
     seed(resolve, "Beta")
     with ROUND_TRIPS.measure() as tally:
         result = call("endpoints_overview", method="GET")
     assert [i["endpointId"] for i in result.json["items"]] == ["Alpha", "Beta"]
-    # the endpoint list; per endpoint: counts (range read + ETag check), the two oldest-first rows and
-    # the unconfirmed / overdue index ranges (issue 22); the unattributed poison counts
-    assert tally.requests == 1 + 6 * 2 + 2
+    # the endpoint list; per endpoint: counts (range read + ETag check per counted partition), and per
+    # shard the two oldest-first rows and the unconfirmed / overdue index ranges (issue 22); the
+    # unattributed poison counts. Unsharded (S = 1): 1 + 6 per endpoint + 2.
+    per_endpoint = 2 * counts_partitions(handoff_shards) + 4 * handoff_shards
+    assert tally.requests == 1 + per_endpoint * 2 + 2
 
 
 def test_poison_for_an_endpoint_that_never_projected_is_on_the_overview(call, resolve):
