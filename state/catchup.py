@@ -55,6 +55,9 @@ from state.store import INDEX_COLUMNS, Head, StateStore, is_conflict, retain_unt
 log = logging.getLogger("settle.state.catchup")
 
 DEFAULT_MAX_ROWS = 500
+# Index rows per query page (the service's maximum, 1,000: ``reference/idempotency-anchors.md``, query page);
+# a run acts on a page before it reads the next.
+INDEX_PAGE_ROWS = 1000
 CLOSE_MARGIN_MS = 5_000
 # How long one timer invocation keeps starting bounded runs while they run out of rows (the default schedule
 # is every minute; timer functions run on one instance at a time, so a longer drain only delays the next).
@@ -66,6 +69,22 @@ DEFAULT_LEASE_MS = 60_000
 # Leases are per instance (process): every run of this process may take this process's leases again.
 PROCESS_OWNER = uuid.uuid4().hex
 _COLUMN_OF_KIND = {kind: column for column, kind in INDEX_COLUMNS.items()}
+
+
+def storage_busy(exc: BaseException) -> bool:
+    """Storage could not take the request now (throttled 503, server-side 5xx such as 500
+    OperationTimedOut, 408/429, unreachable, an unreadable answer): catch-up backs off until the next timer
+    period instead of failing the invocation. A refusal a deployment must fix (401/403, a missing table)
+    and anything else still raises, so the timer's failure shows it."""
+    from azure.core.exceptions import ClientAuthenticationError, HttpResponseError
+
+    from common.errors import StorageTableMissing, is_transient_storage_fault
+
+    if isinstance(exc, ClientAuthenticationError | StorageTableMissing):
+        return False
+    if isinstance(exc, HttpResponseError) and exc.status_code in (401, 403):
+        return False
+    return is_transient_storage_fault(exc)
 
 
 @dataclass
@@ -80,6 +99,7 @@ class CatchupResult:
     minutes_visited: int = 0
     minutes_closed: int = 0
     leases_skipped: int = 0  # pointers another instance's run held a lease on
+    storage_busy: int = 0  # storage refused (throttled, timed out, unreachable): the run stopped early
     exhausted: bool = False  # the run stopped at max_rows: there may be more to do
     elapsed_ms: float = 0.0
 
@@ -98,6 +118,7 @@ class CatchupResult:
             "minutes_visited",
             "minutes_closed",
             "leases_skipped",
+            "storage_busy",
         ):
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
@@ -169,8 +190,12 @@ class Catchup:
                     if k not in ("elapsed_ms", "exhausted")
                 }
             )
-            span.set_outcome("budget-exhausted" if result.exhausted else "done")
-            log.info("state catch-up: %s", result)
+            if result.storage_busy:
+                span.set_outcome("storage-busy")
+                log.warning("state catch-up stopped early, storage busy (the next run goes on): %s", result)
+            else:
+                span.set_outcome("budget-exhausted" if result.exhausted else "done")
+                log.info("state catch-up: %s", result)
             return result
 
     def _visit_all(self, when: datetime, result: CatchupResult, budget: _Budget) -> None:
@@ -193,7 +218,15 @@ class Catchup:
                 with lock:
                     if stopped or errors:
                         return
-                    pointer = next(pointers, None)
+                    try:
+                        pointer = next(pointers, None)
+                    except BaseException as exc:
+                        if not storage_busy(exc):
+                            errors.append(exc)
+                            return
+                        own.storage_busy += 1
+                        stopped = True
+                        return
                     if pointer is None:
                         stopped = True
                         return
@@ -212,7 +245,14 @@ class Catchup:
                     self._visit(leased, when, own, budget)
                 except BaseException as exc:
                     with lock:
-                        errors.append(exc)
+                        if storage_busy(exc):
+                            # Backpressure: stop this run (every worker), leave the rest to the next
+                            # timer period. A pointer leased here is leased to this owner: its lease runs
+                            # out, or this instance's next run takes it again.
+                            own.storage_busy += 1
+                            stopped = True
+                        else:
+                            errors.append(exc)
                     return
 
         own = [CatchupResult() for _ in range(self.parallelism)]
@@ -242,48 +282,51 @@ class Catchup:
             low, high = bucket_range(pointer.kind, pointer.bucket)
         else:
             low, high = due_range(pointer.kind, pointer.bucket, now_ms)
+        markers: list[dict[str, Any]] = []
         rows = self._rows(pointer.partition, low, high, result)
-        if not self._handle_all(pointer, rows, now, result, budget) or not closable:
+        if not self._handle_all(pointer, rows, now, result, budget, markers) or not closable:
             return
         from azure.core import MatchConditions
 
         table = self._store.table
-        for row in rows:
-            if is_marker(str(row["RowKey"])):
-                # Every marker listed must go before level 1 may: a lock path still holding one could
-                # otherwise add a row nobody would find.
-                table.delete_entity(
-                    pointer.partition, row["RowKey"], match_condition=MatchConditions.Unconditionally
-                )
+        for row in markers:
+            # Every marker listed must go before level 1 may: a lock path still holding one could
+            # otherwise add a row nobody would find.
+            table.delete_entity(
+                pointer.partition, row["RowKey"], match_condition=MatchConditions.Unconditionally
+            )
         again = self._rows(pointer.partition, low, high, result)
-        if not self._handle_all(pointer, again, now, result, budget):
+        if not self._handle_all(pointer, again, now, result, budget, []):
             return
         if self._index.drop(pointer):
             result.minutes_closed += 1
 
-    def _rows(self, partition: str, low: str, high: str, result: CatchupResult) -> list[dict[str, Any]]:
-        rows = [
-            dict(e, etag=e.metadata["etag"])
-            for e in self._store.table.query_entities(
-                "PartitionKey eq @pk and RowKey ge @low and RowKey lt @high",
-                parameters={"pk": partition, "low": low, "high": high},
-            )
-        ]
-        result.index_rows_read += len(rows)
-        return rows
+    def _rows(self, partition: str, low: str, high: str, result: CatchupResult) -> Iterator[dict[str, Any]]:
+        """The due index rows, a page at a time (``INDEX_PAGE_ROWS``): each page is acted on before the next
+        is read, so a run that storage stops midway keeps what it did, and no read is larger than a page."""
+        for entity in self._store.table.query_entities(
+            "PartitionKey eq @pk and RowKey ge @low and RowKey lt @high",
+            parameters={"pk": partition, "low": low, "high": high},
+            results_per_page=INDEX_PAGE_ROWS,
+        ):
+            result.index_rows_read += 1
+            yield dict(entity, etag=entity.metadata["etag"])
 
     def _handle_all(
         self,
         pointer: Pointer,
-        rows: list[dict[str, Any]],
+        rows: Iterator[dict[str, Any]],
         now: datetime,
         result: CatchupResult,
         budget: _Budget,
+        markers: list[dict[str, Any]],
     ) -> bool:
-        """Act on every index row; False when one is still live or the budget ran out."""
+        """Act on every index row (the markers are kept in ``markers``); False when one is still live or the
+        budget ran out."""
         done = True
         for row in rows:
             if is_marker(str(row["RowKey"])):
+                markers.append(row)
                 continue
             if not budget.take() or not self._handle(pointer, row, now, result):
                 done = False

@@ -109,3 +109,58 @@ def test_beyond_the_budget_every_answer_is_503_with_retry_after_and_nothing_is_l
     assert len([r for r in rows if "|h" in str(r["RowKey"])]) == len(keys)
     assert not [r for r in rows if str(r["RowKey"]).startswith("~l") and "StateRK" in r]
     assert len({r["PartitionKey"] for r in heads}) == shards
+
+
+def test_catch_up_beyond_the_budget_backs_off_and_a_later_run_finishes_with_nothing_lost(
+    azurite_connection: str, fresh_tables: str, call: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from datetime import timedelta
+
+    from azure.data.tables import TableServiceClient
+
+    from common.clock import utcnow
+    from state import service
+
+    # given 30 locks whose holders died, over 4 shards, made while storage had room
+    monkeypatch.setenv("SETTLE_STATE_SHARDS", "4")
+    runtime.reset()
+    state = State(call)
+    keys = [new_key(entityId=950, itemKey=f"cu-{uuid.uuid4().hex[:8]}") for _ in range(30)]
+    for k in keys:
+        assert state.lock(k, lockSeconds=1).json["acquired"] is True
+    later = utcnow() + timedelta(seconds=30)
+    # when catch-up runs against storage far beyond its budget (every refusal reaches Settle)
+    clock = VirtualClock(0.01)
+    # Azure's proportions (bench/throttle.py: a partition a tenth of the account), scaled down so that
+    # catch-up runs into both
+    budget = Budget(partition_per_s=10, account_per_s=100, timeout_every=5, clock=clock)
+    # and a query page scaled alike (Azure: 1,000 rows against 2,000 entities/s; here 5 against 10)
+    monkeypatch.setattr("state.catchup.INDEX_PAGE_ROWS", 5)
+    runs: list[Any] = []
+    with CountingProxy(_endpoint(azurite_connection), budget=budget) as proxy:
+        monkeypatch.setenv("SETTLE_TABLES", proxy.connection_string(azurite_connection))
+        runtime.reset(client_options={"retry_total": 0})
+        for _ in range(300):  # timer periods; each run must end normally, never raise
+            runs.extend(service.catchup().drain(now=later))
+            clock.now += 60.0  # a timer period passes: the budgets refill (one second of burst)
+            if sum(r.locks_failed for r in runs) >= len(keys) and not runs[-1].storage_busy:
+                break
+    monkeypatch.setenv("SETTLE_TABLES", azurite_connection)
+    runtime.reset()
+    # then storage refused, runs stopped early saying so (backpressure), and later runs went on
+    assert budget.refusals() > 0 and any(r.storage_busy for r in runs), "the throttle never bit"
+    # and, read from storage: every lock Failed exactly once (version 2, one history row), no index row
+    direct = TableServiceClient.from_connection_string(azurite_connection).get_table_client(
+        runtime.tables().settings.table_name(STATE_TABLE)
+    )
+    low, high = node_partition_range(1, 4, 950)
+    rows = list(
+        direct.query_entities(
+            "PartitionKey ge @low and PartitionKey lt @high", parameters={"low": low, "high": high}
+        )
+    )
+    heads = [r for r in rows if str(r["RowKey"]).endswith("|c")]
+    assert len(heads) == len(keys)
+    assert {int(r["Status"]) for r in heads} == {3} and {int(r["Version"]) for r in heads} == {2}
+    assert len([r for r in rows if "|h" in str(r["RowKey"])]) == len(keys)
+    assert not [r for r in rows if str(r["RowKey"]).startswith("~l") and "StateRK" in r]
