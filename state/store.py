@@ -31,7 +31,13 @@ from typing import Any
 
 from common import telemetry
 from common.clock import earliest_now, epoch_ms, from_epoch_ms, iso, latest_now, to_ms, utcnow
-from common.errors import Conflict, LockLost, PayloadTooLarge, is_transient_storage_fault
+from common.errors import (
+    Conflict,
+    LockLost,
+    PayloadTooLarge,
+    is_refused_unreceived,
+    is_transient_storage_fault,
+)
 from common.limits import MAX_ENTITY_BYTES, entity_size, int64, plain_int
 from common.signing import Signer, load_signer
 from common.tables import Tables
@@ -756,7 +762,8 @@ class StateStore:
         deletes = [row for c, row in old.items() if fresh.get(c) != row]
         inserts = [row for c, row in fresh.items() if old.get(c) != row]
         gone: set[str] = set()
-        asked_again = False
+        sent_again = False  # a call sends its write at most twice
+        read_back = False  # and reads the head back at most once
         for _ in range(_MAX_ATTEMPTS):
             ops: list[Any] = []
             if current is None:
@@ -809,15 +816,26 @@ class StateStore:
                 self._hints.forget(pk, rk)
                 raise
             except Exception as exc:
+                if is_refused_unreceived(exc):
+                    # 503 ServerBusy: refused before storage received it (issue 21; common/errors.py says
+                    # from which documentation). Nothing was written and the head is still ``current``
+                    # (its hint stays): send once more without reading it back.
+                    if sent_again:
+                        raise
+                    sent_again = True
+                    continue
                 self._hints.forget(pk, rk)
-                if not is_transient_storage_fault(exc) or asked_again:
+                if not is_transient_storage_fault(exc) or read_back:
                     raise
                 # Applied or not? One point read says: our own version there (its Version, UpdatedAt and
                 # lock are ours) is success; the head as it was means nothing was written, so ask once
                 # more; anything else is another writer's change (a conflict: the caller re-decides).
-                asked_again = True
+                read_back = True
                 found = self._after_ambiguity(pk, rk, current, new, exc)
                 if found is None:
+                    if sent_again:
+                        raise
+                    sent_again = True
                     continue
                 self._hints.put(pk, rk, found)
                 return found
