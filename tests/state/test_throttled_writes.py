@@ -32,7 +32,8 @@ class Answer(HTTPPolicy):  # type: ignore[type-arg]
         super().__init__()
         self.left = 0
         self.match: Callable[[Any], bool] = lambda request: False
-        self.status, self.code, self.apply = 503, "ServerBusy", False
+        self.status, self.apply = 503, False
+        self.code: str | None = "ServerBusy"
         self.answered = 0
         self.after: list[str] = []  # "GET" / "POST" ... of every request after the first answered one
 
