@@ -37,13 +37,15 @@ class Answer(HTTPPolicy):  # type: ignore[type-arg]
         self.answered = 0
         self.after: list[str] = []  # "GET" / "POST" ... of every request after the first answered one
 
-    def arm(self, status: int, code: str | None, *, apply: bool, match: Callable[[Any], bool]) -> None:
-        self.status, self.code, self.apply, self.match, self.left = status, code, apply, match, 1
+    def arm(
+        self, status: int, code: str | None, *, apply: bool, match: Callable[[Any], bool], times: int = 1
+    ) -> None:
+        self.status, self.code, self.apply, self.match, self.left = status, code, apply, match, times
 
     def send(self, request: Any) -> Any:
         http = request.http_request
         hit = self.left > 0 and self.match(http)
-        if self.answered and not hit:
+        if self.answered:
             self.after.append(http.method)
         response = None if hit and not self.apply else self.next.send(request)
         if not hit:
@@ -88,18 +90,19 @@ def _prepared(state: State, operation: str) -> tuple[dict[str, Any], str, list[i
     return key, token, versions(state, key)
 
 
+@pytest.mark.parametrize("times", [1, 3])
 @pytest.mark.parametrize("operation", ["lock", "set-fenced", "extend"])
 def test_a_throttled_write_storage_never_received_is_sent_again_without_a_read(
-    call, answer, operation: str
+    call, answer, operation: str, times: int
 ) -> None:
     state = State(call)
     key, token, before = _prepared(state, operation)
-    answer.arm(503, "ServerBusy", apply=False, match=state_writes)
+    answer.arm(503, "ServerBusy", apply=False, match=state_writes, times=times)
     result = _run(state, key, operation, token)
-    assert answer.answered == 1
+    assert answer.answered == times
     assert result.status == 200, result.body
-    # Sent once more, and nothing read: ServerBusy means the request was not received.
-    assert answer.after == ["POST"], answer.after
+    # Sent again (after a back-off) until admitted, and nothing read: ServerBusy means not received.
+    assert answer.after == ["POST"] * times, answer.after
     added = [] if operation == "extend" else [(before[0] if before else 0) + 1]
     assert versions(state, key) == [*added, *before]
 
