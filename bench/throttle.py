@@ -269,6 +269,14 @@ class Budget:
                     self.row_writes[(charge.account, table, pk, rk)] += 1
             return None
 
+    def empty(self) -> None:
+        """From now on no bucket holds a burst: every bucket is emptied, and new ones start empty."""
+        with self._lock:
+            self.start_full = False
+            for bucket in (*self._partitions.values(), *self._accounts.values()):
+                bucket.tokens = min(bucket.tokens, 0.0)
+                bucket.at = self.clock()
+
     def charge_rows(self, account: str, table: str, body: bytes) -> None:
         """Charge a query's answer: one entity per row returned, to each row's partition."""
         try:
