@@ -18,8 +18,8 @@ The workload threads act as well-behaved callers: a refused request (503 / 500) 
 exponential back-off with jitter (50 ms doubling, at most :data:`BACKOFF_MAX_S`), as Azure's guidance asks
 (reference/scale-targets.md: "back off exponentially") and as the SDK's own retry policy does. A back-off
 shorter than the bucket's one second of burst leaves no budget unspent while a caller waits; the earlier
-fixed 20-200 ms back-off flooded this 2-core machine with refused requests (~90 % of ~120 requests/s at
-S = 4), so the machine, not the layout, bounded the figure.
+fixed 20-200 ms back-off sent ~130 requests/s at S = 4, ~90 % of them refused, on a shared 2-core machine
+(now ~70 requests/s).
 
 The rate is the **sustained** one: entities written between :data:`WARM_S` after the start (the
 callers are all at work) and the end of the run (after it the threads only finish the items they hold,
