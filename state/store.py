@@ -771,7 +771,6 @@ class StateStore:
         gone: set[str] = set()
         busy = 0  # resends after 503 ServerBusy (nothing applied)
         read_back = False  # an answer that left the outcome open: the head is read back at most once
-        sent_again = False  # and the write sent once more at most, when that read found nothing written
         for _ in range(_MAX_ATTEMPTS + _BUSY_RESENDS):
             ops: list[Any] = []
             if current is None:
@@ -842,10 +841,7 @@ class StateStore:
                 read_back = True
                 found = self._after_ambiguity(pk, rk, current, new, exc)
                 if found is None:
-                    if sent_again:
-                        raise
-                    sent_again = True
-                    continue
+                    continue  # nothing was written: sent once more (a second open answer is raised)
                 self._hints.put(pk, rk, found)
                 return found
             head = Head(new, etag)
