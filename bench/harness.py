@@ -26,7 +26,8 @@ from common import runtime
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "bench" / "results.json"
 
-Verdict = Literal["met", "missed", "info", "missing"]
+# "within noise": the figure's confidence interval straddles its target (bench/latency.py)
+Verdict = Literal["met", "missed", "info", "missing", "within noise"]
 
 
 # ---------------------------------------------------------------------------------------------- sizes

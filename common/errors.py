@@ -120,6 +120,30 @@ class StorageTableMissing(Exception):
         self.table = table
 
 
+SERVER_BUSY = "ServerBusy"
+
+
+def is_refused_unreceived(exc: BaseException) -> bool:
+    """Storage refused the request before receiving it: 503 with error code ``ServerBusy`` (the account
+    or a partition over its scalability target). Azure Storage's common REST API error codes define it as
+    "The server is currently unable to receive requests. Please retry your request." (and "Operations per
+    second is over the account limit."), and Storage Analytics bills no 503 ("ThrottlingError ... Billable:
+    No") while it bills a timed-out 500: the request was not applied, so asking again needs no read-back.
+
+    Anything else that is transient may have been applied (500 ``OperationTimedOut``: "could not be
+    completed within the permitted time"; a lost connection; a 503 without storage's own code, from
+    something in between): those outcomes stay open until the head is read back (``StateStore._write``)."""
+    from azure.core.exceptions import HttpResponseError
+
+    if not isinstance(exc, HttpResponseError) or exc.status_code != 503:
+        return False
+    code = getattr(exc, "error_code", None)
+    response = getattr(exc, "response", None)
+    if code is None and response is not None:
+        code = response.headers.get("x-ms-error-code")
+    return str(getattr(code, "value", code)) == SERVER_BUSY  # the Tables SDK gives an enum (TableErrorCode)
+
+
 def is_unreadable_answer(exc: BaseException) -> bool:
     """An answer that arrived but could not be read: cut short or undecodable. Transient (ask again).
 

@@ -21,7 +21,9 @@ Round trips (sequential requests; the table with every case is in docs/tables.md
 
 from __future__ import annotations
 
+import random
 import threading
+import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -31,7 +33,13 @@ from typing import Any
 
 from common import telemetry
 from common.clock import earliest_now, epoch_ms, from_epoch_ms, iso, latest_now, to_ms, utcnow
-from common.errors import Conflict, LockLost, PayloadTooLarge, is_transient_storage_fault
+from common.errors import (
+    Conflict,
+    LockLost,
+    PayloadTooLarge,
+    is_refused_unreceived,
+    is_transient_storage_fault,
+)
 from common.limits import MAX_ENTITY_BYTES, entity_size, int64, plain_int
 from common.signing import Signer, load_signer
 from common.tables import Tables
@@ -65,6 +73,11 @@ HINT_BYTES = 16 * 1024 * 1024
 # The substatus catch-up gives a lock that expired before its holder recorded an outcome.
 LOCK_EXPIRED = "LockExpired"
 _MAX_ATTEMPTS = 4
+# A write refused 503 ServerBusy (never received, so never applied) is sent again up to this many times,
+# after an exponential back-off with jitter (at most _BUSY_BACKOFF_S * 2**n s before the n-th), as the
+# SDK's own retry policy would; then the caller gets the 503 (state API: with Retry-After).
+_BUSY_RESENDS = 3
+_BUSY_BACKOFF_S = 0.1
 # What a successor version inherits from the version it replaces.
 _IDENTITY = (
     "PartitionKey",
@@ -756,8 +769,9 @@ class StateStore:
         deletes = [row for c, row in old.items() if fresh.get(c) != row]
         inserts = [row for c, row in fresh.items() if old.get(c) != row]
         gone: set[str] = set()
-        asked_again = False
-        for _ in range(_MAX_ATTEMPTS):
+        busy = 0  # resends after 503 ServerBusy (nothing applied)
+        read_back = False  # an answer that left the outcome open: the head is read back at most once
+        for _ in range(_MAX_ATTEMPTS + _BUSY_RESENDS):
             ops: list[Any] = []
             if current is None:
                 ops.append(("create", new))
@@ -809,16 +823,25 @@ class StateStore:
                 self._hints.forget(pk, rk)
                 raise
             except Exception as exc:
+                if is_refused_unreceived(exc):
+                    # 503 ServerBusy: refused before storage received it (issue 21; common/errors.py says
+                    # from which documentation). Nothing was written and the head is still ``current``
+                    # (its hint stays): send again after a back-off, without reading it back.
+                    if busy >= _BUSY_RESENDS:
+                        raise
+                    time.sleep(_BUSY_BACKOFF_S * 2**busy * random.uniform(0.5, 1.0))
+                    busy += 1
+                    continue
                 self._hints.forget(pk, rk)
-                if not is_transient_storage_fault(exc) or asked_again:
+                if not is_transient_storage_fault(exc) or read_back:
                     raise
                 # Applied or not? One point read says: our own version there (its Version, UpdatedAt and
                 # lock are ours) is success; the head as it was means nothing was written, so ask once
                 # more; anything else is another writer's change (a conflict: the caller re-decides).
-                asked_again = True
+                read_back = True
                 found = self._after_ambiguity(pk, rk, current, new, exc)
                 if found is None:
-                    continue
+                    continue  # nothing was written: sent once more (a second open answer is raised)
                 self._hints.put(pk, rk, found)
                 return found
             head = Head(new, etag)

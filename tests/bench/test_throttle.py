@@ -208,3 +208,29 @@ def test_a_batch_is_not_starved_by_single_entity_requests_and_its_excess_is_repa
         now[0] = 0.25  # +2.5: the debt of 1 repaid, 1.5 entities of budget
         assert _insert(table, "p", "late") is None
     assert _stored(direct, "p") == 12
+
+
+def test_an_emptied_budget_holds_no_burst_so_a_sustained_rate_counts_none(azurite_connection: str) -> None:
+    """``Budget.empty()`` (the scale-out figure's sustained window): every bucket, existing or new, holds
+    no initial second of budget; what it admits afterwards is the budget's rate, nothing more."""
+    from azure.data.tables import TableServiceClient
+
+    now = [0.0]
+    budget = Budget(partition_per_s=10, account_per_s=1000, timeout_every=0, clock=lambda: now[0])
+    name = "throttle" + uuid.uuid4().hex[:10]
+    direct = TableServiceClient.from_connection_string(azurite_connection).create_table_if_not_exists(name)
+    with CountingProxy(_endpoint(azurite_connection), budget=budget) as proxy:
+        service = TableServiceClient.from_connection_string(
+            proxy.connection_string(azurite_connection), retry_total=0
+        )
+        table = service.get_table_client(name)
+        assert _insert(table, "p", "first") is None  # a full bucket: its burst admits this at once
+        budget.empty()
+        # Then neither the partition used before nor a new one admits anything at the same instant
+        assert _insert(table, "p", "no-burst") == SERVER_BUSY
+        assert _insert(table, "q", "no-burst") == SERVER_BUSY
+        now[0] = 0.1  # one entity of budget earned, in each partition
+        assert _insert(table, "p", "earned") is None
+        assert _insert(table, "q", "earned") is None
+    assert _stored(direct, "p") == 2
+    assert _stored(direct, "q") == 1
