@@ -44,7 +44,8 @@ def test_a_nodes_records_spread_over_its_shards_and_each_record_stays_in_one_par
     state: State, shards: Any
 ) -> None:
     shards(4)
-    keys = [new_key() for _ in range(40)]
+    # fixed item keys (fresh tables): 40 random ones leave a shard with fewer than 4 about once in 50 runs
+    keys = [new_key(itemKey=f"INV-spread-{n:02d}") for n in range(40)]
     # Given 40 records of one node: locked, set, locked again (a history row and a live index row)
     for k in keys:
         token = state.lock(k).json["lockToken"]
