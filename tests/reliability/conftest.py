@@ -2,6 +2,13 @@
 
 Every test here is ``@pytest.mark.slow`` (``make reliability``); ``SETTLE_RELIABILITY_SCALE=small``
 bounds it for CI. The table printed at the end is what the tests counted (``tally.TALLY``).
+
+``SETTLE_RELIABILITY_THROTTLE=1`` (``make reliability-throttled``) runs the whole suite under a storage
+budget: every Table request of the session (the app's clients, the suite's own reads, the child
+processes it starts) reaches Azurite through ``bench/throttle.py``'s budget, Azure's targets divided by
+:data:`THROTTLE_SCALE` (another number: that factor), and beyond it is answered as Azure throttles (503
+``ServerBusy`` / 500 ``OperationTimedOut``). Each test keeps its own retry set-up, so refusals reach Settle
+where the SDK's retries are off. The run reports what the budget refused, per test.
 """
 
 from __future__ import annotations
@@ -18,12 +25,19 @@ from typing import Any
 import pytest
 
 from bench import machine
+from bench.proxy import CountingProxy
+from bench.throttle import Budget
 from common import runtime
 from tests.conftest import new_prefix
 from tests.reliability.faults import FAULTS, FaultPolicy
 from tests.reliability.tally import TALLY, scale
 
 ROOT = Path(__file__).resolve().parents[2]
+THROTTLE_SETTING = "SETTLE_RELIABILITY_THROTTLE"
+# Azure's targets ÷ 100: 20 entities/s per partition, 200 per account (bench/throttle.py's own figures use
+# ÷ 200). Chosen so the suite's races and fault loops, which work a few partitions hard, hit the budget
+# while the run stays within a few times the unthrottled one.
+THROTTLE_SCALE = 100.0
 _AREA_OF_MODULE = {
     "test_state_faults": "state faults",
     "test_state_throttled": "state throttled",
@@ -37,11 +51,80 @@ _AREA_OF_MODULE = {
     "test_auth_secrets": "auth & secrets",
     "test_checkers": "self-checks",
     "test_crash_host": "crash",
+    "test_catchup_processes": "catch-up processes",
 }
 _run: dict[str, Any] = {"selected": 0, "known": 0, "started": time.time()}
 _outcomes: dict[str, str] = {}  # test id -> passed | failed | error | skipped
 # Whether the SDK's own retry policy stays on for the current fault-injecting test (restarts keep it).
 _sdk = {"retries": False}
+
+
+def throttle_scale() -> float | None:
+    """``SETTLE_RELIABILITY_THROTTLE``: unset or 0, no budget; 1, :data:`THROTTLE_SCALE`; else the factor."""
+    value = os.environ.get(THROTTLE_SETTING, "").strip()
+    if value in ("", "0"):
+        return None
+    try:
+        factor = THROTTLE_SCALE if value == "1" else float(value)
+    except ValueError as exc:
+        raise ValueError(f"{THROTTLE_SETTING} must be 0, 1 or a scale factor (> 1), not {value!r}") from exc
+    if factor <= 1:
+        raise ValueError(f"{THROTTLE_SETTING} must be 0, 1 or a scale factor (> 1), not {value!r}")
+    return factor
+
+
+_throttle: dict[str, Any] = {"budget": None, "per_test": {}}
+
+
+def _table_endpoint(connection: str) -> str:
+    value = next(p.split("=", 1)[1] for p in connection.split(";") if p.startswith("TableEndpoint"))
+    return value.rsplit("/", 1)[0]
+
+
+@pytest.fixture(scope="session")
+def azurite_connection(azurite_connection: str) -> Iterator[str]:
+    """The session's Azurite, behind the storage budget when ``SETTLE_RELIABILITY_THROTTLE`` asks for it."""
+    factor = throttle_scale()
+    if factor is None:
+        yield azurite_connection
+        return
+    budget = Budget.scaled(factor)
+    _throttle["budget"] = budget
+    with CountingProxy(_table_endpoint(azurite_connection), budget=budget) as proxy:
+        yield proxy.connection_string(azurite_connection)
+
+
+@pytest.fixture(autouse=True)
+def _throttled_per_test(request: pytest.FixtureRequest) -> Iterator[None]:
+    """What the budget refused during each test (a test it never refused did not prove much)."""
+    budget: Budget | None = _throttle["budget"]
+    before = budget.refusals() if budget is not None else 0
+    yield
+    if budget is not None:
+        _throttle["per_test"][request.node.nodeid] = budget.refusals() - before
+
+
+def _throttle_report() -> dict[str, Any] | None:
+    budget: Budget | None = _throttle["budget"]
+    if budget is None:
+        return None
+    refused = budget.refusals()
+    # Every ``timeout_every``-th refusal is answered 500 OperationTimedOut, the others 503 ServerBusy.
+    timed_out = refused // budget.timeout_every if budget.timeout_every else 0
+    per_test: dict[str, int] = _throttle["per_test"]
+    return {
+        "scale": throttle_scale(),
+        "partition_entities_per_s": budget.partition_per_s,
+        "account_entities_per_s": budget.account_per_s,
+        "requests": budget.requests,
+        "refused": refused,
+        "answered_503_server_busy": refused - timed_out,
+        "answered_500_operation_timed_out": timed_out,
+        "refused_by_scope": dict(budget.refused),
+        "tests_refused": sum(1 for n in per_test.values() if n),
+        "tests_never_refused": sorted(t for t, n in per_test.items() if not n),
+        "refused_per_test": dict(sorted(per_test.items())),
+    }
 
 
 def _use(connection: str, prefix: str, *, faults: bool) -> None:
@@ -147,9 +230,11 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 
 def results_path() -> Path:
-    """Where the table is written: ``SETTLE_RELIABILITY_OUT``, else ``bench/reliability-<scale>.json``."""
+    """Where the table is written: ``SETTLE_RELIABILITY_OUT``, else ``bench/reliability-<scale>.json``
+    (``-throttled`` added under the storage budget)."""
     given = os.environ.get("SETTLE_RELIABILITY_OUT")
-    return Path(given) if given else ROOT / "bench" / f"reliability-{scale()}.json"
+    throttled = "-throttled" if throttle_scale() is not None else ""
+    return Path(given) if given else ROOT / "bench" / f"reliability-{scale()}{throttled}.json"
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -173,6 +258,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         "machine": machine.describe(),
         **TALLY.snapshot(),
     }
+    throttle = _throttle_report()
+    if throttle is not None:
+        document["throttle"] = throttle
     path = results_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
@@ -195,5 +283,17 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         terminalreporter.write_line(
             f"known bugs shown by strict xfail tests: {_run['known']} (docs/reliability.md, Findings)"
         )
+    throttle = _throttle_report()
+    if throttle is not None:
+        t = throttle
+        terminalreporter.write_line(
+            f"storage budget (Azure ÷ {t['scale']:g}: {t['partition_entities_per_s']:g} entities/s per"
+            f" partition, {t['account_entities_per_s']:g} per account): {t['requests']} requests, refused"
+            f" {t['refused']} ({t['answered_503_server_busy']} answered 503 ServerBusy,"
+            f" {t['answered_500_operation_timed_out']} answered 500 OperationTimedOut);"
+            f" {t['tests_refused']} tests refused at least once, {len(t['tests_never_refused'])} never"
+        )
+        for test in throttle["tests_never_refused"]:
+            terminalreporter.write_line(f"  never refused: {test}")
     if _run.get("written"):
         terminalreporter.write_line(f"table written to {_run['written']}")
