@@ -64,7 +64,9 @@ class _Seat(Budget):
     def __init__(self, shared: Budget) -> None:
         super().__init__()
         self.shared = shared
-        self.writes: list[tuple[float, tuple[str, str, str]]] = []  # (when, (table, PartitionKey, RowKey))
+        self.rows_written: list[
+            tuple[float, tuple[str, str, str]]
+        ] = []  # (when, (table, PartitionKey, RowKey))
         self.refused_status: Counter[int] = Counter()
 
     def admit(self, charge: Charge) -> Refusal | None:
@@ -74,7 +76,7 @@ class _Seat(Budget):
             if refusal is not None:
                 self.refused_status[refusal.status] += 1
             elif charge.write:
-                self.writes.extend((at, row) for row in charge.rows)
+                self.rows_written.extend((at, row) for row in charge.rows)
         return refusal
 
     def charge_rows(self, account: str, table: str, body: bytes) -> None:
@@ -198,7 +200,7 @@ def _concluded(inst: _Instance) -> Counter[str]:
     conclude it): what reached storage from this process."""
     return Counter(
         _item(rk)
-        for _, (table, _pk, rk) in inst.seat.writes
+        for _, (table, _pk, rk) in inst.seat.rows_written
         if table.endswith(STATE_TABLE) and rk.endswith("|c")
     )
 
@@ -207,7 +209,7 @@ def _pointers_written(inst: _Instance) -> set[tuple[str, int]]:
     """The level-1 pointers (state partition, minute) whose rows this instance wrote: every catch-up
     write in the state table names an index row or marker of one minute (a conclude deletes its row)."""
     out = set()
-    for _, (table, pk, rk) in inst.seat.writes:
+    for _, (table, pk, rk) in inst.seat.rows_written:
         if table.endswith(STATE_TABLE) and rk.startswith(INDEX_MARK):
             out.add((pk, parse_index_row_key(rk)[1] if not is_marker(rk) else int(rk.split("|")[1])))
     return out
@@ -242,7 +244,7 @@ def _check_within_budget(instances: list[_Instance], shared: Budget, where: str)
     processes; returns the most entities written in one partition in one second."""
     per: dict[tuple[str, str], list[float]] = defaultdict(list)
     for inst in instances:
-        for at, (table, pk, _rk) in inst.seat.writes:
+        for at, (table, pk, _rk) in inst.seat.rows_written:
             per[(table, pk)].append(at)
     peak = 0
     for times in per.values():
