@@ -28,16 +28,11 @@ from bench import machine
 from bench.proxy import CountingProxy
 from bench.throttle import Budget
 from common import runtime
-from tests.conftest import new_prefix
-from tests.reliability.faults import FAULTS, FaultPolicy
+from tests.conftest import Caller, HttpResult, new_prefix
+from tests.reliability.faults import FAULTS, FaultPolicy, throttle_scale
 from tests.reliability.tally import TALLY, scale
 
 ROOT = Path(__file__).resolve().parents[2]
-THROTTLE_SETTING = "SETTLE_RELIABILITY_THROTTLE"
-# Azure's targets ÷ 100: 20 entities/s per partition, 200 per account (bench/throttle.py's own figures use
-# ÷ 200). Chosen so the suite's races and fault loops, which work a few partitions hard, hit the budget
-# while the run stays within a few times the unthrottled one.
-THROTTLE_SCALE = 100.0
 _AREA_OF_MODULE = {
     "test_state_faults": "state faults",
     "test_state_throttled": "state throttled",
@@ -59,21 +54,7 @@ _outcomes: dict[str, str] = {}  # test id -> passed | failed | error | skipped
 _sdk = {"retries": False}
 
 
-def throttle_scale() -> float | None:
-    """``SETTLE_RELIABILITY_THROTTLE``: unset or 0, no budget; 1, :data:`THROTTLE_SCALE`; else the factor."""
-    value = os.environ.get(THROTTLE_SETTING, "").strip()
-    if value in ("", "0"):
-        return None
-    try:
-        factor = THROTTLE_SCALE if value == "1" else float(value)
-    except ValueError as exc:
-        raise ValueError(f"{THROTTLE_SETTING} must be 0, 1 or a scale factor (> 1), not {value!r}") from exc
-    if factor <= 1:
-        raise ValueError(f"{THROTTLE_SETTING} must be 0, 1 or a scale factor (> 1), not {value!r}")
-    return factor
-
-
-_throttle: dict[str, Any] = {"budget": None, "per_test": {}}
+_throttle: dict[str, Any] = {"budget": None, "per_test": {}, "answered_503": 0}
 
 
 def _table_endpoint(connection: str) -> str:
@@ -92,6 +73,26 @@ def azurite_connection(azurite_connection: str) -> Iterator[str]:
     _throttle["budget"] = budget
     with CountingProxy(_table_endpoint(azurite_connection), budget=budget) as proxy:
         yield proxy.connection_string(azurite_connection)
+
+
+class _DocumentedClient(Caller):
+    """The documented client under backpressure: a 503 problem (storage busy) is sent again after its
+    ``Retry-After`` (capped at 2 s), up to 10 times; what it finally answers is what the test sees."""
+
+    def __call__(self, name: str, body: Any = None, **kwargs: Any) -> HttpResult:
+        for _ in range(10):
+            result = super().__call__(name, body, **kwargs)
+            if result.status != 503 or "unavailable" not in result.body.decode("utf-8", "replace"):
+                return result
+            _throttle["answered_503"] += 1
+            time.sleep(min(2.0, float(result.headers.get("retry-after") or 1)))
+        return result
+
+
+@pytest.fixture
+def call(functions: dict[str, Any]) -> Caller:
+    """Under the storage budget, the HTTP caller retries Settle's 503 as the documented client does."""
+    return _DocumentedClient(functions) if throttle_scale() is not None else Caller(functions)
 
 
 @pytest.fixture(autouse=True)
@@ -121,6 +122,7 @@ def _throttle_report() -> dict[str, Any] | None:
         "answered_503_server_busy": refused - timed_out,
         "answered_500_operation_timed_out": timed_out,
         "refused_by_scope": dict(budget.refused),
+        "settle_answered_503_and_the_client_retried": _throttle["answered_503"],
         "tests_refused": sum(1 for n in per_test.values() if n),
         "tests_never_refused": sorted(t for t, n in per_test.items() if not n),
         "refused_per_test": dict(sorted(per_test.items())),
@@ -133,7 +135,10 @@ def _use(connection: str, prefix: str, *, faults: bool) -> None:
     os.environ.pop("SETTLE_TABLES__tableServiceUri", None)
     if faults:
         # SDK retries off by default: an injected fault reaches Settle, which must cope as documented.
-        runtime.reset(policies=[FAULTS], client_options=None if _sdk["retries"] else {"retry_total": 0})
+        # Under the storage budget the SDK retries as in production (Settle's own writes still opt out),
+        # so a refusal reaches Settle exactly where it does in Azure; planned faults then meet SDK retries.
+        retries = _sdk["retries"] or throttle_scale() is not None
+        runtime.reset(policies=[FAULTS], client_options=None if retries else {"retry_total": 0})
     else:
         runtime.reset()
         return
@@ -291,7 +296,8 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
             f" partition, {t['account_entities_per_s']:g} per account): {t['requests']} requests, refused"
             f" {t['refused']} ({t['answered_503_server_busy']} answered 503 ServerBusy,"
             f" {t['answered_500_operation_timed_out']} answered 500 OperationTimedOut);"
-            f" {t['tests_refused']} tests refused at least once, {len(t['tests_never_refused'])} never"
+            f" {t['tests_refused']} tests refused at least once, {len(t['tests_never_refused'])} never;"
+            f" Settle answered 503 + Retry-After {t['settle_answered_503_and_the_client_retried']} times"
         )
         for test in throttle["tests_never_refused"]:
             terminalreporter.write_line(f"  never refused: {test}")
