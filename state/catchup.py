@@ -303,13 +303,13 @@ class Catchup:
         column = _COLUMN_OF_KIND[pointer.kind]
         conflicts = refusals = 0
         while conflicts < 3:
-            head = self._store.read_head_at(pointer.partition, str(row["StateRK"]))
-            result.records_read += 1
-            if head is None or head.entity.get(column) != row["RowKey"]:
-                self._drop_stale(pointer.partition, row)
-                result.stale_index_rows += 1
-                return True
             try:
+                head = self._store.read_head_at(pointer.partition, str(row["StateRK"]))
+                result.records_read += 1
+                if head is None or head.entity.get(column) != row["RowKey"]:
+                    self._drop_stale(pointer.partition, row)
+                    result.stale_index_rows += 1
+                    return True
                 if pointer.kind == LOCK_KIND:
                     if not self._fail_lock(head, now):
                         return False
@@ -325,9 +325,10 @@ class Catchup:
                     continue  # someone changed it meanwhile: look again
                 if not is_transient_storage_fault(exc):
                     raise
-                # Throttled (503 ServerBusy, 500 OperationTimedOut) or unreachable, twice in a row (the
-                # store asked once more): back off and look again, never abort the run (every other
-                # pointer's work with it). Past the last attempt the row stays for the next run.
+                # Throttled (503 ServerBusy, 500 OperationTimedOut) or unreachable: a read after the
+                # SDK's retries, or the write twice in a row (the store asked once more). Back off and
+                # look again, never abort the run (every other pointer's work with it). Past the last
+                # attempt the row stays for the next run.
                 if refusals >= len(THROTTLED_BACKOFF_S):
                     log.warning(
                         "state catch-up: %s still refused, left for the next run: %s", row["RowKey"], exc
