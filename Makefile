@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install chromium run demo test lint typecheck pytest bench bench-smoke bench-report reliability infra-check infra-types azurite table-export table-restore clean
+.PHONY: install chromium run demo test lint typecheck pytest bench bench-smoke bench-report reliability reliability-throttled infra-check infra-types azurite table-export table-restore clean
 
 CHROMIUM := /usr/bin/chromium
 
@@ -55,6 +55,9 @@ bench-report: $(STAMP) ## Render docs/benchmark.md and docs/reliability.md from 
 
 reliability: $(STAMP) ## Faults, races, fuzzing: prints the violations table (must be 0), writes bench/reliability-<scale>.json.
 	$(PY) -m pytest -m slow -p no:cacheprovider $(PYTEST_ARGS)
+
+reliability-throttled: $(STAMP) ## The same suite with every storage request under bench/throttle.py's budget (Azure ÷ 100): prints what it refused; writes bench/reliability-<scale>-throttled.json.
+	SETTLE_RELIABILITY_THROTTLE=$${SETTLE_RELIABILITY_THROTTLE:-1} $(PY) -m pytest -m slow -p no:cacheprovider $(PYTEST_ARGS)
 
 infra-check: $(STAMP) ## Settle's infra checks (types, roles, rules; full report) + checkov in its own venv.
 	bash infra/check.sh

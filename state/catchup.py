@@ -24,6 +24,10 @@ and a run of another instance skips a pointer whose lease still runs, so several
 backlog. Leases divide work only (every write stays conditional); the minute is closed ``If-Match`` the ETag
 the lease returned, which keeps ADR-0011's proof (the lease is the read the markers are listed after).
 
+Throttled: a record's transaction refused twice in a row (503 ServerBusy / 500 OperationTimedOut; the store
+asks once more itself) is tried again after a back-off (``THROTTLED_BACKOFF_S``), and after the last one left
+for the next run: a refusal delays catch-up, it never aborts the run.
+
 Work per run is bounded by ``max_rows`` (index rows handled plus partitions visited). The timer
 (:meth:`Catchup.drain`) runs again while a run ran out of rows, for up to ``DRAIN_SECONDS``, so a backlog
 larger than one run (a fleet of workers killed at once) is still caught up within one timer period; only
@@ -36,6 +40,7 @@ import contextlib
 import contextvars
 import logging
 import os
+import random
 import threading
 import time
 import uuid
@@ -46,6 +51,7 @@ from typing import Any
 
 from common import telemetry
 from common.clock import epoch_ms, iso, to_ms
+from common.errors import is_transient_storage_fault
 from common.roundtrips import ROUND_TRIPS
 from state.expiry import ExpiryIndex, Pointer
 from state.keys import BUCKET_MS, LOCK_KIND, RETENTION_KIND, bucket_range, due_range, is_marker
@@ -68,6 +74,9 @@ DEFAULT_PARALLELISM = 8
 DEFAULT_LEASE_MS = 60_000
 # Leases are per instance (process): every run of this process may take this process's leases again.
 PROCESS_OWNER = uuid.uuid4().hex
+# Back-off before trying a record again whose transaction storage refused twice in a row (throttled: Azure's
+# guidance is to back off exponentially); each wait is taken with ±50 % jitter so refused workers spread.
+THROTTLED_BACKOFF_S = (0.5, 1.0, 2.0, 4.0, 8.0)
 _COLUMN_OF_KIND = {kind: column for column, kind in INDEX_COLUMNS.items()}
 
 
@@ -335,14 +344,15 @@ class Catchup:
     def _handle(self, pointer: Pointer, row: dict[str, Any], now: datetime, result: CatchupResult) -> bool:
         """Conclude the record the row points at, or drop the row when it is stale; False if still live."""
         column = _COLUMN_OF_KIND[pointer.kind]
-        for _ in range(3):
-            head = self._store.read_head_at(pointer.partition, str(row["StateRK"]))
-            result.records_read += 1
-            if head is None or head.entity.get(column) != row["RowKey"]:
-                self._drop_stale(pointer.partition, row)
-                result.stale_index_rows += 1
-                return True
+        conflicts = refusals = 0
+        while conflicts < 3:
             try:
+                head = self._store.read_head_at(pointer.partition, str(row["StateRK"]))
+                result.records_read += 1
+                if head is None or head.entity.get(column) != row["RowKey"]:
+                    self._drop_stale(pointer.partition, row)
+                    result.stale_index_rows += 1
+                    return True
                 if pointer.kind == LOCK_KIND:
                     if not self._fail_lock(head, now):
                         return False
@@ -353,9 +363,22 @@ class Catchup:
                     result.records_expired += 1
                 return True
             except Exception as exc:
-                if not is_conflict(exc):
+                if is_conflict(exc):
+                    conflicts += 1
+                    continue  # someone changed it meanwhile: look again
+                if not is_transient_storage_fault(exc):
                     raise
-                continue  # someone changed it meanwhile: look again
+                # Throttled (503 ServerBusy, 500 OperationTimedOut) or unreachable: a read after the
+                # SDK's retries, or the write twice in a row (the store asked once more). Back off and
+                # look again, never abort the run (every other pointer's work with it). Past the last
+                # attempt the row stays for the next run.
+                if refusals >= len(THROTTLED_BACKOFF_S):
+                    log.warning(
+                        "state catch-up: %s still refused, left for the next run: %s", row["RowKey"], exc
+                    )
+                    return False
+                time.sleep(THROTTLED_BACKOFF_S[refusals] * (0.5 + random.random()))
+                refusals += 1
         return False
 
     def _fail_lock(self, head: Head, now: datetime) -> bool:

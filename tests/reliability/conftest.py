@@ -2,6 +2,13 @@
 
 Every test here is ``@pytest.mark.slow`` (``make reliability``); ``SETTLE_RELIABILITY_SCALE=small``
 bounds it for CI. The table printed at the end is what the tests counted (``tally.TALLY``).
+
+``SETTLE_RELIABILITY_THROTTLE=1`` (``make reliability-throttled``) runs the whole suite under a storage
+budget: every Table request of the session (the app's clients, the suite's own reads, the child
+processes it starts) reaches Azurite through ``bench/throttle.py``'s budget, Azure's targets divided by
+:data:`THROTTLE_SCALE` (another number: that factor), and beyond it is answered as Azure throttles (503
+``ServerBusy`` / 500 ``OperationTimedOut``). Each test keeps its own retry set-up, so refusals reach Settle
+where the SDK's retries are off. The run reports what the budget refused, per test.
 """
 
 from __future__ import annotations
@@ -18,9 +25,11 @@ from typing import Any
 import pytest
 
 from bench import machine
+from bench.proxy import CountingProxy
+from bench.throttle import Budget
 from common import runtime
-from tests.conftest import new_prefix
-from tests.reliability.faults import FAULTS, FaultPolicy
+from tests.conftest import Caller, HttpResult, new_prefix
+from tests.reliability.faults import FAULTS, FaultPolicy, throttle_scale
 from tests.reliability.tally import TALLY, scale
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,11 +46,87 @@ _AREA_OF_MODULE = {
     "test_auth_secrets": "auth & secrets",
     "test_checkers": "self-checks",
     "test_crash_host": "crash",
+    "test_catchup_processes": "catch-up processes",
 }
 _run: dict[str, Any] = {"selected": 0, "known": 0, "started": time.time()}
 _outcomes: dict[str, str] = {}  # test id -> passed | failed | error | skipped
 # Whether the SDK's own retry policy stays on for the current fault-injecting test (restarts keep it).
 _sdk = {"retries": False}
+
+
+_throttle: dict[str, Any] = {"budget": None, "per_test": {}, "answered_503": 0}
+
+
+def _table_endpoint(connection: str) -> str:
+    value = next(p.split("=", 1)[1] for p in connection.split(";") if p.startswith("TableEndpoint"))
+    return value.rsplit("/", 1)[0]
+
+
+@pytest.fixture(scope="session")
+def azurite_connection(azurite_connection: str) -> Iterator[str]:
+    """The session's Azurite, behind the storage budget when ``SETTLE_RELIABILITY_THROTTLE`` asks for it."""
+    factor = throttle_scale()
+    if factor is None:
+        yield azurite_connection
+        return
+    budget = Budget.scaled(factor)
+    _throttle["budget"] = budget
+    with CountingProxy(_table_endpoint(azurite_connection), budget=budget) as proxy:
+        yield proxy.connection_string(azurite_connection)
+
+
+class _DocumentedClient(Caller):
+    """The documented client under backpressure: a 503 problem (storage busy) is sent again after its
+    ``Retry-After`` (capped at 2 s), up to 10 times; what it finally answers is what the test sees."""
+
+    def __call__(self, name: str, body: Any = None, **kwargs: Any) -> HttpResult:
+        for _ in range(10):
+            result = super().__call__(name, body, **kwargs)
+            if result.status != 503 or "unavailable" not in result.body.decode("utf-8", "replace"):
+                return result
+            _throttle["answered_503"] += 1
+            time.sleep(min(2.0, float(result.headers.get("retry-after") or 1)))
+        return result
+
+
+@pytest.fixture
+def call(functions: dict[str, Any]) -> Caller:
+    """Under the storage budget, the HTTP caller retries Settle's 503 as the documented client does."""
+    return _DocumentedClient(functions) if throttle_scale() is not None else Caller(functions)
+
+
+@pytest.fixture(autouse=True)
+def _throttled_per_test(request: pytest.FixtureRequest) -> Iterator[None]:
+    """What the budget refused during each test (a test it never refused did not prove much)."""
+    budget: Budget | None = _throttle["budget"]
+    before = budget.refusals() if budget is not None else 0
+    yield
+    if budget is not None:
+        _throttle["per_test"][request.node.nodeid] = budget.refusals() - before
+
+
+def _throttle_report() -> dict[str, Any] | None:
+    budget: Budget | None = _throttle["budget"]
+    if budget is None:
+        return None
+    refused = budget.refusals()
+    # Every ``timeout_every``-th refusal is answered 500 OperationTimedOut, the others 503 ServerBusy.
+    timed_out = refused // budget.timeout_every if budget.timeout_every else 0
+    per_test: dict[str, int] = _throttle["per_test"]
+    return {
+        "scale": throttle_scale(),
+        "partition_entities_per_s": budget.partition_per_s,
+        "account_entities_per_s": budget.account_per_s,
+        "requests": budget.requests,
+        "refused": refused,
+        "answered_503_server_busy": refused - timed_out,
+        "answered_500_operation_timed_out": timed_out,
+        "refused_by_scope": dict(budget.refused),
+        "settle_answered_503_and_the_client_retried": _throttle["answered_503"],
+        "tests_refused": sum(1 for n in per_test.values() if n),
+        "tests_never_refused": sorted(t for t, n in per_test.items() if not n),
+        "refused_per_test": dict(sorted(per_test.items())),
+    }
 
 
 def _use(connection: str, prefix: str, *, faults: bool) -> None:
@@ -50,7 +135,10 @@ def _use(connection: str, prefix: str, *, faults: bool) -> None:
     os.environ.pop("SETTLE_TABLES__tableServiceUri", None)
     if faults:
         # SDK retries off by default: an injected fault reaches Settle, which must cope as documented.
-        runtime.reset(policies=[FAULTS], client_options=None if _sdk["retries"] else {"retry_total": 0})
+        # Under the storage budget the SDK retries as in production (Settle's own writes still opt out),
+        # so a refusal reaches Settle exactly where it does in Azure; planned faults then meet SDK retries.
+        retries = _sdk["retries"] or throttle_scale() is not None
+        runtime.reset(policies=[FAULTS], client_options=None if retries else {"retry_total": 0})
     else:
         runtime.reset()
         return
@@ -147,9 +235,11 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 
 def results_path() -> Path:
-    """Where the table is written: ``SETTLE_RELIABILITY_OUT``, else ``bench/reliability-<scale>.json``."""
+    """Where the table is written: ``SETTLE_RELIABILITY_OUT``, else ``bench/reliability-<scale>.json``
+    (``-throttled`` added under the storage budget)."""
     given = os.environ.get("SETTLE_RELIABILITY_OUT")
-    return Path(given) if given else ROOT / "bench" / f"reliability-{scale()}.json"
+    throttled = "-throttled" if throttle_scale() is not None else ""
+    return Path(given) if given else ROOT / "bench" / f"reliability-{scale()}{throttled}.json"
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -173,6 +263,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         "machine": machine.describe(),
         **TALLY.snapshot(),
     }
+    throttle = _throttle_report()
+    if throttle is not None:
+        document["throttle"] = throttle
     path = results_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
@@ -195,5 +288,18 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         terminalreporter.write_line(
             f"known bugs shown by strict xfail tests: {_run['known']} (docs/reliability.md, Findings)"
         )
+    throttle = _throttle_report()
+    if throttle is not None:
+        t = throttle
+        terminalreporter.write_line(
+            f"storage budget (Azure ÷ {t['scale']:g}: {t['partition_entities_per_s']:g} entities/s per"
+            f" partition, {t['account_entities_per_s']:g} per account): {t['requests']} requests, refused"
+            f" {t['refused']} ({t['answered_503_server_busy']} answered 503 ServerBusy,"
+            f" {t['answered_500_operation_timed_out']} answered 500 OperationTimedOut);"
+            f" {t['tests_refused']} tests refused at least once, {len(t['tests_never_refused'])} never;"
+            f" Settle answered 503 + Retry-After {t['settle_answered_503_and_the_client_retried']} times"
+        )
+        for test in throttle["tests_never_refused"]:
+            terminalreporter.write_line(f"  never refused: {test}")
     if _run.get("written"):
         terminalreporter.write_line(f"table written to {_run['written']}")

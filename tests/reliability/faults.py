@@ -13,6 +13,7 @@ Two kinds of fault:
 
 from __future__ import annotations
 
+import os
 import random
 import threading
 from collections.abc import Iterator
@@ -104,3 +105,34 @@ class FaultPolicy(HTTPPolicy):  # type: ignore[type-arg]
 
 
 FAULTS = FaultPolicy()
+
+
+THROTTLE_SETTING = "SETTLE_RELIABILITY_THROTTLE"
+# Azure's targets ÷ 100: 20 entities/s per partition, 200 per account (bench/throttle.py's own figures use
+# ÷ 200). Chosen so the suite's races and fault loops, which work a few partitions hard, hit the budget
+# while the run stays within a few times the unthrottled one.
+THROTTLE_SCALE = 100.0
+
+
+def throttle_scale() -> float | None:
+    """``SETTLE_RELIABILITY_THROTTLE``: unset or 0, no budget; 1, :data:`THROTTLE_SCALE`; else the factor."""
+    value = os.environ.get(THROTTLE_SETTING, "").strip()
+    if value in ("", "0"):
+        return None
+    try:
+        factor = THROTTLE_SCALE if value == "1" else float(value)
+    except ValueError as exc:
+        raise ValueError(f"{THROTTLE_SETTING} must be 0, 1 or a scale factor (> 1), not {value!r}") from exc
+    if factor <= 1:
+        raise ValueError(f"{THROTTLE_SETTING} must be 0, 1 or a scale factor (> 1), not {value!r}")
+    return factor
+
+
+def is_throttle_refusal(exc: BaseException | None) -> bool:
+    """Under the suite's storage budget: is ``exc`` (or its cause) storage refusing as Azure throttles?"""
+    if throttle_scale() is None:
+        return False
+    text = repr(exc) + repr(getattr(exc, "__cause__", None))
+    return any(
+        code in text for code in ("ServerBusy", "Server Busy", "OperationTimedOut", "Operation Timeout")
+    )

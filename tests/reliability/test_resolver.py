@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from common import runtime
 from handoff import keys, service
 from tests.conftest import Caller
-from tests.reliability.faults import WHENS, FaultPolicy
+from tests.reliability.faults import WHENS, FaultPolicy, is_throttle_refusal, throttle_scale
 from tests.reliability.nimbus_model import (
     FLOWS,
     SETTLED,
@@ -60,14 +60,15 @@ class Harness:
 
     def deliver(self, msg: Msg, where: str) -> int:
         """Deliver until the function returns (the host redelivers on an exception); the attempts."""
-        for delivery in range(1, 6):
+        for delivery in range(1, 12 if throttle_scale() is not None else 6):
             sb = service_bus_message(
                 msg, endpoint=self.endpoint, event_id=self.event_id, delivery_count=delivery
             )
             try:
                 self.resolver(sb)
             except Exception as exc:
-                TALLY.check(AREA, "injected fault" in repr(exc.__cause__ or exc), f"{where}: raised {exc!r}")
+                planned = "injected fault" in repr(exc.__cause__ or exc) or is_throttle_refusal(exc)
+                TALLY.check(AREA, planned, f"{where}: raised {exc!r}")
                 continue
             self.model.deliver(msg)
             return delivery
