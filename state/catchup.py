@@ -51,7 +51,7 @@ from typing import Any
 
 from common import telemetry
 from common.clock import epoch_ms, iso, to_ms
-from common.errors import is_transient_storage_fault
+from common.errors import StorageTableMissing, is_transient_storage_fault
 from common.roundtrips import ROUND_TRIPS
 from state.expiry import ExpiryIndex, Pointer
 from state.keys import BUCKET_MS, LOCK_KIND, RETENTION_KIND, bucket_range, due_range, is_marker
@@ -86,8 +86,6 @@ def storage_busy(exc: BaseException) -> bool:
     period instead of failing the invocation. A refusal a deployment must fix (401/403, a missing table)
     and anything else still raises, so the timer's failure shows it."""
     from azure.core.exceptions import ClientAuthenticationError, HttpResponseError
-
-    from common.errors import StorageTableMissing, is_transient_storage_fault
 
     if isinstance(exc, ClientAuthenticationError | StorageTableMissing):
         return False
@@ -366,7 +364,7 @@ class Catchup:
                 if is_conflict(exc):
                     conflicts += 1
                     continue  # someone changed it meanwhile: look again
-                if not is_transient_storage_fault(exc):
+                if not storage_busy(exc):
                     raise
                 # Throttled (503 ServerBusy, 500 OperationTimedOut) or unreachable: a read after the
                 # SDK's retries, or the write twice in a row (the store asked once more). Back off and

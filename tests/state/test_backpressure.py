@@ -136,6 +136,8 @@ def test_catch_up_beyond_the_budget_backs_off_and_a_later_run_finishes_with_noth
     budget = Budget(partition_per_s=10, account_per_s=100, timeout_every=5, clock=clock)
     # and a query page scaled alike (Azure: 1,000 rows against 2,000 entities/s; here 5 against 10)
     monkeypatch.setattr("state.catchup.INDEX_PAGE_ROWS", 5)
+    # the budget refills by timer periods here, not wall time: a record's back-off need not wait
+    monkeypatch.setattr("state.catchup.THROTTLED_BACKOFF_S", (0.001, 0.001))
     runs: list[Any] = []
     with CountingProxy(_endpoint(azurite_connection), budget=budget) as proxy:
         monkeypatch.setenv("SETTLE_TABLES", proxy.connection_string(azurite_connection))
