@@ -1,16 +1,16 @@
 """Figure 4: catch-up cost against what could grow it.
 
-**index** (the figure): two tables in the real state layout, one holding 10,000 and one 100,000 live
-locks that are not due yet (their level-2 rows beside the heads, markers and level-1 rows, spread over
-the same partitions and the next half hour), each with 100 due locks. The ``state_catchup`` timer runs
-on each in turn (order alternating), with 100 fresh due locks before every run after the first.
-**records** (context): the same with 10,000 and 100,000 finished records instead of live locks.
+**index** (the figure): two tables in the real state layout, holding ``Sizes.catchup_sizes`` (2,000 and
+10,000) live locks that are not due yet (their level-2 rows beside the heads, markers and level-1 rows,
+spread over the same partitions and the next half hour), each with ``catchup_expired`` (50) due locks. The
+``state_catchup`` timer runs on each in turn (order alternating), with fresh due locks before every run
+after the first. **records** (context): the same with finished records instead of live locks.
 
 Entities read are counted by an azure-core policy added to Settle's table clients (entities in every GET
 response), so the count does not rely on Settle's own word; every run must also have failed exactly its
 due locks (catch-up's own report), or the figure misses: a catch-up that skipped work would read less.
 
-Target: the same number of entities read at both sizes, and time(100k) / time(10k) <= 1.5.
+Target: the same number of entities read at both sizes, and time(large) / time(small) <= 1.5.
 
 Loading uses ``bench.bench_support`` (the bulk loader, 100-entity transactions in the real
 layout). Without it the benchmark falls back to the public HTTP functions at small sizes and says so.

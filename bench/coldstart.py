@@ -77,9 +77,11 @@ locked = time.perf_counter()
 functions["resolver"].get_user_function()(message)
 done = time.perf_counter()
 heavy = [h for h in __HEAVY__ if h in sys.modules]
+import importlib.util, os
+bytecode = os.path.exists(importlib.util.cache_from_source(function_app.__file__))
 print(json.dumps({"import": imported - started, "first_lock": locked - imported,
                    "first_message": done - locked, "total": done - started,
-                   "modules": len(sys.modules), "heavy": heavy}))
+                   "modules": len(sys.modules), "heavy": heavy, "bytecode": bytecode}))
 """
 )
 
@@ -219,6 +221,13 @@ def run(env: Environment) -> list[Figure]:
         },
     }
     heavy = sorted({h for r in runs["settle"] for h in r.get("heavy", [])})
+    # Whether Settle's sources were read from bytecode depends on the runner (PYTHONDONTWRITEBYTECODE; a
+    # package deployed without __pycache__ compiles them at every cold start): the note says which it was.
+    compiled = (
+        "Settle's modules read from bytecode"
+        if all(r.get("bytecode") for r in runs["settle"])
+        else "Settle's modules compiled from source in each interpreter (no bytecode cache)"
+    )
 
     def parts(side: str) -> str:
         return (
@@ -239,7 +248,8 @@ def run(env: Environment) -> list[Figure]:
             note=(
                 f"{len(runs['settle'])} fresh interpreters each; import + first lock + first message: "
                 f"Settle {parts('settle')}, floor {parts('floor')}; heavy SDKs loaded: "
-                f"{', '.join(heavy) or 'none'}; Settle's own modules {sum(own.values()):.0f} ms self time "
+                f"{', '.join(heavy) or 'none'}; {compiled}; "
+                f"Settle's own modules {sum(own.values()):.0f} ms self time "
                 "(largest: " + ", ".join(f"{m} {ms:.0f} ms" for m, ms in list(own.items())[:3]) + ")"
             ),
         ),

@@ -67,9 +67,10 @@ class Sizes:
             # 100k took 452 s to load on a busy machine, 25k 197 s: make bench must stay under 10 min
             catchup_sizes=(2_000, 10_000),
             catchup_fallback_sizes=(1_000, 5_000),
-            catchup_expired=100,
-            catchup_runs=7,
-            resolver_events=300,
+            # 50 due locks per run (was 100): the size-dependent part of a run weighs more in its time
+            catchup_expired=50,
+            catchup_runs=5,
+            resolver_events=150,  # a throughput ratio: 600 messages over 10 blocks (was 1,200)
             resolver_blocks=10,
             coldstart_processes=11,
         )
@@ -125,6 +126,9 @@ class Results(BaseModel):
     sections: dict[str, list[Figure]]
     details: dict[str, Any]
     machine: dict[str, Any] = Field(default_factory=dict)
+    # Wall time of each section (s), in the order run: the machine is shared, so the total alone does not
+    # say which section grew.
+    section_s: dict[str, float] = Field(default_factory=dict)
 
 
 def ratio(settle: float | None, baseline: float | None) -> float | None:
@@ -407,6 +411,19 @@ def render_markdown(figures: Sequence[Figure]) -> str:
         )
         out.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(out)
+
+
+def section_times(results: Results) -> str:
+    """``roundtrips 150 s, latency 93 s, ...``: where a run's time went (a section run beside the others
+    is marked so: its time overlaps theirs)."""
+    beside = results.details.get("beside", {}).get("sections", [])
+    return (
+        ", ".join(
+            f"{name} {seconds:.0f} s" + (" (beside)" if name in beside else "")
+            for name, seconds in results.section_s.items()
+        )
+        or "-"
+    )
 
 
 def write_results(results: Results, path: Path) -> None:

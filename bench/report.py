@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.harness import Figure, Results, render_markdown
+from bench.harness import Figure, Results, render_markdown, section_times
 from bench.machine import one_line
 from bench.roundtrips import MINIMUM, WHY
 
@@ -85,7 +85,8 @@ def render_benchmark(results: Results) -> str:
     head = [
         f"Measured with `{results.command}` on {_when(results.started_at)}, {results.duration_s:.0f} s"
         + (f", commit `{machine['commit']}`" if machine.get("commit") else "")
-        + ".",
+        + "."
+        + (f" Sections: {section_times(results)}." if results.section_s else ""),
         "",
         f"Machine: {one_line(machine) if machine else 'not recorded'}"
         + (

@@ -362,8 +362,8 @@ def operation(
     route: str,
     method: str,
     summary: str,
-    request: type[BaseModel] | None = None,
-    response: type[BaseModel] | None = None,
+    request: openapi.ModelRef | None = None,
+    response: openapi.ModelRef | None = None,
     responses: dict[int, str] | None = None,
     parameters: tuple[dict[str, Any], ...] = (),
     anonymous: bool = False,
@@ -373,7 +373,8 @@ def operation(
 ) -> Callable[[Handler], Any]:
     """Register an HTTP function (route under ``/api``) and document it in the OpenAPI document.
 
-    ``span``: the name of the span that wraps each call (``common/telemetry.py``), if any.
+    ``span``: the name of the span that wraps each call (``common/telemetry.py``), if any. ``request`` /
+    ``response`` may be ``"module:Name"``: imported only when the OpenAPI document is built.
     """
 
     def decorate(handler: Handler) -> Any:

@@ -1,11 +1,14 @@
 """The OpenAPI document, generated from the pydantic models the HTTP functions use.
 
 Each HTTP operation registers itself (at import, no I/O) through :func:`register`; ``document()``
-builds the OpenAPI 3.1 document once and caches it.
+builds the OpenAPI 3.1 document once and caches it. An operation may name its models lazily
+(``"management.models:EventPage"``): they are imported when the document is built, so an API that a cold
+start does not call costs it nothing (issue 21).
 """
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
@@ -36,14 +39,29 @@ PROBLEM_SCHEMA: dict[str, Any] = {
 }
 
 
+# A model class, or "module:Name" for one imported only when the document is built.
+ModelRef = type[BaseModel] | str
+
+
+def resolve(model: ModelRef) -> type[BaseModel]:
+    """The model class ``model`` names (``"module:Name"`` is imported now)."""
+    if not isinstance(model, str):
+        return model
+    module, _, name = model.partition(":")
+    found = getattr(importlib.import_module(module), name)
+    if not (isinstance(found, type) and issubclass(found, BaseModel)):
+        raise TypeError(f"{model} is not a pydantic model")
+    return found
+
+
 @dataclass(frozen=True)
 class Operation:
     path: str  # as served, e.g. /api/v1/state/lock
     method: str
     operation_id: str
     summary: str
-    request: type[BaseModel] | None = None
-    response: type[BaseModel] | None = None
+    request: ModelRef | None = None
+    response: ModelRef | None = None
     responses: dict[int, str] = field(default_factory=dict)
     parameters: tuple[dict[str, Any], ...] = ()
     anonymous: bool = False
@@ -68,7 +86,8 @@ def document() -> dict[str, Any]:
 
     models: list[type[BaseModel]] = []
     for op in _OPERATIONS:
-        for model in (op.request, op.response):
+        for named in (op.request, op.response):
+            model = None if named is None else resolve(named)
             if model is not None and model not in models:
                 models.append(model)
     keyed: list[tuple[type[BaseModel], JsonSchemaMode]] = [(m, "validation") for m in models]
@@ -89,13 +108,14 @@ def document() -> dict[str, Any]:
         if op.request is not None:
             entry["requestBody"] = {
                 "required": True,
-                "content": {"application/json": {"schema": refs[(op.request, "validation")]}},
+                "content": {"application/json": {"schema": refs[(resolve(op.request), "validation")]}},
             }
         ok = 200 if op.method.lower() != "post" or 202 not in op.responses else 202
         for status, text in sorted({ok: "OK", **op.responses}.items()):
             response: dict[str, Any] = {"description": text}
             if status < 300 and status != 204 and op.response is not None:
-                response["content"] = {"application/json": {"schema": refs[(op.response, "serialization")]}}
+                schema = refs[(resolve(op.response), "serialization")]
+                response["content"] = {"application/json": {"schema": schema}}
             elif status >= 400:
                 response["content"] = {
                     "application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}

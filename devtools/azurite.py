@@ -88,7 +88,7 @@ class Azurite:
         try:
             for port in self.ports.values():
                 _wait_for(port, timeout)
-        except RuntimeError:
+        except BaseException:  # not only a timeout: SIGTERM (SystemExit) while it starts must not orphan it
             self.stop()
             raise
         return self

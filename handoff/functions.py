@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 import azure.functions as func
 
@@ -12,20 +13,25 @@ from common.http import operation, parse_body
 from common.settings import env_flag
 from handoff import service
 from handoff.contract import MessageType
-from handoff.models import (
-    MAX_EVENT_TYPE_FILTERS,
-    MAX_WAIT_SECONDS,
-    CompleteHandoffRequest,
-    EventView,
-    FailHandoffRequest,
-    LeasedHandoffView,
-    LeaseReleased,
-    LeaseRequest,
-    LeaseView,
-    PendingHandoffView,
-    SettlementAccepted,
-    UnconfirmedList,
-)
+
+if TYPE_CHECKING:
+    from handoff.models import (
+        EventView,
+        LeasedHandoffView,
+        LeaseReleased,
+        LeaseView,
+        PendingHandoffView,
+        SettlementAccepted,
+        UnconfirmedList,
+    )
+
+# The API's models (handoff.models) are imported by the handler that needs them, never at indexing:
+# the OpenAPI document names them as "module:Name" (a cold start does not pay for them; issue 21).
+_MODELS = "handoff.models:"
+
+# ``next`` long-polls at most this long: far below the 230 s HTTP limit of the Functions front end.
+MAX_WAIT_SECONDS = 20
+MAX_EVENT_TYPE_FILTERS = 32
 
 log = logging.getLogger("settle.handoff")
 
@@ -92,12 +98,14 @@ def _header(req: func.HttpRequest, name: str) -> str | None:
     route="v1/handoffs/complete",
     method="POST",
     summary="Complete a parked hand-off (sends one HandoffCompletedRequest)",
-    request=CompleteHandoffRequest,
-    response=SettlementAccepted,
+    request=_MODELS + "CompleteHandoffRequest",
+    response=_MODELS + "SettlementAccepted",
     responses=_SETTLE_RESPONSES,
     ok_status=202,
 )
 def handoff_complete(req: func.HttpRequest) -> SettlementAccepted:
+    from handoff.models import CompleteHandoffRequest
+
     body = parse_body(req, CompleteHandoffRequest)
     from handoff.settlement import Settlement  # on first use, not at indexing (cold start)
 
@@ -119,12 +127,14 @@ def handoff_complete(req: func.HttpRequest) -> SettlementAccepted:
     route="v1/handoffs/fail",
     method="POST",
     summary="Fail a parked hand-off (sends one HandoffFailedRequest)",
-    request=FailHandoffRequest,
-    response=SettlementAccepted,
+    request=_MODELS + "FailHandoffRequest",
+    response=_MODELS + "SettlementAccepted",
     responses=_SETTLE_RESPONSES,
     ok_status=202,
 )
 def handoff_fail(req: func.HttpRequest) -> SettlementAccepted:
+    from handoff.models import FailHandoffRequest
+
     body = parse_body(req, FailHandoffRequest)
     from handoff.settlement import Settlement  # on first use, not at indexing (cold start)
 
@@ -178,7 +188,7 @@ def _route(req: func.HttpRequest, name: str) -> str:
     route="v1/handoffs/{endpointId}/next",
     method="GET",
     summary=f"Oldest parked hand-off of an endpoint (non-claiming; waits up to {MAX_WAIT_SECONDS} s), or 204",
-    response=PendingHandoffView,
+    response=_MODELS + "PendingHandoffView",
     responses={204: "No parked hand-off within the wait", 400: "Invalid parameter"},
     parameters=(
         {"name": "endpointId", "in": "path", "required": True, "schema": {"type": "string"}},
@@ -220,7 +230,7 @@ _LEASE_RESPONSES = {
     method="POST",
     summary="Lease the oldest parked hand-off no one holds (leased receive; waits up to "
     f"{MAX_WAIT_SECONDS} s), or 204",
-    response=LeasedHandoffView,
+    response=_MODELS + "LeasedHandoffView",
     responses={
         204: "No parked hand-off free within the wait",
         400: "Invalid parameter",
@@ -261,13 +271,14 @@ def handoff_receive(req: func.HttpRequest) -> LeasedHandoffView | None:
     route="v1/handoffs/{endpointId}/leases/renew",
     method="POST",
     summary="Renew a lease while its token still holds the hand-off",
-    request=LeaseRequest,
-    response=LeaseView,
+    request=_MODELS + "LeaseRequest",
+    response=_MODELS + "LeaseView",
     responses=_LEASE_RESPONSES,
     parameters=({"name": "endpointId", "in": "path", "required": True, "schema": {"type": "string"}},),
     span="settle.handoff.lease.renew",
 )
 def handoff_lease_renew(req: func.HttpRequest) -> LeaseView:
+    from handoff.models import LeaseRequest
     from handoff.receive import lease_length
 
     body = parse_body(req, LeaseRequest)
@@ -282,13 +293,15 @@ def handoff_lease_renew(req: func.HttpRequest) -> LeaseView:
     route="v1/handoffs/{endpointId}/leases/release",
     method="POST",
     summary="Release a lease: the hand-off is offered to the next receive at once",
-    request=LeaseRequest,
-    response=LeaseReleased,
+    request=_MODELS + "LeaseRequest",
+    response=_MODELS + "LeaseReleased",
     responses=_LEASE_RESPONSES,
     parameters=({"name": "endpointId", "in": "path", "required": True, "schema": {"type": "string"}},),
     span="settle.handoff.lease.release",
 )
 def handoff_lease_release(req: func.HttpRequest) -> LeaseReleased:
+    from handoff.models import LeaseReleased, LeaseRequest
+
     body = parse_body(req, LeaseRequest)
     service.receive_service().release(_route(req, "endpointId"), body.event_id, body.lease_token)
     return LeaseReleased(event_id=body.event_id, released=True)
@@ -299,7 +312,7 @@ def handoff_lease_release(req: func.HttpRequest) -> LeaseReleased:
     route="v1/handoffs/{endpointId}/jobs/{externalJobId}",
     method="GET",
     summary="The parked hand-off carrying an external job id",
-    response=PendingHandoffView,
+    response=_MODELS + "PendingHandoffView",
     responses={404: "No parked hand-off with that job id"},
     parameters=(
         {"name": "endpointId", "in": "path", "required": True, "schema": {"type": "string"}},
@@ -316,7 +329,7 @@ def handoff_job(req: func.HttpRequest) -> PendingHandoffView:
     route="v1/handoffs/{endpointId}/unconfirmed",
     method="GET",
     summary="Settlements Settle could neither confirm nor safely re-send (an operator must check them)",
-    response=UnconfirmedList,
+    response=_MODELS + "UnconfirmedList",
     parameters=({"name": "endpointId", "in": "path", "required": True, "schema": {"type": "string"}},),
     span="settle.handoff.unconfirmed",
 )
@@ -329,7 +342,7 @@ def handoff_unconfirmed(req: func.HttpRequest) -> UnconfirmedList:
     route="v1/events/{endpointId}/{eventId}",
     method="GET",
     summary="An event row with its message history and audits",
-    response=EventView,
+    response=_MODELS + "EventView",
     responses={404: "Unknown event"},
     parameters=(
         {"name": "endpointId", "in": "path", "required": True, "schema": {"type": "string"}},

@@ -16,9 +16,7 @@ Text = Annotated[str, StringConstraints(min_length=1, max_length=1000)]
 NonBlank = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=32_000)]
 Name = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=256)]
 
-# ``next`` long-polls at most this long: far below the 230 s HTTP limit of the Functions front end.
-MAX_WAIT_SECONDS = 20
-MAX_EVENT_TYPE_FILTERS = 32
+# ``next`` long-polls at most MAX_WAIT_SECONDS (handoff/functions.py, where the API's limits are checked).
 
 
 class HandoffCoordinates(RequestModel):

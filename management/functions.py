@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import azure.functions as func
 
@@ -20,40 +20,38 @@ from common.errors import InvalidInput, SettleError
 from common.http import dependency_problem, operation, parse_body
 from handoff import service
 from handoff.contract import MessageType
-from management.models import (
-    ActionAccepted,
-    AuditSearchEntry,
-    AuditSearchPage,
-    BulkAnswer,
-    BulkItemAnswer,
-    BulkRequest,
-    CompleteRequest,
-    Counts,
-    DismissRequest,
-    EndpointsOverview,
-    EndpointSummary,
-    EventPage,
-    EventSummary,
-    FailRequest,
-    FindAnswer,
-    OperatorEventView,
-    OverdueHandoff,
-    OverdueHandoffs,
-    PoisonEntry,
-    PoisonPage,
-    RecordLookup,
-    ReplayAnswer,
-    ReplayRequest,
-    ResolveSettlementRequest,
-    ResubmitRequest,
-    SettlementResolved,
-    SettlementView,
-    SkipRequest,
-    StuckRecords,
-    UnconfirmedSettlements,
-)
 from management.principal import actor_of, allowed, denial, require_operator
 from state.schemas import HistoryRequest, QueryRequest, RecordPage
+
+if TYPE_CHECKING:
+    from management.models import (
+        ActionAccepted,
+        AuditSearchPage,
+        BulkAnswer,
+        BulkRequest,
+        CompleteRequest,
+        DismissRequest,
+        EndpointsOverview,
+        EventPage,
+        FindAnswer,
+        OperatorEventView,
+        OverdueHandoffs,
+        PoisonEntry,
+        PoisonPage,
+        RecordLookup,
+        ReplayAnswer,
+        ReplayRequest,
+        ResubmitRequest,
+        SettlementResolved,
+        SettlementView,
+        SkipRequest,
+        StuckRecords,
+        UnconfirmedSettlements,
+    )
+
+# The API's models are imported by the handler that needs them, never at indexing: the OpenAPI document
+# names them as "module:Name" (a cold start pays for none of them; issue 21).
+_MODELS = "management.models:"
 
 bp = func.Blueprint()
 
@@ -128,12 +126,14 @@ def _page_size(req: func.HttpRequest, default: int, maximum: int) -> int:
     route="v1/endpoints",
     method="GET",
     summary="Every endpoint with exact counts by status, oldest ages and poison (no scan)",
-    response=EndpointsOverview,
+    response=_MODELS + "EndpointsOverview",
     responses=_AUTH,
     anonymous=True,
     tag=_TAG,
 )
 def endpoints_overview(req: func.HttpRequest) -> EndpointsOverview:
+    from management.models import Counts, EndpointsOverview, EndpointSummary
+
     require_operator(req)
     from handoff.counts import FAILED_GROUP, PENDING_GROUP, POISON
 
@@ -174,7 +174,7 @@ def endpoints_overview(req: func.HttpRequest) -> EndpointsOverview:
     route="v1/endpoints/{endpointId}/events",
     method="GET",
     summary="A page of an endpoint's events, newest change first (status, type and time filters)",
-    response=EventPage,
+    response=_MODELS + "EventPage",
     responses={**_AUTH, 400: "Invalid parameter"},
     parameters=(
         _ENDPOINT,
@@ -189,6 +189,8 @@ def endpoints_overview(req: func.HttpRequest) -> EndpointsOverview:
     tag=_TAG,
 )
 def endpoint_events(req: func.HttpRequest) -> EventPage:
+    from management.models import EventPage, EventSummary
+
     require_operator(req)
     endpoint_id = _route(req, "endpointId")
     status = req.params.get("status") or None
@@ -219,13 +221,15 @@ def endpoint_events(req: func.HttpRequest) -> EventPage:
     route="v1/endpoints/{endpointId}/events/{eventId}",
     method="GET",
     summary="One event with its history, audits, the actions it allows and the payload to resubmit",
-    response=OperatorEventView,
+    response=_MODELS + "OperatorEventView",
     responses={**_AUTH, 404: "Unknown event"},
     parameters=(_ENDPOINT, _EVENT),
     anonymous=True,
     tag=_TAG,
 )
 def endpoint_event(req: func.HttpRequest) -> OperatorEventView:
+    from management.models import OperatorEventView
+
     require_operator(req)
     from common.errors import NotFound
     from handoff import keys
@@ -270,6 +274,8 @@ def _stuck_counts(endpoint_id: str) -> dict[str, int]:
 
 
 def _settlement_view(claim: Any) -> SettlementView:
+    from management.models import SettlementView
+
     return SettlementView(
         event_id=claim.event_id,
         addressed_message_id=claim.parked_message_id,
@@ -286,13 +292,15 @@ def _settlement_view(claim: Any) -> SettlementView:
     route="v1/endpoints/{endpointId}/unconfirmed",
     method="GET",
     summary="Settlements Settle could neither confirm nor safely re-send: an operator resolves each",
-    response=UnconfirmedSettlements,
+    response=_MODELS + "UnconfirmedSettlements",
     responses=_AUTH,
     parameters=(_ENDPOINT,),
     anonymous=True,
     tag=_TAG,
 )
 def endpoint_unconfirmed(req: func.HttpRequest) -> UnconfirmedSettlements:
+    from management.models import SettlementView, UnconfirmedSettlements
+
     require_operator(req)
     endpoint_id = _route(req, "endpointId")
     items = [
@@ -315,13 +323,15 @@ def endpoint_unconfirmed(req: func.HttpRequest) -> UnconfirmedSettlements:
     route="v1/endpoints/{endpointId}/overdue",
     method="GET",
     summary="Parked hand-offs past their ExpectedBy, most overdue first (the expiry index, no scan)",
-    response=OverdueHandoffs,
+    response=_MODELS + "OverdueHandoffs",
     responses=_AUTH,
     parameters=(_ENDPOINT,),
     anonymous=True,
     tag=_TAG,
 )
 def endpoint_overdue(req: func.HttpRequest) -> OverdueHandoffs:
+    from management.models import OverdueHandoff, OverdueHandoffs
+
     require_operator(req)
     from common.clock import utcnow
     from handoff.records import ExpiryRow
@@ -340,6 +350,7 @@ def endpoint_overdue(req: func.HttpRequest) -> OverdueHandoffs:
 def _accepted(result: Any) -> ActionAccepted:
     from handoff.models import AuditEntry
     from management.audits import mirror
+    from management.models import ActionAccepted
 
     mirror(service.store(), result.audit)
     audit = AuditEntry.of(result.audit) if result.audit is not None else None
@@ -380,8 +391,8 @@ def _counted(action: str, req: func.HttpRequest, *ids: str) -> Iterator[None]:
     method="POST",
     span="settle.operator.resubmit",
     summary="Resubmit an event (optionally with an edited EventJson): one ResubmissionRequest, audited",
-    request=ResubmitRequest,
-    response=ActionAccepted,
+    request=_MODELS + "ResubmitRequest",
+    response=_MODELS + "ActionAccepted",
     responses=_ACTION,
     parameters=(_ENDPOINT, _EVENT),
     anonymous=True,
@@ -389,6 +400,8 @@ def _counted(action: str, req: func.HttpRequest, *ids: str) -> Iterator[None]:
     tag=_TAG,
 )
 def event_resubmit(req: func.HttpRequest) -> ActionAccepted:
+    from management.models import ResubmitRequest
+
     with _counted("resubmit", req, "endpointId", "eventId"):
         body: ResubmitRequest = _body(req, ResubmitRequest)
         actor = actor_of(req, body.by)
@@ -409,8 +422,8 @@ def event_resubmit(req: func.HttpRequest) -> ActionAccepted:
     method="POST",
     span="settle.operator.skip",
     summary="Skip an event: one SkipRequest, audited",
-    request=SkipRequest,
-    response=ActionAccepted,
+    request=_MODELS + "SkipRequest",
+    response=_MODELS + "ActionAccepted",
     responses=_ACTION,
     parameters=(_ENDPOINT, _EVENT),
     anonymous=True,
@@ -418,6 +431,8 @@ def event_resubmit(req: func.HttpRequest) -> ActionAccepted:
     tag=_TAG,
 )
 def event_skip(req: func.HttpRequest) -> ActionAccepted:
+    from management.models import SkipRequest
+
     with _counted("skip", req, "endpointId", "eventId"):
         body: SkipRequest = _body(req, SkipRequest)
         actor = actor_of(req, body.by)
@@ -437,8 +452,8 @@ def event_skip(req: func.HttpRequest) -> ActionAccepted:
     method="POST",
     span="settle.operator.complete",
     summary="Complete the event's parked hand-off as an operator (one HandoffCompletedRequest, audited)",
-    request=CompleteRequest,
-    response=ActionAccepted,
+    request=_MODELS + "CompleteRequest",
+    response=_MODELS + "ActionAccepted",
     responses=_ACTION,
     parameters=(_ENDPOINT, _EVENT),
     anonymous=True,
@@ -446,6 +461,8 @@ def event_skip(req: func.HttpRequest) -> ActionAccepted:
     tag=_TAG,
 )
 def event_complete(req: func.HttpRequest) -> ActionAccepted:
+    from management.models import CompleteRequest
+
     with _counted("complete", req, "endpointId", "eventId"):
         body: CompleteRequest = _body(req, CompleteRequest)
         actor = actor_of(req, body.by)
@@ -466,8 +483,8 @@ def event_complete(req: func.HttpRequest) -> ActionAccepted:
     method="POST",
     span="settle.operator.fail",
     summary="Fail the event's parked hand-off as an operator (one HandoffFailedRequest, audited)",
-    request=FailRequest,
-    response=ActionAccepted,
+    request=_MODELS + "FailRequest",
+    response=_MODELS + "ActionAccepted",
     responses=_ACTION,
     parameters=(_ENDPOINT, _EVENT),
     anonymous=True,
@@ -475,6 +492,8 @@ def event_complete(req: func.HttpRequest) -> ActionAccepted:
     tag=_TAG,
 )
 def event_fail(req: func.HttpRequest) -> ActionAccepted:
+    from management.models import FailRequest
+
     with _counted("fail", req, "endpointId", "eventId"):
         body = parse_body(req, FailRequest)
         actor = actor_of(req, body.by)
@@ -497,14 +516,16 @@ def event_fail(req: func.HttpRequest) -> ActionAccepted:
     span="settle.operator.resolve",
     summary="Resolve an unconfirmed settlement: mark it delivered (checked at the endpoint) or release it "
     "(the hand-off can be settled again); audited ResolveSettlement with who and why",
-    request=ResolveSettlementRequest,
-    response=SettlementResolved,
+    request=_MODELS + "ResolveSettlementRequest",
+    response=_MODELS + "SettlementResolved",
     responses={**_ACTION, 404: "Unknown event, or no settlement of that message is claimed"},
     parameters=(_ENDPOINT, _EVENT),
     anonymous=True,
     tag=_TAG,
 )
 def event_settlement_resolve(req: func.HttpRequest) -> SettlementResolved:
+    from management.models import ResolveSettlementRequest, SettlementResolved
+
     with _counted("resolve", req, "endpointId", "eventId"):
         from handoff.models import AuditEntry
 
@@ -541,7 +562,7 @@ def event_settlement_resolve(req: func.HttpRequest) -> SettlementResolved:
     route="v1/poison",
     method="GET",
     summary="Poison messages of one UTC day (reason, whole body, replay record), in enqueue order",
-    response=PoisonPage,
+    response=_MODELS + "PoisonPage",
     responses={**_AUTH, 400: "Invalid parameter"},
     parameters=(
         {"name": "day", "in": "query", "required": True, "schema": {"type": "string", "pattern": "^\\d{8}$"}},
@@ -552,6 +573,8 @@ def event_settlement_resolve(req: func.HttpRequest) -> SettlementResolved:
     tag=_TAG,
 )
 def poison_list(req: func.HttpRequest) -> PoisonPage:
+    from management.models import PoisonEntry, PoisonPage
+
     require_operator(req)
     from management.overview import decode_continuation, encode_continuation
 
@@ -575,8 +598,8 @@ def poison_list(req: func.HttpRequest) -> PoisonPage:
     method="POST",
     span="settle.operator.replay",
     summary="Replay a poison message through the resolver; answers the outcome (409 if replayed before)",
-    request=ReplayRequest,
-    response=ReplayAnswer,
+    request=_MODELS + "ReplayRequest",
+    response=_MODELS + "ReplayAnswer",
     responses={**_AUTH, 404: "Unknown poison message", 409: "Replayed before", 503: "Storage unavailable"},
     parameters=(
         {"name": "day", "in": "path", "required": True, "schema": {"type": "string"}},
@@ -586,6 +609,8 @@ def poison_list(req: func.HttpRequest) -> PoisonPage:
     tag=_TAG,
 )
 def poison_replay(req: func.HttpRequest) -> ReplayAnswer:
+    from management.models import PoisonEntry, ReplayAnswer, ReplayRequest
+
     with _counted("replay", req, "day", "id"):
         body: ReplayRequest = _body(req, ReplayRequest)
         actor = actor_of(req, body.by)
@@ -613,12 +638,14 @@ def poison_replay(req: func.HttpRequest) -> ReplayAnswer:
     method="POST",
     summary="A state record by its key, with its history (for operators)",
     request=HistoryRequest,
-    response=RecordLookup,
+    response=_MODELS + "RecordLookup",
     responses={**_AUTH, 400: "Invalid key (the problem names the field)"},
     anonymous=True,
     tag=_TAG,
 )
 def records_lookup(req: func.HttpRequest) -> RecordLookup:
+    from management.models import RecordLookup
+
     require_operator(req)
     from management.records import lookup
 
@@ -631,12 +658,14 @@ def records_lookup(req: func.HttpRequest) -> RecordLookup:
     route="v1/records/stuck",
     method="GET",
     summary="Records stuck in Processing past their lock (from the lock-expiry index, never a scan)",
-    response=StuckRecords,
+    response=_MODELS + "StuckRecords",
     responses=_AUTH,
     anonymous=True,
     tag=_TAG,
 )
 def records_stuck(req: func.HttpRequest) -> StuckRecords:
+    from management.models import StuckRecords
+
     require_operator(req)
     from management.records import stuck
 
@@ -653,8 +682,8 @@ def records_stuck(req: func.HttpRequest) -> StuckRecords:
     method="POST",
     span="settle.operator.dismiss",
     summary="Dismiss (archive) a poison message no fix will project: recorded with its reason, audited",
-    request=DismissRequest,
-    response=PoisonEntry,
+    request=_MODELS + "DismissRequest",
+    response=_MODELS + "PoisonEntry",
     responses={
         **_AUTH,
         400: "No reason",
@@ -669,6 +698,8 @@ def records_stuck(req: func.HttpRequest) -> StuckRecords:
     tag=_TAG,
 )
 def poison_dismiss(req: func.HttpRequest) -> PoisonEntry:
+    from management.models import DismissRequest, PoisonEntry
+
     with _counted("dismiss", req, "day", "id"):
         body: DismissRequest = parse_body(req, DismissRequest)
         actor = actor_of(req, body.by)
@@ -683,8 +714,8 @@ def poison_dismiss(req: func.HttpRequest) -> PoisonEntry:
     method="POST",
     span="settle.operator.bulk",
     summary="Resubmit or skip up to 50 events: the single action once per event, a result per event",
-    request=BulkRequest,
-    response=BulkAnswer,
+    request=_MODELS + "BulkRequest",
+    response=_MODELS + "BulkAnswer",
     responses={**_AUTH, 400: "Invalid input (the problem names the field)"},
     parameters=(_ENDPOINT,),
     anonymous=True,
@@ -693,6 +724,7 @@ def poison_dismiss(req: func.HttpRequest) -> PoisonEntry:
 def endpoint_bulk(req: func.HttpRequest) -> BulkAnswer:
     from management import bulk
     from management.audits import mirror
+    from management.models import ActionAccepted, BulkAnswer, BulkItemAnswer, BulkRequest
 
     body: BulkRequest = parse_body(req, BulkRequest)
     actor = actor_of(req, body.by)
@@ -743,7 +775,7 @@ def endpoint_bulk(req: func.HttpRequest) -> BulkAnswer:
     route="v1/audits",
     method="GET",
     summary="Operator audits by endpoint, type, operator and time (hoaudit by day; oldest first)",
-    response=AuditSearchPage,
+    response=_MODELS + "AuditSearchPage",
     responses={**_AUTH, 400: "Invalid parameter"},
     parameters=(
         {"name": "from", "in": "query", "schema": {"type": "string", "format": "date-time"}},
@@ -758,6 +790,8 @@ def endpoint_bulk(req: func.HttpRequest) -> BulkAnswer:
     tag=_TAG,
 )
 def audits_search(req: func.HttpRequest) -> AuditSearchPage:
+    from management.models import AuditSearchEntry, AuditSearchPage
+
     require_operator(req)
     from datetime import timedelta
 
@@ -800,7 +834,7 @@ def audits_search(req: func.HttpRequest) -> AuditSearchPage:
     route="v1/find",
     method="GET",
     summary="Events across endpoints by event id (or id prefix) or by session id (index rows, no scan)",
-    response=FindAnswer,
+    response=_MODELS + "FindAnswer",
     responses={**_AUTH, 400: "Neither eventId nor sessionId, or a prefix too short"},
     parameters=(
         {"name": "eventId", "in": "query", "schema": {"type": "string", "minLength": 3}},
@@ -810,6 +844,8 @@ def audits_search(req: func.HttpRequest) -> AuditSearchPage:
     tag=_TAG,
 )
 def find_events(req: func.HttpRequest) -> FindAnswer:
+    from management.models import FindAnswer
+
     require_operator(req)
     from management import find
 
@@ -826,7 +862,7 @@ def find_events(req: func.HttpRequest) -> FindAnswer:
     route="v1/failed",
     method="GET",
     summary="Failed and dead-lettered events across endpoints, newest change first",
-    response=FindAnswer,
+    response=_MODELS + "FindAnswer",
     responses={**_AUTH, 400: "Invalid parameter"},
     parameters=(
         {"name": "pageSize", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 200}},
@@ -835,6 +871,8 @@ def find_events(req: func.HttpRequest) -> FindAnswer:
     tag=_TAG,
 )
 def failed_events(req: func.HttpRequest) -> FindAnswer:
+    from management.models import FindAnswer
+
     require_operator(req)
     from management import find
 

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from settle_client.aio import AsyncSettleClient
     from settle_client.client import SettleClient
 
-# The server holds ``next`` at most 20 s (handoff.models.MAX_WAIT_SECONDS); a longer wait is clamped there.
+# The server holds ``next`` at most 20 s (handoff.functions.MAX_WAIT_SECONDS); a longer wait is clamped there.
 DEFAULT_WAIT_SECONDS = 20.0
 DEFAULT_REVISIT_SECONDS = 5.0
 # Leased receive: the server's default lease (5 min; 10 s to 1 h), renewed every third of it.

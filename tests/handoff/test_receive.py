@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 from common.roundtrips import ROUND_TRIPS
 from handoff import keys, service
-from handoff.models import MAX_WAIT_SECONDS
+from handoff.functions import MAX_WAIT_SECONDS
 
 from .conftest import Flow, event_of
 
