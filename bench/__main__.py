@@ -212,8 +212,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     sys.stdout.write((render_markdown(figures) if args.markdown else render_table(figures)) + "\n")
     missed = sum(f.verdict == "missed" for f in figures)
     absent = sum(f.verdict == "missing" for f in figures)
+    noisy = sum(f.verdict == "within noise" for f in figures)
     sys.stdout.write(
-        f"\n{len(figures)} figures, {missed} missed, {absent} not measured; "
+        f"\n{len(figures)} figures, {missed} missed, {noisy} within noise, {absent} not measured; "
         f"{results.duration_s:.0f} s; results in {args.out}\n"
         f"section times: {section_times(results)}\n"
     )

@@ -81,6 +81,7 @@ def render_benchmark(results: Results) -> str:
     figures: list[Figure] = [f for figs in results.sections.values() for f in figs]
     missed = [f.name for f in figures if f.verdict == "missed"]
     absent = [f.name for f in figures if f.verdict == "missing"]
+    noisy = [f.name for f in figures if f.verdict == "within noise"]
     machine = results.machine
     head = [
         f"Measured with `{results.command}` on {_when(results.started_at)}, {results.duration_s:.0f} s"
@@ -100,6 +101,7 @@ def render_benchmark(results: Results) -> str:
         + (f" ({', '.join(missed)})" if missed else "")
         + f", {len(absent)} not measured"
         + (f" ({', '.join(absent)})" if absent else "")
+        + (f", {len(noisy)} within noise ({', '.join(noisy)})" if noisy else "")
         + ".",
         "",
         render_markdown(figures),
