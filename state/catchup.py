@@ -26,12 +26,15 @@ the lease returned, which keeps ADR-0011's proof (the lease is the read the mark
 
 Throttled: a record's transaction refused twice in a row (503 ServerBusy / 500 OperationTimedOut; the store
 asks once more itself) is tried again after a back-off (``THROTTLED_BACKOFF_S``), and after the last one left
-for the next run: a refusal delays catch-up, it never aborts the run.
+for the next run. A refusal outside a record (the level-1 listing, a lease) stops the run early
+(``storage_busy`` in its result, a warning) with what it did kept: a refusal delays catch-up, it never
+fails the timer. Index rows are read a page at a time (``INDEX_PAGE_ROWS``), each page acted on first.
 
 Work per run is bounded by ``max_rows`` (index rows handled plus partitions visited). The timer
 (:meth:`Catchup.drain`) runs again while a run ran out of rows, for up to ``DRAIN_SECONDS``, so a backlog
 larger than one run (a fleet of workers killed at once) is still caught up within one timer period; only
-what is left after that waits for the next timer.
+what is left after that waits for the next timer. A drain's later runs pass by the pointers its earlier
+runs left with no due row, so each run starts where work is left.
 """
 
 from __future__ import annotations
@@ -105,6 +108,7 @@ class CatchupResult:
     stale_index_rows: int = 0
     minutes_visited: int = 0
     minutes_closed: int = 0
+    minutes_finished: int = 0  # pointers left with no due row (the drain's later runs pass them by)
     leases_skipped: int = 0  # pointers another instance's run held a lease on
     storage_busy: int = 0  # storage refused (throttled, timed out, unreachable): the run stopped early
     exhausted: bool = False  # the run stopped at max_rows: there may be more to do
@@ -113,7 +117,13 @@ class CatchupResult:
     @property
     def progressed(self) -> bool:
         """Did the run change the index (so that another run would start further on)?"""
-        return bool(self.locks_failed or self.records_expired or self.stale_index_rows or self.minutes_closed)
+        return bool(
+            self.locks_failed
+            or self.records_expired
+            or self.stale_index_rows
+            or self.minutes_closed
+            or self.minutes_finished
+        )
 
     def add(self, other: CatchupResult) -> None:
         for name in (
@@ -124,6 +134,7 @@ class CatchupResult:
             "stale_index_rows",
             "minutes_visited",
             "minutes_closed",
+            "minutes_finished",
             "leases_skipped",
             "storage_busy",
         ):
@@ -173,12 +184,21 @@ class Catchup:
         (a run that only re-read live work would find the same next time) and time is left."""
         max_rows = DEFAULT_MAX_ROWS if max_rows is None else max_rows
         started = time.monotonic()
-        results = [self.run(now=now, max_rows=max_rows)]
+        # Pointers this drain finished (every due row handled): a later run of the drain passes them by at no
+        # cost, so each run starts where work is left instead of spending its budget on visits that find
+        # nothing (with more open pointers than ``max_rows``, runs would otherwise never reach the rest).
+        finished: set[tuple[str, int, str]] = set()
+        results = [self._run(now, max_rows, finished)]
         while results[-1].exhausted and results[-1].progressed and time.monotonic() - started < DRAIN_SECONDS:
-            results.append(self.run(now=now, max_rows=max_rows))
+            results.append(self._run(now, max_rows, finished))
         return results
 
     def run(self, *, now: datetime | None = None, max_rows: int | None = None) -> CatchupResult:
+        return self._run(now, max_rows, set())
+
+    def _run(
+        self, now: datetime | None, max_rows: int | None, finished: set[tuple[str, int, str]]
+    ) -> CatchupResult:
         max_rows = DEFAULT_MAX_ROWS if max_rows is None else max_rows
         with telemetry.span("settle.catchup.run", {"settle.catchup.max_rows": max_rows}) as span:
             started = time.perf_counter()
@@ -187,7 +207,7 @@ class Catchup:
             # earliest the storage clock may read (issue 23).
             when = to_ms(now) if now is not None else self._store.earliest()
             budget = _Budget(max_rows)
-            self._visit_all(when, result, budget)
+            self._visit_all(when, result, budget, finished)
             result.exhausted = budget.left <= 0
             result.elapsed_ms = (time.perf_counter() - started) * 1000
             span.update(
@@ -205,7 +225,9 @@ class Catchup:
                 log.info("state catch-up: %s", result)
             return result
 
-    def _visit_all(self, when: datetime, result: CatchupResult, budget: _Budget) -> None:
+    def _visit_all(
+        self, when: datetime, result: CatchupResult, budget: _Budget, finished: set[tuple[str, int, str]]
+    ) -> None:
         """Visit the level-1 pointers in order, up to ``parallelism`` of them at once."""
 
         def listed() -> Iterator[Pointer]:
@@ -238,6 +260,8 @@ class Catchup:
                         stopped = True
                         return
                     own.index_rows_read += 1
+                    if (pointer.kind, pointer.bucket, pointer.partition) in finished:
+                        continue
                     if not budget.take():
                         stopped = True
                         return
@@ -249,7 +273,10 @@ class Catchup:
                         own.leases_skipped += 1
                         continue
                     own.minutes_visited += 1
-                    self._visit(leased, when, own, budget)
+                    if self._visit(leased, when, own, budget):
+                        with lock:
+                            finished.add((pointer.kind, pointer.bucket, pointer.partition))
+                            own.minutes_finished += 1
                 except BaseException as exc:
                     with lock:
                         if storage_busy(exc):
@@ -281,8 +308,9 @@ class Catchup:
         if errors:
             raise errors[0]
 
-    def _visit(self, pointer: Pointer, now: datetime, result: CatchupResult, budget: _Budget) -> None:
-        """Handle one partition's due rows of one minute; close the minute when it is over and done."""
+    def _visit(self, pointer: Pointer, now: datetime, result: CatchupResult, budget: _Budget) -> bool:
+        """Handle one partition's due rows of one minute; close the minute when it is over and done. True
+        when every due row was handled (nothing is left there at ``now``)."""
         now_ms = epoch_ms(now)
         closable = (pointer.bucket + 1) * BUCKET_MS <= now_ms - CLOSE_MARGIN_MS
         if closable:
@@ -291,8 +319,10 @@ class Catchup:
             low, high = due_range(pointer.kind, pointer.bucket, now_ms)
         markers: list[dict[str, Any]] = []
         rows = self._rows(pointer.partition, low, high, result)
-        if not self._handle_all(pointer, rows, now, result, budget, markers) or not closable:
-            return
+        if not self._handle_all(pointer, rows, now, result, budget, markers):
+            return False
+        if not closable:
+            return True
         from azure.core import MatchConditions
 
         table = self._store.table
@@ -304,9 +334,10 @@ class Catchup:
             )
         again = self._rows(pointer.partition, low, high, result)
         if not self._handle_all(pointer, again, now, result, budget, []):
-            return
+            return False
         if self._index.drop(pointer):
             result.minutes_closed += 1
+        return True
 
     def _rows(self, partition: str, low: str, high: str, result: CatchupResult) -> Iterator[dict[str, Any]]:
         """The due index rows, a page at a time (``INDEX_PAGE_ROWS``): each page is acted on before the next

@@ -97,3 +97,17 @@ def test_a_bounded_run_stops_at_its_budget_with_many_workers(fresh_tables: str) 
     results = catchup.drain(now=now, max_rows=20)
     assert _outcome(4) == (40, 40, 0)
     assert first.locks_failed + sum(r.locks_failed for r in results) == 40
+
+
+def test_a_drain_reaches_every_pointer_when_its_runs_are_smaller_than_the_pointers_open(
+    fresh_tables: str,
+) -> None:
+    # Given 64 expired locks over 16 shards: 16 open pointers (this minute's), more than one run's budget
+    store = _store(fresh_tables, shards=16)
+    now = _backlog(store, 64, entity=8)
+    # When one timer drains them in runs of 6 rows (a pointer and 4 rows cost 5)
+    results = Catchup(_store(fresh_tables, shards=16), parallelism=1).drain(now=now, max_rows=6)
+    # Then every lock is Failed (read from storage): later runs did not spend their budget re-visiting
+    # the pointers earlier runs emptied (they did, and the drain stopped with 10 pointers never reached)
+    assert _outcome(8) == (64, 64, 0), [r.locks_failed for r in results]
+    assert sum(r.locks_failed for r in results) == 64
