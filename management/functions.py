@@ -113,7 +113,7 @@ def _page_size(req: func.HttpRequest, default: int, maximum: int) -> int:
     raw = req.params.get("pageSize")
     if not raw:
         return default
-    if not raw.isdigit() or not 1 <= int(raw) <= maximum:
+    if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= maximum:  # "²" is a digit to isdigit
         raise InvalidInput(f"pageSize must be 1-{maximum}.", field="pageSize")
     return int(raw)
 

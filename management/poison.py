@@ -70,7 +70,7 @@ class ReplayResult:
 
 
 def check_day(day: str) -> str:
-    if len(day) != 8 or not day.isdigit():
+    if len(day) != 8 or not (day.isascii() and day.isdigit()):
         raise InvalidInput("day must be a UTC date as YYYYMMDD.", field="day")
     try:
         datetime.strptime(day, "%Y%m%d")

@@ -260,3 +260,15 @@ def test_a_day_of_poison_pages_with_a_continuation_token(call, resolve):
             break
         params = {**params, "continuationToken": page.json["continuationToken"]}
     assert sorted(seen) == sorted(mine)  # every one, once
+
+
+def test_a_page_size_or_day_of_unicode_digits_is_a_400_naming_the_field(call):
+    # "²", "١٢" and "①" are digits to str.isdigit, but int() refuses them: never a 500 (the fuzzer found it)
+    for raw in ("²", "١٢", "1²"):
+        page = call("poison_list", method="GET", params={"day": "20261202", "pageSize": raw})
+        assert page.status == 400 and page.json["field"] == "pageSize", (raw, page.status, page.body)
+        events = listing(call, "Billing", pageSize=raw)
+        assert events.status == 400 and events.json["field"] == "pageSize", (raw, events.status)
+    fullwidth = "".join(chr(0xFF10 + int(c)) for c in "20261202")  # the same date in fullwidth digits
+    day = call("poison_list", method="GET", params={"day": fullwidth})
+    assert day.status == 400 and day.json["field"] == "day", (day.status, day.body)
