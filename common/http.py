@@ -154,8 +154,9 @@ def parse_body(req: func.HttpRequest, model: type[M]) -> M:
 
 
 # What a number JSON cannot carry might look like: NaN / Infinity (accepted by Python's and pydantic's
-# parsers, not by JSON), or a number too large for a double (a 3-digit exponent, 309+ digits).
-_NON_FINITE_HINT = re.compile(r"NaN|Infinity|[eE][+-]?\d{3}|\d{309}")
+# parsers, not by JSON), or a number too large for a double: 309+ digits, or any exponent (a short one on a
+# long mantissa overflows too: 1 and 300 zeros, e9). Only a hint: the second parse decides.
+_NON_FINITE_HINT = re.compile(r"NaN|Infinity|\d[eE][+-]?\d|\d{309}")
 
 
 class _NonFinite:

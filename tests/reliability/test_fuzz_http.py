@@ -407,7 +407,16 @@ def test_no_generated_body_or_parameter_gets_a_5xx_and_most_reach_storage(faulty
 
 # --- issue 23: the wire shapes a reviewer found, generated -----------------------------------------------
 
-NON_FINITE = ["NaN", "Infinity", "-Infinity", "1e400", "-1e400", "1" + "0" * 400 + ".0"]
+NON_FINITE = [
+    "NaN",
+    "Infinity",
+    "-Infinity",
+    "1e400",
+    "-1e400",
+    "1" + "0" * 400 + ".0",
+    "1" + "0" * 300 + "e9",  # a short exponent on a long mantissa
+    "-" + "9" * 308 + ".5e1",
+]
 EXTREME_TIMES = [
     "9999-12-31T23:00:00-05:00",
     "9999-12-31T23:59:59.9999999Z",
