@@ -7,13 +7,17 @@ every storage response (an azure-core policy feeds :class:`ServerClock`), so it 
 Each response bounds the offset (server minus local clock): the header says the server's second ``D``
 (truncated), sent between our send time ``s`` and receive time ``r``, so the offset lies in
 ``[D - r, D + 1 - s]``. The clock keeps the intersection of the bounds of recent samples (they land at
-different phases of the second, so it narrows quickly to about one round trip). Its estimate starts at
-the first interval's middle and then moves only as far as a narrower interval forces it (onto its nearest
-bound), so two readings a moment apart never step back while the samples agree: a lock extended twice by
-the same length never ends earlier the second time. Samples older than a minute are dropped so that drift
-is followed. Skew bound between two instances
-that talk to storage: about one round trip plus the remaining width of their intervals; before any
-response has arrived, the local UTC clock is used.
+different phases of the second, so it narrows quickly to about one round trip). Its estimate starts at the
+first interval's middle and then moves only as far as a narrower interval forces it (onto its nearest
+bound). A narrower interval can still force it back a little (its upper bound fell below the estimate), so
+the readings of :meth:`ServerClock.now` are kept from stepping back while the samples agree: a reading below
+the last one is the last one, until time catches up (by how far it was pulled back: at most the interval's
+width). A lock extended twice by the same length never ends earlier the second time. The safety bounds
+(:func:`earliest_now`, :func:`latest_now`) come from the interval itself, never from a held reading. When
+samples disagree (a clock stepped) the estimate restarts and readings follow it. Samples older than a minute
+are dropped so that drift is followed. Skew bound between two instances that talk to storage: about one
+round trip plus the remaining width of their intervals; before any response has arrived, the local UTC clock
+is used.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ class ServerClock:
         self._lo = float("-inf")  # the offset lies in [_lo, _hi]
         self._hi = float("inf")
         self.width_s = float("inf")  # how uncertain the current offset is (_hi - _lo)
+        self._last_reading = float("-inf")  # the latest now() handed out since the estimate (re)started
 
     def observe(self, server_second: float, *, sent_at: float, received_at: float) -> None:
         """One response: the server's ``Date`` (whole seconds, epoch) seen between two local times."""
@@ -61,6 +66,7 @@ class ServerClock:
                 self._samples.clear()
                 self._samples.append((low, high, received_at))
                 lo, hi = low, high
+                self._last_reading = float("-inf")  # readings follow the new estimate, even back
             # the first interval (or a restart): its middle; then only as far as the interval forces
             self._offset_s = (lo + hi) / 2 if restart else min(max(self._offset_s, lo), hi)
             self._lo, self._hi = lo, hi
@@ -71,11 +77,37 @@ class ServerClock:
         return self._offset_s
 
     def now(self) -> datetime:
-        return datetime.fromtimestamp(time.time() + self._offset_s, tz=UTC)
+        return datetime.fromtimestamp(self._reading(time.time()), tz=UTC)
+
+    def _reading(self, local: float) -> float:
+        """The estimate at local time ``local``, never below a reading already handed out (see above)."""
+        reading = local + self._offset_s
+        with self._lock:
+            if reading < self._last_reading:
+                return self._last_reading
+            self._last_reading = reading
+            return reading
+
+    def earliest(self) -> datetime:
+        """The earliest the storage clock may read now: the interval's lower bound (the estimate less
+        ``UNSAMPLED_UNCERTAINTY_S`` before any response)."""
+        local = time.time()
+        if self.width_s == float("inf"):
+            return datetime.fromtimestamp(local + self._offset_s - UNSAMPLED_UNCERTAINTY_S, tz=UTC)
+        return datetime.fromtimestamp(local + min(self._lo, self._offset_s), tz=UTC)
+
+    def latest(self) -> datetime:
+        """The latest the storage clock may read now: the interval's upper bound, or a held reading above
+        it (so a lock ending at a reading is never judged still valid past it)."""
+        local = time.time()
+        reading = self._reading(local)
+        if self.width_s == float("inf"):
+            return datetime.fromtimestamp(reading + UNSAMPLED_UNCERTAINTY_S, tz=UTC)
+        return datetime.fromtimestamp(max(local + self._hi, reading), tz=UTC)
 
     def bounds_s(self) -> tuple[float, float]:
-        """How far below and above :meth:`now` the storage clock may read (the offset interval around the
-        estimate; ``UNSAMPLED_UNCERTAINTY_S`` either way before any response)."""
+        """How far below and above the estimate (:attr:`offset_s`) the storage clock may read (the offset
+        interval around it; ``UNSAMPLED_UNCERTAINTY_S`` either way before any response)."""
         if self.width_s == float("inf"):
             return UNSAMPLED_UNCERTAINTY_S, UNSAMPLED_UNCERTAINTY_S
         return max(self._offset_s - self._lo, 0.0), max(self._hi - self._offset_s, 0.0)
@@ -123,15 +155,13 @@ def utcnow() -> datetime:
 def earliest_now() -> datetime:
     """The earliest the storage clock may read now: judge "has it expired?" by this before acting on
     someone else's expiry (a takeover, catch-up failing a lock), so an uncertain estimate waits instead."""
-    below, _ = SERVER_CLOCK.bounds_s()
-    return SERVER_CLOCK.now() - timedelta(seconds=below)
+    return SERVER_CLOCK.earliest()
 
 
 def latest_now() -> datetime:
     """The latest the storage clock may read now: judge "is my lock still valid?" by this (the fence), so
     an uncertain estimate stops writing before the lock may have ended."""
-    _, above = SERVER_CLOCK.bounds_s()
-    return SERVER_CLOCK.now() + timedelta(seconds=above)
+    return SERVER_CLOCK.latest()
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)

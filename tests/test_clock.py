@@ -65,3 +65,38 @@ def test_the_estimate_never_steps_back_while_the_samples_agree():
     steps = [b - a for a, b in itertools.pairwise(readings)]
     assert all(step >= 0 for step in steps) or all(step <= 0 for step in steps), steps
     assert clock.width_s < 0.05
+
+
+def test_readings_never_step_back_when_a_narrower_interval_pulls_the_estimate_back():
+    # given a server 0.1 s ahead, first seen through a slow response: the estimate starts at the middle of a
+    # whole-second interval, well above the truth
+    true_offset = 0.1
+    clock = ServerClock()
+    local = 3_000_000.95
+    clock.observe(math.floor(local + 0.05 + true_offset), sent_at=local, received_at=local + 0.1)
+    start = clock.offset_s
+    readings = [clock._reading(local + 0.1)]
+    offsets = [start]
+    # when fast responses, 5 ms apart, pull the upper bound down below the estimate as their second ages
+    for _ in range(400):
+        local += 0.005
+        server_second = math.floor(local + 0.0005 + true_offset)
+        clock.observe(server_second, sent_at=local, received_at=local + 0.001)
+        offsets.append(clock.offset_s)
+        readings.append(clock._reading(local + 0.001))
+    # then the estimate itself was pulled back (the case this guards) ...
+    assert min(offsets) < start - 0.05, (start, min(offsets))
+    # ... yet no reading handed out is earlier than one before it
+    assert all(b >= a for a, b in itertools.pairwise(readings))
+    # and readings catch up with the estimate once time passes the held one
+    later = local + 1.0
+    assert clock._reading(later) == later + clock.offset_s
+
+
+def test_after_a_clock_step_readings_follow_the_new_estimate_back():
+    clock = ServerClock()
+    for i in range(10):
+        clock.observe(1000.0 + i, sent_at=1000.2 + i, received_at=1000.201 + i)
+    held = clock._reading(1010.0)
+    clock.observe(900.0, sent_at=1010.2, received_at=1010.201)  # the server clock stepped back 110 s
+    assert clock._reading(1010.3) < held - 100

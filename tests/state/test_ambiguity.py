@@ -201,6 +201,7 @@ def skewed(monkeypatch) -> Callable[[float, float], None]:
         monkeypatch.setattr(SERVER_CLOCK, "width_s", width_s)
         monkeypatch.setattr(SERVER_CLOCK, "_lo", true_offset + error_s - width_s / 2)
         monkeypatch.setattr(SERVER_CLOCK, "_hi", true_offset + error_s + width_s / 2)
+        monkeypatch.setattr(SERVER_CLOCK, "_last_reading", float("-inf"))  # as after a restart
 
     return skew
 
