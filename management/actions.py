@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
-from common.clock import utcnow
+from common.clock import iso, utcnow
 from common.errors import Conflict, InvalidInput, NotFound
 from handoff import keys, store
 from handoff.contract import (
@@ -269,7 +269,7 @@ class OperatorActions:
                     "controlMessageId": claim.control_message_id if claim else control_message_id,
                     "messageType": claim.message_type.name if claim else None,
                     "settledBy": claim.settled_by if claim else None,
-                    "claimedAt": claim.claimed_at.isoformat() if claim else None,
+                    "claimedAt": iso(claim.claimed_at) if claim else None,
                     "principalName": actor.principal_name,
                     "principalId": actor.principal_id,
                 }

@@ -9,6 +9,7 @@ outcome is unknown, the reconciler past its confirmation wait (the test's clock)
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -117,6 +118,8 @@ def test_marking_it_delivered_is_audited_with_who_and_why_and_a_retry_is_safe(ca
     assert audit["auditorName"] == "olivia@contoso.com" and audit["comment"] == "ERP shows the import"
     assert json.loads(audit["data"])["resolution"] == "delivered"
     assert json.loads(audit["data"])["controlMessageId"] == control
+    # times in answers have one format: UTC, to the millisecond, with a Z (README)
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", json.loads(audit["data"])["claimedAt"])
     assert overview_of(call, flow.endpoint)["unconfirmed"] == 0
     listed = call("endpoint_unconfirmed", method="GET", route_params={"endpointId": flow.endpoint})
     assert listed.json["items"] == []
