@@ -22,7 +22,10 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import uuid
+import zipfile
+from pathlib import Path
 from typing import Any
 
 from bench.harness import ROOT, Environment, Figure, median, verdict_at_most
@@ -153,10 +156,10 @@ def floor_probe(connection: str, prefix: str) -> str:
     )
 
 
-def probe(code: str, env: dict[str, str]) -> dict[str, Any]:
-    """Run ``code`` in a fresh interpreter (cwd = the repo) and return what it printed."""
+def probe(code: str, env: dict[str, str], cwd: Path = ROOT) -> dict[str, Any]:
+    """Run ``code`` in a fresh interpreter (in ``cwd``) and return what it printed."""
     out = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=180
+        [sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True, timeout=180
     )
     if out.returncode != 0:
         raise RuntimeError(f"probe failed ({out.returncode}): {out.stderr[-1500:]}")
@@ -164,12 +167,31 @@ def probe(code: str, env: dict[str, str]) -> dict[str, Any]:
     return result
 
 
-def own_import_costs(env: dict[str, str], top: int = 20) -> dict[str, float]:
+def deployed_package(into: Path) -> Path:
+    """The app as infra/deploy.sh ships it (infra/package.py: the kept files and their bytecode), unpacked
+    into ``into``. The probes run there with nothing else of the repository on their path, read-only as a
+    deployed package is (PYTHONDONTWRITEBYTECODE), so what the package lacks is compiled at each start."""
+    built = subprocess.run(
+        [sys.executable, str(ROOT / "infra" / "package.py"), str(into / "settle.zip")],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    log_line = built.stdout.strip()
+    app = into / "wwwroot"
+    with zipfile.ZipFile(into / "settle.zip") as archive:
+        archive.extractall(app)
+    (app / "package.txt").write_text(log_line)
+    return app
+
+
+def own_import_costs(env: dict[str, str], cwd: Path, top: int = 20) -> dict[str, float]:
     """Self time (ms) of Settle's modules loaded by a cold first invocation (``-X importtime``)."""
     code = settle_probe()
     stderr = subprocess.run(
         [sys.executable, "-X", "importtime", "-c", code],
-        cwd=ROOT,
+        cwd=cwd,
         env=env,
         capture_output=True,
         text=True,
@@ -187,24 +209,40 @@ def own_import_costs(env: dict[str, str], top: int = 20) -> dict[str, float]:
 
 
 def run(env: Environment) -> list[Figure]:
+    with tempfile.TemporaryDirectory(prefix="settle-coldstart-") as scratch:
+        return _run(env, deployed_package(Path(scratch)))
+
+
+def _run(env: Environment, app: Path) -> list[Figure]:
     prefix = "c" + uuid.uuid4().hex[:12]
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("ServiceBusConnection")}
-    environ.update(
+    base = {k: v for k, v in os.environ.items() if not k.startswith("ServiceBusConnection")}
+    base.update(
         SETTLE_TABLES=env.connection,
         SETTLE_TABLE_PREFIX=prefix,
         SETTLE_LOOPBACK="false",
-        PYTHONPATH=str(ROOT),
+        PYTHONDONTWRITEBYTECODE="1",
     )
-    environ.pop("SETTLE_TABLES__tableServiceUri", None)
-    codes = {"settle": settle_probe(), "floor": floor_probe(env.connection, prefix)}
-    for code in codes.values():
-        probe(code, environ)  # creates each side's tables and warms the file cache alike (not timed)
-    runs: dict[str, list[dict[str, Any]]] = {side: [] for side in codes}
+    base.pop("SETTLE_TABLES__tableServiceUri", None)
+    base.pop("PYTHONPATH", None)
+    deployed_env = dict(base, PYTHONPATH=str(app))
+    sources_env = dict(base, PYTHONPATH=str(ROOT))
+    # settle: the package as deploy.sh ships it; floor: the SDKs (their pycs come with the install, as the
+    # remote build's install makes them: pip compiles by default, Oryx's uv path asks for it); sources: the
+    # same app from its sources alone (what azd and Core Tools ship, .funcignore leaving pycs out), context.
+    sides: dict[str, tuple[str, dict[str, str], Path]] = {
+        "settle": (settle_probe(), deployed_env, app),
+        "floor": (floor_probe(env.connection, prefix), sources_env, ROOT),
+        "sources": (settle_probe(), sources_env, ROOT),
+    }
+    for code, environ, cwd in sides.values():
+        probe(code, environ, cwd)  # creates each side's tables and warms the file cache alike (not timed)
+    runs: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
     for n in range(env.sizes.coldstart_processes):
-        order = list(codes) if n % 2 == 0 else list(reversed(codes))  # neither always runs first
+        order = list(sides)[n % len(sides) :] + list(sides)[: n % len(sides)]  # no side always first
         for side in order:
-            runs[side].append(probe(codes[side], environ))
-    own = own_import_costs(environ)
+            code, environ, cwd = sides[side]
+            runs[side].append(probe(code, environ, cwd))
+    own = own_import_costs(deployed_env, app)
 
     def med(side: str, part: str) -> float:
         return median([float(r[part]) for r in runs[side]])
@@ -212,8 +250,10 @@ def run(env: Environment) -> list[Figure]:
     settle_total, floor_total = med("settle", "total"), med("floor", "total")
     value = settle_total / floor_total
     env.details["coldstart"] = {
+        "package": (app / "package.txt").read_text(),
         "settle": runs["settle"],
         "floor": runs["floor"],
+        "sources": runs["sources"],
         "own_modules_self_ms": own,
         "medians_s": {
             side: {p: med(side, p) for p in ("import", "first_lock", "first_message", "total")}
@@ -221,13 +261,13 @@ def run(env: Environment) -> list[Figure]:
         },
     }
     heavy = sorted({h for r in runs["settle"] for h in r.get("heavy", [])})
-    # Whether Settle's sources were read from bytecode depends on the runner (PYTHONDONTWRITEBYTECODE; a
-    # package deployed without __pycache__ compiles them at every cold start): the note says which it was.
-    compiled = (
-        "Settle's modules read from bytecode"
-        if all(r.get("bytecode") for r in runs["settle"])
-        else "Settle's modules compiled from source in each interpreter (no bytecode cache)"
-    )
+
+    def read_from(side: str) -> str:
+        if all(r.get("bytecode") for r in runs[side]):
+            return "Settle's modules read from the package's bytecode"
+        if not any(r.get("bytecode") for r in runs[side]):
+            return "Settle's modules compiled from source in each interpreter"
+        return "Settle's modules read from bytecode in some interpreters only"
 
     def parts(side: str) -> str:
         return (
@@ -246,11 +286,26 @@ def run(env: Environment) -> list[Figure]:
             verdict=verdict_at_most(value, TARGET),
             unit="s",
             note=(
-                f"{len(runs['settle'])} fresh interpreters each; import + first lock + first message: "
+                f"{len(runs['settle'])} fresh interpreters each, the package as infra/deploy.sh ships it "
+                f"(infra/package.py); import + first lock + first message: "
                 f"Settle {parts('settle')}, floor {parts('floor')}; heavy SDKs loaded: "
-                f"{', '.join(heavy) or 'none'}; {compiled}; "
+                f"{', '.join(heavy) or 'none'}; {read_from('settle')}; "
                 f"Settle's own modules {sum(own.values()):.0f} ms self time "
                 "(largest: " + ", ".join(f"{m} {ms:.0f} ms" for m, ms in list(own.items())[:3]) + ")"
+            ),
+        ),
+        Figure(
+            section=SECTION,
+            name="cold start, sources only (azd, Core Tools)",
+            settle=med("sources", "total"),
+            baseline=floor_total,
+            ratio=med("sources", "total") / floor_total,
+            target="(context)",
+            verdict="info",
+            unit="s",
+            note=(
+                "the same app without its bytecode, as `azd deploy` and `func azure functionapp publish` "
+                f"ship it (.funcignore leaves pycs out): Settle {parts('sources')}; {read_from('sources')}"
             ),
         ),
         Figure(
@@ -263,7 +318,7 @@ def run(env: Environment) -> list[Figure]:
             verdict="info",
             unit="s",
             note=(
-                "the import alone, in the same interpreters: `import function_app` against "
+                "the import alone, in the same interpreters: `import function_app` from the package against "
                 "`import azure.functions, azure.data.tables, pydantic`"
             ),
         ),

@@ -7,6 +7,7 @@ the tracked files plus the junk a developer machine has, so the result does not 
 from __future__ import annotations
 
 import importlib.util
+import os
 import shutil
 import subprocess
 import sys
@@ -80,8 +81,15 @@ def test_the_package_is_the_app_and_nothing_else(project: Path) -> None:
 
 def test_the_package_builds_and_imports_nothing_from_development_code(project: Path, tmp_path: Path) -> None:
     out = tmp_path / "settle.zip"
-    files = package_module().build(out, project)
-    assert sorted(zipfile.ZipFile(out).namelist()) == files
+    package = package_module()
+    names = package.build(out, project)
+    files = package.package_files(project)
+    assert sorted(zipfile.ZipFile(out).namelist()) == sorted(names)
+    # The developer's own pycs ("junk" above) are never shipped: only those compiled from the kept files.
+    assert sorted(n for n in names if not n.endswith(".pyc")) == files
+    assert sorted(n for n in names if n.endswith(".pyc")) == sorted(
+        package.bytecode_name(f) for f in files if f.endswith(".py")
+    )
     for name in files:
         if name.endswith(".py"):
             source = (project / name).read_text()
@@ -123,3 +131,46 @@ def test_an_excluded_directory_cannot_be_re_included_below(tmp_path: Path) -> No
     (tmp_path / "app.py").write_text("x")
     (tmp_path / ".funcignore").write_text("docs\n!docs/keep.md\n.funcignore\n")
     assert package_module().package_files(tmp_path) == ["app.py"]
+
+
+def test_the_app_runs_its_python_so_the_shipped_bytecode_is_the_one_it_reads() -> None:
+    from tests.infra.test_policy import ci_python
+
+    runtime = package_module().RUNTIME
+    assert f"{runtime[0]}.{runtime[1]}" == ci_python()  # = the function app's runtime version (test_policy)
+
+
+def test_a_deployed_package_imports_from_its_bytecode_even_after_a_copy_that_resets_times(
+    project: Path, tmp_path: Path
+) -> None:
+    """What a new instance does with the package: the remote build copied it without keeping modification
+    times (Oryx: ``rsync -rcE``) and the files are read-only, so nothing can be compiled and cached. Every
+    module the app imports at start must come from the shipped pyc: here each source is replaced by one that
+    cannot be imported, so one module compiled from source fails the import."""
+    out = tmp_path / "settle.zip"
+    package_module().build(out, project)
+    deployed = tmp_path / "wwwroot"
+    zipfile.ZipFile(out).extractall(deployed)
+    sources = sorted(deployed.rglob("*.py"))
+    assert sources
+    for source in sources:
+        source.write_text('raise ImportError("compiled from source: " + __name__)\n')
+        os.utime(source, (2_000_000_000, 2_000_000_000))  # newer than any pyc, as after the copy
+    for pyc in deployed.rglob("*.pyc"):
+        flags = int.from_bytes(pyc.read_bytes()[4:8], "little")
+        assert flags == 0b01, pyc  # PEP 552: hash-based, source not checked
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONDONTWRITEBYTECODE"] = "1"  # read-only, as deployed
+    probe = (
+        "import sys, function_app; "
+        "app_modules = [m for m in sys.modules if m.split('.')[0] in ('common', 'state', 'handoff', "
+        "'management', 'console')]; "
+        "print(function_app.__file__, len(app_modules), len(function_app.app.get_functions()))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=deployed, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    where, modules, functions = done.stdout.split()
+    assert Path(where).parent == deployed
+    assert int(modules) > 10 and int(functions) > 10
