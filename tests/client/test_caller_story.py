@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -21,11 +23,29 @@ import httpx
 import pytest
 from settle_client import AsyncSettleClient, LockHeld, SettleClient, Unavailable
 
+from tests.client import worker as workers
 from tests.client.conftest import FAST_RETRY, some, wait_until
-from tests.client.worker import start_worker
 from tests.devhost.conftest import HostProcess
 
 LOCK_S = 2
+_started: list[subprocess.Popen[str]] = []
+
+
+def start_worker(*args: Any, **kwargs: Any) -> subprocess.Popen[str]:
+    process = workers.start_worker(*args, **kwargs)
+    _started.append(process)
+    return process
+
+
+@pytest.fixture(autouse=True)
+def no_worker_outlives_its_test() -> Iterator[None]:
+    """A test that failed (a timeout waiting for a worker) must not leave the worker holding its lock."""
+    yield
+    while _started:
+        process = _started.pop()
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=30)
 
 
 def inside(state: Path) -> None:
