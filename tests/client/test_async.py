@@ -5,11 +5,21 @@ from __future__ import annotations
 import asyncio
 import uuid
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
 import httpx
 import pytest
-from settle_client import AlreadyProcessed, AsyncSettleClient, LockHeld, LockLost, SettleClient
+from pydantic import BaseModel
+from settle_client import (
+    AlreadyProcessed,
+    AsyncSettleClient,
+    LockHeld,
+    LockLost,
+    PayloadMismatch,
+    ResultNotStored,
+    SettleClient,
+)
 
 from tests.client.conftest import park, some
 
@@ -128,6 +138,115 @@ def test_async_idempotent_runs_once(host, key):
 
     run(scenario())
     assert calls == [1]
+
+
+class Posted(BaseModel):
+    ledger_entry: int
+    at: datetime
+    amount: Decimal
+
+
+def test_async_idempotent_replays_the_declared_return_type(host, key):
+    """As the sync client (tests/client/test_idempotent.py): a model, a Decimal and a datetime are stored as
+    pydantic's JSON and a replay returns the declared type, not the stored dict or string."""
+    posted = Posted(
+        ledger_entry=5, at=datetime(2026, 5, 1, 9, 30, 4, 585000, tzinfo=UTC), amount=Decimal("12.50")
+    )
+    charges: list[str] = []
+
+    async def scenario() -> None:
+        async with AsyncSettleClient(host.base_url) as client:
+
+            @client.idempotent(key=lambda invoice: {**key, "itemKey": invoice})
+            async def post(invoice: str) -> Posted:
+                charges.append("post")
+                return posted
+
+            @client.idempotent(key=lambda invoice: {**key, "itemKey": invoice + "-d"})
+            async def charge(invoice: str) -> Decimal:
+                charges.append("charge")
+                return Decimal("12.50")
+
+            @client.idempotent(key=lambda invoice: {**key, "itemKey": invoice + "-j"})
+            async def stamp(invoice: str) -> dict[str, Any]:
+                charges.append("stamp")
+                return {"at": datetime(2026, 5, 1, tzinfo=UTC), "amount": Decimal("1.10")}
+
+            invoice = key["itemKey"]
+            assert await post(invoice) is posted  # the first call returns the function's own result
+            again = await post(invoice)
+            assert isinstance(again, Posted) and again == posted
+            assert some(await client.get(key)).data["amount"] == "12.50"
+
+            assert await charge(invoice) == Decimal("12.50")
+            replayed = await charge(invoice)
+            assert isinstance(replayed, Decimal) and replayed == Decimal("12.50")
+
+            assert (await stamp(invoice))["amount"] == Decimal("1.10")
+            assert await stamp(invoice) == {"at": "2026-05-01T00:00:00Z", "amount": "1.10"}  # declared: JSON
+
+    run(scenario())
+    assert charges == ["post", "charge", "stamp"], "a side effect ran again"
+
+
+def test_async_idempotent_the_same_key_with_another_payload_raises_payload_mismatch(host, key):
+    calls: list[int] = []
+
+    async def scenario() -> None:
+        async with AsyncSettleClient(host.base_url) as client:
+
+            @client.idempotent(key=lambda invoice: {**key, "itemKey": invoice["id"]})
+            async def post(invoice: dict[str, Any]) -> dict[str, Any]:
+                calls.append(invoice["amount"])
+                return {"posted": invoice["amount"]}
+
+            invoice = {"id": key["itemKey"], "amount": 120}
+            assert await post(invoice) == {"posted": 120}
+            assert await post(dict(invoice)) == {"posted": 120}  # the same payload replays
+            with pytest.raises(PayloadMismatch) as mismatch:
+                await post({**invoice, "amount": 999})
+            assert mismatch.value.stored_hash != mismatch.value.payload_hash
+            assert isinstance(mismatch.value, ValueError)
+
+            # payload= picks what must match (here: the amount only)
+            @client.idempotent(
+                key=lambda invoice: {**key, "itemKey": invoice["id"] + "-p"},
+                payload=lambda invoice: invoice["amount"],
+            )
+            async def by_amount(invoice: dict[str, Any]) -> dict[str, Any]:
+                calls.append(invoice["amount"])
+                return {"posted": invoice["amount"]}
+
+            assert await by_amount(invoice) == {"posted": 120}
+            assert await by_amount({**invoice, "note": "ignored"}) == {"posted": 120}
+            with pytest.raises(PayloadMismatch):
+                await by_amount({**invoice, "amount": 1})
+
+    run(scenario())
+    assert calls == [120, 120], "a mismatched payload ran the function"
+
+
+@pytest.mark.parametrize("result", [object(), "x" * (600 * 1024)], ids=["not-json", "over-512-KiB"])
+def test_async_idempotent_a_result_that_cannot_be_stored_never_reruns_the_side_effect(host, key, result):
+    charges: list[int] = []
+
+    async def scenario() -> None:
+        async with AsyncSettleClient(host.base_url) as client:
+
+            @client.idempotent(key=lambda invoice: {**key, "itemKey": invoice})
+            async def charge(invoice: str) -> Any:
+                charges.append(1)
+                return result
+
+            assert await charge(key["itemKey"]) is result  # the first call has its result
+            with pytest.raises(ResultNotStored) as replayed:
+                await charge(key["itemKey"])
+            assert isinstance(replayed.value, AlreadyProcessed)
+            record = some(await client.get(key))
+            assert record.status == "Processed" and "resultNotStored" in record.data
+
+    run(scenario())
+    assert charges == [1], "the side effect ran again"
 
 
 def test_async_agent_loop_settles_and_stops_when_cancelled(host):
