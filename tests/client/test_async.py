@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 import uuid
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -21,7 +22,8 @@ from settle_client import (
     SettleClient,
 )
 
-from tests.client.conftest import park, some
+from tests.client.conftest import park, some, wait_until
+from tests.client.worker import start_worker
 
 
 def run(coroutine: Any) -> Any:
@@ -247,6 +249,63 @@ def test_async_idempotent_a_result_that_cannot_be_stored_never_reruns_the_side_e
 
     run(scenario())
     assert charges == [1], "the side effect ran again"
+
+
+# -- cancelling the task (the client README's SIGTERM advice) releases the block ---------------------------
+# client/README.md, "Signals": "With AsyncSettleClient, cancel the task on SIGTERM
+# (loop.add_signal_handler(signal.SIGTERM, task.cancel)): a cancelled block releases its lock", as an
+# exception does: Failed with the exception's text, the item free at once (not after lock_seconds), and the
+# next item.previous has that error with lock_expired false.
+
+
+def assert_released_by_cancellation(settle: SettleClient, key: dict[str, Any]) -> None:
+    record = some(settle.get(key))
+    assert (record.status, record.error) == ("Failed", "CancelledError"), record
+    assert [r.status for r in settle.history(key)] == ["Failed", "Superseded"]
+    # free now, although the cancelled block's 60 s lock has most of its time left
+    with settle.processing(key) as item:
+        assert item.takeover is False
+        assert item.previous is not None
+        assert (item.previous.status, item.previous.error) == ("Failed", "CancelledError")
+        assert item.previous.lock_expired is False and item.previous_expired is False
+
+
+def test_async_a_cancelled_processing_block_releases_its_lock_at_once(host, settle, key):
+    async def scenario() -> None:
+        inside = asyncio.Event()
+
+        async def work() -> None:
+            async with AsyncSettleClient(host.base_url) as client:
+                async with client.processing(key, lock_seconds=60):
+                    inside.set()
+                    await asyncio.Event().wait()  # long work, never done
+                pytest.fail("the block ended without the cancellation")
+
+        task = asyncio.create_task(work())
+        await asyncio.wait_for(inside.wait(), timeout=30)
+        assert some(await asyncio.to_thread(settle.get, key)).status == "Processing"
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(task, timeout=30)
+        assert task.cancelled()  # the cancellation goes on after the release
+
+    run(scenario())
+    assert_released_by_cancellation(settle, key)
+
+
+def test_async_sigterm_that_cancels_the_task_releases_the_block(host, settle, key, tmp_path):
+    """A real process and signal: the worker installs loop.add_signal_handler(SIGTERM, task.cancel)."""
+    state = tmp_path / "state"
+    worker = start_worker(host.base_url, key, 60, state, use_async=True)
+    try:
+        wait_until(lambda: state.exists() and state.read_text().startswith("inside"), what="worker inside")
+        worker.send_signal(signal.SIGTERM)
+        out, err = worker.communicate(timeout=30)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    assert (worker.returncode, out.strip()) == (0, "cancelled"), out + err
+    assert_released_by_cancellation(settle, key)
 
 
 def test_async_agent_loop_settles_and_stops_when_cancelled(host):
