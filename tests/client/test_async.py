@@ -293,6 +293,43 @@ def test_async_a_cancelled_processing_block_releases_its_lock_at_once(host, sett
     assert_released_by_cancellation(settle, key)
 
 
+def test_async_a_task_cancelled_while_its_lock_is_granted_hands_the_lock_back(host, settle, key):
+    """SIGTERM can come at any moment, also while the block is being entered: the server has granted the
+    lock and its answer is on the way. The cancelled task waits for that answer and releases the lock, so
+    the item is not left Processing for the lock's 60 s."""
+    granted, answer_may_go = asyncio.Event(), asyncio.Event()
+
+    async def hold_the_lock_answer(request: httpx.Request) -> httpx.Response:
+        response = await inner.handle_async_request(request)
+        if request.url.path.endswith("/state/lock"):
+            await response.aread()  # applied on the server; the answer waits here
+            granted.set()
+            await answer_may_go.wait()
+        return response
+
+    inner = httpx.AsyncHTTPTransport()
+
+    async def scenario() -> None:
+        async with AsyncSettleClient(host.base_url, transport=_AsyncHandler(hold_the_lock_answer)) as client:
+
+            async def work() -> None:
+                async with client.processing(key, lock_seconds=60):
+                    pytest.fail("the block ran although its task was cancelled while entering")
+
+            task = asyncio.create_task(work())
+            await asyncio.wait_for(granted.wait(), timeout=30)
+            assert some(await asyncio.to_thread(settle.get, key)).status == "Processing"
+            task.cancel()
+            await asyncio.sleep(0.1)  # the cancellation is delivered while the answer is held
+            answer_may_go.set()
+            with pytest.raises(asyncio.CancelledError):
+                await asyncio.wait_for(task, timeout=30)
+        await inner.aclose()
+
+    run(scenario())
+    assert_released_by_cancellation(settle, key)
+
+
 def test_async_sigterm_that_cancels_the_task_releases_the_block(host, settle, key, tmp_path):
     """A real process and signal: the worker installs loop.add_signal_handler(SIGTERM, task.cancel)."""
     state = tmp_path / "state"
