@@ -251,6 +251,38 @@ def test_async_idempotent_a_result_that_cannot_be_stored_never_reruns_the_side_e
     assert charges == [1], "the side effect ran again"
 
 
+def test_async_idempotent_a_result_settle_refuses_after_the_side_effect_never_reruns_it(host, key):
+    """As tests/client/test_idempotent.py: Settle refuses the result (413) after the side effect; the key
+    is recorded Processed without it and the next call raises ResultNotStored."""
+    from tests.client.test_idempotent import refuses_the_result, result_refused
+
+    charges: list[int] = []
+    inner = httpx.AsyncHTTPTransport()
+
+    async def refuse(request: httpx.Request) -> httpx.Response:
+        if refuses_the_result(request):
+            return result_refused()
+        return await inner.handle_async_request(request)
+
+    async def scenario() -> None:
+        async with AsyncSettleClient(host.base_url, transport=_AsyncHandler(refuse)) as client:
+
+            @client.idempotent(key=lambda invoice: {**key, "itemKey": invoice})
+            async def charge(invoice: str) -> dict[str, Any]:
+                charges.append(1)
+                return {"charged": 1}
+
+            assert await charge(key["itemKey"]) == {"charged": 1}
+            with pytest.raises(ResultNotStored, match="refused"):
+                await charge(key["itemKey"])
+            record = some(await client.get(key))
+            assert record.status == "Processed" and "refused" in record.data["resultNotStored"]
+        await inner.aclose()
+
+    run(scenario())
+    assert charges == [1], "the side effect ran again"
+
+
 # -- cancelling the task (the client README's SIGTERM advice) releases the block ---------------------------
 # client/README.md, "Signals": "With AsyncSettleClient, cancel the task on SIGTERM
 # (loop.add_signal_handler(signal.SIGTERM, task.cancel)): a cancelled block releases its lock", as an
