@@ -313,13 +313,36 @@ class AsyncProcessing:
         if self._item is not None:
             raise RuntimeError("a processing block can be entered once")
         started = time.monotonic()
-        lock = await self._client.lock(self._key, lock_seconds=self._lock_seconds)
+        asking = asyncio.ensure_future(self._client.lock(self._key, lock_seconds=self._lock_seconds))
+        try:
+            # Shielded: cancelled while the lock is asked for (SIGTERM cancelling the task), the server
+            # may already have granted it; the answer is awaited and a granted lock handed back.
+            lock = await asyncio.shield(asking)
+        except asyncio.CancelledError as cancelled:
+            await self._hand_back(asking, cancelled, started)
+            raise
         if not lock.acquired:
             raise refusal(lock)
         self._item = Item(self._key, lock, metadata=self._metadata, expires_at=started + self._lock_seconds)
         if lock.lock_token is not None:
             self._keeper = _AsyncKeeper(self._client, self._item, self._lock_seconds, started)
         return self._item
+
+    async def _hand_back(
+        self, asking: asyncio.Future[LockResult], cancelled: BaseException, started: float
+    ) -> None:
+        """The task was cancelled while entering: release the lock if the server granted it (as a block
+        that raised does), so the item is not left Processing until the lock expires."""
+        try:
+            lock = await asyncio.shield(asking)
+            if not lock.acquired or lock.lock_token is None:
+                return
+            item = Item(self._key, lock, metadata=self._metadata, expires_at=started + self._lock_seconds)
+            await asyncio.shield(self._client.send(release_call(self._client.requests, item, cancelled)))
+        except asyncio.CancelledError:  # cancelled again: stop waiting (the lock expires as after a crash)
+            cancelled.add_note("settle-client: cancelled again while handing back the lock; not released.")
+        except Exception as error:  # the cancellation goes on either way
+            cancelled.add_note(f"settle-client: handing back the lock after cancellation failed: {error}")
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None

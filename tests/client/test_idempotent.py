@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
+import httpx
 import pytest
 from pydantic import BaseModel
 from settle_client import AlreadyProcessed, LockHeld, PayloadMismatch, ResultNotStored, SettleClient
@@ -122,6 +123,60 @@ def test_a_result_that_cannot_be_stored_never_reruns_the_side_effect(settle, key
     assert charges == [1], "the side effect ran again"
     record = settle.get(invoice_key(invoice))
     assert record.status == "Processed" and "resultNotStored" in record.data
+
+
+def refuses_the_result(request: httpx.Request) -> bool:
+    """A fenced ``set`` carrying the function's result (not the ``resultNotStored`` fallback)."""
+    return request.url.path.endswith("/state/set") and b"resultNotStored" not in request.content
+
+
+def result_refused() -> httpx.Response:
+    body = {"type": "urn:settle:problem:payload-too-large", "title": "Payload too large", "status": 413}
+    return httpx.Response(
+        413,
+        json={**body, "detail": "too large (test)", "field": "data"},
+        headers={"content-type": "application/problem+json"},
+    )
+
+
+class RefuseResult(httpx.BaseTransport):
+    """Real HTTP, except that Settle answers 413 to the result's outcome write (nothing written)."""
+
+    def __init__(self) -> None:
+        self.inner = httpx.HTTPTransport()
+        self.refused = 0
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        if refuses_the_result(request):
+            self.refused += 1
+            return result_refused()
+        return self.inner.handle_request(request)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def test_a_result_settle_refuses_after_the_side_effect_never_reruns_it(host, key):
+    """The client judged the result storable, Settle refused it (413): the key is recorded Processed
+    without it (the fallback write), not released Failed; the next call raises ResultNotStored."""
+    charges: list[int] = []
+    transport = RefuseResult()
+    with SettleClient(host.base_url, transport=transport) as client:
+
+        @client.idempotent(key=invoice_key)
+        def charge(invoice: dict[str, Any]) -> dict[str, Any]:
+            charges.append(1)
+            return {"charged": 1}
+
+        invoice = new_invoice(key)
+        assert charge(invoice) == {"charged": 1}
+        assert transport.refused == 1
+        with pytest.raises(ResultNotStored, match="refused"):
+            charge(invoice)
+        record = client.get(invoice_key(invoice))
+        assert record is not None and record.status == "Processed"
+        assert "refused" in record.data["resultNotStored"]
+    assert charges == [1], "the side effect ran again"
 
 
 def test_the_same_key_with_another_payload_raises_payload_mismatch(settle, key):

@@ -1,16 +1,21 @@
 """A separate OS process that holds one key in ``client.processing`` until it is signalled.
 
-``python -m tests.client.worker URL KEY_JSON LOCK_SECONDS STATE_FILE [WORK_SECONDS [thread]]``: enters the
-block, writes ``inside <pid>`` to ``STATE_FILE`` and works (sleeps, calling ``item.check()`` between steps)
-for ``WORK_SECONDS`` (default or ``inf``: for ever), then records ``{"pid": ...}``. With ``thread`` the block
-runs in a worker thread while the main thread waits for it. Prints how the block ended: ``processed``,
-``lost`` (``LockLost``) or nothing (killed). The tests send it SIGKILL, SIGSTOP/SIGCONT and SIGTERM.
+``python -m tests.client.worker URL KEY_JSON LOCK_SECONDS STATE_FILE [WORK_SECONDS [thread|async]]``: enters
+the block, writes ``inside <pid>`` to ``STATE_FILE`` and works (sleeps, calling ``item.check()`` between
+steps) for ``WORK_SECONDS`` (default or ``inf``: for ever), then records ``{"pid": ...}``. With ``thread`` the
+block runs in a worker thread while the main thread waits for it. With ``async`` it is an
+``AsyncSettleClient`` block in a task, and SIGTERM cancels the task, as the client README advises
+(``loop.add_signal_handler(signal.SIGTERM, task.cancel)``). Prints how the block ended: ``processed``,
+``lost`` (``LockLost``), ``cancelled`` (async, after SIGTERM) or nothing (killed). The tests send it
+SIGKILL, SIGSTOP/SIGCONT and SIGTERM.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -27,6 +32,9 @@ def main(argv: list[str]) -> int:
     url, key, lock_seconds, state = argv[0], json.loads(argv[1]), int(argv[2]), Path(argv[3])
     work_s = float(argv[4]) if len(argv) > 4 else float("inf")
     in_thread = len(argv) > 5 and argv[5] == "thread"
+    if len(argv) > 5 and argv[5] == "async":
+        print(asyncio.run(main_async(url, key, lock_seconds, state, work_s)), flush=True)
+        return 0
     with SettleClient(url) as client:
 
         def work() -> str:
@@ -53,13 +61,47 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+async def main_async(url: str, key: Any, lock_seconds: int, state: Path, work_s: float) -> str:
+    """The async worker: SIGTERM cancels the task that runs the block (the client README's advice)."""
+    from settle_client import AsyncSettleClient, LockLost
+
+    async with AsyncSettleClient(url) as client:
+
+        async def work() -> str:
+            try:
+                async with client.processing(key, lock_seconds=lock_seconds) as item:
+                    state.write_text(f"inside {os.getpid()}\n")
+                    started = time.monotonic()
+                    while time.monotonic() - started < work_s:
+                        item.check()
+                        await asyncio.sleep(0.05)
+                    item.data = {"pid": os.getpid()}
+            except LockLost:
+                return "lost"
+            return "processed"
+
+        task = asyncio.create_task(work())
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+        try:
+            return await task
+        except asyncio.CancelledError:
+            return "cancelled"
+
+
 def start_worker(
-    url: str, key: Any, lock_seconds: int, state: Path, work_s: float | None = None, *, thread: bool = False
+    url: str,
+    key: Any,
+    lock_seconds: int,
+    state: Path,
+    work_s: float | None = None,
+    *,
+    thread: bool = False,
+    use_async: bool = False,
 ) -> subprocess.Popen[str]:
     args = [sys.executable, "-m", "tests.client.worker", url, json.dumps(key), str(lock_seconds), str(state)]
     args.append(str(work_s if work_s is not None else "inf"))
-    if thread:
-        args.append("thread")
+    if thread or use_async:
+        args.append("thread" if thread else "async")
     return subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

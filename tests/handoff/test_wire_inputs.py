@@ -87,8 +87,9 @@ def test_an_expected_by_storage_cannot_hold_is_noted_and_the_park_is_kept(
     call, flow: Flow, expected_by: str, kept: str | None
 ) -> None:
     resolver = service.resolver_service()
-    assert resolver.handle(flow.request()) is Outcome.APPLIED
-    assert resolver.handle(flow.park(expected_by=expected_by)) is Outcome.APPLIED
+    session = f"session-{flow.event_id}"  # its own, so that find by session reads this event only
+    assert resolver.handle(flow.request(session_id=session)) is Outcome.APPLIED
+    assert resolver.handle(flow.park(expected_by=expected_by, session_id=session)) is Outcome.APPLIED
     row = event_of(call, flow)
     assert (row["resolutionStatus"], row["pendingSubStatus"]) == ("Pending", "Handoff")
     assert "ExpectedBy" in (row["inputNotes"] or "")
@@ -98,11 +99,37 @@ def test_an_expected_by_storage_cannot_hold_is_noted_and_the_park_is_kept(
         assert row["expectedBy"].startswith(kept)
     [park] = [h for h in row["history"] if h["messageId"] == "park-1"]
     assert "ExpectedBy" in (park["inputNotes"] or "")
-    # The agent still gets it, and the operator view and next keep answering
+    # The agent still gets it, and the operator views and next keep answering
     nxt = call("handoff_next", method="GET", route_params={"endpointId": flow.endpoint})
     assert nxt.status == 200, nxt.body
     assert nxt.json["coordinates"]["eventId"] == flow.event_id
     assert service.sweeper().sweep() is not None
+    _operator_views_list_the_park(call, flow, session, row["expectedBy"])
+
+
+def _operator_views_list_the_park(call, flow: Flow, session: str, expected_by: str | None) -> None:
+    """The operator's event view, the endpoint's listing (all, and the PendingHandoff bucket), its overdue
+    list (the expiry index ExpectedBy feeds), the endpoints overview and ``GET v1/find`` (by event id and by
+    session id) answer 200 and show the park as it was kept."""
+    endpoint = {"endpointId": flow.endpoint}
+
+    def get(name: str, route: dict[str, str] | None = None, params: dict[str, str] | None = None) -> Any:
+        answer = call(name, method="GET", route_params=route or {}, params=params or {})
+        assert answer.status == 200, (name, params, answer.status, answer.body[:300])
+        return answer.json
+
+    view = get("endpoint_event", {**endpoint, "eventId": flow.event_id})
+    assert (view["resolutionStatus"], view["expectedBy"]) == ("Pending", expected_by)
+    assert {"complete", "fail"} <= set(view["actions"])
+    for bucket in ({}, {"status": "PendingHandoff"}):
+        listed = get("endpoint_events", endpoint, bucket)["items"]
+        assert [(e["eventId"], e["pendingSubStatus"]) for e in listed] == [(flow.event_id, "Handoff")], bucket
+    assert get("endpoint_overdue", endpoint)["items"] == []  # no ExpectedBy, or one not passed yet
+    [overview] = [e for e in get("endpoints_overview")["items"] if e["endpointId"] == flow.endpoint]
+    assert (overview["counts"]["pendingHandoff"], overview["overdueHandoffs"]) == (1, 0), overview
+    for query in ({"eventId": flow.event_id}, {"sessionId": session}):
+        found = [e for e in get("find_events", None, query)["items"] if e["endpointId"] == flow.endpoint]
+        assert [(e["eventId"], e["pendingSubStatus"]) for e in found] == [(flow.event_id, "Handoff")], query
 
 
 def test_an_external_job_id_too_long_for_the_job_index_keeps_the_park(call, flow: Flow) -> None:

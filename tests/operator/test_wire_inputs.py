@@ -103,22 +103,69 @@ def test_optional_operator_auth_on_app_service_is_refused_not_anonymous(monkeypa
 # --- item 6: a principal with many group claims ------------------------------------------------------
 
 
-def test_an_operator_with_a_principal_header_over_16_kib_may_operate(monkeypatch) -> None:
-    from tests.operator.test_principal import request
-
-    monkeypatch.setenv("WEBSITE_INSTANCE_ID", "abc123")
-    monkeypatch.setenv("SETTLE_OPERATOR_AUTH", "required")
+def large_principal(*roles: str) -> dict[str, str]:
+    """The headers App Service passes for a user with 200 group claims: the principal document is over
+    16 KiB once base64-encoded (the issue measured 17,816 characters)."""
     groups = [{"typ": "groups", "val": f"{i:08d}-0000-0000-0000-000000000000"} for i in range(200)]
     document = {
         "auth_typ": "aad",
         "name_typ": "name",
         "role_typ": "roles",
-        "claims": [{"typ": "name", "val": "olivia"}, *groups, {"typ": "roles", "val": "Settle.Operator"}],
+        "claims": [{"typ": "name", "val": "olivia"}, *groups, *({"typ": "roles", "val": r} for r in roles)],
     }
     encoded = base64.b64encode(json.dumps(document).encode()).decode()
     assert len(encoded) > 16_384
-    actor = actor_of(request({"x-ms-client-principal": encoded, "x-ms-client-principal-name": "olivia"}))
+    return {
+        "x-ms-client-principal": encoded,
+        "x-ms-client-principal-name": "olivia",
+        "x-ms-client-principal-id": "olivia-id",
+    }
+
+
+def test_an_operator_with_a_principal_header_over_16_kib_may_operate(monkeypatch) -> None:
+    from tests.operator.test_principal import request
+
+    monkeypatch.setenv("WEBSITE_INSTANCE_ID", "abc123")
+    monkeypatch.setenv("SETTLE_OPERATOR_AUTH", "required")
+    actor = actor_of(request(large_principal("Settle.Operator")))
     assert allowed(actor) and actor.by == "olivia"
+
+
+def test_an_operator_with_a_principal_header_over_16_kib_reads_and_acts_through_the_routes(
+    call, resolve, flow: Flow, transport, monkeypatch
+) -> None:
+    """Item 6 through the HTTP functions (not only actor_of): on App Service, with authentication required,
+    the operator's reads answer 200 and an action is sent and audited under her name, not refused 403."""
+    failed_event(resolve, flow)
+    monkeypatch.setenv("WEBSITE_INSTANCE_ID", "abc123")
+    monkeypatch.setenv("SETTLE_OPERATOR_AUTH", "required")
+    olivia = large_principal("Settle.Operator")
+    event = {"endpointId": flow.endpoint, "eventId": flow.event_id}
+    reads = [
+        ("endpoints_overview", {}, {}),
+        ("endpoint_events", {"endpointId": flow.endpoint}, {"status": "Failed"}),
+        ("endpoint_event", event, {}),
+        ("find_events", {}, {"eventId": flow.event_id}),
+    ]
+    for name, route, params in reads:
+        answer = call(name, method="GET", route_params=route, params=params, headers=olivia)
+        assert answer.status == 200, (name, answer.status, answer.body[:300])
+    answer = call("event_resubmit", {"reason": "ERP is back"}, route_params=event, headers=olivia)
+    assert answer.status == 202, answer.body
+    assert len(transport.sent) == 1
+    # the size is not what decides: the same large document without the role is refused, nothing sent
+    nobody = large_principal()
+    assert call("endpoints_overview", method="GET", headers=nobody).status == 403
+    refused = call("event_skip", {"reason": "not mine"}, route_params=event, headers=nobody)
+    assert refused.status == 403, refused.body
+    assert len(transport.sent) == 1
+    monkeypatch.delenv("WEBSITE_INSTANCE_ID")
+    monkeypatch.delenv("SETTLE_OPERATOR_AUTH")
+    audits = [
+        (a["auditType"], a["auditorName"], a["principalId"], a["accessDenied"])
+        for a in event_of(call, flow)["audits"]
+    ]
+    assert audits == [("Resubmit", "olivia", "olivia-id", False), ("Skip", "olivia", "olivia-id", True)]
 
 
 # --- item 7: authorisation before existence ---------------------------------------------------------

@@ -186,6 +186,41 @@ def test_a_retried_set_after_the_record_expired_and_was_relocked_returns_the_rec
     assert retried.json["version"] == first.json["version"]
 
 
+@pytest.mark.parametrize("write", ["set", "release"])
+def test_a_retried_fenced_write_after_catch_up_expired_its_record_returns_the_record_it_wrote(
+    state, key, write: str
+) -> None:
+    """Item 9's "catch-up's Expired" case on its own: the token's write was applied (its answer lost), then
+    catch-up concluded the record Expired (retention over) and nobody re-locked it. The retry is answered
+    with the record it wrote, not "lock lost"; it writes nothing, and another request with the token is
+    still refused."""
+    handler = {"options": {"retentionSeconds": 1}}
+    token = state.lock(key, lockSeconds=60, handler=handler).json["lockToken"]
+
+    def send(**changes: Any) -> Any:
+        if write == "set":
+            return state.set(key, lockToken=token, handler=handler, **{"status": "Processed", **changes})
+        return state.release(key, lockToken=token, handler=handler, **{"error": "ERP down", **changes})
+
+    first = send()  # applied; say its answer was lost
+    assert first.status == 200, first.body
+    service.catchup().run(now=utcnow() + timedelta(seconds=120))  # retention over: catch-up writes Expired
+    head = state.get(key).json
+    assert (head["status"], head["substatus"]) == ("Expired", "RetentionExpired")
+    assert head["version"] == first.json["version"] + 1
+    retried = send()
+    assert retried.status == 200, retried.body
+    assert retried.json["version"] == first.json["version"]
+    assert retried.json["status"] == first.json["status"] == ("Processed" if write == "set" else "Failed")
+    # nothing was written by the retry: the head is still catch-up's Expired version
+    assert versions(state, key)[0] == first.json["version"] + 1
+    assert state.get(key).json["status"] == "Expired"
+    other = send(**({"status": "Skipped"} if write == "set" else {"error": "something else"}))
+    assert other.status == 409, other.body
+    assert other.json["type"] == "urn:settle:problem:lock-lost"
+    assert versions(state, key)[0] == first.json["version"] + 1
+
+
 # --- item 11: every expiry judgement allows for the clock estimate's uncertainty ------------------------
 
 
