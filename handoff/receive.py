@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import contextlib
+import random
 import threading
 import time
 import uuid
@@ -39,9 +40,10 @@ long_polls = threading.BoundedSemaphore(LONG_POLL_PERMITS)
 DEFAULT_LEASE = timedelta(minutes=5)
 MIN_LEASE = timedelta(seconds=10)
 MAX_LEASE = timedelta(hours=1)
-# Candidates read per attempt, and attempts when every candidate was taken by a faster agent meanwhile.
+# Candidates read per page (one query page, never a scan): the first page, and the largest a receive reads
+# when every candidate of its last page was taken by faster agents meanwhile.
 _LEASE_CANDIDATES = 10
-_LEASE_ROUNDS = 5
+_LEASE_CANDIDATES_MAX = 100
 _SETTLING = "9999"  # ``ClaimedUntil`` of a hand-off whose settlement is claimed starts so (never expires)
 
 
@@ -157,20 +159,33 @@ class ReceiveService:
     def _lease_once(
         self, endpoint_id: str, event_type_ids: Sequence[str], lease_for: timedelta, agent_id: str | None
     ) -> LeasedHandoffView | None:
-        for _ in range(_LEASE_ROUNDS):
+        """Lease the oldest free hand-off; None only when a read of the index found none free.
+
+        A candidate we lose (another agent leased it, a settlement claimed it, or a projection removed it
+        between our read and our write) is not free any more, so the next read skips it: we read again until
+        a write wins or a read finds nothing, never giving up after a fixed number of rounds (that answered
+        204 while hand-offs were free, with many agents racing). Every read but the first follows a page on
+        which *every* candidate moved on, so the loop runs only while other agents are taking hand-offs; each
+        read is one page of at most ``_LEASE_CANDIDATES_MAX`` rows, never a scan of the partition. After the
+        oldest candidate is lost, the rest of the page is tried in random order so that racing agents spread
+        over the page instead of all losing the same row, and the next page is read larger.
+        """
+        limit = _LEASE_CANDIDATES
+        while True:
             now = self.clock()
             candidates = self.store.queued(
-                endpoint_id, claimed_before=iso(now), event_type_ids=event_type_ids, limit=_LEASE_CANDIDATES
+                endpoint_id, claimed_before=iso(now), event_type_ids=event_type_ids, limit=limit
             )
-            contended = False
-            for entry in candidates:
+            if not candidates:
+                return None
+            for entry in [candidates[0], *random.sample(candidates[1:], len(candidates) - 1)]:
                 row = self.store.get_event(endpoint_id, entry.event_id)
                 if (
                     row is None
                     or not row.is_pending_handoff
                     or row.last_message_id != entry.parked_message_id
                 ):
-                    continue
+                    continue  # projected since the index read (the index row went with it): not free
                 token = uuid.uuid4().hex
                 until = now + lease_for
                 if self._write_lease(endpoint_id, entry, token, until, agent_id, now):
@@ -183,10 +198,8 @@ class ReceiveService:
                             leased_by=agent_id,
                         ),
                     )
-                contended = True  # another agent took it between our read and our write
-            if not contended:
-                return None
-        return None
+                # another agent leased it (or a settlement claimed it) between our read and our write
+            limit = min(limit * 2, _LEASE_CANDIDATES_MAX)
 
     def _write_lease(
         self,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import uuid
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
@@ -120,5 +121,51 @@ def test_the_async_client_watches_leased_and_releases_on_exception(host, endpoin
                 break
             event: Any = some(await client.events.get(endpoint, event_id))
             assert [a.auditor_name for a in event.audits] == ["async-agent"]
+
+    asyncio.run(scenario())
+
+
+class AsyncRecording(httpx.AsyncBaseTransport):
+    """Real HTTP for the async client; remembers the paths it sent."""
+
+    def __init__(self) -> None:
+        self.inner = httpx.AsyncHTTPTransport()
+        self.paths: list[str] = []
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        self.paths.append(request.url.path)
+        return await self.inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def test_the_async_client_renews_the_lease_while_a_handler_outlives_it(host, endpoint):
+    """A handler that runs longer than its lease (10 s, the shortest): the async watch renews it, so no
+    other agent receives the hand-off meanwhile, and the settlement made with the token is accepted."""
+    event_id = park(host, endpoint)
+    recording = AsyncRecording()
+
+    async def scenario() -> None:
+        async with (
+            AsyncSettleClient(host.base_url, transport=recording, retry=FAST_RETRY) as client,
+            AsyncSettleClient(host.base_url, retry=FAST_RETRY) as other,
+        ):
+            async for handoff in client.handoffs.watch(endpoint, wait_seconds=1, lease_seconds=10):
+                lease = some(handoff.lease)
+                assert lease.lease_seconds == 10
+                first_expiry = lease.expires_at
+                # the handler's work outlives the lease; another agent keeps asking meanwhile
+                while datetime.now(UTC) < first_expiry + timedelta(seconds=2):
+                    assert await other.handoffs.receive(endpoint) is None, "another agent got it"
+                    await asyncio.sleep(0.5)
+                accepted = await handoff.complete(result={"ok": True}, settled_by="slow-async-agent")
+                assert accepted.control_message_id
+                break
+            renewals = [p for p in recording.paths if p.endswith("/leases/renew")]
+            assert len(renewals) >= 2, recording.paths  # every third of the lease
+            assert some(handoff.lease).expires_at > first_expiry + timedelta(seconds=2)
+            event: Any = some(await client.events.get(endpoint, event_id))
+            assert [a.auditor_name for a in event.audits] == ["slow-async-agent"]
 
     asyncio.run(scenario())

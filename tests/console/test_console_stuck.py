@@ -50,6 +50,13 @@ def unconfirmed_settlement(azurite: str, prefix: str, event_id: str) -> None:
         runtime.reset()
 
 
+@pytest.fixture(scope="module", autouse=True)
+def leave_the_page(browser_page: Any, console_host: Any) -> Any:
+    """The page stops polling before the host stops (else its refused polls count as page errors)."""
+    yield
+    browser_page.goto("about:blank")
+
+
 @pytest.fixture(scope="module")
 def stuck(console_host, azurite_connection) -> str:
     host, prefix = console_host
@@ -119,3 +126,66 @@ def test_an_unconfirmed_settlement_is_shown_and_released_from_the_page(browser_p
     assert complete and complete[-1]["body"]["messageId"] == f"{stuck}-park"
     resolve = [s for s in sent if s["url"].endswith("/settlement/resolve")]
     assert resolve[-1]["body"]["resolution"] == "released"
+
+
+@pytest.mark.parametrize(
+    ("action", "parked", "audit"),
+    [("resubmit", False, "Resubmit"), ("skip", False, "Skip"), ("fail", True, "FailHandoff")],
+)
+def test_resubmit_skip_and_fail_send_the_message_the_operator_saw(
+    browser_page, console_host, action, parked, audit
+):
+    """Each single action names the failed or parked message the page showed (``messageId``), so that a
+    retry of it is answered from its claim (complete and bulk: above and in test_console_oncall)."""
+    from playwright.sync_api import expect
+
+    host, _ = console_host
+    page = browser_page
+    endpoint, event_id = "Payroll", f"evt-{action}"
+    resolver_message(
+        host.base_url,
+        **nimbus_message("EventRequest", endpoint=endpoint, event_id=event_id, message_id=f"{event_id}-req"),
+    )
+    shown = f"{event_id}-park" if parked else f"{event_id}-err"
+    answer = (
+        nimbus_message(
+            "PendingHandoffResponse",
+            endpoint=endpoint,
+            event_id=event_id,
+            message_id=shown,
+            parent=f"{event_id}-req",
+            HandoffReason="Posting",
+            ExternalJobId=f"job-{action}",
+        )
+        if parked
+        else nimbus_message(
+            "ErrorResponse",
+            endpoint=endpoint,
+            event_id=event_id,
+            message_id=shown,
+            parent=f"{event_id}-req",
+            error_text="ERP timeout",
+        )
+    )
+    resolver_message(host.base_url, **answer)
+    sent: list[dict[str, Any]] = []
+
+    def record(request: Any) -> None:
+        if request.method == "POST" and "/api/v1/" in request.url:
+            sent.append({"url": request.url, "body": json.loads(request.post_data or "null")})
+
+    page.on("request", record)
+    try:
+        page.goto(f"{host.base_url}/api/console#/event/{endpoint}/{event_id}")
+        expect(page.locator("h1")).to_have_text(f"Event {event_id}")
+        expect(page.locator("ol.timeline")).to_contain_text(shown)  # the message the operator sees
+        page.click(f"#{action}")
+        if action == "fail":
+            page.fill("#fail-reason", "The payroll run was cancelled")
+        page.click("#confirm-ok")
+        expect(page.locator(f'tr[data-audit="{audit}"]')).to_be_visible()
+    finally:
+        page.remove_listener("request", record)
+    posted = [s for s in sent if s["url"].endswith(f"/{event_id}/{action}")]
+    assert len(posted) == 1, sent
+    assert posted[0]["body"]["messageId"] == shown

@@ -9,6 +9,7 @@ The transport projects (the broker model forwards at once); the clock is the tes
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -233,3 +234,85 @@ def test_long_polls_beyond_the_instances_permits_are_429_with_retry_after(call, 
             long_polls.release()
     assert long_polls.acquire(blocking=False)  # every permit came back
     long_polls.release()
+
+
+def test_many_agents_racing_never_get_204_while_a_hand_off_is_still_free(call, resolve, broker):
+    """204 means "none was free when I looked": never while a hand-off stays unleased throughout the call.
+
+    Many agents on threads race ``receive`` (``waitSeconds=0``) on one backlog and hold every lease (no
+    settlement, no expiry: a leased hand-off stays leased). An agent that gets 204 notes when its call ended
+    and keeps going until the backlog is gone. A hand-off whose receiving call *started* after a 204 *ended*
+    was free during the whole 204 call (its lease write came later), so that 204 was a lie.
+    """
+    endpoint = "Billing-" + uuid.uuid4().hex[:8]
+    backlog, agents = 120, 24
+    parked_many(resolve, endpoint, backlog)
+    started: dict[str, float] = {}  # event id -> when the call that leased it started
+    empties: list[tuple[str, float]] = []  # (agent, when its 204 call ended)
+    lock = threading.Lock()
+    barrier = threading.Barrier(agents)
+    deadline = time.monotonic() + 240
+
+    def agent(name: str) -> None:
+        barrier.wait(30)
+        while time.monotonic() < deadline:
+            with lock:
+                if len(started) == backlog:
+                    return
+            began = time.monotonic()
+            answer = receive(call, endpoint, name, waitSeconds="0")
+            ended = time.monotonic()
+            with lock:
+                if answer.status == 204:
+                    empties.append((name, ended))
+                    continue
+                assert answer.status == 200, answer.body
+                event_id = answer.json["coordinates"]["eventId"]
+                assert event_id not in started, f"{event_id} leased twice"
+                started[event_id] = began
+
+    threads = [threading.Thread(target=agent, args=(f"agent-{i:02d}",)) for i in range(agents)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert len(started) == backlog  # every hand-off leased once
+    lies = [(who, sum(1 for began in started.values() if began > ended)) for who, ended in empties]
+    lies = [(who, free) for who, free in lies if free]
+    assert lies == [], f"204 answered while hand-offs were free (agent, how many): {lies[:5]} of {len(lies)}"
+
+
+def test_a_receive_that_keeps_losing_to_faster_agents_reads_on_instead_of_answering_204(
+    call, resolve, broker, monkeypatch
+):
+    """The adversary is always faster: right after each of the first eight index reads, other agents lease
+    every candidate on the page. A receive that gave up after a fixed number of lost rounds answered 204
+    while hand-offs were still free; it must read again (the taken ones are skipped) and lease one."""
+    from handoff import receive as receive_module
+
+    monkeypatch.setattr(receive_module, "_LEASE_CANDIDATES", 3)
+    monkeypatch.setattr(receive_module, "_LEASE_CANDIDATES_MAX", 3, raising=False)
+    endpoint = "Billing-" + uuid.uuid4().hex[:8]
+    parked_many(resolve, endpoint, 26)
+    leases = service.receive_service()
+    store = service.store()
+    original = store.queued
+    stolen: list[str] = []
+    reads: list[int] = []
+
+    def read_then_lose_the_page(*args: Any, **kw: Any) -> Any:
+        page = original(*args, **kw)
+        reads.append(len(page))
+        if len(reads) <= 8:
+            now = datetime.now(UTC)
+            for entry in page:  # a faster agent leases each candidate before our write
+                assert leases._write_lease(endpoint, entry, "thief", now + timedelta(minutes=5), "thief", now)
+                stolen.append(entry.event_id)
+        return page
+
+    monkeypatch.setattr(store, "queued", read_then_lose_the_page)
+    answer = receive(call, endpoint, "slow-agent", waitSeconds="0")
+    assert answer.status == 200, answer.body  # two hand-offs were still free
+    assert len(stolen) == 24 and len(set(stolen)) == 24
+    assert answer.json["coordinates"]["eventId"] not in stolen
+    assert reads == [3] * 8 + [2]  # one page per read, never a scan

@@ -47,9 +47,12 @@ def fails_again(resolve: Any, flow: Flow, broker: Broker, message_id: str) -> No
     )
 
 
-def completes(resolve: Any, flow: Flow, broker: Broker) -> None:
+def completes(
+    resolve: Any, flow: Flow, broker: Broker, kind: MessageType = MessageType.ResolutionResponse
+) -> None:
+    """The endpoint answers the last control message: done (a skip is answered with SkipResponse)."""
     [sent] = [c for c in broker.delivered if c.event_id == flow.event_id][-1:]
-    resolve(flow.response(MessageType.ResolutionResponse, message_id="done-1", parent=sent.message_id))
+    resolve(flow.response(kind, message_id="done-1", parent=sent.message_id))
 
 
 @pytest.mark.parametrize("then", ["failed-again", "completed", "nothing"])
@@ -62,10 +65,20 @@ def test_a_retried_action_is_answered_from_its_claim_whatever_the_event_did_sinc
     body = {"by": "alice", "messageId": "err-1"}
     first = act(call, flow, action, body)
     assert first.status == 202, first.body
-    if then == "failed-again" and action == "resubmit":
+    # and the endpoint answered that request before the retry arrived: it failed again (a new
+    # ErrorResponse), or it is done (a resubmission completes; a skip is answered with SkipResponse)
+    if then == "failed-again":
         fails_again(resolve, flow, broker, "err-2")
-    if then == "completed" and action == "resubmit":
-        completes(resolve, flow, broker)
+    if then == "completed":
+        done = MessageType.ResolutionResponse if action == "resubmit" else MessageType.SkipResponse
+        completes(resolve, flow, broker, done)
+    row = event_of(call, flow)
+    moved_on = {
+        "failed-again": ("Failed", "err-2"),
+        "completed": ("Completed" if action == "resubmit" else "Skipped", "done-1"),
+        "nothing": ("Pending", first.json["controlMessageId"]),  # the request projected, no answer yet
+    }
+    assert (row["resolutionStatus"], row["lastMessageId"]) == moved_on[then]
     # When the operator's client retries the identical call (its first answer was lost)
     again = act(call, flow, action, body)
     # Then it is the same action: answered from its claim, nothing more sent, one audit
