@@ -178,6 +178,7 @@ class ReceiveService:
             )
             if not candidates:
                 return None
+            lost = False
             for entry in [candidates[0], *random.sample(candidates[1:], len(candidates) - 1)]:
                 row = self.store.get_event(endpoint_id, entry.event_id)
                 if (
@@ -199,6 +200,11 @@ class ReceiveService:
                         ),
                     )
                 # another agent leased it (or a settlement claimed it) between our read and our write
+                lost = True
+            if not lost:
+                # Every candidate was an index row whose event has moved on and which no agent is taking:
+                # reading again would return the same rows (a loop that never ends), so none is free.
+                return None
             limit = min(limit * 2, _LEASE_CANDIDATES_MAX)
 
     def _write_lease(

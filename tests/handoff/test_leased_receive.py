@@ -316,3 +316,27 @@ def test_a_receive_that_keeps_losing_to_faster_agents_reads_on_instead_of_answer
     assert len(stolen) == 24 and len(set(stolen)) == 24
     assert answer.json["coordinates"]["eventId"] not in stolen
     assert reads == [3] * 8 + [2]  # one page per read, never a scan
+
+
+def test_a_page_of_index_rows_whose_events_moved_on_is_204_not_an_endless_loop(
+    call, resolve, broker, monkeypatch
+):
+    """Reading again is only worth it when faster agents took the candidates. Index rows whose events no
+    longer wait for an agent (an orphan left by a bug or a hand edit) stay put: a receive that re-read them
+    would never answer. It answers 204 after one read."""
+    endpoint = "Billing-" + uuid.uuid4().hex[:8]
+    parked_many(resolve, endpoint, 3)
+    store = service.store()
+    reads: list[int] = []
+    original = store.queued
+
+    def counted(*args: Any, **kw: Any) -> Any:
+        reads.append(1)
+        assert len(reads) < 20, "receive kept re-reading the same stale index rows"
+        return original(*args, **kw)
+
+    monkeypatch.setattr(store, "queued", counted)
+    monkeypatch.setattr(store, "get_event", lambda *a, **k: None)  # every event has moved on
+    answer = receive(call, endpoint, "agent-1", waitSeconds="0")
+    assert answer.status == 204, answer.body
+    assert len(reads) == 1
