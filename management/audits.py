@@ -1,12 +1,14 @@
 """Audit search: operator audits by endpoint, type, operator and time, from ``hoaudit`` (by UTC day).
 
 ``hoaudit`` holds the audits of actions without an event row (poison replays and dismissals) and a copy
-of every operator action's audit on an event (resubmit, skip, complete, fail, single or bulk). The event
-audit itself stays where the settlement writes it (the event's partition, in the claim's transaction) and
-is the record; the copy is an insert-only index row keyed by that audit (its time and a hash of its
-coordinates), written after the action returns, so a retried action (answered from its claim, with the
-same audit) lands on the same row and never doubles it. A process that dies between the claim and the copy
-leaves the copy missing until the action is retried; the event's own audits are always complete.
+of every operator action's audit on an event (resubmit, skip, complete, fail, single or bulk; settlement
+resolutions; and the ``AccessDenied`` audit of any of them refused). The event audit itself stays where
+the action writes it (the event's partition, in the claim's or the resolution's transaction) and is the
+record; the copy is an insert-only index row keyed by that audit (its time and a hash of its
+coordinates), written after the action returns, so a retried action (answered from its claim, or a
+resolution from the earlier resolution's audit) lands on the same row and never doubles it. A process that
+dies between the action and the copy leaves the copy missing until the action is retried; the event's own
+audits are always complete.
 
 A search reads the day partitions of ``[from, to]`` oldest first, each one range of its RowKey
 (``{stamp}|…``: the time), with ``EndpointId`` / ``AuditType`` / ``AuditorName`` filtered by the service:

@@ -758,7 +758,7 @@ async function auditsView(route) {
   } },
     h("label", {}, "Endpoint", h("input", { name: "endpointId", value: p.get("endpointId") || "" })),
     h("label", {}, "Type", h("select", { name: "auditType", id: "audit-type" }, h("option", { value: "" }, "Any"),
-      ["Resubmit", "ResubmitWithChanges", "Skip", "CompleteHandoff", "FailHandoff", "ReplayPoison", "ReplayPoisonWithChanges", "DismissPoison"]
+      ["Resubmit", "ResubmitWithChanges", "Skip", "CompleteHandoff", "FailHandoff", "ResolveSettlement", "ReplayPoison", "ReplayPoisonWithChanges", "DismissPoison"]
         .map((t) => h("option", { value: t, selected: p.get("auditType") === t }, t)))),
     h("label", {}, "Operator", h("input", { name: "by", value: p.get("by") || "" })),
     h("label", {}, "From (UTC)", h("input", { name: "from", type: "datetime-local", value: localValue(p.get("from")) })),

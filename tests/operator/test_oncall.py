@@ -7,10 +7,13 @@ import json
 import uuid
 from typing import Any
 
+import pytest
+
 from handoff import keys, service
 from tests.handoff.conftest import Flow, nimbus
 
 from .conftest import failed_event, principal_headers
+from .test_stuck_settlements import resolve_claim, stuck
 
 
 def _day(msg) -> str:
@@ -162,6 +165,10 @@ def test_bulk_resubmit_is_the_single_action_per_event_with_per_event_results(cal
     # The audit search finds them by endpoint, type and operator (one copy per audit, however retried)
     found = _audits(call, endpointId=flow.endpoint, auditType="Resubmit", by="alice")
     assert sorted(a["eventId"] for a in found) == sorted(ids)
+    refused = _audits(call, endpointId=flow.endpoint, by="mallory")
+    assert sorted((a["eventId"], a["auditType"], a["accessDenied"]) for a in refused) == sorted(
+        (e, "Skip", True) for e in ids[:2]
+    )
 
 
 def test_a_bulk_request_names_the_bad_field(call, flow):
@@ -263,3 +270,70 @@ def test_find_reads_one_range_per_endpoint_never_a_scan(resolve, fresh_tables, h
         assert find.failed(store, service.overview(), per_endpoint=50) == []
     # the endpoint list, the first page of two buckets per endpoint and shard
     assert tally.requests == 1 + 2 * 3 * handoff_shards
+
+
+# -- the audit search holds every operator audit: resolutions and refusals too ------------------------------
+
+
+def _copies(endpoint: str, audit_type: str) -> list[dict[str, Any]]:
+    """The hoaudit rows of one endpoint and type, read directly (however many the search would page)."""
+    from management.audits import AUDIT_TABLE
+
+    table = service.store().table(AUDIT_TABLE)
+    query = f"EndpointId eq '{endpoint}' and AuditType eq '{audit_type}'"
+    return list(table.query_entities(query))
+
+
+@pytest.mark.parametrize("resolution", ["delivered", "released"])
+def test_a_settlement_resolution_is_found_once_however_often_it_is_retried(
+    call, resolve, flow, broker, resolution
+):
+    control = stuck(call, resolve, flow, broker)
+    body = {"messageId": "park-1", "controlMessageId": control, "resolution": resolution, "reason": "checked"}
+    headers = principal_headers("olivia@contoso.com", "Settle.Operator")
+    assert resolve_claim(call, flow, body, headers).status == 200
+    found = _audits(call, endpointId=flow.endpoint, auditType="ResolveSettlement")
+    assert [(a["auditorName"], a["comment"], a["eventId"]) for a in found] == [
+        ("olivia@contoso.com", "checked", flow.event_id)
+    ]
+    assert json.loads(found[0]["data"])["resolution"] == resolution
+    by_olivia = _audits(call, by="olivia@contoso.com", auditType="ResolveSettlement")  # every endpoint
+    assert [a for a in by_olivia if a["eventId"] == flow.event_id] == found
+    # A retry is answered as done and lands on the same copy
+    again = resolve_claim(call, flow, body, headers)
+    assert again.status == 200 and again.json["replayed"] is True
+    assert _audits(call, endpointId=flow.endpoint, auditType="ResolveSettlement") == found
+    # A copy lost to a crash between the resolution and its copy is written again by the retry, once
+    from management.audits import AUDIT_TABLE
+
+    [copy] = _copies(flow.endpoint, "ResolveSettlement")
+    service.store().table(AUDIT_TABLE).delete_entity(copy["PartitionKey"], copy["RowKey"])
+    assert resolve_claim(call, flow, body, headers).json["replayed"] is True
+    assert resolve_claim(call, flow, body, headers).json["replayed"] is True
+    assert _audits(call, endpointId=flow.endpoint, auditType="ResolveSettlement") == found
+    assert [c["RowKey"] for c in _copies(flow.endpoint, "ResolveSettlement")] == [copy["RowKey"]]
+
+
+def test_refused_event_actions_are_found_by_who_was_denied(call, resolve, flow, broker):
+    failed_event(resolve, flow)
+    route = {"endpointId": flow.endpoint, "eventId": flow.event_id}
+    mallory = principal_headers("mallory")
+    assert call("event_resubmit", {"reason": "x"}, route_params=route, headers=mallory).status == 403
+    assert call("event_skip", {}, route_params=route, headers=mallory).status == 403
+    assert call("event_resubmit", {}, route_params=route, headers=mallory).status == 403
+    found = _audits(call, endpointId=flow.endpoint, by="mallory")
+    assert [(a["auditType"], a["comment"], a["accessDenied"], a["eventId"]) for a in found] == [
+        ("Resubmit", "Access denied", True, flow.event_id),
+        ("Skip", "Access denied", True, flow.event_id),
+        ("Resubmit", "Access denied", True, flow.event_id),  # each refusal is its own audit
+    ]
+    # As many copies as the event has AccessDenied audits
+    event = call("endpoint_event", method="GET", route_params=route).json
+    assert sum(a["accessDenied"] for a in event["audits"]) == 3
+    # A refused resolution of a stuck settlement too
+    other = Flow(endpoint=flow.endpoint, event_id=flow.event_id + "-stuck")
+    control = stuck(call, resolve, other, broker)
+    body = {"messageId": "park-1", "controlMessageId": control, "resolution": "released", "reason": "x"}
+    assert resolve_claim(call, other, body, mallory).status == 403
+    [refused] = _audits(call, endpointId=flow.endpoint, by="mallory", auditType="ResolveSettlement")
+    assert (refused["eventId"], refused["accessDenied"]) == (other.event_id, True)
