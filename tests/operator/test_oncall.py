@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import uuid
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
+from common.clock import iso
 from handoff import keys, service
 from tests.handoff.conftest import Flow, nimbus
 
@@ -337,3 +339,113 @@ def test_refused_event_actions_are_found_by_who_was_denied(call, resolve, flow, 
     assert resolve_claim(call, other, body, mallory).status == 403
     [refused] = _audits(call, endpointId=flow.endpoint, by="mallory", auditType="ResolveSettlement")
     assert (refused["eventId"], refused["accessDenied"]) == (other.event_id, True)
+
+
+# -- the audit search selects by time and pages without losing or repeating an audit ----------------------
+
+_DAY = datetime(2026, 11, 20, tzinfo=UTC)
+# Refusals recorded at known times (the clock of the operator actions): two at the end of one UTC day, three
+# in the first two milliseconds of the next (two in the same millisecond), one at noon.
+_TIMES = [
+    _DAY + timedelta(hours=23, minutes=59, seconds=59, microseconds=998_500),
+    _DAY + timedelta(hours=23, minutes=59, seconds=59, microseconds=999_900),
+    _DAY + timedelta(days=1),
+    _DAY + timedelta(days=1, microseconds=700),
+    _DAY + timedelta(days=1, microseconds=1_000),
+    _DAY + timedelta(days=1, hours=12, microseconds=250_300),
+]
+
+
+def _ms(value: datetime) -> str:
+    """A time as the API writes it (UTC, to the millisecond, Z), which is what an operator types back."""
+    return iso(value)
+
+
+def _window(call, endpoint: str, low: datetime | str, high: datetime | str, **params: str) -> list[str]:
+    items = _audits(
+        call,
+        endpointId=endpoint,
+        **{
+            "from": low if isinstance(low, str) else _ms(low),
+            "to": high if isinstance(high, str) else _ms(high),
+        },
+        **params,
+    )
+    return [a["auditorName"] for a in items]
+
+
+@pytest.fixture
+def audits_at_known_times(call, resolve, flow, monkeypatch) -> list[str]:
+    """One refused resubmit per time of ``_TIMES``, by ``probe-{i}``: their auditor names, in time order."""
+    from management.actions import OperatorActions
+
+    failed_event(resolve, flow)
+    now = iter(_TIMES)
+    monkeypatch.setattr(
+        service,
+        "operator_actions",
+        lambda: OperatorActions(service.settlement_service(), clock=lambda: next(now)),
+    )
+    route = {"endpointId": flow.endpoint, "eventId": flow.event_id}
+    names = [f"probe-{i}" for i in range(len(_TIMES))]
+    for name in names:
+        refused = call("event_resubmit", {}, route_params=route, headers=principal_headers(name))
+        assert refused.status == 403
+    shown = _audits(
+        call, endpointId=flow.endpoint, **{"from": _ms(_DAY), "to": _ms(_DAY + timedelta(days=2))}
+    )
+    assert [(a["auditorName"], a["auditTimestamp"]) for a in shown] == [
+        (name, _ms(at)) for name, at in zip(names, _TIMES, strict=True)
+    ]
+    return names
+
+
+def test_audit_search_from_and_to_include_and_exclude_by_the_time_shown(call, flow, audits_at_known_times):
+    p = audits_at_known_times
+    t = _TIMES
+    one_ms = timedelta(milliseconds=1)
+    # Both ends included, to the millisecond an audit's time is shown with (an operator types it back)
+    assert _window(call, flow.endpoint, t[1], t[1]) == [p[1]]
+    assert _window(call, flow.endpoint, t[2], t[3]) == [p[2], p[3]]  # two audits in one millisecond
+    assert _window(call, flow.endpoint, t[0], t[4]) == p[:5]  # across the UTC day
+    assert _window(call, flow.endpoint, t[1], t[2]) == [p[1], p[2], p[3]]
+    # A millisecond either side leaves an audit out
+    assert _window(call, flow.endpoint, t[0] + one_ms, t[4] - one_ms) == [p[1], p[2], p[3]]
+    assert _window(call, flow.endpoint, t[4] + one_ms, t[5] - one_ms) == []
+    assert _window(call, flow.endpoint, _DAY, t[0] - one_ms) == []
+    assert _window(call, flow.endpoint, t[5] + one_ms, _DAY + timedelta(days=2)) == []
+    # The same instants written with an offset select the same audits
+    assert _window(call, flow.endpoint, "2026-11-21T00:59:59.999+01:00", "2026-11-20T19:00:00.000-05:00") == [
+        p[1],
+        p[2],
+        p[3],
+    ]
+    # Other filters narrow a window, never widen it
+    assert _window(call, flow.endpoint, _DAY, _DAY + timedelta(days=2), by=p[5]) == [p[5]]
+    assert _window(call, flow.endpoint, t[0], t[1], by=p[5]) == []
+    assert _window(call, flow.endpoint, _DAY, _DAY + timedelta(days=2), auditType="Skip") == []
+
+
+@pytest.mark.parametrize("page_size", [1, 2, 3, 4])
+def test_audit_search_pages_follow_the_token_without_a_gap_or_a_repeat(
+    call, flow, audits_at_known_times, page_size
+):
+    window = {"endpointId": flow.endpoint, "from": _ms(_DAY), "to": _ms(_DAY + timedelta(days=2))}
+    pages: list[list[str]] = []
+    token = None
+    while True:
+        params = {**window, "pageSize": str(page_size)} | ({"continuationToken": token} if token else {})
+        answer = call("audits_search", method="GET", params=params)
+        assert answer.status == 200, answer.body
+        pages.append([a["auditorName"] for a in answer.json["items"]])
+        token = answer.json["continuationToken"]
+        if token is None:
+            break
+        assert len(pages) <= len(_TIMES)
+    assert [name for page in pages for name in page] == audits_at_known_times
+    assert all(len(page) == page_size for page in pages[:-1]) and 0 < len(pages[-1]) <= page_size
+    assert len(pages) == -(-len(_TIMES) // page_size)
+    # A token is only good for its own window
+    first = call("audits_search", method="GET", params={**window, "pageSize": "2"}).json["continuationToken"]
+    moved = {**window, "from": _ms(_TIMES[2]), "continuationToken": first}
+    assert call("audits_search", method="GET", params=moved).status == 400
