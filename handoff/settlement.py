@@ -996,20 +996,29 @@ class ClaimResolver:
 
 
 def _released_before(audits: list[AuditRow], addressed: str, control_message_id: str | None) -> bool:
-    for audit in audits:
-        if audit.audit_type != RESOLVE_AUDIT or not audit.data:
+    return resolution_audit(audits, addressed, RELEASED, control_message_id) is not None
+
+
+def resolution_audit(
+    audits: list[AuditRow], addressed: str, resolution: str, control_message_id: str | None
+) -> AuditRow | None:
+    """The latest ``ResolveSettlement`` audit (not a refusal) that resolved ``addressed`` so (of that
+    control message, when given): the audit a retried resolution is answered from."""
+    for audit in reversed(audits):
+        if audit.audit_type != RESOLVE_AUDIT or audit.access_denied or not audit.data:
             continue
         try:
             data = json.loads(audit.data)
         except ValueError:
             continue
         if (
-            data.get("resolution") == RELEASED
+            isinstance(data, dict)
+            and data.get("resolution") == resolution
             and data.get("addressedMessageId") == addressed
             and (control_message_id is None or data.get("controlMessageId") == control_message_id)
         ):
-            return True
-    return False
+            return audit
+    return None
 
 
 def audit_data(s: Settlement, control_message_id: str, parked: str) -> str:

@@ -34,6 +34,7 @@ from handoff.records import AuditRow, ClaimRow, EventRow, HistoryRow
 from handoff.settlement import ClaimOrder, ClaimResolution, Settlement, SettlementService
 from handoff.store import classify_event_rows
 from handoff.transport import MAX_SEND_BYTES, encoded_size
+from management.audits import mirror
 from management.principal import Actor, allowed, denial
 
 RESUBMIT = "Resubmit"
@@ -247,9 +248,13 @@ class OperatorActions:
         resolution: str,
         reason: str,
         control_message_id: str | None = None,
-    ) -> tuple[ClaimResolution, AuditRow]:
-        """Mark an unconfirmed settlement delivered, or release it; audited ``ResolveSettlement``."""
-        from handoff.settlement import RESOLVE_AUDIT, ClaimResolver
+    ) -> tuple[ClaimResolution, AuditRow | None]:
+        """Mark an unconfirmed settlement delivered, or release it; audited ``ResolveSettlement``.
+
+        Answers the resolution and its audit: the one written, or for a retry answered as done the audit
+        of the earlier resolution (read again, so one a concurrent call wrote is found; None when there is
+        none: a claim the reconciler confirmed was delivered without an operator)."""
+        from handoff.settlement import RESOLVE_AUDIT, ClaimResolver, resolution_audit
 
         row, _, audits = classify_event_rows(self.store.event_rows(endpoint_id, event_id))
         if row is None:
@@ -289,7 +294,11 @@ class OperatorActions:
             audit=audit,
             audits=audits,
         )
-        return done, audit
+        if not done.replayed:
+            return done, audit
+        _, _, audits = classify_event_rows(self.store.event_rows(endpoint_id, event_id))
+        control = done.claim.control_message_id if done.claim else control_message_id
+        return done, resolution_audit(audits, message_id, resolution, control)
 
     # -- shared -------------------------------------------------------------------------------------
 
@@ -300,7 +309,8 @@ class OperatorActions:
         return row, history
 
     def _authorise(self, row: EventRow, actor: Actor, action: str) -> None:
-        """A principal without the operator role: an ``AccessDenied`` audit row, then 403; nothing sent."""
+        """A principal without the operator role: an ``AccessDenied`` audit row (and its ``hoaudit`` copy,
+        so the audit search finds who was refused), then 403; nothing sent."""
         if allowed(actor):
             return
         now = self.clock()
@@ -321,6 +331,7 @@ class OperatorActions:
         self.store.submit(
             [store.insert(audit.to_entity(pk, keys.audit_row(row.event_id, now, uuid.uuid4().hex)))]
         )
+        mirror(self.store, audit)
         raise denial(actor)
 
     @staticmethod

@@ -1,17 +1,19 @@
 """Audit search: operator audits by endpoint, type, operator and time, from ``hoaudit`` (by UTC day).
 
 ``hoaudit`` holds the audits of actions without an event row (poison replays and dismissals) and a copy
-of every operator action's audit on an event (resubmit, skip, complete, fail, single or bulk). The event
-audit itself stays where the settlement writes it (the event's partition, in the claim's transaction) and
-is the record; the copy is an insert-only index row keyed by that audit (its time and a hash of its
-coordinates), written after the action returns, so a retried action (answered from its claim, with the
-same audit) lands on the same row and never doubles it. A process that dies between the claim and the copy
-leaves the copy missing until the action is retried; the event's own audits are always complete.
+of every operator action's audit on an event (resubmit, skip, complete, fail, single or bulk; settlement
+resolutions; and the ``AccessDenied`` audit of any of them refused). The event audit itself stays where
+the action writes it (the event's partition, in the claim's or the resolution's transaction) and is the
+record; the copy is an insert-only index row keyed by that audit (its time and a hash of its
+coordinates), written after the action returns, so a retried action (answered from its claim, or a
+resolution from the earlier resolution's audit) lands on the same row and never doubles it. A process that
+dies between the action and the copy leaves the copy missing until the action is retried; the event's own
+audits are always complete.
 
-A search reads the day partitions of ``[from, to]`` oldest first, each one range of its RowKey
-(``{stamp}|…``: the time), with ``EndpointId`` / ``AuditType`` / ``AuditorName`` filtered by the service:
-never the whole table. A page ends at ``pageSize`` rows; its continuation token is the last RowKey, whose
-first eight characters are its day.
+A search reads the day partitions of ``[from, to]`` (both ends included, to the millisecond) oldest
+first, each one range of its RowKey (``{stamp}|…``: the time), with ``EndpointId`` / ``AuditType`` /
+``AuditorName`` filtered by the service: never the whole table. A page ends at ``pageSize`` rows; its
+continuation token is the last RowKey, whose first eight characters are its day.
 """
 
 from __future__ import annotations
@@ -80,6 +82,10 @@ def search(
 ) -> AuditSearch:
     if oldest > newest:
         raise InvalidInput("from must not be after to.", field="from")
+    # Both ends are read to the millisecond, the precision the API shows an audit's time with: ``to`` set
+    # to an audit's shown time includes it (and any other audit of that millisecond).
+    oldest = oldest.replace(microsecond=oldest.microsecond // 1000 * 1000)
+    newest = newest.replace(microsecond=newest.microsecond // 1000 * 1000 + 999)
     if newest - oldest > timedelta(days=MAX_DAYS):
         raise InvalidInput(f"from and to may be at most {MAX_DAYS} days apart.", field="from")
     low_key, high_key = keys.stamp(oldest), keys.stamp(newest) + "}"

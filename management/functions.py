@@ -528,6 +528,7 @@ def event_settlement_resolve(req: func.HttpRequest) -> SettlementResolved:
 
     with _counted("resolve", req, "endpointId", "eventId"):
         from handoff.models import AuditEntry
+        from management.audits import mirror
 
         body = parse_body(req, ResolveSettlementRequest)
         actor = actor_of(req, body.by)
@@ -541,6 +542,9 @@ def event_settlement_resolve(req: func.HttpRequest) -> SettlementResolved:
             reason=body.reason,
             control_message_id=body.control_message_id,
         )
+        # The copy is written after the resolution, as for the other actions: a retry (answered from the
+        # earlier resolution's audit) lands on the same row, or writes the copy a crash left missing.
+        mirror(service.store(), audit)
         telemetry.current().set_outcome("replayed" if done.replayed else done.state)
         return SettlementResolved(
             endpoint_id=endpoint_id,
@@ -550,7 +554,7 @@ def event_settlement_resolve(req: func.HttpRequest) -> SettlementResolved:
             state=done.state,
             replayed=done.replayed,
             by=actor.by,
-            audit=None if done.replayed else AuditEntry.of(audit),
+            audit=None if done.replayed or audit is None else AuditEntry.of(audit),
         )
 
 

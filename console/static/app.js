@@ -758,7 +758,7 @@ async function auditsView(route) {
   } },
     h("label", {}, "Endpoint", h("input", { name: "endpointId", value: p.get("endpointId") || "" })),
     h("label", {}, "Type", h("select", { name: "auditType", id: "audit-type" }, h("option", { value: "" }, "Any"),
-      ["Resubmit", "ResubmitWithChanges", "Skip", "CompleteHandoff", "FailHandoff", "ReplayPoison", "ReplayPoisonWithChanges", "DismissPoison"]
+      ["Resubmit", "ResubmitWithChanges", "Skip", "CompleteHandoff", "FailHandoff", "ResolveSettlement", "ReplayPoison", "ReplayPoisonWithChanges", "DismissPoison"]
         .map((t) => h("option", { value: t, selected: p.get("auditType") === t }, t)))),
     h("label", {}, "Operator", h("input", { name: "by", value: p.get("by") || "" })),
     h("label", {}, "From (UTC)", h("input", { name: "from", type: "datetime-local", value: localValue(p.get("from")) })),
@@ -882,6 +882,7 @@ async function selectMatching(view, endpointId, params) {
 const BULK_CHUNK = 10;
 
 async function runBulk(view, endpointId, action) {
+  if (bulkBusy) return; // one bulk action at a time (its buttons are disabled while it runs)
   const selected = selectionOf(endpointId);
   const ids = [...selected.keys()];
   const reason = h("input", { id: "bulk-reason" });
@@ -889,6 +890,7 @@ async function runBulk(view, endpointId, action) {
     h("label", {}, "Reason (optional, kept in each audit)", reason)];
   if (!(await confirmDialog(`${action === "skip" ? "Skip" : "Resubmit"} ${ids.length} event(s)?`, body, action === "skip" ? "Skip all" : "Resubmit all", action === "skip"))) return;
   bulkBusy = true;
+  for (const button of view.querySelectorAll("#bulk-resubmit, #bulk-skip")) button.disabled = true;
   const report = { endpointId, action, total: ids.length, done: 0, accepted: 0, refused: [] };
   bulkReport = report;
   const bar = view.querySelector("#bulk");

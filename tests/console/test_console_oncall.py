@@ -312,6 +312,73 @@ def test_bulk_resubmit_of_all_matching_with_progress_and_a_partial_failure(
         assert len(sent) == 1
 
 
+def test_a_bulk_action_shows_its_progress_chunk_by_chunk(browser_page, console_host):
+    """Twelve failures are two chunks (ten, then two): while each chunk's request is held, the progress bar
+    and its "n / N" text say how far the action is, and the page does not redraw under it."""
+    import time
+
+    from playwright.sync_api import Route, expect
+
+    host, _ = console_host
+    page = browser_page
+    ledger = demo_traffic.Demo(tag="t")
+    events = [
+        ledger.event(
+            "Ledger",
+            f"led-{n}",
+            "LedgerPosted",
+            {"voucher": n},
+            "ErrorResponse",
+            error=("Period 2026-11 is closed", "BusinessRuleException"),
+        )
+        for n in range(12)
+    ]
+    demo_traffic.send(
+        ledger,
+        lambda m: httpx.post(f"{host.base_url}/admin/functions/resolver", json=m, timeout=30).status_code,
+    )
+    held: list[Route] = []
+
+    def next_chunk(count: int) -> Route:
+        deadline = time.monotonic() + WAIT_MS / 1000
+        while len(held) < count:  # the page sends the next chunk once the last one is answered
+            assert time.monotonic() < deadline, f"chunk {count} was never sent"
+            page.wait_for_timeout(50)
+        return held[count - 1]
+
+    def hold(route: Route) -> None:
+        held.append(route)
+
+    page.route("**/api/v1/endpoints/Ledger/bulk", hold)
+    try:
+        page.goto(f"{host.base_url}/api/console#/endpoint/Ledger?status=Failed")
+        expect(page.locator("tr[data-event]")).to_have_count(12)
+        page.click("#bulk-matching")
+        expect(page.locator("#bulk-count")).to_have_text("12 selected")
+        page.click("#bulk-skip")
+        page.fill("#bulk-reason", "period closed for good")
+        page.click("#confirm-ok")
+        progress, text = page.locator("#bulk-progress"), page.locator("#bulk-progress-text")
+        next_chunk(1)
+        expect(progress).to_be_visible()
+        expect(text).to_have_text("0 / 12")
+        assert (progress.get_attribute("max"), progress.evaluate("p => p.value")) == ("12", 0)
+        expect(page.locator("#bulk-skip")).to_be_disabled()
+        next_chunk(1).continue_()
+        next_chunk(2)
+        expect(text).to_have_text("10 / 12: 10 accepted, 0 refused")
+        assert progress.evaluate("p => p.value") == 10
+        next_chunk(2).continue_()
+        expect(page.locator("#bulk-report")).to_contain_text("12 of 12 accepted")
+        expect(progress).to_be_hidden()
+    finally:
+        page.unroute("**/api/v1/endpoints/Ledger/bulk")
+    assert len(held) == 2
+    for event_id in events:
+        row = api_json(host.base_url, f"endpoints/Ledger/events/{event_id}")
+        assert [a["comment"] for a in row["audits"] if a["auditType"] == "Skip"] == ["period closed for good"]
+
+
 def test_poison_is_dismissed_with_a_reason_and_edited_and_replayed(browser_page, shots, console_host, demo):
     from playwright.sync_api import expect
 
@@ -356,6 +423,8 @@ def test_audits_are_searched_by_type_and_operator(browser_page, shots, console_h
     page = browser_page
     page.goto(f"{host.base_url}/api/console#/audits")
     expect(page.locator("h1")).to_have_text("Audits")
+    # Every type the search holds can be chosen, settlement resolutions included
+    expect(page.locator('#audit-type option[value="ResolveSettlement"]')).to_have_count(1)
     page.select_option("#audit-type", "DismissPoison")
     page.click("text=Search")
     expect(page.locator('tr[data-audit="DismissPoison"]')).to_have_count(1)
@@ -404,3 +473,16 @@ def test_state_records_are_browsed_by_node_status_and_scope_name_with_error_and_
     expect(link).to_be_visible(timeout=WAIT_MS * 2)  # the page polls; the expiry index row comes due
     link.click()
     expect(page.locator("#record h2").first).to_have_text("Record: Processing")
+    # Its lock expired: a new lock takes it over, and the record's note says so in the Note column
+    taken = httpx.post(f"{base}/lock", json={"key": stuck}, timeout=30).json()
+    assert taken["acquired"], taken
+    page.goto(f"{host.base_url}/api/console#/state")
+    page.fill('#browse input[name="browseTenantId"]', "7")
+    page.select_option("#browse-scope", "Element")
+    page.fill('#browse input[name="browseEntityId"]', "300")
+    page.select_option("#browse-status", "Processing")
+    page.click("#browse-go")
+    row = page.locator("#browse-results tbody tr")
+    expect(row).to_have_count(1)
+    expect(row.locator('td[data-label="Note"]')).to_contain_text("Took over lock")
+    expect(row.locator('td[data-label="Note"]')).to_contain_text("that expired at")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from handoff import counts, keys, service
 from handoff.contract import ResolutionStatus
 from handoff.records import EventRow
+from tests.handoff.broker import Broker, BrokerTransport
 from tests.handoff.conftest import (  # noqa: F401  (fixtures shared with the hand-off suite)
     CaptureTransport,
     Flow,
@@ -31,6 +33,16 @@ def handoff_shards(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv(keys.SHARDS_SETTING, str(shards))
     monkeypatch.delenv(keys.PREVIOUS_SHARDS_SETTING, raising=False)
     return shards
+
+
+@pytest.fixture
+def broker() -> Iterator[Broker]:
+    """A broker behind the transport whose topics have no duplicate detection: a send whose outcome is
+    unknown is never re-sent, so the reconciler leaves its settlement unconfirmed."""
+    broker = Broker(window=None)
+    service.use_transport(BrokerTransport(broker))
+    yield broker
+    service.reset()
 
 
 def counts_partitions(shards: int) -> int:

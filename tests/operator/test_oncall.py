@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import json
 import uuid
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
 from azure.core.pipeline.policies import SansIOHTTPPolicy
 
+from common.clock import iso
 from handoff import keys, service
 from tests.handoff.conftest import Flow, nimbus
 
 from .conftest import failed_event, principal_headers
+from .test_stuck_settlements import resolve_claim, stuck
 
 
 def _day(msg) -> str:
@@ -164,6 +168,10 @@ def test_bulk_resubmit_is_the_single_action_per_event_with_per_event_results(cal
     # The audit search finds them by endpoint, type and operator (one copy per audit, however retried)
     found = _audits(call, endpointId=flow.endpoint, auditType="Resubmit", by="alice")
     assert sorted(a["eventId"] for a in found) == sorted(ids)
+    refused = _audits(call, endpointId=flow.endpoint, by="mallory")
+    assert sorted((a["eventId"], a["auditType"], a["accessDenied"]) for a in refused) == sorted(
+        (e, "Skip", True) for e in ids[:2]
+    )
 
 
 def test_a_bulk_request_names_the_bad_field(call, flow):
@@ -296,3 +304,180 @@ def test_find_reads_one_range_per_endpoint_never_a_scan(resolve, fresh_tables, h
         assert read.count - before == endpoints  # no failed event: the buckets' ranges return nothing
     finally:
         runtime.reset()
+
+
+# -- the audit search holds every operator audit: resolutions and refusals too ------------------------------
+
+
+def _copies(endpoint: str, audit_type: str) -> list[dict[str, Any]]:
+    """The hoaudit rows of one endpoint and type, read directly (however many the search would page)."""
+    from management.audits import AUDIT_TABLE
+
+    table = service.store().table(AUDIT_TABLE)
+    query = f"EndpointId eq '{endpoint}' and AuditType eq '{audit_type}'"
+    return list(table.query_entities(query))
+
+
+@pytest.mark.parametrize("resolution", ["delivered", "released"])
+def test_a_settlement_resolution_is_found_once_however_often_it_is_retried(
+    call, resolve, flow, broker, resolution
+):
+    control = stuck(call, resolve, flow, broker)
+    body = {"messageId": "park-1", "controlMessageId": control, "resolution": resolution, "reason": "checked"}
+    headers = principal_headers("olivia@contoso.com", "Settle.Operator")
+    assert resolve_claim(call, flow, body, headers).status == 200
+    found = _audits(call, endpointId=flow.endpoint, auditType="ResolveSettlement")
+    assert [(a["auditorName"], a["comment"], a["eventId"]) for a in found] == [
+        ("olivia@contoso.com", "checked", flow.event_id)
+    ]
+    assert json.loads(found[0]["data"])["resolution"] == resolution
+    by_olivia = _audits(call, by="olivia@contoso.com", auditType="ResolveSettlement")  # every endpoint
+    assert [a for a in by_olivia if a["eventId"] == flow.event_id] == found
+    # A retry is answered as done and lands on the same copy
+    again = resolve_claim(call, flow, body, headers)
+    assert again.status == 200 and again.json["replayed"] is True
+    assert _audits(call, endpointId=flow.endpoint, auditType="ResolveSettlement") == found
+    # A copy lost to a crash between the resolution and its copy is written again by the retry, once
+    from management.audits import AUDIT_TABLE
+
+    [copy] = _copies(flow.endpoint, "ResolveSettlement")
+    service.store().table(AUDIT_TABLE).delete_entity(copy["PartitionKey"], copy["RowKey"])
+    assert resolve_claim(call, flow, body, headers).json["replayed"] is True
+    assert resolve_claim(call, flow, body, headers).json["replayed"] is True
+    assert _audits(call, endpointId=flow.endpoint, auditType="ResolveSettlement") == found
+    assert [c["RowKey"] for c in _copies(flow.endpoint, "ResolveSettlement")] == [copy["RowKey"]]
+
+
+def test_refused_event_actions_are_found_by_who_was_denied(call, resolve, flow, broker):
+    failed_event(resolve, flow)
+    route = {"endpointId": flow.endpoint, "eventId": flow.event_id}
+    mallory = principal_headers("mallory")
+    assert call("event_resubmit", {"reason": "x"}, route_params=route, headers=mallory).status == 403
+    assert call("event_skip", {}, route_params=route, headers=mallory).status == 403
+    assert call("event_resubmit", {}, route_params=route, headers=mallory).status == 403
+    found = _audits(call, endpointId=flow.endpoint, by="mallory")
+    assert [(a["auditType"], a["comment"], a["accessDenied"], a["eventId"]) for a in found] == [
+        ("Resubmit", "Access denied", True, flow.event_id),
+        ("Skip", "Access denied", True, flow.event_id),
+        ("Resubmit", "Access denied", True, flow.event_id),  # each refusal is its own audit
+    ]
+    # As many copies as the event has AccessDenied audits
+    event = call("endpoint_event", method="GET", route_params=route).json
+    assert sum(a["accessDenied"] for a in event["audits"]) == 3
+    # A refused resolution of a stuck settlement too
+    other = Flow(endpoint=flow.endpoint, event_id=flow.event_id + "-stuck")
+    control = stuck(call, resolve, other, broker)
+    body = {"messageId": "park-1", "controlMessageId": control, "resolution": "released", "reason": "x"}
+    assert resolve_claim(call, other, body, mallory).status == 403
+    [refused] = _audits(call, endpointId=flow.endpoint, by="mallory", auditType="ResolveSettlement")
+    assert (refused["eventId"], refused["accessDenied"]) == (other.event_id, True)
+
+
+# -- the audit search selects by time and pages without losing or repeating an audit ----------------------
+
+_DAY = datetime(2026, 11, 20, tzinfo=UTC)
+# Refusals recorded at known times (the clock of the operator actions): two at the end of one UTC day, three
+# in the first two milliseconds of the next (two in the same millisecond), one at noon.
+_TIMES = [
+    _DAY + timedelta(hours=23, minutes=59, seconds=59, microseconds=998_500),
+    _DAY + timedelta(hours=23, minutes=59, seconds=59, microseconds=999_900),
+    _DAY + timedelta(days=1),
+    _DAY + timedelta(days=1, microseconds=700),
+    _DAY + timedelta(days=1, microseconds=1_000),
+    _DAY + timedelta(days=1, hours=12, microseconds=250_300),
+]
+
+
+def _ms(value: datetime) -> str:
+    """A time as the API writes it (UTC, to the millisecond, Z), which is what an operator types back."""
+    return iso(value)
+
+
+def _window(call, endpoint: str, low: datetime | str, high: datetime | str, **params: str) -> list[str]:
+    items = _audits(
+        call,
+        endpointId=endpoint,
+        **{
+            "from": low if isinstance(low, str) else _ms(low),
+            "to": high if isinstance(high, str) else _ms(high),
+        },
+        **params,
+    )
+    return [a["auditorName"] for a in items]
+
+
+@pytest.fixture
+def audits_at_known_times(call, resolve, flow, monkeypatch) -> list[str]:
+    """One refused resubmit per time of ``_TIMES``, by ``probe-{i}``: their auditor names, in time order."""
+    from management.actions import OperatorActions
+
+    failed_event(resolve, flow)
+    now = iter(_TIMES)
+    monkeypatch.setattr(
+        service,
+        "operator_actions",
+        lambda: OperatorActions(service.settlement_service(), clock=lambda: next(now)),
+    )
+    route = {"endpointId": flow.endpoint, "eventId": flow.event_id}
+    names = [f"probe-{i}" for i in range(len(_TIMES))]
+    for name in names:
+        refused = call("event_resubmit", {}, route_params=route, headers=principal_headers(name))
+        assert refused.status == 403
+    shown = _audits(
+        call, endpointId=flow.endpoint, **{"from": _ms(_DAY), "to": _ms(_DAY + timedelta(days=2))}
+    )
+    assert [(a["auditorName"], a["auditTimestamp"]) for a in shown] == [
+        (name, _ms(at)) for name, at in zip(names, _TIMES, strict=True)
+    ]
+    return names
+
+
+def test_audit_search_from_and_to_include_and_exclude_by_the_time_shown(call, flow, audits_at_known_times):
+    p = audits_at_known_times
+    t = _TIMES
+    one_ms = timedelta(milliseconds=1)
+    # Both ends included, to the millisecond an audit's time is shown with (an operator types it back)
+    assert _window(call, flow.endpoint, t[1], t[1]) == [p[1]]
+    assert _window(call, flow.endpoint, t[2], t[3]) == [p[2], p[3]]  # two audits in one millisecond
+    assert _window(call, flow.endpoint, t[0], t[4]) == p[:5]  # across the UTC day
+    assert _window(call, flow.endpoint, t[1], t[2]) == [p[1], p[2], p[3]]
+    # A millisecond either side leaves an audit out
+    assert _window(call, flow.endpoint, t[0] + one_ms, t[4] - one_ms) == [p[1], p[2], p[3]]
+    assert _window(call, flow.endpoint, t[4] + one_ms, t[5] - one_ms) == []
+    assert _window(call, flow.endpoint, _DAY, t[0] - one_ms) == []
+    assert _window(call, flow.endpoint, t[5] + one_ms, _DAY + timedelta(days=2)) == []
+    # The same instants written with an offset select the same audits
+    assert _window(call, flow.endpoint, "2026-11-21T00:59:59.999+01:00", "2026-11-20T19:00:00.000-05:00") == [
+        p[1],
+        p[2],
+        p[3],
+    ]
+    # Other filters narrow a window, never widen it
+    assert _window(call, flow.endpoint, _DAY, _DAY + timedelta(days=2), by=p[5]) == [p[5]]
+    assert _window(call, flow.endpoint, t[0], t[1], by=p[5]) == []
+    assert _window(call, flow.endpoint, _DAY, _DAY + timedelta(days=2), auditType="Skip") == []
+
+
+@pytest.mark.parametrize("page_size", [1, 2, 3, 4])
+def test_audit_search_pages_follow_the_token_without_a_gap_or_a_repeat(
+    call, flow, audits_at_known_times, page_size
+):
+    window = {"endpointId": flow.endpoint, "from": _ms(_DAY), "to": _ms(_DAY + timedelta(days=2))}
+    pages: list[list[str]] = []
+    token = None
+    while True:
+        params = {**window, "pageSize": str(page_size)} | ({"continuationToken": token} if token else {})
+        answer = call("audits_search", method="GET", params=params)
+        assert answer.status == 200, answer.body
+        pages.append([a["auditorName"] for a in answer.json["items"]])
+        token = answer.json["continuationToken"]
+        if token is None:
+            break
+        assert len(pages) <= len(_TIMES)
+    assert [name for page in pages for name in page] == audits_at_known_times
+    assert all(len(page) == page_size for page in pages[:-1]) and 0 < len(pages[-1]) <= page_size
+    assert len(pages) == -(-len(_TIMES) // page_size)
+    # A token is only good for its own window
+    first = call("audits_search", method="GET", params={**window, "pageSize": "2"}).json["continuationToken"]
+    moved = {**window, "from": _ms(_TIMES[2]), "continuationToken": first}
+    assert call("audits_search", method="GET", params=moved).status == 400

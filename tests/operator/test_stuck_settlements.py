@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -23,14 +22,6 @@ from tests.handoff.conftest import Flow, event_of
 from tests.handoff.test_settlement import complete, parked
 
 from .conftest import principal_headers
-
-
-@pytest.fixture
-def broker() -> Iterator[Broker]:
-    broker = Broker(window=None)  # topics without duplicate detection: never re-sent
-    service.use_transport(BrokerTransport(broker))
-    yield broker
-    service.reset()
 
 
 def stuck(call: Any, resolve: Any, flow: Flow, broker: Broker, behaviour: str = "lost-before") -> str:
