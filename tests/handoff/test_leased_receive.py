@@ -8,15 +8,22 @@ The transport projects (the broker model forwards at once); the clock is the tes
 
 from __future__ import annotations
 
+import json
 import threading
 import time
+import urllib.parse
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+import requests
+from azure.core.pipeline import PipelineResponse
+from azure.core.pipeline.policies import HTTPPolicy
+from azure.core.pipeline.transport import RequestsTransportResponse
 
+from common import runtime
 from handoff import service
 
 from .broker import Broker, BrokerTransport
@@ -340,3 +347,52 @@ def test_a_page_of_index_rows_whose_events_moved_on_is_204_not_an_endless_loop(
     answer = receive(call, endpoint, "agent-1", waitSeconds="0")
     assert answer.status == 204, answer.body
     assert len(reads) == 1
+
+
+class ShortFirstPages(HTTPPolicy):  # type: ignore[type-arg]
+    """Answers a filtered query's first page as Azure may: empty, with a continuation token that points at
+    the rows it held (a filter that passed over many rows, or a query that hit its time limit). The next
+    page, asked for with that token, is storage's own answer."""
+
+    def __init__(self, marker: str) -> None:
+        super().__init__()
+        self.marker = marker
+        self.shortened = 0
+
+    def send(self, request: Any) -> Any:
+        response = self.next.send(request)
+        http = request.http_request
+        url = urllib.parse.unquote(http.url)
+        if http.method != "GET" or self.marker not in url or "NextRowKey" in url:
+            return response
+        body = json.loads(response.http_response.text() or "{}")
+        rows = body.get("value") or []
+        if not rows:
+            return response
+        self.shortened += 1
+        raw = requests.Response()
+        raw.status_code = 200
+        raw.headers.update(
+            {k: v for k, v in response.http_response.headers.items() if k.lower() != "content-length"}
+        )
+        raw.headers["x-ms-continuation-NextPartitionKey"] = rows[0]["PartitionKey"]
+        raw.headers["x-ms-continuation-NextRowKey"] = rows[0]["RowKey"]
+        raw._content = json.dumps({**body, "value": []}).encode()
+        raw.url = http.url
+        return PipelineResponse(http, RequestsTransportResponse(http, raw), request.context)
+
+
+def test_an_empty_first_page_with_a_continuation_token_is_not_read_as_no_hand_off(call, resolve, broker):
+    endpoint = "Billing-" + uuid.uuid4().hex[:8]
+    parked_many(resolve, endpoint, 3)
+    short = ShortFirstPages(marker="ClaimedUntil lt")
+    runtime.reset(policies=[short])
+    try:
+        answer = receive(call, endpoint, "agent-1", waitSeconds="0")
+        assert short.shortened >= 1  # the receive did meet a short page
+        assert answer.status == 200, answer.body
+        assert answer.json["coordinates"]["eventId"] == "ev-000"  # still the oldest
+        listed = call("handoff_next", method="GET", route_params={"endpointId": endpoint})
+        assert listed.status == 200, listed.body  # next reads the same index the same way
+    finally:
+        runtime.reset()
