@@ -253,7 +253,9 @@ class HandoffStore:
         """Up to ``limit`` rows of a filtered range query, from its first pages. Azure may answer a page
         short, even empty, with a continuation token (a filter that passed over many rows, a time limit):
         such a page does not mean the range holds no more, so the next pages are read, at most
-        ``_SHORT_PAGES`` of them (each a request; Azurite's first page is always full or the last)."""
+        ``_SHORT_PAGES`` of them (each a request; Azurite's first page is always full or the last). Source:
+        Microsoft's "Query Timeout and Pagination" ("It is possible for a query to return no results but to
+        still return a continuation header"); shared/reference/idempotency-anchors.md, "Query page"."""
         rows: list[Any] = []
         pages: Any = self._events().query_entities(query, results_per_page=limit).by_page()  # a PageIterator
         for _ in range(_SHORT_PAGES):
