@@ -357,7 +357,13 @@ class Processing:
         started = time.monotonic()
         if self._client.handle_sigterm:
             shutdown.install()
-        lock = self._client.lock(self._key, lock_seconds=self._lock_seconds)
+        request_id = _request_id()
+        try:
+            lock = self._client.lock(self._key, lock_seconds=self._lock_seconds, request_id=request_id)
+        except BaseException as stopped:
+            if not isinstance(stopped, Exception):  # SIGTERM's Terminated, Ctrl-C: it may have been granted
+                self._hand_back(request_id, stopped)
+            raise
         if not lock.acquired:
             raise refusal(lock)
         self._item = Item(self._key, lock, metadata=self._metadata, expires_at=started + self._lock_seconds)
@@ -366,6 +372,19 @@ class Processing:
             self._keeper = _Keeper(self._client, self._item, self._lock_seconds, started)
             self._keeper.start()
         return self._item
+
+    def _hand_back(self, request_id: str, stopped: BaseException) -> None:
+        """Stopped (SIGTERM, Ctrl-C) while the lock was being asked for: storage may have granted it, and no
+        block is open yet for the SIGTERM handler to release. Ask again with the same request id (a granted
+        lock is replayed with its token; one never applied is taken now) and release it like a block that
+        raised, so the item is not left Processing until the lock expires."""
+        try:
+            again = self._client.lock(self._key, lock_seconds=self._lock_seconds, request_id=request_id)
+            if again.acquired and again.lock_token is not None:
+                item = Item(self._key, again, metadata=self._metadata, expires_at=time.monotonic())
+                self._client.send(release_call(self._client.requests, item, stopped))
+        except Exception as error:  # the stop goes on either way; the lock then expires as after a crash
+            stopped.add_note(f"settle-client: handing back the lock after {stopped!s} failed: {error}")
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None

@@ -146,6 +146,28 @@ def test_sigterm_releases_a_block_running_in_another_thread_and_it_writes_nothin
     assert [r.status for r in settle.history(key)] == ["Failed", "Superseded"]
 
 
+def test_sigterm_while_the_lock_is_being_taken_hands_a_granted_lock_back(host, settle, key, tmp_path):
+    """The window before the block is entered: storage granted the lock, its answer is on its way, and
+    SIGTERM arrives. The handler knows no open block yet; the lock must not stay Processing until expiry."""
+    worker = start_worker(host.base_url, key, 60, tmp_path / "state", slow_lock=True)
+    wait_until(
+        lambda: (
+            (tmp_path / "state").exists() and (tmp_path / "state").read_text().startswith("lock-answered")
+        ),
+        what="the lock answered",
+    )
+    assert some(settle.get(key)).status == "Processing"
+    worker.send_signal(signal.SIGTERM)
+    out, err = worker.communicate(timeout=30)
+    assert worker.returncode == 128 + signal.SIGTERM, out + err
+    record = some(settle.get(key))
+    assert record.status == "Failed" and "SIGTERM" in (record.error or ""), record
+    # the next worker gets in at once, and learns the attempt was released, not expired
+    with settle.processing(key, lock_seconds=60) as item:
+        assert item.previous is not None and item.previous.lock_expired is False
+        item.data = {"by": "next"}
+
+
 # -- item 3: the outcome outlives a storage blip -------------------------------------------------------------
 class Blip(httpx.BaseTransport):
     """Real HTTP, except that requests to a path ending in ``suffix`` are answered 503 until ``end``."""

@@ -6,8 +6,10 @@ steps) for ``WORK_SECONDS`` (default or ``inf``: for ever), then records ``{"pid
 block runs in a worker thread while the main thread waits for it. With ``async`` it is an
 ``AsyncSettleClient`` block in a task, and SIGTERM cancels the task, as the client README advises
 (``loop.add_signal_handler(signal.SIGTERM, task.cancel)``). Prints how the block ended: ``processed``,
-``lost`` (``LockLost``), ``cancelled`` (async, after SIGTERM) or nothing (killed). The tests send it
-SIGKILL, SIGSTOP/SIGCONT and SIGTERM.
+``lost`` (``LockLost``), ``cancelled`` (async, after SIGTERM) or nothing (killed). With ``slow-lock`` the
+lock's answer, once storage has written it, is held back (``lock-answered <pid>`` in ``STATE_FILE``) until a
+signal arrives: the window where a SIGTERM finds the block not yet entered. The tests send it SIGKILL,
+SIGSTOP/SIGCONT and SIGTERM.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -31,11 +35,12 @@ def main(argv: list[str]) -> int:
 
     url, key, lock_seconds, state = argv[0], json.loads(argv[1]), int(argv[2]), Path(argv[3])
     work_s = float(argv[4]) if len(argv) > 4 else float("inf")
-    in_thread = len(argv) > 5 and argv[5] == "thread"
-    if len(argv) > 5 and argv[5] == "async":
+    mode = argv[5] if len(argv) > 5 else ""
+    in_thread = mode == "thread"
+    if mode == "async":
         print(asyncio.run(main_async(url, key, lock_seconds, state, work_s)), flush=True)
         return 0
-    with SettleClient(url) as client:
+    with SettleClient(url, transport=SlowLockAnswer(state) if mode == "slow-lock" else None) as client:
 
         def work() -> str:
             try:
@@ -59,6 +64,24 @@ def main(argv: list[str]) -> int:
         else:
             print(work(), flush=True)
     return 0
+
+
+class SlowLockAnswer(httpx.HTTPTransport):
+    """Real HTTP; the first lock's answer, once received, is held back until a signal interrupts the wait."""
+
+    def __init__(self, state: Path) -> None:
+        super().__init__()
+        self.state = state
+        self.held = False
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        response = super().handle_request(request)
+        if request.url.path.endswith("/state/lock") and not self.held:  # the first answer only
+            self.held = True
+            response.read()
+            self.state.write_text(f"lock-answered {os.getpid()}\n")
+            time.sleep(120)  # SIGTERM's handler raises here, as it would in a slow read of the answer
+        return response
 
 
 async def main_async(url: str, key: Any, lock_seconds: int, state: Path, work_s: float) -> str:
@@ -97,11 +120,12 @@ def start_worker(
     *,
     thread: bool = False,
     use_async: bool = False,
+    slow_lock: bool = False,
 ) -> subprocess.Popen[str]:
     args = [sys.executable, "-m", "tests.client.worker", url, json.dumps(key), str(lock_seconds), str(state)]
     args.append(str(work_s if work_s is not None else "inf"))
-    if thread or use_async:
-        args.append("thread" if thread else "async")
+    if thread or use_async or slow_lock:
+        args.append("thread" if thread else "async" if use_async else "slow-lock")
     return subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
