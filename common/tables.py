@@ -143,6 +143,30 @@ class Tables:
                 self._service = None
 
 
+# Pages a first-rows read follows when storage answers a page short with a continuation token.
+SHORT_PAGES = 8
+
+
+def first_rows(paged: Any, limit: int) -> list[Any]:
+    """Up to ``limit`` rows of a query (``TableClient.query_entities(..., results_per_page=limit)``), from
+    its first pages. Azure may answer a page short, even empty, with a continuation token (a filter that
+    passed over many rows, its 5 s time limit): such a page does not mean the range holds no more, so the
+    next pages are read, at most ``SHORT_PAGES`` of them (each a request; Azurite's first page is always
+    full or the last). Source: Microsoft's "Query Timeout and Pagination" ("It is possible for a query to
+    return no results but to still return a continuation header"); shared/reference/idempotency-anchors.md,
+    "Query page"."""
+    rows: list[Any] = []
+    pages: Any = paged.by_page()  # a PageIterator: its continuation_token says whether more may follow
+    for _ in range(SHORT_PAGES):
+        page: Any = next(pages, None)
+        if page is None:
+            break
+        rows.extend(page)
+        if len(rows) >= limit or pages.continuation_token is None:
+            break
+    return rows[:limit]
+
+
 def _install_per_retry(service: TableServiceClient, policies: list[Any]) -> None:
     """Put ``policies`` right after the SDK's retry policy (so they run once per attempt).
 

@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from common.errors import KeyTooLong, is_transient_storage_fault
-from common.tables import Tables
+from common.tables import Tables, first_rows
 from handoff import keys
 from handoff.records import (
     AuditRow,
@@ -38,8 +38,6 @@ log = logging.getLogger("settle.handoff.store")
 Operation = tuple[Any, ...]
 # Azure's limit; Azurite breaks the connection beyond it instead of answering.
 MAX_TRANSACTION_OPS = 100
-# Pages a first-rows read follows when Azure answers a page short with a continuation token (_first_rows).
-_SHORT_PAGES = 8
 
 
 def insert(entity: dict[str, Any]) -> Operation:
@@ -245,27 +243,13 @@ class HandoffStore:
             ]
             if event_type_ids:
                 clauses.append("(" + " or ".join(f"EventTypeId eq {_quote(t)}" for t in event_type_ids) + ")")
-            found.extend(self._first_rows(" and ".join(clauses), limit))
+            found.extend(
+                first_rows(
+                    self._events().query_entities(" and ".join(clauses), results_per_page=limit), limit
+                )
+            )
         found.sort(key=lambda e: str(e["RowKey"]))
         return [QueueRow.from_entity(e) for e in found[:limit]]
-
-    def _first_rows(self, query: str, limit: int) -> list[Any]:
-        """Up to ``limit`` rows of a filtered range query, from its first pages. Azure may answer a page
-        short, even empty, with a continuation token (a filter that passed over many rows, a time limit):
-        such a page does not mean the range holds no more, so the next pages are read, at most
-        ``_SHORT_PAGES`` of them (each a request; Azurite's first page is always full or the last). Source:
-        Microsoft's "Query Timeout and Pagination" ("It is possible for a query to return no results but to
-        still return a continuation header"); shared/reference/idempotency-anchors.md, "Query page"."""
-        rows: list[Any] = []
-        pages: Any = self._events().query_entities(query, results_per_page=limit).by_page()  # a PageIterator
-        for _ in range(_SHORT_PAGES):
-            page: Any = next(pages, None)
-            if page is None:
-                break
-            rows.extend(page)
-            if len(rows) >= limit or pages.continuation_token is None:
-                break
-        return rows[:limit]
 
     def get_queue_row(self, endpoint_id: str, event_id: str, queue_key: str) -> QueueRow | None:
         """Point read of one agent queue row (leases live on it)."""
@@ -277,7 +261,7 @@ class HandoffStore:
         found: list[Any] = []
         for pk in self.endpoint_partitions(endpoint_id):  # the job's rows may be in any shard
             query = f"PartitionKey eq {_quote(pk)} and RowKey ge {_quote(low)} and RowKey lt {_quote(high)}"
-            found.extend(self._first_rows(query, limit))
+            found.extend(first_rows(self._events().query_entities(query, results_per_page=limit), limit))
         found.sort(key=lambda e: str(e["RowKey"]))
         return [JobRow.from_entity(e) for e in found[:limit]]
 

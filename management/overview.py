@@ -26,6 +26,7 @@ from typing import Any
 
 from common.clock import utcnow
 from common.errors import Conflict, InvalidInput
+from common.tables import first_rows
 from handoff import counts, keys, store
 from handoff.records import ListingRow, SinceRow
 from handoff.store import HandoffStore, Operation
@@ -160,18 +161,16 @@ class Overview:
         low, high = keys.since_range(group)
         found: list[datetime] = []
         for pk in keys.endpoint_partitions(endpoint_id):  # the first row of each shard; the oldest of them
-            pages = self._range(pk, low, high, results_per_page=1).by_page()
-            for entity in next(pages, []):
+            for entity in first_rows(self._range(pk, low, high, results_per_page=1), 1):
                 row: SinceRow = SinceRow.from_entity(entity)
                 found.append(row.since_at)
-                break
         return min(found) if found else None
 
     def oldest_poison_day(self, endpoint_id: str | None) -> str | None:
         """The UTC day (YYYYMMDD) of the oldest poison still counted: the first ``pz|`` index row."""
         pk = keys.partition(endpoint_id) if endpoint_id is not None else keys.UNATTRIBUTED_PARTITION
         low, high = keys.POISON_INDEX_RANGE
-        for entity in next(self._range(pk, low, high, results_per_page=1).by_page(), []):
+        for entity in first_rows(self._range(pk, low, high, results_per_page=1), 1):
             return str(entity["Day"])
         return None
 

@@ -396,3 +396,19 @@ def test_an_empty_first_page_with_a_continuation_token_is_not_read_as_no_hand_of
         assert listed.status == 200, listed.body  # next reads the same index the same way
     finally:
         runtime.reset()
+
+
+def test_the_oldest_pending_age_survives_an_empty_first_page_with_a_continuation_token(call, resolve, broker):
+    from handoff.counts import PENDING_GROUP
+
+    endpoint = "Billing-" + uuid.uuid4().hex[:8]
+    parked_many(resolve, endpoint, 3)
+    expected = service.overview().oldest(endpoint, PENDING_GROUP)
+    assert expected is not None
+    short = ShortFirstPages(marker=f"RowKey ge 'sa|{PENDING_GROUP}|'")
+    runtime.reset(policies=[short])
+    try:
+        assert service.overview().oldest(endpoint, PENDING_GROUP) == expected
+        assert short.shortened >= 1
+    finally:
+        runtime.reset()
