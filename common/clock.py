@@ -89,21 +89,16 @@ class ServerClock:
             return reading
 
     def earliest(self) -> datetime:
-        """The earliest the storage clock may read now: the interval's lower bound (the estimate less
-        ``UNSAMPLED_UNCERTAINTY_S`` before any response)."""
-        local = time.time()
-        if self.width_s == float("inf"):
-            return datetime.fromtimestamp(local + self._offset_s - UNSAMPLED_UNCERTAINTY_S, tz=UTC)
-        return datetime.fromtimestamp(local + min(self._lo, self._offset_s), tz=UTC)
+        """The earliest the storage clock may read now: the interval's lower bound (see :meth:`bounds_s`)."""
+        below, _ = self.bounds_s()
+        return datetime.fromtimestamp(time.time() + self._offset_s - below, tz=UTC)
 
     def latest(self) -> datetime:
         """The latest the storage clock may read now: the interval's upper bound, or a held reading above
         it (so a lock ending at a reading is never judged still valid past it)."""
         local = time.time()
-        reading = self._reading(local)
-        if self.width_s == float("inf"):
-            return datetime.fromtimestamp(reading + UNSAMPLED_UNCERTAINTY_S, tz=UTC)
-        return datetime.fromtimestamp(max(local + self._hi, reading), tz=UTC)
+        _, above = self.bounds_s()
+        return datetime.fromtimestamp(max(local + self._offset_s + above, self._reading(local)), tz=UTC)
 
     def bounds_s(self) -> tuple[float, float]:
         """How far below and above the estimate (:attr:`offset_s`) the storage clock may read (the offset
