@@ -1,7 +1,9 @@
 """Table Storage clients, created once per process and reused.
 
 ``Tables`` hands out a ``TableClient`` per logical table name (the prefix from settings is applied
-here and nowhere else) and makes sure each table exists the first time it is used in this process.
+here and nowhere else) and makes sure each table exists the first time it is used in this process: one
+request lists the deployment's tables (its prefix's range) at the first use, and only a table that list
+lacks is created (so a process's first requests do not include a create per table).
 Every client carries the round-trip counter, the storage-retry counter (telemetry) and the server-clock
 policy, plus any extra policies a test or the benchmark passes (fault injection).
 """
@@ -86,6 +88,7 @@ class Tables:
         self._lock = threading.Lock()
         self._service: TableServiceClient | None = None
         self._clients: dict[str, TableClient] = {}
+        self._listed: frozenset[str] | None = None  # the prefix's tables found at this process's first use
 
     def _service_client(self) -> TableServiceClient:
         if self._service is None:
@@ -128,7 +131,10 @@ class Tables:
             if client is None:
                 service = self._service_client()
                 full = self.settings.table_name(name)
-                service.create_table_if_not_exists(full)
+                if self._listed is None:
+                    self._listed = _existing_tables(service, self.settings.prefix)
+                if full.lower() not in self._listed:
+                    service.create_table_if_not_exists(full)
                 client = service.get_table_client(full)
                 self._clients[name] = client
         return client
@@ -138,9 +144,30 @@ class Tables:
             for client in self._clients.values():
                 client.close()
             self._clients.clear()
+            self._listed = None
             if self._service is not None:
                 self._service.close()
                 self._service = None
+
+
+def _existing_tables(service: TableServiceClient, prefix: str) -> frozenset[str]:
+    """The names (lower case) of the account's tables in ``prefix``'s range, from one Query Tables request
+    (its first page: up to 1,000 names). Table names are alphanumeric, so ``prefix`` + any name sorts
+    below ``prefix`` + ``{``. Only ever used to skip a create: a table missing from the answer (a later
+    page, a case the filter compared differently) is created as before, and an answer that is not a list
+    (a role without Query Tables, an emulator without ``$filter`` on tables) means nothing is known, so
+    every table is created as before. A storage that cannot be reached raises, as the create would."""
+    from azure.core.exceptions import HttpResponseError
+
+    try:
+        pages: Any = service.query_tables(
+            "TableName ge @low and TableName lt @high",
+            parameters={"low": prefix, "high": prefix + "{"},
+            results_per_page=1000,
+        ).by_page()
+        return frozenset(str(t.name).lower() for t in next(pages, []))
+    except HttpResponseError:
+        return frozenset()
 
 
 # Pages a first-rows read follows when storage answers a page short with a continuation token.

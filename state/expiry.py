@@ -11,16 +11,16 @@ partition P). It cannot join the record's transaction (another table), so it is 
 every transaction that inserts a level-2 row of minute M in P also merges (``If-Match: *``) a marker row
 ``~{kind}|{M}|m{nonce}`` of P, and fails unless that marker exists. A process makes its marker once per
 (P, kind, M) (:meth:`ExpiryIndex.prepare`): (a) insert a marker with a fresh nonce, (b) insert the level-1
-row or, when it exists, touch it (a merge changes its ETag); only then is the nonce used. Catch-up
-deletes a level-1 row only after deleting every marker it listed and re-reading the minute's rows, and
-only with ``If-Match`` the ETag it read first. A marker listed and deleted cannot be used again (its
-nonce is never re-created); a marker made later was followed by a touch that changed the ETag (the
-delete fails) or re-created the row. So a successful lock transaction always finds a level-1 row, and
-no crash, lost answer or slow request can leave a live lock that catch-up cannot find. The proof is in
-ADR-0011.
+row or, when it exists, touch it (one Insert Or Merge: a merge changes its ETag); only then is the nonce
+used. Catch-up deletes a level-1 row only after deleting every marker it listed and re-reading the
+minute's rows, and only with ``If-Match`` the ETag it read first. A marker listed and deleted cannot be
+used again (its nonce is never re-created); a marker made later was followed by a touch that changed the
+ETag (the delete fails) or re-created the row. So a successful lock transaction always finds a level-1
+row, and no crash, lost answer or slow request can leave a live lock that catch-up cannot find. The proof
+is in ADR-0011.
 
 The cost on the lock path: the marker merge rides in the lock's own transaction (still one round trip);
-preparing costs two or three requests once per partition, minute and process.
+preparing costs two requests once per partition, minute and process.
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ class ExpiryIndex:
     def marker(self, partition: str, kind: str, bucket: int) -> dict[str, Any]:
         """The marker a transaction inserting an index row of minute ``bucket`` must merge (``If-Match *``).
 
-        Prepares it first when this process has none for that partition and minute (2-3 requests)."""
+        Prepares it first when this process has none for that partition and minute (2 requests)."""
         nonce = self._nonce(partition, kind, bucket)
         return {"PartitionKey": partition, "RowKey": marker_row_key(kind, bucket, nonce)}
 
@@ -127,32 +127,23 @@ class ExpiryIndex:
         return nonce
 
     def _prepare(self, partition: str, kind: str, bucket: int) -> str:
-        """(a) a marker with a fresh nonce, then (b) the level-1 row inserted or touched. Order matters."""
-        from azure.core import MatchConditions
-        from azure.core.exceptions import ResourceExistsError, ResourceNotFoundError
+        """(a) a marker with a fresh nonce, then (b) the level-1 row inserted or touched. Order matters.
+
+        (b) is one Insert Or Merge request carrying no property: afterwards the row exists with an ETag
+        no earlier read saw (a merge changes it), whether it was there or not, and a lease on it keeps its
+        columns. It can overwrite nothing, so it needs no condition; an insert, then a merge ``If-Match *``
+        after a conflict, did the same in two requests (issue 21: a cold instance's first lock)."""
+        from azure.core.exceptions import ResourceExistsError
         from azure.data.tables import UpdateMode
 
         nonce = uuid.uuid4().hex
         marker = {"PartitionKey": partition, "RowKey": marker_row_key(kind, bucket, nonce)}
         with contextlib.suppress(ResourceExistsError):  # our own insert, applied but its answer lost
             self._state_table().create_entity(marker)
-        level1 = self._tables.table(EXPIRY_TABLE)
-        row = level1_entity(kind, bucket, partition)
-        for _ in range(_TOUCH_ATTEMPTS):
-            try:
-                level1.create_entity(row)
-                return nonce
-            except ResourceExistsError:
-                pass
-            try:
-                # A merge changes the row's ETag: a catch-up that read the old one cannot delete it now.
-                level1.update_entity(
-                    row, mode=UpdateMode.MERGE, match_condition=MatchConditions.Unconditionally
-                )
-                return nonce
-            except ResourceNotFoundError:
-                continue  # deleted between the two requests: insert it again
-        raise RuntimeError("the expiry index row kept changing while it was being prepared")
+        self._tables.table(EXPIRY_TABLE).upsert_entity(
+            level1_entity(kind, bucket, partition), mode=UpdateMode.MERGE
+        )
+        return nonce
 
     # -- catch-up --------------------------------------------------------------------------------------
     def pointers(self, kind: str, now: datetime, *, page_size: int = 100) -> Iterator[Pointer]:

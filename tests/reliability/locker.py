@@ -8,8 +8,8 @@ threads, on many keys and partitions, with short locks. Before each lock it appe
 
 ``--kill-at KIND[:N]``: ``SIGKILL`` this process when it is about to send its N-th (default 1st) request of
 KIND, or (``after-batch``) right after the N-th lock transaction was applied, before its answer is read:
-``marker`` (insert of an index marker), ``level1`` (insert of a level-1 row), ``touch`` (merge of a
-level-1 row), ``batch`` (an entity group transaction), ``after-batch``.
+``marker`` (insert of an index marker), ``level1`` (the insert-or-merge of a level-1 row that follows it),
+``batch`` (an entity group transaction), ``after-batch``.
 """
 
 from __future__ import annotations
@@ -33,10 +33,8 @@ def kind_of(request: Any) -> str | None:
     table = path.rsplit("/", 1)[-1]
     if table == "$batch" and http.method == "POST":
         return "batch"
-    if http.method == "POST" and table.endswith("statelocks"):
+    if http.method in ("POST", "MERGE", "PATCH") and ("statelocks(" in table or table.endswith("statelocks")):
         return "level1"
-    if http.method in ("MERGE", "PATCH") and "statelocks(" in table:
-        return "touch"
     if http.method == "POST" and table.endswith("state"):
         body = http.body if isinstance(http.body, bytes | str) else b""
         text = body.decode() if isinstance(body, bytes) else body

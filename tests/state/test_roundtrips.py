@@ -19,8 +19,9 @@ import pytest
 from common import runtime
 from common.clock import epoch_ms, utcnow
 from common.roundtrips import ROUND_TRIPS
+from common.tables import Tables
 from state import service
-from state.keys import LOCK_KIND, RETENTION_KIND, bucket_of, partition_key
+from state.keys import EXPIRY_TABLE, LOCK_KIND, RETENTION_KIND, STATE_TABLE, bucket_of, partition_key
 from state.store import StateStore
 from tests.state.conftest import new_key
 
@@ -185,6 +186,19 @@ def _first_token(state, key) -> int:
     token = state.lock(key).json["lockToken"]
     service.store()._signer = None  # a new instance: the key is read once
     return count(lambda: state.set(key, status="Processed", lockToken=token)) - 1
+
+
+@case("+ first use of Settle's tables by an instance")
+def _first_tables(state, key) -> int:
+    state.lock(key)  # the tables exist
+    other = Tables(runtime.tables().settings)  # another instance: no table known yet
+    try:
+        with ROUND_TRIPS.measure() as tally:
+            for name in (STATE_TABLE, EXPIRY_TABLE):
+                other.table(name)
+        return tally.requests
+    finally:
+        other.close()
 
 
 @pytest.mark.parametrize("label", sorted(MEASURED))
