@@ -19,6 +19,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any, Protocol
 
 from common import telemetry
+from common.beside import Beside
 from common.clock import utcnow
 from common.errors import KeyTooLong, is_transient_storage_fault
 from handoff import counts, keys, store
@@ -258,10 +259,24 @@ class ResolverService:
 
     def project(self, m: InboundMessage) -> Outcome:
         """Read the event row once, write everything in one transaction; retry a lost ETag race."""
+        endpoint = m.endpoint_id
+        pk = self.store.event_partition(endpoint, m.event_id)  # every row of the event: one EGT
+        # The operator overview, the sweeper and the reconciler walk the listed endpoints: an endpoint new
+        # to this process is listed beside the event's read, and the projection is written only once it
+        # is (issue 21: a cold instance's first message).
+        listing: Beside[None] | None = None
+        if endpoint not in self._registered:
+            listing = Beside(lambda: self.store.register_endpoint(endpoint), name="settle-endpoint-listing")
+        try:
+            return self._project(m, pk, listing)
+        finally:
+            if listing is not None:
+                listing.wait()
+
+    def _project(self, m: InboundMessage, pk: str, listing: Beside[None] | None) -> Outcome:
         from azure.data.tables import TableTransactionError
 
         endpoint = m.endpoint_id
-        pk = self.store.event_partition(endpoint, m.event_id)  # every row of the event: one EGT
         for _ in range(_ETAG_ATTEMPTS):
             current = self.store.get_event(endpoint, m.event_id)
             now = self.clock()
@@ -273,9 +288,8 @@ class ResolverService:
             ]
             if decision.applied:
                 assert decision.row is not None
-                if endpoint not in self._registered:
-                    # The operator overview, the sweeper and the reconciler walk the listed endpoints.
-                    self.store.register_endpoint(endpoint)
+                if listing is not None:
+                    listing.result()  # what it raised is raised: the event is not written unlisted
                     self._registered.add(endpoint)
                 ops += self._applied_ops(pk, decision.row, current)
             else:

@@ -26,12 +26,13 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from common import telemetry
+from common.beside import Beside
 from common.clock import earliest_now, epoch_ms, from_epoch_ms, iso, latest_now, to_ms, utcnow
 from common.errors import (
     Conflict,
@@ -392,7 +393,29 @@ class StateStore:
         """Take the lock (see ``lock_decision``). ``request_id``: a caller-chosen id; a call with the same
         id while that lock holds gets it back (``replayed``) instead of a refusal."""
         check_key_size(key)
-        self.signer()  # a lock is only taken when its token can be issued
+        # A lock is only taken when its token can be issued. A process that has not read its signing key
+        # yet reads it beside the lock's first requests (the preparation of its expiry minute), and the
+        # lock's write waits for it (issue 21: a cold instance's first lock); every answer waits for it.
+        if self._signer is not None:
+            return self._lock(key, ctx, lock_seconds, request_id, ready=_nothing)
+        key_read = Beside(self.signer, name="settle-signing-key")
+        try:
+            outcome = self._lock(key, ctx, lock_seconds, request_id, ready=key_read.result)
+        except BaseException:
+            key_read.wait()
+            raise
+        key_read.result()
+        return outcome
+
+    def _lock(
+        self,
+        key: RecordKey,
+        ctx: WriteContext,
+        lock_seconds: int,
+        request_id: str | None,
+        *,
+        ready: Callable[[], object],
+    ) -> LockOutcome:
         pk, rk = self.layout.partition(key), head_row_key(key)
         known, current = self._hints.get(pk, rk)
         if not known and self.layout.earlier_partitions(key):
@@ -444,7 +467,7 @@ class StateStore:
                     f"{iso(previous) if previous is not None else 'an unknown time'}."
                 )
             try:
-                head = _noted(current, self._write(current, new))
+                head = _noted(current, self._write(current, new, ready=ready))
             except Exception as exc:
                 if not is_conflict(exc):
                     raise
@@ -749,10 +772,18 @@ class StateStore:
             new["Error"] = error
         return self._write(current, new)
 
-    def _write(self, current: Head | None, new: dict[str, Any], *, keep_history: bool = True) -> Head:
+    def _write(
+        self,
+        current: Head | None,
+        new: dict[str, Any],
+        *,
+        keep_history: bool = True,
+        ready: Callable[[], object] | None = None,
+    ) -> Head:
         """Insert the first version, or replace ``current`` (If-Match) and append its history row; in the
         same transaction delete the index rows ``current`` names and insert the ones ``new`` names.
-        ``keep_history=False``: ``new`` is the same version rewritten (an extension), no history row."""
+        ``keep_history=False``: ``new`` is the same version rewritten (an extension), no history row.
+        ``ready``: waited for (what it raises is raised) after the index is prepared, before the write."""
         from azure.core import MatchConditions
         from azure.data.tables import TableTransactionError, UpdateMode
 
@@ -802,6 +833,8 @@ class StateStore:
                     markers.append(marker)
             first_marker = len(ops)
             ops += [("update", m, {"mode": UpdateMode.MERGE, **unconditional}) for m in markers]
+            if ready is not None:
+                ready()
             try:
                 # Not retried by the SDK: a retry of a write that was applied but whose answer was lost
                 # meets its own write (a conflict) and could write again; the ambiguity is settled below.
@@ -867,6 +900,10 @@ def _same_value(read: Any, written: Any) -> bool:
     if isinstance(read, datetime) and isinstance(written, datetime):
         return epoch_ms(read) == epoch_ms(written)
     return bool(getattr(read, "value", read) == getattr(written, "value", written))
+
+
+def _nothing() -> None:
+    """What a lock waits for when its process already holds the signing key."""
 
 
 def _noted(current: Head | None, head: Head) -> Head:

@@ -1,7 +1,8 @@
 """Table round trips per operation, counted by the azure-core policy every client carries.
 
-Every request an operation causes runs on the calling thread (there is no background writer), so the
-per-thread tally is complete. The documented figures are read from docs/tables.md and compared with
+Every request an operation causes runs on the calling thread or, sent beside it (``common.beside``: a
+cold instance's signing-key read), on a thread that adopts the caller's tallies, so the per-thread tally
+is complete. The documented figures are read from docs/tables.md and compared with
 what is measured here, so the table cannot drift from the code.
 """
 
