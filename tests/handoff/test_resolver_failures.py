@@ -11,6 +11,7 @@ from azure.core.exceptions import ServiceRequestError
 from azure.core.pipeline.policies import SansIOHTTPPolicy
 
 from common import runtime
+from handoff import keys as handoff_keys
 from handoff import service
 from handoff.contract import MessageType
 from handoff.resolver import RETRY_BUDGET, Outcome, TransientProjectionError, retry_delay
@@ -286,6 +287,7 @@ def test_a_storage_answer_that_cannot_be_decoded_is_rescheduled_not_poisoned(flo
         redelivery = RecordingRedelivery()
         resolver.redelivery = lambda: redelivery
         msg = flow.request(message_id=f"req-{flow.event_id}")
+        runtime.tables().table(handoff_keys.EVENTS_TABLE)  # this instance's first GET: its tables listed
         undecodable.armed = 1  # the event row read: its answer is cut short
         assert resolver.handle(msg) is Outcome.RESCHEDULED
         assert undecodable.armed == 0 and _poison_reasons(msg) == []
