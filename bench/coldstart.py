@@ -253,12 +253,18 @@ def _run(env: Environment, app: Path) -> list[Figure]:
 
     settle_total, floor_total = med("settle", "total"), med("floor", "total")
     value = settle_total / floor_total
+    # The same ratio within each round (the two sides ran back to back, under the same load): its spread
+    # says how far a busy machine moves the figure (issue 21: report the spread).
+    per_round = sorted(
+        float(a["total"]) / float(b["total"]) for a, b in zip(runs["settle"], runs["floor"], strict=True)
+    )
     env.details["coldstart"] = {
         "package": (app / "package.txt").read_text(),
         "settle": runs["settle"],
         "floor": runs["floor"],
         "sources": runs["sources"],
         "own_modules_self_ms": own,
+        "ratio_per_round": per_round,
         "medians_s": {
             side: {p: med(side, p) for p in ("import", "first_lock", "first_message", "total")}
             for side in runs
@@ -297,6 +303,8 @@ def _run(env: Environment, app: Path) -> list[Figure]:
                 f"(infra/package.py); import + first lock + first message: "
                 f"Settle {parts('settle')}, floor {parts('floor')}; requests of the first lock and the "
                 f"first message: Settle {requests}, floor 2 + 3; "
+                f"ratio within each round: median {median(per_round):.2f}, "
+                f"{per_round[0]:.2f}-{per_round[-1]:.2f}; "
                 "heavy SDKs loaded: "
                 f"{', '.join(heavy) or 'none'}; {read_from('settle')}; "
                 f"Settle's own modules {sum(own.values()):.0f} ms self time "

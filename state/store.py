@@ -16,7 +16,8 @@ Round trips (sequential requests; the table with every case is in docs/tables.md
 - set / release / extend with a token: 1 transaction; without a token: 1 read + 1 transaction.
 - upsert: 1 read + 1 transaction.
 - amortised: a process's first lock in a partition and expiry minute first prepares the expiry index
-  (2-3 requests, ``state/expiry.py``), and its first token needs the signing key (1 read).
+  (2 requests, ``state/expiry.py``), and its first token needs the signing key (1 read, sent beside
+  that preparation: ``common/beside.py``).
 """
 
 from __future__ import annotations
