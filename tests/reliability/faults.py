@@ -1,8 +1,11 @@
 """Fault injection: an azure-core policy that fails a chosen storage request of the arming thread.
 
 ``runtime.reset(policies=[FAULTS])`` puts the policy on every Table client, after the SDK's retry policy
-(once per attempt). A thread arms it with :meth:`FaultPolicy.plan`; other threads (the expiry index
-flusher) pass straight through, so request numbers are those of the operation under test.
+(once per attempt). A thread arms it with :meth:`FaultPolicy.plan`; other threads pass straight through,
+so request numbers are those of the operation under test. The plan lives in a context variable, so a
+request the operation sends beside itself (``common.beside``: a cold instance's signing-key read) is
+numbered and can be failed like the operation's own; two such requests in flight at once take their
+numbers in the order they are sent.
 
 Two kinds of fault:
 
@@ -13,6 +16,7 @@ Two kinds of fault:
 
 from __future__ import annotations
 
+import contextvars
 import os
 import random
 import threading
@@ -40,6 +44,13 @@ class Plan:
     rng: random.Random = field(default_factory=random.Random)
     requests: list[str] = field(default_factory=list)
     injected: list[str] = field(default_factory=list)
+    guard: threading.Lock = field(default_factory=threading.Lock)
+
+    def number(self, label: str) -> int:
+        """Count request ``label`` (from whichever thread sends it) and return its 1-based number."""
+        with self.guard:
+            self.requests.append(label)
+            return len(self.requests)
 
     def _fires(self, number: int) -> bool:
         if self.index is not None:
@@ -54,7 +65,7 @@ class FaultPolicy(HTTPPolicy):  # type: ignore[type-arg]
 
     def __init__(self) -> None:
         super().__init__()
-        self._local = threading.local()
+        self._plan: contextvars.ContextVar[Plan | None] = contextvars.ContextVar("fault_plan", default=None)
 
     @contextmanager
     def plan(
@@ -67,31 +78,30 @@ class FaultPolicy(HTTPPolicy):  # type: ignore[type-arg]
         seed: int = 0,
     ) -> Iterator[Plan]:
         plan = Plan(index=index, when=when, rate=rate, limit=limit, rng=random.Random(seed))
-        previous = getattr(self._local, "plan", None)
-        self._local.plan = plan
+        token = self._plan.set(plan)
         try:
             yield plan
         finally:
-            self._local.plan = previous
+            self._plan.reset(token)
 
     def arm(self, index: int = 1, when: When = "before") -> Plan:
         """Arm this thread without a ``with`` block (a transport stub failing the request that follows)."""
         plan = Plan(index=index, when=when)
-        self._local.plan = plan
+        self._plan.set(plan)
         return plan
 
     def disarm(self) -> None:
-        self._local.plan = None
+        self._plan.set(None)
 
     def send(self, request: Any) -> Any:
-        plan: Plan | None = getattr(self._local, "plan", None)
+        plan = self._plan.get()
         if plan is None:
             return self.next.send(request)
         http = request.http_request
         label = f"{http.method} {unquote(urlparse(http.url).path)}"
-        plan.requests.append(label)
-        number = len(plan.requests)
-        fires = plan._fires(number)
+        number = plan.number(label)
+        with plan.guard:
+            fires = plan._fires(number)
         if fires and plan.when == "before":
             plan.injected.append(f"before #{number} {label}")
             raise ServiceRequestError(f"injected fault: request #{number} ({label}) was not sent")
