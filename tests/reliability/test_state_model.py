@@ -43,23 +43,27 @@ class Model:
     version: int = 0
     lock: str | None = None  # the lock id currently held (status Processing)
     tokens: list[str] = field(default_factory=list)
-    # (lock id, operation, request) of the fenced write that made the current version, if one did
-    closed: tuple[str, str, str] | None = None
+    # (lock id, operation, request) of each fenced write that ended a lock -> the version it made. A retry
+    # of one is answered with that version even after newer versions followed (issue 23, items 9-11: the
+    # store finds it by a point read of the history row the token's write created).
+    closings: dict[tuple[str, str, str], int] = field(default_factory=dict)
 
     def holds(self, token: str | None) -> bool:
         return token is not None and self.status == "Processing" and lock_id(token) == self.lock
 
-    def replays(self, token: str | None, operation: str, request: dict[str, Any]) -> bool:
-        """Is this fenced write the very one that made the current version (a retry)?"""
-        asked = (lock_id(token), operation, json.dumps(request, sort_keys=True)) if token else None
-        return asked is not None and asked == self.closed
+    def replays(self, token: str | None, operation: str, request: dict[str, Any]) -> int | None:
+        """The version this fenced write made, when it was already applied (this call is a retry)."""
+        if token is None:
+            return None
+        return self.closings.get((lock_id(token), operation, json.dumps(request, sort_keys=True)))
 
     def change(self, status: str, *, by: tuple[str | None, str, dict[str, Any]] | None = None) -> None:
         self.status, self.version = status, self.version + 1
         if status != "Processing":
             self.lock = None
         token, operation, request = by if by is not None else (None, "", {})
-        self.closed = (lock_id(token), operation, json.dumps(request, sort_keys=True)) if token else None
+        if token is not None and status != "Processing":
+            self.closings[(lock_id(token), operation, json.dumps(request, sort_keys=True))] = self.version
 
 
 def make_machine(call: Caller) -> type[RuleBasedStateMachine]:
@@ -119,9 +123,12 @@ def make_machine(call: Caller) -> type[RuleBasedStateMachine]:
             request = {k: v for k, v in body.items() if k not in ("key", "lockToken")}
             result = self._call("state_set", body)
             if token is not None and not m.holds(token):
-                if m.replays(token, "set", request):
+                made = m.replays(token, "set", request)
+                if made is not None:
                     TALLY.check(
-                        AREA, result.status == 200 and result.json["version"] == m.version, f"replay {m}"
+                        AREA,
+                        result.status == 200 and result.json["version"] == made,
+                        f"replay {m}: {result.body!r}",
                     )
                     return
                 TALLY.check(AREA, result.status == 409, f"set with a lost token on {m}: {result.status}")
@@ -145,9 +152,12 @@ def make_machine(call: Caller) -> type[RuleBasedStateMachine]:
             request = {k: v for k, v in body.items() if k not in ("key", "lockToken")}
             result = self._call("state_upsert", body)
             if token is not None and not m.holds(token):
-                if m.replays(token, "upsert", request):
+                made = m.replays(token, "upsert", request)
+                if made is not None:
                     TALLY.check(
-                        AREA, result.status == 200 and result.json["version"] == m.version, f"replay {m}"
+                        AREA,
+                        result.status == 200 and result.json["version"] == made,
+                        f"replay {m}: {result.body!r}",
                     )
                     return
                 TALLY.check(AREA, result.status == 409, f"upsert with a lost token on {m}: {result.status}")
@@ -172,9 +182,12 @@ def make_machine(call: Caller) -> type[RuleBasedStateMachine]:
             result = self._call("state_release", body)
             allowed = m.holds(token) if token is not None else m.status == "Processing"
             if not allowed:
-                if m.replays(token, "release", request):
+                made = m.replays(token, "release", request)
+                if made is not None:
                     TALLY.check(
-                        AREA, result.status == 200 and result.json["version"] == m.version, f"replay {m}"
+                        AREA,
+                        result.status == 200 and result.json["version"] == made,
+                        f"replay {m}: {result.body!r}",
                     )
                     return
                 TALLY.check(AREA, result.status == 409, f"release refused on {m}: {result.status}")
@@ -241,3 +254,16 @@ def test_random_operation_sequences_agree_with_the_model(faulty_tables, function
             suppress_health_check=[HealthCheck.too_slow],
         ),
     )
+
+
+def test_a_release_retried_after_a_new_lock_is_answered_as_the_release_it_repeats(faulty_tables, functions):
+    """The sequence Hypothesis found (full scale, 2026-12-03): lock, release, lock again, then the first
+    release retried with its token and body. The store answers it as done (version 2, issue 23 items
+    9-11); a model that only replayed the write of the current version called that a violation."""
+    machine: Any = make_machine(Caller(functions))()
+    machine.lock(k=2)
+    machine.release(k=2, kind="latest", pick=3)
+    machine.lock(k=2)
+    machine.release(k=2, kind="any", pick=0)  # the first token again, the same body
+    machine.history_has_one_version_per_change()
+    machine.teardown()
