@@ -4,25 +4,18 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install chromium run demo test lint typecheck pytest bench bench-smoke bench-report reliability reliability-throttled infra-check infra-types azurite table-export table-restore clean
+.PHONY: install run demo test lint typecheck pytest bench bench-smoke bench-report reliability reliability-throttled infra-check infra-types azurite table-export table-restore clean
 
-CHROMIUM := /usr/bin/chromium
-
-$(STAMP): requirements.txt requirements-dev.txt client/pyproject.toml package.json package-lock.json
+$(STAMP): requirements.txt requirements-dev.txt requirements-worker.txt client/pyproject.toml package.json package-lock.json
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
+	$(PY) -m pip install --quiet --disable-pip-version-check --ignore-requires-python -r requirements-worker.txt
 	npm ci --no-audit --no-fund --loglevel=error
-	@$(MAKE) --no-print-directory chromium
 	@touch $(STAMP)
 
-# The console's browser tests drive Debian's Chromium (Playwright never downloads a browser here). Where
-# apt-get is missing, point SETTLE_CHROMIUM at a Chromium or Chrome binary instead.
-chromium:
-	@test -x "$${SETTLE_CHROMIUM:-$(CHROMIUM)}" || { \
-	  if command -v apt-get >/dev/null; then \
-	    SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	    $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null 2>&1 || { $$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }; \
-	  else echo "warning: no Chromium at $(CHROMIUM) and no apt-get: set SETTLE_CHROMIUM for the console's browser tests" >&2; fi; }
+# Nothing here installs system packages: the console's browser tests use a Chromium that is already there
+# (SETTLE_CHROMIUM, or /usr/bin/chromium and the other usual paths) and skip, saying why, when none is.
+# CI installs Debian's chromium itself (.ci/run).
 
 install: $(STAMP) ## Create .venv and install Python and npm dependencies (once).
 

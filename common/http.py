@@ -10,7 +10,6 @@ anything else is logged and answered 500 without internals.
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import math
@@ -298,7 +297,6 @@ def guard(
     operation also counts in ``settle.state.operations`` / ``settle.state.duration``.
     """
 
-    @functools.wraps(handler)
     def wrapper(req: func.HttpRequest) -> func.HttpResponse:
         with telemetry.incoming(req.headers):
             if span is None:
@@ -314,6 +312,14 @@ def guard(
                 telemetry.state_operation(span[len(_STATE_SPAN) :], current.outcome or "ok", watch.seconds)
             return response
 
+    # The worker indexes this function, not the handler: it reads the signature and the type hints and
+    # accepts an HTTP function only as ``(req: func.HttpRequest) -> func.HttpResponse``. So no
+    # functools.wraps (it would copy the handler's model annotations and set ``__wrapped__``, which
+    # inspect.signature follows); the names say which handler it is, ``handler`` keeps it reachable.
+    wrapper.__name__ = wrapper.__qualname__ = handler.__name__
+    wrapper.__doc__ = handler.__doc__
+    wrapper.__annotations__ = {"req": func.HttpRequest, "return": func.HttpResponse}
+    wrapper.handler = handler  # type: ignore[attr-defined]
     return wrapper
 
 

@@ -35,7 +35,6 @@ import argparse
 import asyncio
 import calendar
 import contextlib
-import importlib
 import inspect
 import json
 import logging
@@ -55,6 +54,9 @@ from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from devtools import indexing
+from devtools.indexing import IndexedFunction
 
 ROOT = Path(__file__).resolve().parent.parent
 FUNCTION_KEY_SETTING = "SETTLE_DEV_FUNCTION_KEY"
@@ -356,40 +358,36 @@ class FunctionTable:
         return {f.name for f in self.http} | set(self.timers) | set(self.service_bus) | set(self.other)
 
 
-def _text(value: Any) -> str:
-    return str(getattr(value, "value", value))
-
-
 def _disabled(name: str, environ: Mapping[str, str]) -> bool:
     return environ.get(f"AzureWebJobs.{name}.Disabled", "").strip().lower() in {"1", "true"}
 
 
 def build_function_table(
-    functions: Iterable[Any], prefix: str, environ: Mapping[str, str] | None = None
+    functions: Iterable[IndexedFunction], prefix: str, environ: Mapping[str, str] | None = None
 ) -> FunctionTable:
-    """Classify indexed functions (the objects of ``app.get_functions()``) by trigger."""
+    """Classify the functions the worker accepted by trigger, from the raw bindings it sends the host."""
     env = os.environ if environ is None else environ
     table = FunctionTable(http=[], timers={}, service_bus={}, other={})
     for fn in functions:
-        name = str(fn.get_function_name())
+        name = fn.name
         if _disabled(name, env):
             log.info("function %s is disabled by AzureWebJobs.%s.Disabled", name, name)
             continue
-        trigger = fn.get_trigger()
-        kind = _text(trigger.type)
-        user_function = fn.get_user_function()
+        trigger = fn.trigger
+        kind = fn.trigger_type
+        arg_name = str(trigger["name"])
         if kind == "httpTrigger":
-            methods = tuple(_text(m).upper() for m in (trigger.methods or ()))
-            route = RouteTemplate.compile(trigger.route or name, prefix)
-            auth = _text(trigger.auth_level or "function").lower()
-            table.http.append(HttpFunction(name, methods, auth, route, trigger.name, user_function))
+            methods = tuple(str(m).upper() for m in (trigger.get("methods") or ()))
+            route = RouteTemplate.compile(str(trigger.get("route") or name), prefix)
+            auth = str(trigger.get("authLevel") or "function").lower()
+            table.http.append(HttpFunction(name, methods, auth, route, arg_name, fn.user_function))
         elif kind == "timerTrigger":
             table.timers[name] = TimerFunction(
-                name, trigger.schedule, bool(trigger.run_on_startup), trigger.name, user_function
+                name, str(trigger["schedule"]), bool(trigger.get("runOnStartup")), arg_name, fn.user_function
             )
         elif kind == "serviceBusTrigger":
-            binding = {k: v for k, v in trigger.get_dict_repr().items() if v is not None}
-            table.service_bus[name] = ServiceBusFunction(name, trigger.name, user_function, binding)
+            binding = {k: v for k, v in trigger.items() if v is not None}
+            table.service_bus[name] = ServiceBusFunction(name, arg_name, fn.user_function, binding)
         else:
             table.other[name] = kind
     # Literal routes win over parameterised ones (as in ASP.NET routing): fewer parameters first.
@@ -678,6 +676,12 @@ def _from_function_response(response: Any, name: str) -> Answer:
     return Answer(response.status_code, headers, response.get_body() or b"", name)
 
 
+class _Server(ThreadingHTTPServer):
+    # socketserver's default backlog is 5: a burst of clients (agents, a load test) got connection resets
+    # that they retried as failures. A thread per connection serves them; the backlog holds the burst.
+    request_queue_size = 128
+
+
 class DevHost:
     """The function table plus what serves it: routing, auth, timers and the admin endpoint."""
 
@@ -700,12 +704,17 @@ class DevHost:
         self._timer_locks = {name: threading.Lock() for name in table.timers}
 
     @classmethod
-    def from_app(
-        cls, app: Any, *, host_json: Path = ROOT / "host.json", function_key: str | None = None
+    def from_module(
+        cls,
+        module: str = "function_app",
+        *,
+        host_json: Path = ROOT / "host.json",
+        function_key: str | None = None,
     ) -> DevHost:
-        """Index ``app`` (calls ``get_functions()``, which may run only once per app object)."""
+        """Serve what the Python worker accepts of ``module``'s app (:func:`devtools.indexing.index`): a
+        function the real worker rejects is refused here too (:class:`~devtools.indexing.IndexingFailed`)."""
         prefix = route_prefix(host_json)
-        table = build_function_table(app.get_functions(), prefix)
+        table = build_function_table(indexing.index_module(module), prefix)
         key = function_key if function_key is not None else os.environ.get(FUNCTION_KEY_SETTING)
         return cls(table, prefix=prefix, function_key=key)
 
@@ -909,7 +918,7 @@ class DevHost:
             def log_message(self, format: str, *args: Any) -> None:  # one line per request is ours
                 return
 
-        server = ThreadingHTTPServer((host, port), Handler)
+        server = _Server((host, port), Handler)
         server.daemon_threads = True
         self._server = server
         return server
@@ -964,7 +973,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=7071)
     parser.add_argument("--settings", type=Path, default=ROOT / "local.settings.json")
     parser.add_argument("--no-timers", action="store_true", help="do not run timers on their schedules")
-    parser.add_argument("--app", default="function_app:app", help="module:attribute of the FunctionApp")
+    parser.add_argument(
+        "--app",
+        default="function_app",
+        help="module whose FunctionApp is served (found as the worker finds it)",
+    )
     args = parser.parse_args(argv)
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s [dev-host] %(message)s", stream=sys.stdout)
@@ -974,9 +987,12 @@ def main(argv: list[str] | None = None) -> int:
     applied = apply_settings(read_settings(args.settings))
     log.info("settings: %d values from %s (environment variables win)", len(applied), args.settings)
     sys.path.insert(0, str(ROOT))
-    module_name, _, attribute = args.app.partition(":")
-    app = getattr(importlib.import_module(module_name), attribute or "app")
-    devhost = DevHost.from_app(app, host_json=ROOT / "host.json")
+    module_name = args.app.partition(":")[0]
+    try:
+        devhost = DevHost.from_module(module_name, host_json=ROOT / "host.json")
+    except indexing.IndexingFailed as exc:
+        log.error("%s; the Functions host would serve none of them. Nothing is served.", exc)
+        return 1
     if devhost.function_key is None:
         log.warning(
             "%s is not set: function-level HTTP functions are open (no key needed). "

@@ -69,10 +69,11 @@ def fresh_tables(azurite_connection: str, settle_tables: str) -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def functions() -> dict[str, Any]:
-    """The app's functions by name, indexed once (``get_functions`` may run once per app object)."""
-    import function_app
+    """The app's functions by name, as the Python worker indexes and accepts them (once per process:
+    ``get_functions`` may run once per app object; a function the worker rejects fails here)."""
+    from devtools import indexing
 
-    return {str(f.get_function_name()): f for f in function_app.app.get_functions()}
+    return {f.name: f.sdk_function for f in indexing.index()}
 
 
 @dataclass

@@ -66,7 +66,7 @@ def start_host(azurite_connection: str, tmp_path_factory: pytest.TempPathFactory
     """Start development hosts for a module; every one is stopped at the end."""
     started: list[HostProcess] = []
 
-    def start(*, app: str = "function_app:app", env: dict[str, str] | None = None) -> HostProcess:
+    def start(*, app: str = "function_app", env: dict[str, str] | None = None) -> HostProcess:
         folder = tmp_path_factory.mktemp("devhost")
         settings = folder / "local.settings.json"
         shutil.copy(ROOT / "local.settings.json.example", settings)
