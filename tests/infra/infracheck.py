@@ -18,6 +18,7 @@ from tests.infra.armtypes import TypeData, type_data
 from tests.infra.bicep import INFRA
 from tests.infra.dependencies import check_dependencies
 from tests.infra.deployscript import check_deploy_script
+from tests.infra.firststart import check_first_start
 from tests.infra.references import unresolved
 from tests.infra.report import Finding, Report
 from tests.infra.roles import Grant, check_roles
@@ -40,6 +41,8 @@ CHECKS = {
     "values": "values Azure enforces that the type data does not (tests/infra/values.py, with sources)",
     "dependencies": "no dependency cycle; the app waits for its identity's role assignments",
     "deploy-script": "deploy.sh deploys nothing on Enter, on EOF or after a failing what-if",
+    "first-start": "six-field NCRONTAB schedules, storage the app can reach, connection settings that "
+    "match the indexed bindings",
 }
 
 
@@ -64,6 +67,7 @@ def check_infra(root: Path = INFRA, types: TypeData | None = None) -> InfraCheck
     by_check["values"] = check_values(units)
     by_check["dependencies"] = check_dependencies(units)
     by_check["deploy-script"] = check_deploy_script(root)
+    by_check["first-start"] = check_first_start(units, root)
     report = Report()
     for part in by_check.values():
         report.merge(part)

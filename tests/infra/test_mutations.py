@@ -573,6 +573,46 @@ MUTATIONS = [
         "SETTLE_TABLES_{i}__tableServiceUri: a numbered setting read by state/accounts.py, not set",
         "settings",
     ),
+    # -- first start: the deployment succeeds, then the app cannot start or its timers never run --
+    edit(
+        "catch-up-schedule-default-as-a-five-field-cron",
+        "main.bicep",
+        "param stateCatchupSchedule string = '0 */1 * * * *'",
+        "param stateCatchupSchedule string = '*/1 * * * *'",
+        "'*/1 * * * *' is not a six-field NCRONTAB expression",
+        "first-start",
+    ),
+    edit(
+        "sweeper-schedule-default-in-prose",
+        "main.bicep",
+        "param handoffSweeperSchedule string = '0 */1 * * * *'",
+        "param handoffSweeperSchedule string = 'every minute'",
+        "'every minute' is not a six-field NCRONTAB expression",
+        "first-start",
+    ),
+    Mutation(
+        "catch-up-schedule-in-the-parameter-file-as-a-five-field-cron",
+        "main.parameters.json",
+        (('"tablePrefix": {', '"stateCatchupSchedule": {"value": "0 * * * *"},\n    "tablePrefix": {'),),
+        "'0 * * * *' is not a six-field NCRONTAB expression",
+        "first-start",
+    ),
+    edit(
+        "host-storage-firewall-deny-without-network-integration",
+        "modules/storage.bicep",
+        "defaultAction: 'Allow'",
+        "defaultAction: 'Deny'",
+        "'Deny' without the function app's virtual network integration",
+        "first-start",
+    ),
+    edit(
+        "service-bus-client-id-under-a-misspelt-connection-name",
+        "modules/functionapp.bicep",
+        "ServiceBusConnection__clientId: identityClientId",
+        "ServiceBusConection__clientId: identityClientId",
+        "names the connection 'ServiceBusConection', which no binding uses",
+        "first-start",
+    ),
 ]
 
 
@@ -597,8 +637,8 @@ def test_the_unmutated_copy_passes_every_check(infra_copy: Path) -> None:
     assert report.errors == [], report.text()
 
 
-def test_there_are_the_63_edits_of_issues_12_16_21_and_26_each_with_the_check_that_catches_it() -> None:
-    assert len(MUTATIONS) >= 63
+def test_there_are_the_68_edits_each_with_the_check_that_catches_it() -> None:
+    assert len(MUTATIONS) >= 68
     assert len({m.id for m in MUTATIONS}) == len(MUTATIONS)
     assert {m.check for m in MUTATIONS} <= set(CHECKS)
     # Every check proves itself on at least one edit (a check no mutation exercises could be dead).
