@@ -88,9 +88,23 @@ done
 #    --what-if stops here; without --yes, nothing changes until the answer is yes (Azure CLI's own
 #    --confirm-with-what-if is not used: when declined it exits 0, and the code would still be pushed).
 group_exists=$(az group exists --name "$rg")
+# A resource group keeps the location it was created in; a different <location> would be ignored silently
+# (everything follows the group's location), so stop and say which one it is.
+if [ "$group_exists" = true ]; then
+  group_location=$(az group show --name "$rg" --query location -o tsv)
+  normalise() { tr '[:upper:]' '[:lower:]' <<<"$1" | tr -d ' '; }
+  if [ "$(normalise "$group_location")" != "$(normalise "$location")" ]; then
+    echo "resource group $rg is in $group_location, not $location: pass $group_location as the location," \
+      "or name another resource group; nothing was deployed" >&2
+    exit 1
+  fi
+fi
+# Each deployment gets its own name, so two deploys never collide and the group keeps the history; the
+# outputs below are read from this deployment, not from whichever ran last.
+deployment="settle-$(date -u +%Y%m%d-%H%M%S)-$(printf '%04x' $((RANDOM % 65536)))"
 if [ "$mode" != yes ]; then
   if [ "$group_exists" = true ]; then
-    az deployment group what-if --resource-group "$rg" --name settle "${params[@]}"
+    az deployment group what-if --resource-group "$rg" --name "$deployment" "${params[@]}"
   else
     echo "resource group $rg does not exist yet: it and everything in infra/main.bicep would be created" >&2
   fi
@@ -114,11 +128,12 @@ fi
 if [ "$group_exists" != true ]; then
   az group create --name "$rg" --location "$location" --output none
 fi
-az deployment group create --resource-group "$rg" --name settle "${params[@]}" --output none
-app=$(az deployment group show --resource-group "$rg" --name settle --query properties.outputs.functionAppName.value -o tsv)
-url=$(az deployment group show --resource-group "$rg" --name settle --query properties.outputs.functionAppUrl.value -o tsv)
+echo "deployment $deployment in resource group $rg ($location)"
+az deployment group create --resource-group "$rg" --name "$deployment" "${params[@]}" --output none
+app=$(az deployment group show --resource-group "$rg" --name "$deployment" --query properties.outputs.functionAppName.value -o tsv)
+url=$(az deployment group show --resource-group "$rg" --name "$deployment" --query properties.outputs.functionAppUrl.value -o tsv)
 # Settlement may send only to the listed endpoints (Data Sender per endpoint topic): say which.
-settles_to=$(az deployment group show --resource-group "$rg" --name settle --query properties.outputs.settlementEndpoints.value -o tsv | tr '\n' ' ')
+settles_to=$(az deployment group show --resource-group "$rg" --name "$deployment" --query properties.outputs.settlementEndpoints.value -o tsv | tr '\n' ' ')
 settles_to=${settles_to% }
 echo "settlement may send to these endpoints only: ${settles_to:-none} (any other is refused by Service Bus: add it to the endpoints parameter and redeploy)"
 

@@ -12,6 +12,7 @@ import base64
 import json
 import os
 import pty
+import re
 import subprocess
 import sys
 import zipfile
@@ -38,6 +39,8 @@ elif args[:2] == ["account", "get-access-token"]:
     print(os.environ["FAKE_AZ_TOKEN"])
 elif args[:2] == ["group", "exists"]:
     print("false" if os.environ.get("FAKE_AZ_NO_GROUP") else "true")
+elif args[:2] == ["group", "show"]:
+    print(os.environ.get("FAKE_AZ_GROUP_LOCATION", "westeurope"))
 elif "--confirm-with-what-if" in args:
     # The real CLI prompts "Are you sure you want to execute the deployment? (y/n)" and, on "n", deploys
     # nothing and still exits 0.
@@ -326,3 +329,27 @@ def test_the_deployment_says_which_endpoints_settlement_may_send_to(deploy: Depl
     assert run.code == 0, run.stderr
     assert "settlement may send to these endpoints only: Billing Shipping" in run.stdout
     assert "add it to the endpoints parameter" in run.stdout
+
+
+def test_a_resource_group_in_another_location_stops_the_deploy_saying_where_it_is(deploy: Deploy) -> None:
+    run = deploy("--yes", "rg-settle", "northeurope", "prod", FAKE_AZ_GROUP_LOCATION="westeurope")
+    assert run.code == 1
+    assert "rg-settle is in westeurope, not northeurope" in run.stderr
+    assert changes(run) == []
+    # Azure's location names ignore case and spaces ("West Europe" is westeurope).
+    same = deploy("--yes", "rg-settle", "West Europe", "prod", FAKE_AZ_GROUP_LOCATION="westeurope")
+    assert same.code == 0, same.stderr
+
+
+def test_each_deployment_has_its_own_name_and_the_outputs_come_from_it(deploy: Deploy) -> None:
+    names = []
+    for _ in range(2):
+        run = deploy("--yes", "rg-settle", "westeurope", "prod")
+        assert run.code == 0, run.stderr
+        [create] = run.called("deployment", "group", "create")
+        name = create[create.index("--name") + 1]
+        assert re.fullmatch(r"settle-\d{8}-\d{6}-[0-9a-f]{4}", name), name
+        shows = run.called("deployment", "group", "show")
+        assert shows and {show[show.index("--name") + 1] for show in shows} == {name}
+        names.append(name)
+    assert names[0] != names[1]
