@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -44,6 +45,26 @@ STORAGE_SETTINGS = ("AzureWebJobsStorage", "SETTLE_TABLES")
 
 def say(message: str) -> None:
     print(f"[make run] {message}", flush=True)
+
+
+def answers_health(port: int) -> bool:
+    """Does the app on ``port`` answer its health check (200) yet?"""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/health", timeout=1) as answer:
+            return bool(answer.status == 200)
+    except (OSError, ValueError):
+        return False
+
+
+def ready_lines(port: int) -> list[str]:
+    """What ``make run`` prints once the app answers: where the API and the console are."""
+    base = f"http://localhost:{port}/api"
+    return [
+        "ready:",
+        f"  API      {base}/v1/  (OpenAPI document: {base}/v1/openapi.json)",
+        f"  console  {base}/console",
+        "  Ctrl-C stops the app and Azurite.",
+    ]
 
 
 def ensure_settings(path: Path, example: Path) -> bool:
@@ -172,7 +193,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         say(f"starting {name} on http://localhost:{args.port}/api/v1/health")
         app = subprocess.Popen(command, cwd=ROOT, env=child_environment(settings, storage))
+        ready = False
         while not stopping and app.poll() is None:
+            if not ready and (ready := answers_health(args.port)):
+                for line in ready_lines(args.port):
+                    say(line)
             time.sleep(0.2)
         if app.poll() is not None and not stopping:
             say(f"the app exited with code {app.returncode}.")

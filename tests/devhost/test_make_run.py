@@ -84,6 +84,9 @@ def test_make_run_answers_health_and_ctrl_c_stops_azurite_too(tmp_path: Path) ->
     )  # fmt: skip
     try:
         elapsed = wait_for_health(process, port, log_path)
+        deadline = time.monotonic() + 10  # `make run` polls health itself, every 0.2 s
+        while "console  http" not in log_path.read_text() and time.monotonic() < deadline:
+            time.sleep(0.1)
     finally:
         code = stop_with_sigint(process)
 
@@ -93,6 +96,9 @@ def test_make_run_answers_health_and_ctrl_c_stops_azurite_too(tmp_path: Path) ->
     assert any(data.iterdir())
     output = log_path.read_text()
     assert "development tool" in output
+    # And once it answered, it said where the API and the console are
+    assert f"API      http://localhost:{port}/api/v1/" in output
+    assert f"console  http://localhost:{port}/api/console" in output
     # And Ctrl-C stopped the app and Azurite: nothing listens any more
     assert code == 0, output
     assert "Azurite stopped" in output
