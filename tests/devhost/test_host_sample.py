@@ -207,3 +207,49 @@ def test_a_chunked_body_is_read_whole(host: HostProcess) -> None:
     response = httpx.post(f"{host.base_url}/api/v1/open/1", content=parts())
     assert response.status_code == 200
     assert response.json()["body"] == '{"part": "one and two"}'
+
+
+def test_a_burst_of_64_connections_at_once_is_served_without_a_reset(host: HostProcess) -> None:
+    # Given 64 clients that connect at the same instant (agents starting together, a load test)
+    import socket
+    import threading
+    from urllib.parse import urlsplit
+
+    where = urlsplit(host.base_url)
+    address = (where.hostname or "127.0.0.1", where.port or 80)
+    barrier = threading.Barrier(64)
+    answers: list[str] = []
+    errors: list[BaseException] = []
+
+    def client(n: int) -> None:
+        try:
+            barrier.wait(timeout=30)
+            with socket.create_connection(address, timeout=30) as sock:
+                request = (
+                    f"POST /api/v1/open/{n} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n"
+                    "Connection: close\r\n\r\n"
+                )
+                sock.sendall(request.encode())
+                received = b""
+                while chunk := sock.recv(65536):
+                    received += chunk
+            answers.append(received.split(b"\r\n", 1)[0].decode())
+        except BaseException as exc:  # a reset, a refusal, a timeout: each is a failure here
+            errors.append(exc)
+
+    threads = [threading.Thread(target=client, args=(n,)) for n in range(64)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    # Then every one is answered, and none is reset or refused
+    assert errors == []
+    assert answers == ["HTTP/1.1 200 OK"] * 64
+    # And the listening socket holds such a burst itself: Linux drops a SYN beyond the backlog and the
+    # client retries a second later (elsewhere the connection is reset), so the backlog is read from the
+    # kernel (``ss``: Send-Q of a listening socket is its backlog).
+    import subprocess
+
+    listing = subprocess.run(["ss", "-ltnH", f"sport = :{address[1]}"], capture_output=True, text=True)
+    [line] = listing.stdout.strip().splitlines()
+    assert int(line.split()[2]) >= 64, line
