@@ -81,6 +81,15 @@ class LockLost(Conflict):
     title = "The lock is no longer held by this token"
 
 
+class LengthRequired(SettleError):
+    """A body sent without Content-Length (chunked): Azure's Functions host drops such a body before
+    Settle sees it, so the request is refused plainly instead of as "no body" (411)."""
+
+    status = 411
+    slug = "length-required"
+    title = "Content-Length required"
+
+
 class PayloadTooLarge(SettleError):
     status = 413
     slug = "payload-too-large"

@@ -25,6 +25,7 @@ from common.errors import (
     Conflict,
     InvalidInput,
     InvalidJson,
+    LengthRequired,
     PayloadTooLarge,
     SettleError,
     StorageTableMissing,
@@ -39,6 +40,9 @@ M = TypeVar("M", bound=BaseModel)
 Handler = Callable[[func.HttpRequest], Any]
 
 PROBLEM_CONTENT_TYPE = "application/problem+json"
+# Said in a header of its own as well as through mimetype/charset: the worker hands the host the headers
+# and the mimetype apart, and a deployed host's answer then named no charset.
+JSON_CONTENT_TYPE = "application/json; charset=utf-8"
 
 
 def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> func.HttpResponse:
@@ -47,7 +51,11 @@ def json_response(body: Any, status: int = 200, headers: dict[str, str] | None =
     else:
         text = json.dumps(body, separators=(",", ":"), ensure_ascii=False)
     return func.HttpResponse(
-        text, status_code=status, mimetype="application/json", charset="utf-8", headers=headers
+        text,
+        status_code=status,
+        mimetype="application/json",
+        charset="utf-8",
+        headers={"Content-Type": JSON_CONTENT_TYPE, **(headers or {})},
     )
 
 
@@ -57,7 +65,7 @@ def problem_response(error: SettleError) -> func.HttpResponse:
         status_code=error.status,
         mimetype=PROBLEM_CONTENT_TYPE,
         charset="utf-8",
-        headers=error.headers or None,
+        headers={"Content-Type": f"{PROBLEM_CONTENT_TYPE}; charset=utf-8", **error.headers},
     )
 
 
@@ -135,11 +143,19 @@ def parse_body(req: func.HttpRequest, model: type[M]) -> M:
     """Validate the JSON body against ``model`` or raise a 400 naming the field."""
     raw = req.get_body() or b""
     if not raw.strip():
+        if "chunked" in (req.headers.get("transfer-encoding") or "").lower():
+            raise LengthRequired(
+                "The body was sent in chunks (Transfer-Encoding: chunked, no Content-Length): the Azure "
+                "Functions host drops such a body before the app sees it. Send the body with a "
+                "Content-Length header.",
+                field="body",
+            )
         raise InvalidJson("The request needs a JSON body.", field="body")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise InvalidJson("The body is not UTF-8.", field="body") from exc
+    text = text.removeprefix("\ufeff")  # a UTF-8 byte order mark, as some editors and tools write
     try:
         parsed = model.model_validate_json(text)
     except ValidationError as exc:

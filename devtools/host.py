@@ -901,14 +901,16 @@ class DevHost:
 
             def _body(self) -> bytes:
                 if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
-                    chunks: list[bytes] = []
+                    # Azure's Functions host forwards a body only when Content-Length is over 0: a chunked
+                    # body never reaches the function there, so it does not here either. It is read (the
+                    # connection stays usable) and dropped; the headers still say it was chunked.
                     while True:
                         size = int(self.rfile.readline().split(b";", 1)[0].strip() or b"0", 16)
                         if size == 0:
                             while self.rfile.readline() not in (b"\r\n", b"\n", b""):
                                 pass  # trailers
-                            return b"".join(chunks)
-                        chunks.append(self.rfile.read(size))
+                            return b""
+                        self.rfile.read(size)
                         self.rfile.readline()  # the CRLF after each chunk
                 length = int(self.headers.get("Content-Length") or 0)
                 return self.rfile.read(length) if length else b""

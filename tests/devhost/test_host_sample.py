@@ -199,14 +199,19 @@ def test_admin_endpoint_rejects_unknown_functions_and_fields(host: HostProcess) 
     assert bad.json()["field"] == "sesionId"
 
 
-def test_a_chunked_body_is_read_whole(host: HostProcess) -> None:
+def test_a_chunked_body_is_dropped_as_the_deployed_host_drops_it(host: HostProcess) -> None:
+    # Azure's host forwards a body only with a Content-Length over 0: the function sees none, and the
+    # connection still serves the next request.
     def parts() -> Any:
         yield b'{"part": '
         yield b'"one and two"}'
 
-    response = httpx.post(f"{host.base_url}/api/v1/open/1", content=parts())
-    assert response.status_code == 200
-    assert response.json()["body"] == '{"part": "one and two"}'
+    with httpx.Client() as client:
+        response = client.post(f"{host.base_url}/api/v1/open/1", content=parts())
+        assert response.status_code == 200
+        assert response.json()["body"] == ""
+        again = client.post(f"{host.base_url}/api/v1/open/2", content=b'{"whole": true}')
+        assert again.json()["body"] == '{"whole": true}'
 
 
 def test_a_burst_of_64_connections_at_once_is_served_without_a_reset(host: HostProcess) -> None:

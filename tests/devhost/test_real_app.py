@@ -92,3 +92,21 @@ def test_admin_endpoint_feeds_the_resolver(host: HostProcess) -> None:
     row = httpx.get(f"{host.base_url}/api/v1/events/Billing/{event_id}", headers={"x-functions-key": KEY})
     assert row.status_code == 200, row.text
     assert row.json()["resolutionStatus"] == "Pending"
+
+
+def test_a_chunked_post_is_411_as_in_azure_and_the_same_body_with_content_length_works(
+    host: HostProcess,
+) -> None:
+    body = b'{"key": {"tenantId": 1, "scopeId": 4, "entityId": 1, "itemEntityKey": "i", "itemKey": "k"}}'
+
+    def chunks():
+        yield body[:10]
+        yield body[10:]
+
+    headers = {"x-functions-key": KEY, "content-type": "application/json"}
+    chunked = httpx.post(f"{host.base_url}/api/v1/state/exists", content=chunks(), headers=headers)
+    assert chunked.status_code == 411
+    assert chunked.headers["content-type"] == "application/problem+json; charset=utf-8"
+    whole = httpx.post(f"{host.base_url}/api/v1/state/exists", content=body, headers=headers)
+    assert whole.status_code == 200
+    assert whole.headers["content-type"] == "application/json; charset=utf-8"
