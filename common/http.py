@@ -313,8 +313,8 @@ def guard(
     operation also counts in ``settle.state.operations`` / ``settle.state.duration``.
     """
 
-    def wrapper(req: func.HttpRequest) -> func.HttpResponse:
-        with telemetry.incoming(req.headers):
+    def wrapper(req: func.HttpRequest, context: func.Context | None = None) -> func.HttpResponse:
+        with telemetry.invocation(context), telemetry.incoming(req.headers):
             if span is None:
                 return _answer(handler, req, ok_status, telemetry.NO_SPAN)
             watch = telemetry.Stopwatch()
@@ -329,12 +329,13 @@ def guard(
             return response
 
     # The worker indexes this function, not the handler: it reads the signature and the type hints and
-    # accepts an HTTP function only as ``(req: func.HttpRequest) -> func.HttpResponse``. So no
-    # functools.wraps (it would copy the handler's model annotations and set ``__wrapped__``, which
-    # inspect.signature follows); the names say which handler it is, ``handler`` keeps it reachable.
+    # accepts an HTTP function only as ``(req: func.HttpRequest[, context: func.Context]) ->
+    # func.HttpResponse``. So no functools.wraps (it would copy the handler's model annotations and set
+    # ``__wrapped__``, which inspect.signature follows); the names say which handler it is, ``handler``
+    # keeps it reachable. ``context`` brings the host's trace context (a direct call may leave it out).
     wrapper.__name__ = wrapper.__qualname__ = handler.__name__
     wrapper.__doc__ = handler.__doc__
-    wrapper.__annotations__ = {"req": func.HttpRequest, "return": func.HttpResponse}
+    wrapper.__annotations__ = {"req": func.HttpRequest, "context": func.Context, "return": func.HttpResponse}
     wrapper.handler = handler  # type: ignore[attr-defined]
     return wrapper
 

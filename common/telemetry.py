@@ -24,6 +24,7 @@ exception type and problem slug, never its message (a validation message may quo
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import threading
 import time
@@ -573,6 +574,45 @@ def incoming(carrier: Mapping[str, Any] | None) -> Iterator[None]:
     try:
         yield
     finally:
+        context_api.detach(token)
+
+
+# Set while the Functions host's invocation context is current (see ``invocation``): the host already made
+# that context a child of the caller's (an HTTP traceparent, a message's Diagnostic-Id), so it wins.
+_FROM_HOST: contextvars.ContextVar[bool] = contextvars.ContextVar("settle_host_invocation", default=False)
+
+
+def host_invocation_current() -> bool:
+    """Whether the block runs inside the host's invocation context (``invocation``)."""
+    return _FROM_HOST.get()
+
+
+@contextmanager
+def invocation(context: Any) -> Iterator[None]:
+    """Make the Functions host's invocation context current for the block.
+
+    The worker hands each invocation the host's W3C context in ``context.trace_context``, but runs a sync
+    function in its thread pool where that context is not current, so without this every span Settle
+    makes would start a trace of its own. ``context`` may be None (a direct call in a test): nothing
+    changes, and a request's own ``traceparent`` is used as before (``incoming``).
+    """
+    trace_context = getattr(context, "trace_context", None)
+    parent = _text(getattr(trace_context, "trace_parent", None))
+    if _active() is None or not parent:
+        yield
+        return
+    remote = _extract({TRACEPARENT: parent, TRACESTATE: _text(getattr(trace_context, "trace_state", None))})
+    if remote is None:
+        yield
+        return
+    from opentelemetry import context as context_api
+
+    token = context_api.attach(remote)
+    flag = _FROM_HOST.set(True)
+    try:
+        yield
+    finally:
+        _FROM_HOST.reset(flag)
         context_api.detach(token)
 
 

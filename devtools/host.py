@@ -395,9 +395,55 @@ def build_function_table(
     return table
 
 
-def invoke(user_function: Callable[..., Any], arg_name: str, value: Any) -> Any:
-    """Call a user function (sync or async) with its trigger argument."""
-    result = user_function(**{arg_name: value})
+@dataclass(frozen=True)
+class TraceContext:
+    """The W3C context the Functions host hands each invocation (``context.trace_context``)."""
+
+    trace_parent: str
+    trace_state: str = ""
+    attributes: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class InvocationContext:
+    """What the worker passes as ``context``: the invocation's id, its function and the host's trace."""
+
+    function_name: str
+    trace_context: TraceContext
+    invocation_id: str = field(default_factory=lambda: str(uuid.uuid4()))
+    function_directory: str = str(ROOT)
+
+
+_TRACEPARENT = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
+
+
+def host_trace(caller: str | None = None, state: str | None = None) -> TraceContext:
+    """The context of the host's own invocation activity: a child of the caller's ``traceparent`` (an HTTP
+    header, a message's Diagnostic-Id) when it is valid, else the root of a new trace, as the Functions
+    host makes it."""
+    match = _TRACEPARENT.match((caller or "").strip().lower())
+    trace_id = match.group(1) if match and set(match.group(1)) != {"0"} else uuid.uuid4().hex
+    flags = match.group(3) if match else "01"
+    span_id = uuid.uuid4().hex[:16]
+    return TraceContext(f"00-{trace_id}-{span_id}-{flags}", (state or "") if match else "")
+
+
+def _message_context(name: str, message: Any) -> InvocationContext:
+    """The host continues a message's trace (its ``traceparent``, else ``Diagnostic-Id``)."""
+    props = getattr(message, "application_properties", None) or {}
+    caller = props.get("traceparent") or props.get("Diagnostic-Id")
+    state = props.get("tracestate")
+    return InvocationContext(name, host_trace(str(caller) if caller else None, str(state) if state else None))
+
+
+def invoke(
+    user_function: Callable[..., Any], arg_name: str, value: Any, context: InvocationContext | None = None
+) -> Any:
+    """Call a user function (sync or async) with its trigger argument, and ``context`` when it takes one."""
+    arguments = {arg_name: value}
+    if context is not None and "context" in inspect.signature(user_function).parameters:
+        arguments["context"] = context
+    result = user_function(**arguments)
     if inspect.isawaitable(result):
         return asyncio.run(_await(result))
     return result
@@ -630,7 +676,8 @@ class BusReceiver:
             for received in batch:
                 message = build_service_bus_message(admin_message_from_received(received))
                 try:
-                    invoke(self.function.user_function, self.function.arg_name, message)
+                    context = _message_context(self.function.name, message)
+                    invoke(self.function.user_function, self.function.arg_name, message, context)
                 except Exception:
                     log.error("%s raised; abandoning:\n%s", self.function.name, traceback.format_exc())
                     receiver.abandon_message(received)
@@ -760,7 +807,8 @@ class DevHost:
                 body=body,
             )
             try:
-                response = invoke(fn.user_function, fn.arg_name, request)
+                trace = host_trace(lower.get("traceparent"), lower.get("tracestate"))
+                response = invoke(fn.user_function, fn.arg_name, request, InvocationContext(fn.name, trace))
             except Exception as exc:
                 log.error("function %s raised:\n%s", fn.name, traceback.format_exc())
                 answer = problem(500, "Function failed", f"{type(exc).__name__}: {exc}", function=fn.name)
@@ -801,7 +849,8 @@ class DevHost:
                 self.run_timer(name, past_due=False)
             elif name in self.table.service_bus:
                 fn = self.table.service_bus[name]
-                invoke(fn.user_function, fn.arg_name, build_service_bus_message(payload))
+                message = build_service_bus_message(payload)
+                invoke(fn.user_function, fn.arg_name, message, _message_context(fn.name, message))
             else:
                 kind = self.table.other[name]
                 return problem(400, "Not invocable", f"{name} has a {kind} the development host cannot feed.")
@@ -820,7 +869,12 @@ class DevHost:
 
         fn = self.table.timers[name]
         with self._timer_locks[name]:
-            invoke(fn.user_function, fn.arg_name, TimerRequest(past_due=past_due))
+            invoke(
+                fn.user_function,
+                fn.arg_name,
+                TimerRequest(past_due=past_due),
+                InvocationContext(name, host_trace()),
+            )
 
     def _timer_loop(self, fn: TimerFunction, schedule: Schedule) -> None:
         if fn.run_on_startup:

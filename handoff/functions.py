@@ -56,9 +56,13 @@ _DEFAULT_SETTLER = "api"
     connection="ServiceBusConnection",
     is_sessions_enabled=True,
 )
-def resolver(msg: func.ServiceBusMessage) -> None:
-    """Project one NimBus message; returning completes it, raising lets the host retry it (ADR 0002)."""
-    service.resolver_service().handle(msg)
+def resolver(msg: func.ServiceBusMessage, context: func.Context = None) -> None:  # type: ignore[assignment]
+    """Project one NimBus message; returning completes it, raising lets the host retry it (ADR 0002).
+
+    ``context``: the host's invocation (its trace context parents the projection's span); the worker
+    requires the annotation to be ``func.Context`` itself, so the default is typed loosely."""
+    with telemetry.invocation(context):
+        service.resolver_service().handle(msg)
 
 
 def _settled_by(req: func.HttpRequest, given: str | None) -> str:
@@ -356,13 +360,16 @@ def event_get(req: func.HttpRequest) -> EventView:
 
 @bp.function_name("handoff_sweeper")
 @bp.timer_trigger(arg_name="timer", schedule="%HANDOFF_SWEEPER_SCHEDULE%", run_on_startup=False)
-def handoff_sweeper(timer: func.TimerRequest) -> None:
+def handoff_sweeper(timer: func.TimerRequest, context: func.Context = None) -> None:  # type: ignore[assignment]
     """Reconcile open settlement claims (always), fold the operator counts' deltas (always), then fail
     parked hand-offs past ExpectedBy (opt-in: ``HANDOFF_SWEEPER_ENABLED``). Each part reports
     per-endpoint failures and goes on. With telemetry on, the tick also counts parked and overdue
-    hand-offs per endpoint (gauges)."""
+    hand-offs per endpoint (gauges). Its spans are children of the host's invocation (``context``)."""
     sweeping = env_flag("HANDOFF_SWEEPER_ENABLED")
-    with telemetry.span("settle.sweeper.run", {"settle.sweeper.enabled": sweeping}):
+    with (
+        telemetry.invocation(context),
+        telemetry.span("settle.sweeper.run", {"settle.sweeper.enabled": sweeping}),
+    ):
         service.reconciler().run()
         service.overview().fold_all(service.store().endpoints())
         if sweeping:

@@ -209,13 +209,20 @@ class ResolverService:
     def handle(self, msg: func.ServiceBusMessage) -> Outcome:
         """Project one message. Returns normally to complete it; raises to have the host retry it.
 
-        Its span (``settle.resolver.project``) continues the trace of the message (``traceparent``, else
-        ``Diagnostic-Id``), so a settlement and the projection of its control message are one trace.
+        Its span (``settle.resolver.project``) is a child of the host's invocation context, which the host
+        makes a child of the message's trace; called without one, it continues the trace of the message
+        (``traceparent``, else ``Diagnostic-Id``). Either way a settlement and the projection of its
+        control message are one trace.
         """
         props = properties_of(msg)
         message_type, attributes = _span_attributes(msg, props)
+        # Inside the host's invocation context (in Azure, already a child of the message's trace) that
+        # context is the parent; called without one, the message's own trace is continued.
         with telemetry.span(
-            "settle.resolver.project", attributes, carrier=props, continue_carrier=True
+            "settle.resolver.project",
+            attributes,
+            carrier=props,
+            continue_carrier=not telemetry.host_invocation_current(),
         ) as span:
             try:
                 outcome = self._handle(msg, props)

@@ -236,8 +236,10 @@ def state_meta(req: func.HttpRequest) -> StateMeta:
 @bp.timer_trigger(
     arg_name="timer", schedule="%STATE_CATCHUP_SCHEDULE%", run_on_startup=False, use_monitor=True
 )
-def state_catchup(timer: func.TimerRequest) -> None:
-    """Expired locks become Failed; records past retention become Expired (bounded runs, drained)."""
+def state_catchup(timer: func.TimerRequest, context: func.Context = None) -> None:  # type: ignore[assignment]
+    """Expired locks become Failed; records past retention become Expired (bounded runs, drained). Its
+    spans are children of the host's invocation (``context``)."""
     if timer.past_due:
         log.info("state catch-up is running late")
-    service.catchup().drain()
+    with telemetry.invocation(context):
+        service.catchup().drain()

@@ -126,8 +126,10 @@ var appSettings = {
   // Telemetry, authenticated with Entra (Monitoring Metrics Publisher on the component).
   APPLICATIONINSIGHTS_CONNECTION_STRING: applicationInsightsConnectionString
   APPLICATIONINSIGHTS_AUTHENTICATION_STRING: 'ClientId=${identityClientId};Authorization=AAD'
-  // The Python worker makes the host's invocation the current trace context, so Settle's spans join it.
-  PYTHON_ENABLE_OPENTELEMETRY: 'true'
+  // No PYTHON_ENABLE_OPENTELEMETRY / PYTHON_APPLICATIONINSIGHTS_ENABLE_TELEMETRY: Settle parents its spans
+  // on the host's invocation itself (context.trace_context: the worker attaches it only in its event loop,
+  // not in the thread a sync function runs in), and with them the worker sets up Azure Monitor a second
+  // time, logging an error at start where it cannot (docs/observability.md).
   // SDK clients in code (DefaultAzureCredential / ManagedIdentityCredential) use this identity.
   AZURE_CLIENT_ID: identityClientId
   // Settle's tables (common/settings.py): endpoint + identity, never a connection string.

@@ -30,6 +30,7 @@ case "$1 $2 $3" in
   "version "*) echo 2.67.0 ;;
   "account show"*) echo user ;;
   "group exists"*) echo true ;;
+  "group show"*) echo westeurope ;;
   "deployment group what-if")
     if [ -n "${STUB_AZ_WHAT_IF_FAILS:-}" ]; then echo "ERROR: InvalidTemplate" >&2; exit 1; fi ;;
   "deployment group show") echo func-settle-check ;;

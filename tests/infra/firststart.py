@@ -16,6 +16,7 @@ and connection names the host will read, not a list kept here.
   ``X__clientId``, ``X__credential``, ...) belongs to a connection something reads: a binding's
   ``connection`` in the indexed metadata, the host's ``AzureWebJobsStorage``, or a setting the code reads
   (tests/infra/codescan.py). A typo there leaves the real connection without its identity settings.
+* No setting makes the worker set up telemetry of its own beside Settle's (``WORKER_TELEMETRY``).
 """
 
 from __future__ import annotations
@@ -68,12 +69,28 @@ def _sites(units: dict[str, Unit]) -> list[tuple[Unit, Any]]:
     ]
 
 
+# App settings with which the Python worker sets up OpenTelemetry / Azure Monitor itself, beside Settle's
+# own pipeline (common/telemetry.py): a second exporter, and an ERROR at start where it cannot.
+WORKER_TELEMETRY = {
+    "PYTHON_ENABLE_OPENTELEMETRY": "the worker then configures OpenTelemetry itself (and logs an error at "
+    "start without its own connection string); Settle reads the host's trace context from "
+    "context.trace_context",
+    "PYTHON_APPLICATIONINSIGHTS_ENABLE_TELEMETRY": "the worker then configures the Azure Monitor distro "
+    "itself: a second exporter beside Settle's",
+}
+
+
 def check_first_start(units: dict[str, Unit], root: Path) -> Report:
     report = Report()
     functions = indexing.index()
     _check_schedules(units, root, functions, report)
     _check_storage_reachable(units, report)
     _check_connection_names(units, functions, report)
+    for unit, site in _sites(units):
+        for name in sorted(set(app_settings(site, unit)) & set(WORKER_TELEMETRY)):
+            report.errors.append(
+                Finding(unit.rel, site.line, site.symbol, f"appSettings.{name}", WORKER_TELEMETRY[name])
+            )
     return report
 
 

@@ -97,8 +97,9 @@ def test_telemetry_exports_to_application_insights_only_and_joins_the_host_s_tra
     assert set(TELEMETRY_OPTIONS) & bicep_settings() == set()
     settings = load_infra("modules/functionapp.bicep").variables["appSettings"]
     assert isinstance(settings, dict)
-    assert settings["PYTHON_ENABLE_OPENTELEMETRY"] == "true"
-    # The worker would configure the distro itself (and a second pipeline): Settle configures it.
+    # Settle joins the host's trace from context.trace_context itself; with either of these the worker
+    # would configure telemetry of its own (a second pipeline, an error logged at start).
+    assert "PYTHON_ENABLE_OPENTELEMETRY" not in settings
     assert "PYTHON_APPLICATIONINSIGHTS_ENABLE_TELEMETRY" not in settings
 
 

@@ -517,8 +517,9 @@ MUTATIONS = [
     edit(
         "deploy-ignores-a-failing-what-if",
         "deploy.sh",
-        '    az deployment group what-if --resource-group "$rg" --name settle "${params[@]}"\n',
-        '    az deployment group what-if --resource-group "$rg" --name settle "${params[@]}" || true\n',
+        '    az deployment group what-if --resource-group "$rg" --name "$deployment" "${params[@]}"\n',
+        '    az deployment group what-if --resource-group "$rg" --name "$deployment" "${params[@]}"'
+        " || true\n",
         "deploy.sh: a failing what-if, then yes, deployed",
         "deploy-script",
     ),
@@ -613,6 +614,14 @@ MUTATIONS = [
         "names the connection 'ServiceBusConection', which no binding uses",
         "first-start",
     ),
+    edit(
+        "the-worker-asked-to-set-up-opentelemetry-itself",
+        "modules/functionapp.bicep",
+        "  AZURE_CLIENT_ID: identityClientId\n",
+        "  AZURE_CLIENT_ID: identityClientId\n  PYTHON_ENABLE_OPENTELEMETRY: 'true'\n",
+        "the worker then configures OpenTelemetry itself",
+        "first-start",
+    ),
 ]
 
 
@@ -637,8 +646,8 @@ def test_the_unmutated_copy_passes_every_check(infra_copy: Path) -> None:
     assert report.errors == [], report.text()
 
 
-def test_there_are_the_68_edits_each_with_the_check_that_catches_it() -> None:
-    assert len(MUTATIONS) >= 68
+def test_there_are_the_69_edits_each_with_the_check_that_catches_it() -> None:
+    assert len(MUTATIONS) >= 69
     assert len({m.id for m in MUTATIONS}) == len(MUTATIONS)
     assert {m.check for m in MUTATIONS} <= set(CHECKS)
     # Every check proves itself on at least one edit (a check no mutation exercises could be dead).

@@ -92,9 +92,24 @@ def test_http_functions_have_the_only_signature_the_worker_accepts() -> None:
     for f in indexing.index():
         if f.trigger_type != "httpTrigger":
             continue
+        parameters = list(inspect.signature(f.user_function).parameters)
         hints = typing.get_type_hints(f.user_function)
-        assert hints == {"req": func.HttpRequest, "return": func.HttpResponse}, f.name
-        assert list(inspect.signature(f.user_function).parameters) == ["req"], f.name
+        # context: the worker passes its invocation context (the host's trace context) by that name.
+        expected = {"req": func.HttpRequest, "context": func.Context, "return": func.HttpResponse}
+        assert parameters in (["req"], ["req", "context"]), f.name
+        assert hints == {name: expected[name] for name in [*parameters, "return"]}, f.name
+
+
+# The console's static files make no span and touch no storage: nothing of theirs joins a trace.
+NO_SPANS = {"console", "console_asset"}
+
+
+def test_every_function_that_makes_spans_takes_the_invocation_context_for_its_trace() -> None:
+    import inspect
+
+    for f in indexing.index():
+        if f.name not in NO_SPANS:
+            assert "context" in inspect.signature(f.user_function).parameters, f.name
 
 
 def test_the_development_host_serves_exactly_what_the_worker_accepted() -> None:
