@@ -533,7 +533,7 @@ def event_settlement_resolve(req: func.HttpRequest) -> SettlementResolved:
         body = parse_body(req, ResolveSettlementRequest)
         actor = actor_of(req, body.by)
         endpoint_id, event_id = _route(req, "endpointId"), _route(req, "eventId")
-        done, audit = service.operator_actions().resolve_settlement(
+        done = service.operator_actions().resolve_settlement(
             endpoint_id,
             event_id,
             actor,
@@ -544,17 +544,17 @@ def event_settlement_resolve(req: func.HttpRequest) -> SettlementResolved:
         )
         # The copy is written after the resolution, as for the other actions: a retry (answered from the
         # earlier resolution's audit) lands on the same row, or writes the copy a crash left missing.
-        mirror(service.store(), audit)
+        mirror(service.store(), done.audit)
         telemetry.current().set_outcome("replayed" if done.replayed else done.state)
         return SettlementResolved(
             endpoint_id=endpoint_id,
             event_id=event_id,
             addressed_message_id=body.message_id,
-            control_message_id=done.claim.control_message_id if done.claim else body.control_message_id,
+            control_message_id=done.control_message_id or body.control_message_id,
             state=done.state,
             replayed=done.replayed,
             by=actor.by,
-            audit=None if done.replayed or audit is None else AuditEntry.of(audit),
+            audit=AuditEntry.of(done.audit) if done.audit is not None else None,
         )
 
 
