@@ -103,7 +103,11 @@ class SettlementAccepted(ApiModel):
         description="The broker acknowledged the message (or the resolver already projected it). False: the "
         "send's outcome is not known yet; followUp says what Settle does about it."
     )
-    state: str = Field(description="The claim: sending, sent, delivered, unconfirmed.")
+    state: str = Field(
+        description="The claim: sent (the broker acknowledged it), delivered (projected, or marked so), "
+        "sending (the send's outcome is not known yet), unconfirmed (an operator must resolve it). "
+        "Identical requests sent at once get the same state once the outcome is known."
+    )
     replayed: bool = Field(description="True when this answers a retry of a settlement made before.")
     claimed_at: datetime
     follow_up: str | None = Field(

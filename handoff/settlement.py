@@ -39,6 +39,7 @@ from handoff.contract import (
     control_message,
     settlement_content,
 )
+from handoff.in_flight import await_sender, first_send_in_flight
 from handoff.models import SettlementAccepted
 from handoff.outbox import (
     CONFIRM_AFTER,
@@ -540,6 +541,8 @@ class SettlementService:
     def _answer(
         self, endpoint_id: str, claim: ClaimRow, *, replayed: bool, confirmed: bool | None = None
     ) -> SettlementAccepted:
+        if replayed and first_send_in_flight(claim, self.clock()):
+            claim = await_sender(self.store, endpoint_id, claim, clock=self.clock)  # one answer state
         if replayed and claim.state.open:
             claim = self.follow_up(endpoint_id, claim, bookkeeping=False)
         if confirmed is None:
@@ -651,8 +654,10 @@ class SettlementService:
         reached the broker would free the hand-off for a second, different message.
         """
         taken, won = self._pinned(endpoint_id, claim, count=True)
-        if not won:
-            return taken  # changed by someone else meanwhile: they own this attempt
+        if not won:  # changed by someone else meanwhile: they own this attempt (a retry awaits its outcome)
+            if bookkeeping:
+                return taken
+            return await_sender(self.store, endpoint_id, taken, clock=self.clock, until_sent=True)
         now, window = self.clock(), self.transport().duplicate_window
         if not can_resend(claim.claimed_at, now, window):
             # The pin write took long enough (storage retries, a paused process) to cross the deadline:
