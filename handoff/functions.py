@@ -11,7 +11,7 @@ from common import telemetry
 from common.errors import InvalidInput
 from common.http import operation, parse_body
 from common.settings import env_flag
-from handoff import service
+from handoff import limits, service
 from handoff.contract import MessageType
 
 if TYPE_CHECKING:
@@ -66,7 +66,7 @@ def resolver(msg: func.ServiceBusMessage, context: func.Context = None) -> None:
 
 
 def _settled_by(req: func.HttpRequest, given: str | None) -> str:
-    return given or _header(req, "x-agent-id") or _DEFAULT_SETTLER
+    return given or limits.agent_id(req) or _DEFAULT_SETTLER
 
 
 def _who(req: func.HttpRequest) -> dict[str, str | None]:
@@ -82,7 +82,7 @@ def _who(req: func.HttpRequest) -> dict[str, str | None]:
         # required) makes these headers a principal; otherwise the audit says they are the caller's claim.
         name = _claimed(name)
         ident = _claimed(ident)
-    return {"agent_id": _header(req, "x-agent-id"), "principal_name": name, "principal_id": ident}
+    return {"agent_id": limits.agent_id(req), "principal_name": name, "principal_id": ident}
 
 
 CLAIMED = " (the caller's claim; not authenticated)"
@@ -175,13 +175,11 @@ def _event_types(req: func.HttpRequest) -> list[str]:
     types = [t.strip() for t in raw.split(",") if t.strip()]
     if len(types) > MAX_EVENT_TYPE_FILTERS:
         raise InvalidInput(f"At most {MAX_EVENT_TYPE_FILTERS} eventTypeId filters.", field="eventTypeId")
-    return types
+    return [limits.bounded(t, "eventTypeId", limits.MAX_ID) for t in types]
 
 
 def _route(req: func.HttpRequest, name: str) -> str:
-    value = req.route_params.get(name) or ""
-    if not value:
-        raise InvalidInput(f"{name} is required.", field=name)
+    value = limits.route_value(req, name)
     if name == "endpointId":
         telemetry.annotate({"nimbus.endpoint": value})
     return value
@@ -253,7 +251,7 @@ _LEASE_RESPONSES = {
             "name": "leaseSeconds",
             "in": "query",
             "required": False,
-            "schema": {"type": "number", "minimum": 10, "maximum": 3600},
+            "schema": {"type": "integer", "minimum": 10, "maximum": 3600},
             "description": "How long the hand-off is held (default 300 s); renew while the work runs.",
         },
     ),
@@ -266,7 +264,7 @@ def handoff_receive(req: func.HttpRequest) -> LeasedHandoffView | None:
     lease_for = lease_length(req.params.get("leaseSeconds"))
     with long_poll(wait):
         return service.receive_service().lease(
-            endpoint_id, types, wait, lease_for=lease_for, agent_id=_header(req, "x-agent-id")
+            endpoint_id, types, wait, lease_for=lease_for, agent_id=limits.agent_id(req)
         )
 
 
@@ -286,7 +284,7 @@ def handoff_lease_renew(req: func.HttpRequest) -> LeaseView:
     from handoff.receive import lease_length
 
     body = parse_body(req, LeaseRequest)
-    lease_for = lease_length(None if body.lease_seconds is None else str(body.lease_seconds))
+    lease_for = lease_length(body.lease_seconds)
     return service.receive_service().renew(
         _route(req, "endpointId"), body.event_id, body.lease_token, lease_for=lease_for
     )

@@ -10,9 +10,13 @@ from pydantic import Field, StringConstraints
 
 from common.models import ApiModel, RequestModel
 from handoff.contract import Coordinates
+from handoff.limits import MAX_ENDPOINT_ID, MAX_ID
 from handoff.records import AuditRow, EventRow, HistoryRow
 
 Text = Annotated[str, StringConstraints(min_length=1, max_length=1000)]
+# Identifiers, bounded as README "Limits" documents (handoff/limits.py says why these maxima).
+EndpointId = Annotated[str, StringConstraints(min_length=1, max_length=MAX_ENDPOINT_ID)]
+Identifier = Annotated[str, StringConstraints(min_length=1, max_length=MAX_ID)]
 NonBlank = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=32_000)]
 Name = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=256)]
 
@@ -22,16 +26,16 @@ Name = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max
 class HandoffCoordinates(RequestModel):
     """The six coordinates of a parked event (NimBus ``HandoffSettlement``)."""
 
-    event_id: Text
-    session_id: Text | None = Field(
+    event_id: Identifier
+    session_id: Identifier | None = Field(
         default=None, description="Optional: taken from the event row when left out; 409 if it differs."
     )
-    message_id: Text = Field(
+    message_id: Identifier = Field(
         description="The parked message: the row's lastMessageId (or the request it answers)."
     )
-    event_type_id: Text | None = None
-    correlation_id: Text | None = None
-    originating_message_id: Text | None = None
+    event_type_id: Identifier | None = None
+    correlation_id: Identifier | None = None
+    originating_message_id: Identifier | None = None
 
     def to_contract(self) -> Coordinates:
         return Coordinates.model_validate(self.model_dump())
@@ -47,7 +51,7 @@ _LEASE_TOKEN = (
 class CompleteHandoffRequest(RequestModel):
     """Complete a parked hand-off: exactly one ``HandoffCompletedRequest`` is sent."""
 
-    endpoint_id: Text
+    endpoint_id: EndpointId
     coordinates: HandoffCoordinates
     result: Any = Field(default=None, description="Any JSON; a string is sent verbatim as EventJson.")
     settled_by: Name | None = None
@@ -57,7 +61,7 @@ class CompleteHandoffRequest(RequestModel):
 class FailHandoffRequest(RequestModel):
     """Fail a parked hand-off: exactly one ``HandoffFailedRequest`` is sent."""
 
-    endpoint_id: Text
+    endpoint_id: EndpointId
     coordinates: HandoffCoordinates
     error_text: NonBlank
     error_type: Text | None = None
@@ -99,7 +103,11 @@ class SettlementAccepted(ApiModel):
         description="The broker acknowledged the message (or the resolver already projected it). False: the "
         "send's outcome is not known yet; followUp says what Settle does about it."
     )
-    state: str = Field(description="The claim: sending, sent, delivered, unconfirmed.")
+    state: str = Field(
+        description="The claim: sent (the broker acknowledged it), delivered (projected, or marked so), "
+        "sending (the send's outcome is not known yet), unconfirmed (an operator must resolve it). "
+        "Identical requests sent at once get the same state once the outcome is known."
+    )
     replayed: bool = Field(description="True when this answers a retry of a settlement made before.")
     claimed_at: datetime
     follow_up: str | None = Field(
@@ -120,9 +128,11 @@ class LeaseView(ApiModel):
 
 
 class LeaseRequest(RequestModel):
-    event_id: Text
+    event_id: Identifier
     lease_token: LeaseToken
-    lease_seconds: float | None = Field(default=None, description="Renew only: 10 to 3600 (default 300).")
+    lease_seconds: int | None = Field(
+        default=None, description="Renew only: whole seconds, 10 to 3600 (default 300)."
+    )
 
 
 class LeaseReleased(ApiModel):

@@ -66,19 +66,21 @@ class TooManyLongPolls(SettleError):
         return {"Retry-After": "1"}
 
 
-def lease_length(raw: str | None) -> timedelta:
-    """``leaseSeconds`` (query or body): 10 s to 1 h, default 5 min; 400 naming it otherwise."""
+def lease_length(raw: str | int | None) -> timedelta:
+    """``leaseSeconds`` (query or body): a whole number of seconds, 10 s to 1 h, default 5 min; 400 naming it
+    otherwise (a fraction too: the lease reported is the lease applied, in whole seconds)."""
     if raw is None or str(raw).strip() == "":
         return DEFAULT_LEASE
-    try:
-        seconds = float(raw)
-    except ValueError as exc:
-        raise InvalidInput("leaseSeconds must be a number of seconds.", field="leaseSeconds") from exc
-    if not MIN_LEASE.total_seconds() <= seconds <= MAX_LEASE.total_seconds():
+    low, high = int(MIN_LEASE.total_seconds()), int(MAX_LEASE.total_seconds())
+    text = str(raw).strip()
+    if not (isinstance(raw, int) or (text.isascii() and text.isdigit() and len(text) <= 6)):
         raise InvalidInput(
-            f"leaseSeconds must be {MIN_LEASE.total_seconds():.0f} to {MAX_LEASE.total_seconds():.0f}.",
+            f"leaseSeconds must be a whole number of seconds, {low} to {high} (not {text[:40]!r}).",
             field="leaseSeconds",
         )
+    seconds = int(text)
+    if not low <= seconds <= high:
+        raise InvalidInput(f"leaseSeconds must be {low} to {high}.", field="leaseSeconds")
     return timedelta(seconds=seconds)
 
 

@@ -39,6 +39,7 @@ from handoff.contract import (
     control_message,
     settlement_content,
 )
+from handoff.in_flight import await_sender, first_send_in_flight
 from handoff.models import SettlementAccepted
 from handoff.outbox import (
     CONFIRM_AFTER,
@@ -540,6 +541,8 @@ class SettlementService:
     def _answer(
         self, endpoint_id: str, claim: ClaimRow, *, replayed: bool, confirmed: bool | None = None
     ) -> SettlementAccepted:
+        if replayed and first_send_in_flight(claim, self.clock()):
+            claim = await_sender(self.store, endpoint_id, claim, clock=self.clock)  # one answer state
         if replayed and claim.state.open:
             claim = self.follow_up(endpoint_id, claim, bookkeeping=False)
         if confirmed is None:
@@ -651,8 +654,10 @@ class SettlementService:
         reached the broker would free the hand-off for a second, different message.
         """
         taken, won = self._pinned(endpoint_id, claim, count=True)
-        if not won:
-            return taken  # changed by someone else meanwhile: they own this attempt
+        if not won:  # changed by someone else meanwhile: they own this attempt (a retry awaits its outcome)
+            if bookkeeping:
+                return taken
+            return await_sender(self.store, endpoint_id, taken, clock=self.clock, until_sent=True)
         now, window = self.clock(), self.transport().duplicate_window
         if not can_resend(claim.claimed_at, now, window):
             # The pin write took long enough (storage retries, a paused process) to cross the deadline:
@@ -889,136 +894,6 @@ class SettlementService:
                 return True  # unknown: the caller's retry meets its own claim if it is still there
             return still is None
         return True
-
-
-RESOLVE_AUDIT = "ResolveSettlement"
-DELIVERED, RELEASED = "delivered", "released"
-
-
-@dataclass(frozen=True)
-class ClaimResolution:
-    """What an operator's resolution of an unconfirmed claim did."""
-
-    state: str  # delivered | released
-    replayed: bool
-    claim: ClaimRow | None  # as it was resolved (None: answered from an earlier release's audit)
-
-
-class ClaimResolver:
-    """The human way out of an unconfirmed claim: mark it delivered (the operator checked the endpoint) or
-    release it (the hand-off can be settled again), in one transaction with an audit row saying who and
-    why. A retry of the same resolution is answered as done (``replayed``)."""
-
-    def __init__(self, settlement: SettlementService) -> None:
-        self.settlement = settlement
-        self.store = settlement.store
-
-    def resolve(
-        self,
-        endpoint_id: str,
-        row: EventRow,
-        addressed: str,
-        *,
-        resolution: str,
-        control_message_id: str | None,
-        audit: AuditRow,
-        audits: list[AuditRow],
-    ) -> ClaimResolution:
-        from azure.data.tables import TableTransactionError
-
-        for attempt in range(_CLAIM_ATTEMPTS):
-            if attempt:
-                row = self.store.get_event(endpoint_id, row.event_id) or row
-            claim = self.store.get_claim(endpoint_id, row.event_id, addressed)
-            if claim is None:
-                if resolution == RELEASED and _released_before(audits, addressed, control_message_id):
-                    return ClaimResolution(RELEASED, True, None)
-                raise NotFound(
-                    f"No settlement of message {addressed!r} of event {row.event_id!r} is claimed."
-                )
-            if control_message_id and claim.control_message_id != control_message_id:
-                raise Conflict(
-                    f"The claim of message {addressed!r} holds control message {claim.control_message_id!r}, "
-                    f"not {control_message_id!r} (it was released and settled again?).",
-                    field="controlMessageId",
-                )
-            if resolution == DELIVERED and claim.state is ClaimState.delivered:
-                return ClaimResolution(DELIVERED, True, claim)
-            if claim.state is not ClaimState.unconfirmed:
-                raise Conflict(
-                    f"The settlement of message {addressed!r} is {claim.state.name}, not unconfirmed: "
-                    "only an unconfirmed settlement is resolved by an operator.",
-                    field="messageId",
-                )
-            ops = self._ops(
-                self.store.event_partition(endpoint_id, row.event_id), row, claim, resolution, audit
-            )
-            try:
-                self.store.submit(ops)
-            except TableTransactionError:
-                # The claim changed meanwhile (the reconciler looked again), or the hand-off was projected
-                # away: read both again and decide again.
-                continue
-            return ClaimResolution(resolution, False, claim)
-        raise Conflict(f"The claim of message {addressed!r} kept changing; retry.", field="messageId")
-
-    @staticmethod
-    def _ops(pk: str, row: EventRow, claim: ClaimRow, resolution: str, audit: AuditRow) -> list[Operation]:
-        claim_key = keys.claim_row(claim.event_id, claim.parked_message_id)
-        now = audit.audit_timestamp
-        ops: list[Operation] = []
-        if resolution == DELIVERED:
-            ops.append(
-                store.merge(
-                    {
-                        "PartitionKey": pk,
-                        "RowKey": claim_key,
-                        "State": ClaimState.delivered.name,
-                        "UpdatedAt": now,
-                        "ReconcileKey": "",
-                        "UnconfirmedKey": "",
-                    },
-                    claim.etag or "*",
-                )
-            )
-        else:
-            ops.append(store.delete(pk, claim_key, claim.etag or "*"))
-            if row.queue_key and row.last_message_id == claim.parked_message_id:
-                ops.append(
-                    store.merge({"PartitionKey": pk, "RowKey": row.queue_key, "ClaimedUntil": UNCLAIMED})
-                )
-        if claim.reconcile_key:
-            ops.append(store.delete(pk, claim.reconcile_key))
-        if claim.unconfirmed_key:
-            ops.append(store.delete(pk, claim.unconfirmed_key))
-        ops.append(store.insert(audit.to_entity(pk, keys.audit_row(claim.event_id, now, uuid.uuid4().hex))))
-        return ops
-
-
-def _released_before(audits: list[AuditRow], addressed: str, control_message_id: str | None) -> bool:
-    return resolution_audit(audits, addressed, RELEASED, control_message_id) is not None
-
-
-def resolution_audit(
-    audits: list[AuditRow], addressed: str, resolution: str, control_message_id: str | None
-) -> AuditRow | None:
-    """The latest ``ResolveSettlement`` audit (not a refusal) that resolved ``addressed`` so (of that
-    control message, when given): the audit a retried resolution is answered from."""
-    for audit in reversed(audits):
-        if audit.audit_type != RESOLVE_AUDIT or audit.access_denied or not audit.data:
-            continue
-        try:
-            data = json.loads(audit.data)
-        except ValueError:
-            continue
-        if (
-            isinstance(data, dict)
-            and data.get("resolution") == resolution
-            and data.get("addressedMessageId") == addressed
-            and (control_message_id is None or data.get("controlMessageId") == control_message_id)
-        ):
-            return audit
-    return None
 
 
 def audit_data(s: Settlement, control_message_id: str, parked: str) -> str:

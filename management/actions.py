@@ -20,6 +20,7 @@ from datetime import datetime
 from common.clock import iso, utcnow
 from common.errors import Conflict, InvalidInput, NotFound
 from handoff import keys, store
+from handoff.claim_resolution import ClaimResolution
 from handoff.contract import (
     Coordinates,
     EventPart,
@@ -31,7 +32,7 @@ from handoff.contract import (
 from handoff.models import SettlementAccepted
 from handoff.outbox import ClaimState, bounded_json, request_digest
 from handoff.records import AuditRow, ClaimRow, EventRow, HistoryRow
-from handoff.settlement import ClaimOrder, ClaimResolution, Settlement, SettlementService
+from handoff.settlement import ClaimOrder, Settlement, SettlementService
 from handoff.store import classify_event_rows
 from handoff.transport import MAX_SEND_BYTES, encoded_size
 from management.audits import mirror
@@ -248,15 +249,14 @@ class OperatorActions:
         resolution: str,
         reason: str,
         control_message_id: str | None = None,
-    ) -> tuple[ClaimResolution, AuditRow | None]:
+    ) -> ClaimResolution:
         """Mark an unconfirmed settlement delivered, or release it; audited ``ResolveSettlement``.
 
-        Answers the resolution and its audit: the one written, or for a retry answered as done the audit
-        of the earlier resolution (read again, so one a concurrent call wrote is found; None when there is
-        none: a claim the reconciler confirmed was delivered without an operator)."""
-        from handoff.settlement import RESOLVE_AUDIT, ClaimResolver, resolution_audit
+        Answers the resolution with its audit: the one written, or for a repeat (``replayed``) the audit of
+        the resolution it repeats (None only for a claim the reconciler confirmed delivered)."""
+        from handoff.claim_resolution import RESOLVE_AUDIT, ClaimResolver
 
-        row, _, audits = classify_event_rows(self.store.event_rows(endpoint_id, event_id))
+        row = self.store.get_event(endpoint_id, event_id)
         if row is None:
             raise NotFound(f"Event {event_id!r} is unknown on endpoint {endpoint_id!r}.")
         self._authorise(row, actor, RESOLVE_AUDIT)
@@ -285,20 +285,14 @@ class OperatorActions:
             principal_name=actor.principal_name,
             principal_id=actor.principal_id,
         )
-        done = ClaimResolver(self.settlement).resolve(
+        return ClaimResolver(self.settlement).resolve(
             endpoint_id,
             row,
             message_id,
             resolution=resolution,
             control_message_id=control_message_id,
             audit=audit,
-            audits=audits,
         )
-        if not done.replayed:
-            return done, audit
-        _, _, audits = classify_event_rows(self.store.event_rows(endpoint_id, event_id))
-        control = done.claim.control_message_id if done.claim else control_message_id
-        return done, resolution_audit(audits, message_id, resolution, control)
 
     # -- shared -------------------------------------------------------------------------------------
 

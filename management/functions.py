@@ -20,6 +20,7 @@ from common.errors import InvalidInput, SettleError
 from common.http import dependency_problem, operation, parse_body
 from handoff import service
 from handoff.contract import MessageType
+from handoff.limits import query_value, route_value
 from management.principal import actor_of, allowed, denial, require_operator
 from state.schemas import HistoryRequest, QueryRequest, RecordPage
 
@@ -80,10 +81,7 @@ BUCKET_NAMES = (
 
 
 def _route(req: func.HttpRequest, name: str) -> str:
-    value = req.route_params.get(name) or ""
-    if not value:
-        raise InvalidInput(f"{name} is required.", field=name)
-    return value
+    return route_value(req, name)
 
 
 def _body(req: func.HttpRequest, model: type[Any]) -> Any:
@@ -533,7 +531,7 @@ def event_settlement_resolve(req: func.HttpRequest) -> SettlementResolved:
         body = parse_body(req, ResolveSettlementRequest)
         actor = actor_of(req, body.by)
         endpoint_id, event_id = _route(req, "endpointId"), _route(req, "eventId")
-        done, audit = service.operator_actions().resolve_settlement(
+        done = service.operator_actions().resolve_settlement(
             endpoint_id,
             event_id,
             actor,
@@ -544,17 +542,17 @@ def event_settlement_resolve(req: func.HttpRequest) -> SettlementResolved:
         )
         # The copy is written after the resolution, as for the other actions: a retry (answered from the
         # earlier resolution's audit) lands on the same row, or writes the copy a crash left missing.
-        mirror(service.store(), audit)
+        mirror(service.store(), done.audit)
         telemetry.current().set_outcome("replayed" if done.replayed else done.state)
         return SettlementResolved(
             endpoint_id=endpoint_id,
             event_id=event_id,
             addressed_message_id=body.message_id,
-            control_message_id=done.claim.control_message_id if done.claim else body.control_message_id,
+            control_message_id=done.control_message_id or body.control_message_id,
             state=done.state,
             replayed=done.replayed,
             by=actor.by,
-            audit=None if done.replayed or audit is None else AuditEntry.of(audit),
+            audit=AuditEntry.of(done.audit) if done.audit is not None else None,
         )
 
 
@@ -812,9 +810,9 @@ def audits_search(req: func.HttpRequest) -> AuditSearchPage:
         service.store(),
         oldest=oldest,
         newest=newest,
-        endpoint_id=req.params.get("endpointId") or None,
-        audit_type=req.params.get("auditType") or None,
-        by=req.params.get("by") or None,
+        endpoint_id=query_value(req, "endpointId"),
+        audit_type=query_value(req, "auditType"),
+        by=query_value(req, "by"),
         page_size=_page_size(req, 50, 200),
         after=decode_continuation(token) if token else None,
     )
@@ -853,7 +851,7 @@ def find_events(req: func.HttpRequest) -> FindAnswer:
     require_operator(req)
     from management import find
 
-    event_id, session_id = req.params.get("eventId"), req.params.get("sessionId")
+    event_id, session_id = query_value(req, "eventId"), query_value(req, "sessionId")
     if event_id:
         return FindAnswer(items=find.by_event_id(service.store(), event_id))
     if session_id:

@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, StringConstraints
 
 from common.models import ApiModel, RequestModel
+from handoff.limits import MAX_ID
 from handoff.models import AuditEntry, EventView, SettlementAccepted
 from handoff.records import EventRow, ListingRow, PoisonRow
 from state.schemas import Record, RecordPage
@@ -122,7 +123,7 @@ class OperatorEventView(EventView):
     )
 
 
-AddressedMessage = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=512)]
+AddressedMessage = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=MAX_ID)]
 _ADDRESSED = (
     "The message this action addresses (the failed / parked message the operator saw; NimBus's WebApp route "
     "carries it): a retry of the same action on it is answered from its claim, whatever the event did "
@@ -336,13 +337,13 @@ class StuckRecords(ApiModel):
 
 class BulkRequest(RequestModel):
     action: Literal["resubmit", "skip"]
-    event_ids: list[Annotated[str, StringConstraints(min_length=1, max_length=512)]] = Field(
+    event_ids: list[Annotated[str, StringConstraints(min_length=1, max_length=MAX_ID)]] = Field(
         min_length=1,
         max_length=50,
         description="At most 50 per call; the console sends a selection in chunks.",
     )
     message_ids: (
-        dict[Annotated[str, StringConstraints(min_length=1, max_length=512)], AddressedMessage] | None
+        dict[Annotated[str, StringConstraints(min_length=1, max_length=MAX_ID)], AddressedMessage] | None
     ) = Field(
         default=None,
         max_length=50,

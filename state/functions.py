@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING
 import azure.functions as func
 
 from common import telemetry
-from common.http import operation, parse_body
+from common.clock import utcnow
+from common.http import json_response, operation, parse_body
 from state import service
-from state.model import Scope
+from state.model import Scope, retry_after_seconds
 from state.schemas import (
     ExistsResponse,
     ExtendRequest,
@@ -99,9 +100,14 @@ def state_exists(req: func.HttpRequest) -> ExistsResponse:
     tag="state",
     span="settle.state.lock",
 )
-def state_lock(req: func.HttpRequest) -> LockResponse:
+def state_lock(req: func.HttpRequest) -> LockResponse | func.HttpResponse:
     body = parse_body(req, LockRequest)
-    return _handler(body).lock(body)
+    answer = _handler(body).lock(body)
+    if answer.acquired or answer.locked_until is None:
+        return answer
+    # Held by another caller: when it may be taken over, as the header a client's retry policy reads.
+    wait = retry_after_seconds(answer.locked_until, utcnow())
+    return json_response(answer, headers={"Retry-After": str(wait)})
 
 
 @operation(

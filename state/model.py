@@ -6,6 +6,7 @@ identity; :func:`lock_decision` is the whole ``tryAcquireLock`` rule, so it can 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from datetime import datetime
 from enum import IntEnum
@@ -138,6 +139,23 @@ def lock_decision(
     if status is Status.PROCESSING:
         if locked_until is not None and locked_until <= now:
             return LockDecision(acquire=True, takeover=True)
-        until = iso(locked_until) if locked_until else "an unknown time"
-        return LockDecision(acquire=False, reason=f"Another caller holds the lock until {until}.")
+        if locked_until is None:
+            return LockDecision(acquire=False, reason="Another caller holds the lock (until unknown).")
+        return LockDecision(acquire=False, reason=held_reason(locked_until))
     return LockDecision(acquire=False, reason=f"The record is {status.label}.")
+
+
+def held_reason(locked_until: datetime) -> str:
+    """What a caller refused by a held lock should know: how long, and what happens after."""
+    until = iso(locked_until)
+    return (
+        f"Another caller holds the lock until {until}. Until then every lock call is refused (unless the "
+        f"holder extends or releases it); after {until} the lock will be taken over: the next lock call "
+        "gets it (takeover: true) and the old holder's token no longer writes. Retry after Retry-After."
+    )
+
+
+def retry_after_seconds(locked_until: datetime, now: datetime) -> int:
+    """Whole seconds until a held lock may be taken over, at least 1: rounded up, plus one for the
+    storage clock's margin (an expiry is judged by the earliest time storage may read)."""
+    return max(1, math.ceil((locked_until - now).total_seconds()) + 1)

@@ -243,8 +243,16 @@ class PreviousAttempt(ApiModel):
 class LockResponse(ApiModel):
     acquired: bool
     lock_token: str | None = None
-    locked_until: datetime | None = None
-    reason: str | None = Field(default=None, description="Why the lock was refused.")
+    locked_until: datetime | None = Field(
+        default=None,
+        description=(
+            "Acquired: when the lock expires. Refused because another caller holds it: when that lock may "
+            "be taken over (the answer's Retry-After header gives the seconds to wait)."
+        ),
+    )
+    reason: str | None = Field(
+        default=None, description="Why the lock was refused, and what happens next (when it is taken over)."
+    )
     status: str = Field(description="The record's status after the call.")
     takeover: bool = Field(default=False, description="True when an expired lock was taken over.")
     replayed: bool = Field(

@@ -246,7 +246,7 @@ class Requests:
         if wait_seconds > 0:
             params += (("waitSeconds", f"{wait_seconds:g}"),)
         if lease_seconds is not None:
-            params += (("leaseSeconds", f"{lease_seconds:g}"),)
+            params += (("leaseSeconds", str(_seconds(lease_seconds))),)
         path = self._path(f"v1/handoffs/{segment(endpoint)}/receive")
         # Not retried after a lost answer: a retry would lease another hand-off (the first one's lease
         # then simply runs out).
@@ -257,7 +257,7 @@ class Requests:
     ) -> Call[dict[str, Any]]:
         body: dict[str, Any] = {"eventId": event_id, "leaseToken": token}
         if lease_seconds is not None:
-            body["leaseSeconds"] = lease_seconds
+            body["leaseSeconds"] = _seconds(lease_seconds)
         path = self._path(f"v1/handoffs/{segment(endpoint)}/leases/{action}")
         return Call("POST", path, lambda r: dict(r.json()), Safety.IDEMPOTENT, body=body)
 
@@ -343,3 +343,9 @@ def query_filters(
         "updatedTo": iso(updated_to) if updated_to is not None else None,
         "pageSize": page_size,
     }
+
+
+def _seconds(value: float) -> float | int:
+    """A lease length as the server takes it: whole seconds as an integer (``300.0`` is sent as ``300``); a
+    fraction is sent as it is, and the server refuses it naming ``leaseSeconds``."""
+    return int(value) if float(value).is_integer() else value

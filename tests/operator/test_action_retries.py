@@ -174,3 +174,40 @@ def test_a_repeated_bulk_resubmit_is_answered_from_each_claim_after_the_events_f
     assert item["accepted"]["controlMessageId"] == first_id
     assert control_copies(broker, flow, "ResubmissionRequest") == [first_id]
     assert audit_types(call, flow) == ["Resubmit"]
+
+
+@pytest.mark.parametrize(
+    ("action", "body", "audit_type"),
+    [
+        ("resubmit", {"by": "alice", "messageId": "err-1"}, "Resubmit"),
+        ("skip", {"by": "alice", "messageId": "err-1", "reason": "obsolete"}, "Skip"),
+    ],
+)
+def test_identical_operator_actions_at_once_all_name_the_one_audit(
+    call, resolve, flow, broker, action, body, audit_type
+):
+    # Given a failed event, and five operators (or one client's retries) sending the same action at once
+    failed_event(resolve, flow)
+    barrier = threading.Barrier(5)
+    answers: list[Any] = []
+    guard = threading.Lock()
+
+    def operator() -> None:
+        barrier.wait(10)
+        answer = act(call, flow, action, body)
+        with guard:
+            answers.append(answer)
+
+    threads = [threading.Thread(target=operator) for _ in range(5)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    # Then all are accepted, one as the action and four as its repeats, each naming the one audit written
+    assert [a.status for a in answers] == [202] * 5, [a.body for a in answers]
+    assert sorted(a.json["replayed"] for a in answers) == [False] + [True] * 4
+    assert audit_types(call, flow) == [audit_type]
+    [audit] = event_of(call, flow)["audits"]
+    assert all(a.json["audit"] is not None for a in answers), [a.body for a in answers]
+    assert {a.json["audit"]["auditTimestamp"] for a in answers} == {audit["auditTimestamp"]}
+    assert {a.json["state"] for a in answers} == {answers[0].json["state"]}
