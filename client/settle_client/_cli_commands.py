@@ -276,7 +276,10 @@ def _bulk(ctx: Context, action: str, endpoint: str, ids: list[str]) -> int:
             ((i.event_id, i.status, (i.problem and f"{i.problem}: {i.detail}") or "accepted") for i in items),
         ),
     )
-    return OK if done[1] == 0 else FAILED
+    refused = [f"{action} {i.event_id}: {i.status} {i.problem}: {i.detail}" for i in items if i.status != 202]
+    if not refused:
+        return OK
+    raise Failure(refused[0] if len(refused) == 1 else f"{len(refused)} of {len(ids)} not done", FAILED)
 
 
 def cmd_resolve(ctx: Context) -> int:

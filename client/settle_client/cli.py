@@ -201,8 +201,20 @@ def parser() -> argparse.ArgumentParser:
     )
     _event_args(resolve)
     how = resolve.add_mutually_exclusive_group(required=True)
-    how.add_argument("--delivered", action="store_const", dest="resolution", const="delivered")
-    how.add_argument("--released", action="store_const", dest="resolution", const="released")
+    how.add_argument(
+        "--delivered",
+        action="store_const",
+        dest="resolution",
+        const="delivered",
+        help="the endpoint got the control message (you checked): the settlement stands",
+    )
+    how.add_argument(
+        "--released",
+        action="store_const",
+        dest="resolution",
+        const="released",
+        help="it never arrived: release the claim, so the hand-off can be settled again",
+    )
     resolve.add_argument("--reason", required=True, help="why (kept in the audit)")
     resolve.add_argument("--message", help="the message the settlement addressed (default: its claim's)")
     resolve.add_argument("--control-message", help="the control message you checked (refused if another)")
