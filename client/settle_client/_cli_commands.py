@@ -18,7 +18,7 @@ from settle_client import _cli_output as out
 from settle_client.client import SettleClient
 from settle_client.errors import Conflict, InvalidInput, NotFound, SettleError
 from settle_client.models import Key
-from settle_client.operator_models import OperatorEvent
+from settle_client.operator_models import FoundEvent, OperatorEvent
 
 # Exit codes (argparse itself exits 2 on a usage error).
 OK, NOTHING, USAGE, INVALID, AUTH, CONFLICT, UNAVAILABLE, FAILED = 0, 1, 2, 3, 4, 5, 6, 7
@@ -99,7 +99,7 @@ def cmd_find(ctx: Context) -> int:
                     f.endpoint_id,
                     f.event_id,
                     _status(f.resolution_status, f.pending_sub_status),
-                    f.matched,
+                    _matched(f),
                     f.updated_at,
                     f.external_job_id,
                     f.session_id,
@@ -110,6 +110,11 @@ def cmd_find(ctx: Context) -> int:
         ),
     )
     return OK
+
+
+def _matched(found: FoundEvent) -> str | None:
+    first = found.matches[0] if found.matches else None
+    return f"{first.kind} {first.value}" if first else found.matched_by
 
 
 def _status(status: str, sub: str | None) -> str:

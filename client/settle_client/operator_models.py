@@ -9,14 +9,22 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from pydantic import AliasChoices, Field
+from pydantic import Field
 
 from settle_client.models import AuditEntry, Event, Record, RecordPage, _Wire
 
 
+class IdMatch(_Wire):
+    """One id of a found hand-off that matched: its ``kind`` (``eventId``, ``sessionId``, ``messageId``,
+    ``externalJobId``) and the whole ``value``."""
+
+    kind: str
+    value: str
+
+
 class FoundEvent(_Wire):
-    """One hand-off ``find`` matched, with the kind of id that matched it (``eventId``, ``sessionId``,
-    ``messageId``, ``externalJobId``...; ``None`` from a server that does not say)."""
+    """One hand-off ``find`` matched; ``matched_by`` is the kind of id that matched (the first of
+    ``matches``)."""
 
     endpoint_id: str
     event_id: str
@@ -30,7 +38,8 @@ class FoundEvent(_Wire):
     enqueued_time_utc: datetime | None = None
     reason: str | None = None
     external_job_id: str | None = None
-    matched: str | None = Field(default=None, validation_alias=AliasChoices("matched", "matchedBy", "match"))
+    matched_by: str | None = None
+    matches: list[IdMatch] = Field(default_factory=list)
 
 
 class FindAnswer(_Wire):
