@@ -403,6 +403,8 @@ def test_find_by_external_job_id_or_an_event_id_prefix_in_another_case(host: Hos
     assert by_job.returncode == OK, by_job.stderr
     [found] = json.loads(by_job.stdout)
     assert (found["endpointId"], found["eventId"]) == (where, event_id)
+    assert found["matchedBy"] == "externalJobId"
+    assert f"externalJobId {job}" in settle(host, "find", job).stdout  # the table says what matched
 
     by_prefix = settle(host, "find", event_id[:9].upper())
     assert by_prefix.returncode == OK, by_prefix.stderr
