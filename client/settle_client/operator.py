@@ -1,4 +1,4 @@
-"""``client.operator``: what an operator does from the console, as calls (the management API).
+"""``client.operator`` (and ``AsyncSettleClient.operator``): what an operator does in the console, as calls.
 
 Find a hand-off by any id, read an event with the actions it allows, resubmit / skip / complete / fail
 it (one at a time or in bulk), resolve an unconfirmed settlement, replay or dismiss poison messages, look
@@ -15,7 +15,7 @@ and dismiss refuse a repeat (409), so they are not retried.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import httpx
@@ -40,6 +40,7 @@ from settle_client.operator_models import (
 from settle_client.retry import Safety
 
 if TYPE_CHECKING:
+    from settle_client.aio import AsyncSettleClient
     from settle_client.client import SettleClient
 
 M = TypeVar("M", bound=BaseModel)
@@ -341,5 +342,133 @@ class Operator:
             page = self._client.send(self.calls.lookup(parsed, page_size=page_size, token=token)).history
             yield from page.items
             token = page.continuation_token
+            if not token:
+                return
+
+
+class AsyncOperator:
+    """``AsyncSettleClient.operator``: :class:`Operator` for asyncio (the same calls, awaited)."""
+
+    def __init__(self, client: AsyncSettleClient) -> None:
+        self._client = client
+        self.calls = OperatorCalls(client.requests)
+
+    async def find(self, text: str) -> list[FoundEvent]:
+        return (await self._client.send(self.calls.find(text))).items
+
+    async def event(self, endpoint: str, event_id: str) -> OperatorEvent | None:
+        return await self._client.send(self.calls.event(endpoint, event_id))
+
+    async def unconfirmed(self, endpoint: str) -> list[SettlementView]:
+        return (await self._client.send(self.calls.unconfirmed(endpoint))).items
+
+    async def act(
+        self,
+        action: Action,
+        endpoint: str,
+        event_id: str,
+        *,
+        message_id: str | None = None,
+        by: str | None = None,
+        reason: str | None = None,
+        event_json: str | None = None,
+        result: Any = None,
+        error_text: str | None = None,
+        error_type: str | None = None,
+    ) -> ActionAccepted:
+        call = self.calls.action(
+            action,
+            endpoint,
+            event_id,
+            message_id=message_id,
+            by=by,
+            reason=reason,
+            event_json=event_json,
+            result=result,
+            error_text=error_text,
+            error_type=error_type,
+        )
+        return await self._client.send(call)
+
+    async def bulk(
+        self,
+        action: Literal["resubmit", "skip"],
+        endpoint: str,
+        event_ids: Sequence[str],
+        *,
+        message_ids: Mapping[str, str] | None = None,
+        reason: str | None = None,
+        by: str | None = None,
+    ) -> AsyncIterator[BulkAnswer]:
+        ids = list(dict.fromkeys(event_ids))
+        for start in range(0, len(ids), BULK_CHUNK):
+            chunk = ids[start : start + BULK_CHUNK]
+            yield await self._client.send(
+                self.calls.bulk(action, endpoint, chunk, message_ids=message_ids, reason=reason, by=by)
+            )
+
+    async def resolve(
+        self,
+        endpoint: str,
+        event_id: str,
+        *,
+        message_id: str,
+        resolution: Literal["delivered", "released"],
+        reason: str,
+        control_message_id: str | None = None,
+        by: str | None = None,
+    ) -> SettlementResolved:
+        call = self.calls.resolve(
+            endpoint,
+            event_id,
+            message_id=message_id,
+            resolution=resolution,
+            reason=reason,
+            control_message_id=control_message_id,
+            by=by,
+        )
+        return await self._client.send(call)
+
+    async def poison(self, day: str, *, page_size: int | None = None) -> AsyncIterator[PoisonEntry]:
+        token: str | None = None
+        while True:
+            page = await self._client.send(self.calls.poison_page(day, page_size=page_size, token=token))
+            for entry in page.items:
+                yield entry
+            token = page.continuation_token
+            if not token:
+                return
+
+    async def replay(
+        self,
+        day: str,
+        poison_id: str,
+        *,
+        by: str | None = None,
+        message_content: str | None = None,
+        application_properties: Mapping[str, Any] | None = None,
+    ) -> ReplayAnswer:
+        call = self.calls.replay(
+            day,
+            poison_id,
+            by=by,
+            message_content=message_content,
+            application_properties=application_properties,
+        )
+        return await self._client.send(call)
+
+    async def dismiss(self, day: str, poison_id: str, reason: str, *, by: str | None = None) -> PoisonEntry:
+        return await self._client.send(self.calls.dismiss(day, poison_id, reason=reason, by=by))
+
+    async def lookup(self, key: KeyLike, *, page_size: int | None = None) -> RecordLookup:
+        return await self._client.send(self.calls.lookup(Key.of(key), page_size=page_size))
+
+    async def history(self, key: KeyLike, *, page_size: int | None = None) -> AsyncIterator[Record]:
+        parsed, token = Key.of(key), None
+        while True:
+            lookup = await self._client.send(self.calls.lookup(parsed, page_size=page_size, token=token))
+            for record in lookup.history.items:
+                yield record
+            token = lookup.history.continuation_token
             if not token:
                 return
