@@ -210,16 +210,16 @@ def cmd_action(ctx: Context) -> int:
         if getattr(args, "event_json", None):
             raise Failure("--event-json applies to one event, not to a bulk resubmission", USAGE)
         return _bulk(ctx, action, args.endpoint, ids)
-    event = _event(ctx, args.endpoint, ids[0])
     extra: dict[str, Any] = {}
     if action in ("resubmit", "skip"):
         extra["reason"] = args.reason
         if getattr(args, "event_json", None):
             extra["event_json"] = _read(args.event_json)
     elif action == "complete":
-        extra["result"] = _json_arg(args.result, "--result") if args.result is not None else None
+        extra["result"] = _json_arg(args.result) if args.result is not None else None
     else:
         extra.update(error_text=args.error, error_type=args.error_type)
+    event = _event(ctx, args.endpoint, ids[0])  # after the arguments: a bad file sends nothing
     try:
         done = ctx.client.operator.act(
             action, args.endpoint, event.event_id, message_id=event.last_message_id, by=ctx.by, **extra
@@ -246,7 +246,7 @@ def cmd_action(ctx: Context) -> int:
     return OK
 
 
-def _json_arg(text: str, name: str) -> Any:
+def _json_arg(text: str) -> Any:
     try:
         return json.loads(text)
     except ValueError:
@@ -443,7 +443,7 @@ def cmd_poison_dismiss(ctx: Context) -> int:
 def _key(args: argparse.Namespace) -> Key:
     given: dict[str, Any] = {}
     if args.key:
-        loaded = _json_arg(args.key, "--key")
+        loaded = _json_arg(args.key)
         if not isinstance(loaded, dict):
             raise Failure("--key must be a JSON object", USAGE)
         given.update(loaded)

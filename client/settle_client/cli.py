@@ -332,6 +332,9 @@ def main(
         message, code = explain(error)
         print(f"settle: {message}", file=stderr)
         return code
+    except (ValueError, OSError) as error:  # refused before sending: an empty id, an unreadable file
+        print(f"settle: {error}", file=stderr)
+        return USAGE
     except KeyboardInterrupt:
         print("settle: interrupted", file=stderr)
         return 130

@@ -429,6 +429,15 @@ def test_a_refused_credential_is_one_line_saying_what_to_pass(start_host: Callab
     assert with_key.returncode == NOTHING, with_key.stderr  # let in: nothing is parked there
 
 
+def test_what_the_client_refuses_before_sending_is_one_line() -> None:
+    blank = settle("http://127.0.0.1:9", "find", "  ")
+    assert blank.returncode == 2 and "give an id to find" in one_line(blank)
+    missing = settle(
+        "http://127.0.0.1:9", "resubmit", "Billing", "evt-1", "--event-json", "/nonexistent.json"
+    )
+    assert missing.returncode == 2 and "No such file" in one_line(missing)  # before any request
+
+
 def test_an_unreachable_settle_is_one_line() -> None:
     from devtools.azurite import free_port
 
