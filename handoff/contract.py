@@ -235,6 +235,15 @@ def _text(value: object) -> str | None:
     return text if text != "" else None
 
 
+def _optional(value: object) -> str | None:
+    """An optional text property as sent: absent is None and ``""`` stays ``""`` (NimBus keeps them apart)."""
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    return str(value)
+
+
 def parse_int(value: object) -> int | None:
     """An integer property, or None when absent or not a number (NimBus reads those as unset)."""
     if value is None or isinstance(value, bool):
@@ -349,7 +358,7 @@ def parse_message(msg: func.ServiceBusMessage, *, now: datetime) -> InboundMessa
         raise PoisonMessage("The message has no EventId.")
     to = _text(props.get(Prop.TO))
     from_ = _text(props.get(Prop.FROM))
-    originating_from = _text(props.get(Prop.ORIGINATING_FROM))
+    originating_from = _optional(props.get(Prop.ORIGINATING_FROM))
     if message_type.is_request:
         if to is None:
             raise PoisonMessage(f"A {message_type.name} without To cannot be attributed to an endpoint.")
@@ -358,9 +367,9 @@ def parse_message(msg: func.ServiceBusMessage, *, now: datetime) -> InboundMessa
     elif from_ is None:
         raise PoisonMessage(f"A {message_type.name} without From cannot be attributed to an endpoint.")
     content, text = parse_body(msg.get_body())
-    event_type_id = _text(props.get(Prop.EVENT_TYPE_ID)) or (
-        content.EventContent.EventTypeId if content.EventContent else None
-    )
+    event_type_id = _optional(props.get(Prop.EVENT_TYPE_ID))
+    if event_type_id is None and content.EventContent:
+        event_type_id = content.EventContent.EventTypeId
     expected_by, expected_by_note = storable_expected_by(props.get(Prop.EXPECTED_BY))
     enqueued = msg.enqueued_time_utc or now
     if enqueued.tzinfo is None:
@@ -369,25 +378,25 @@ def parse_message(msg: func.ServiceBusMessage, *, now: datetime) -> InboundMessa
         message_id=message_id,
         message_type=message_type,
         event_id=event_id,
-        session_id=_text(msg.session_id),
-        correlation_id=_text(msg.correlation_id),
+        session_id=_optional(msg.session_id),
+        correlation_id=_optional(msg.correlation_id),
         to=to,
         from_=from_,
         originating_from=originating_from,
-        originating_message_id=_text(props.get(Prop.ORIGINATING_MESSAGE_ID)),
-        parent_message_id=_text(props.get(Prop.PARENT_MESSAGE_ID)),
+        originating_message_id=_optional(props.get(Prop.ORIGINATING_MESSAGE_ID)),
+        parent_message_id=_optional(props.get(Prop.PARENT_MESSAGE_ID)),
         event_type_id=event_type_id,
         enqueued_time_utc=enqueued.astimezone(UTC),
         delivery_count=parse_int(msg.delivery_count) or 1,
         throttle_retry_count=parse_int(props.get(Prop.THROTTLE_RETRY_COUNT)) or 0,
         retry_count=parse_int(props.get(Prop.RETRY_COUNT)),
         retry_limit=parse_int(props.get(Prop.RETRY_LIMIT)),
-        dead_letter_reason=_text(props.get(Prop.DEAD_LETTER_REASON)),
-        dead_letter_error_description=_text(props.get(Prop.DEAD_LETTER_ERROR_DESCRIPTION)),
+        dead_letter_reason=_optional(props.get(Prop.DEAD_LETTER_REASON)),
+        dead_letter_error_description=_optional(props.get(Prop.DEAD_LETTER_ERROR_DESCRIPTION)),
         queue_time_ms=parse_int(props.get(Prop.QUEUE_TIME_MS)),
         processing_time_ms=parse_int(props.get(Prop.PROCESSING_TIME_MS)),
-        handoff_reason=_text(props.get(Prop.HANDOFF_REASON)),
-        external_job_id=_text(props.get(Prop.EXTERNAL_JOB_ID)),
+        handoff_reason=_optional(props.get(Prop.HANDOFF_REASON)),
+        external_job_id=_optional(props.get(Prop.EXTERNAL_JOB_ID)),
         expected_by=expected_by,
         content=content,
         body_text=text,

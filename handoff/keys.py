@@ -42,6 +42,29 @@ lookup that misses in the current layout probes the earlier ones, and every endp
 earlier layouts' shards too. Table ``hoendpoints`` lists endpoints that ever parked (the sweeper's only
 cross-partition need); table ``hopoison`` keeps poison messages by day for operators.
 
+Table ``hoids`` (the lookup index: operators find a hand-off by the id another team gives, across every
+endpoint, in a few reads). One insert-only row per (kind, id, endpoint, event); ids are compared
+case-insensitively (each character's simple upper case, as .NET's ``OrdinalIgnoreCase``: the folding keeps
+the length, so a folded prefix is the prefix of the folded id):
+
+=====================================  ==================================================================
+PartitionKey / RowKey                  row
+=====================================  ==================================================================
+``e|{first 3 folded chars}`` /         an event id: the partition is its first three characters (the
+``{folded id}|{digest}``               shortest prefix a search takes), so a prefix search is one range
+                                       of one partition and a fragment from the middle of an id matches
+                                       nothing
+``x|{digest of the folded id}`` /      a session id, message id or external job id: one partition per
+``{kind}|{digest}``                    folded value, holding every kind, so a whole id is one partition
+=====================================  ==================================================================
+
+``{digest}`` is the first 32 hex digits of SHA-256 of ``endpoint NUL event id`` (the row is the same
+however often it is written); the columns carry ``Kind``, ``Value`` (the id as received), ``EndpointId``
+and ``EventId``. A folded id longer than :data:`MAX_ID_KEY_CHARS` (escaped) is cut in the key, the service
+compares the whole ``Value``. The resolver sends these inserts beside its event read; one that fails is
+written into the event's transaction as a reconcile row (``rc|{now}|{eventId}|{messageId}|ids``, column
+``Task`` = ``ids``) the reconciler replays.
+
 Encoding: Table keys forbid ``/ \\ # ?`` and control characters, and ``|`` / ``~`` separate our parts, so
 those (and ``%``) are written ``%XX``: injective, readable, and it keeps the range queries exact.
 """
@@ -58,6 +81,7 @@ from common.keys import MAX_KEY_BYTES, escape, key_bytes, unescape
 EVENTS_TABLE = "hoevents"
 ENDPOINTS_TABLE = "hoendpoints"
 POISON_TABLE = "hopoison"
+IDS_TABLE = "hoids"
 
 ENDPOINTS_PARTITION = "endpoint"
 # Counts of poison that names no endpoint: a partition no encoded endpoint id can equal (``~`` is escaped).
@@ -199,6 +223,12 @@ def reconcile_range_until(now: datetime) -> tuple[str, str]:
     return "rc|", f"rc|{stamp(now)}}}"
 
 
+def ids_repair_row(now: datetime, event_id: str, message_id: str) -> str:
+    """A reconcile row carrying lost lookup index rows (``~`` cannot begin an encoded event id, so it is
+    never a claim's row)."""
+    return f"rc|{stamp(now)}|~ids|{_digest(event_id, message_id)}"
+
+
 UNCONFIRMED_RANGE = ("uc|", "uc}")
 
 
@@ -302,3 +332,65 @@ def session_row(session_id: str, event_id: str) -> str:
 def session_range(session_id: str) -> tuple[str, str]:
     prefix = checked(f"ss|{encode(session_id)}|", field="sessionId")
     return prefix, prefix[:-1] + "}"
+
+
+# -- hoids: the lookup index (see the module docstring) ---------------------------------------------------
+
+ID_KINDS = ("eventId", "sessionId", "messageId", "externalJobId")
+_KIND_LETTER = {"eventId": "e", "sessionId": "s", "messageId": "m", "externalJobId": "j"}
+# The shortest event id prefix a search takes (and the event id partitions' width).
+MIN_PREFIX = 3
+# Escaped folded id kept in a key: with a 34-character digest part, within 1 KiB as UTF-16.
+MAX_ID_KEY_CHARS = 400
+
+
+def fold(text: str) -> str:
+    """Case-insensitive form of an id: each character's simple upper case (``ß`` stays ``ß``), so the length
+    and every prefix are kept."""
+    return "".join(u if len(u := c.upper()) == 1 else c for c in text)
+
+
+def _id_key(text: str) -> str:
+    return encode(fold(text))[:MAX_ID_KEY_CHARS]
+
+
+def _digest(*parts: str) -> str:
+    return hashlib.sha256("\0".join(parts).encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+def event_id_partition(text: str) -> str:
+    """The partition of event ids starting with the first three characters of ``text`` (folded)."""
+    return "e|" + encode(fold(text[:MIN_PREFIX]))
+
+
+def exact_id_partition(text: str) -> str:
+    """The partition of every session, message and external job id equal to ``text`` (folded)."""
+    return "x|" + _digest(fold(text))
+
+
+def id_keys(kind: str, value: str, endpoint_id: str, event_id: str) -> tuple[str, str]:
+    """``(PartitionKey, RowKey)`` of the index row saying ``endpoint_id``'s ``event_id`` has ``value``."""
+    target = _digest(endpoint_id, event_id)
+    if kind == "eventId":
+        return event_id_partition(value), f"{_id_key(value)}|{target}"
+    return exact_id_partition(value), f"{_KIND_LETTER[kind]}|{target}"
+
+
+def exact_kind_range(kind: str) -> tuple[str, str]:
+    """``[low, high)`` of one kind's rows in an exact id partition."""
+    letter = _KIND_LETTER[kind]
+    return f"{letter}|", f"{letter}}}"
+
+
+def event_id_range(text: str) -> tuple[str, str]:
+    """``[low, high)`` of the event id rows whose folded id starts with ``text`` folded (in its partition):
+    ids at least as long as ``text`` (``\uffff`` sorts after every character of a key)."""
+    low = _id_key(text)
+    return low, low + "\uffff"
+
+
+def event_id_exact_range(text: str) -> tuple[str, str]:
+    """``[low, high)`` of the rows of event ids equal to ``text`` folded (a search shorter than
+    :data:`MIN_PREFIX` takes only a whole id)."""
+    low = _id_key(text)
+    return low + "|", low + "}"

@@ -6,7 +6,9 @@ follows each claim up (:meth:`~handoff.settlement.SettlementService.follow_up`):
 proves delivery; otherwise the identical message is re-sent while the topic's duplicate detection covers
 it; otherwise the claim is marked ``unconfirmed`` (logged as an error, listed by
 ``GET /api/v1/handoffs/{endpointId}/unconfirmed``) and looked at again, less and less often, in case the
-message shows up late. One endpoint's failure never stops the run: it is reported and the next one goes on.
+message shows up late. The same range holds lookup index rows (``hoids``) whose insert the resolver could
+not make: they are written, and their row deleted. One endpoint's failure never stops the run: it is
+reported and the next one goes on.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from common import telemetry
-from handoff import store
+from handoff import ids, store
 from handoff.outbox import RETRY_AFTER, ClaimState
 from handoff.records import ReconcileRow
 from handoff.settlement import SettlementService
@@ -36,6 +38,7 @@ class ReconcileReport:
     unconfirmed: list[str] = field(default_factory=list)
     superseded: list[str] = field(default_factory=list)
     waiting: list[str] = field(default_factory=list)
+    indexed: list[str] = field(default_factory=list)
     errors: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
@@ -51,6 +54,7 @@ class Reconciler:
         self.store = settlement.store
         self._clock = clock
         self.rows_per_endpoint = rows_per_endpoint
+        self.ids = ids.IdsIndex(self.store)
 
     def clock(self) -> datetime:
         return self._clock() if self._clock else self.settlement.clock()
@@ -83,11 +87,17 @@ class Reconciler:
     def reconcile_endpoint(self, endpoint_id: str, report: ReconcileReport) -> None:
         for due in self.store.due_reconcile(endpoint_id, self.clock(), limit=self.rows_per_endpoint):
             try:
+                if due.task == ids.IDS_TASK:
+                    # Left in place if this fails: the next run writes the rows again (inserts).
+                    self.store.submit([self.ids.replay(endpoint_id, due)])
+                    report.indexed.append(due.event_id)
+                    continue
                 self._one(endpoint_id, due, report)
             except Exception as exc:
                 log.warning("reconciling %s/%s failed", endpoint_id, due.event_id, exc_info=True)
                 report.errors.setdefault(endpoint_id, {})[due.event_id] = f"{type(exc).__name__}: {exc}"
-                self._postpone(endpoint_id, due)
+                if due.task != ids.IDS_TASK:
+                    self._postpone(endpoint_id, due)
 
     def _one(self, endpoint_id: str, due: ReconcileRow, report: ReconcileReport) -> None:
         claim = self.store.get_claim(endpoint_id, due.event_id, due.parked_message_id)

@@ -317,11 +317,14 @@ class ClaimRow(TableRecord):
 
 
 class ReconcileRow(TableRecord):
-    """Index: an open claim the reconciler must look at from ``DueAt`` on."""
+    """Index: an open claim the reconciler must look at from ``DueAt`` on; or, with ``Task`` = ``ids``,
+    lookup index rows (``Ids``, JSON) whose insert failed, for the reconciler to write."""
 
     event_id: str
     parked_message_id: str
     due_at: datetime
+    task: str | None = None
+    ids: str | None = None
 
 
 class UnconfirmedRow(TableRecord):

@@ -22,7 +22,7 @@ from common import telemetry
 from common.beside import Beside
 from common.clock import utcnow
 from common.errors import KeyTooLong, is_transient_storage_fault
-from handoff import counts, keys, store
+from handoff import counts, ids, keys, store
 from handoff.contract import (
     MANAGER_ID,
     InboundMessage,
@@ -203,6 +203,7 @@ class ResolverService:
         self.clock = clock
         self.sleep = sleep
         self._registered: set[str] = set()
+        self.ids = ids.IdsIndex(store_)
 
     # -- entry point -------------------------------------------------------------------------------
 
@@ -274,13 +275,23 @@ class ResolverService:
         listing: Beside[None] | None = None
         if endpoint not in self._registered:
             listing = Beside(lambda: self.store.register_endpoint(endpoint), name="settle-endpoint-listing")
+        # The lookup index (hoids) is written beside the read too; the transaction waits for it and carries
+        # the rows whose insert failed to the reconciler.
+        indexed = self.ids.send(ids.refs_of(m))
         try:
-            return self._project(m, pk, listing)
+            return self._project(m, pk, listing, indexed)
         finally:
+            indexed()
             if listing is not None:
                 listing.wait()
 
-    def _project(self, m: InboundMessage, pk: str, listing: Beside[None] | None) -> Outcome:
+    def _project(
+        self,
+        m: InboundMessage,
+        pk: str,
+        listing: Beside[None] | None,
+        indexed: Callable[[], list[dict[str, Any]]],
+    ) -> Outcome:
         from azure.data.tables import TableTransactionError
 
         endpoint = m.endpoint_id
@@ -311,6 +322,9 @@ class ResolverService:
                 )
             if m.message_type is MessageType.RetryRequest:
                 ops.append(self._retry_audit(pk, m, now))
+            lost = indexed()
+            if lost:
+                ops.append(store.insert(ids.repair_entity(pk, m, lost, now)))
             try:
                 self.store.submit(ops)
             except TableTransactionError as exc:

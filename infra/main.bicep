@@ -13,6 +13,7 @@
 //   functionapp.bicep           Flex Consumption plan + Python 3.11 function app + app settings
 //   alerts.bicep                dead letters on the resolver, function failures, Service Bus throttling,
 //                               and Settle's own signals (poison, expired locks, overdue hand-offs, 503s)
+//   workbook.bicep              the operations Workbook (infra/workbooks/) on the Log Analytics workspace
 //
 // Role IDs come from builtin-roles.json (by name); tests/infra type-checks every file against Azure's
 // resource types (tests/infra/bicep-types) because no Bicep compiler runs in CI.
@@ -330,6 +331,16 @@ module alerts 'modules/alerts.bicep' = {
     applicationInsightsId: monitoring.outputs.applicationInsightsId
     alertEmail: alertEmail
     location: location
+  }
+}
+
+module workbook 'modules/workbook.bicep' = {
+  name: 'workbook-${resourceToken}'
+  params: {
+    displayName: 'Settle operations (${environmentName})'
+    location: location
+    tags: allTags
+    logAnalyticsWorkspaceId: monitoring.outputs.workspaceId
   }
 }
 

@@ -835,28 +835,22 @@ def audits_search(req: func.HttpRequest) -> AuditSearchPage:
     bp,
     route="v1/find",
     method="GET",
-    summary="Events across endpoints by event id (or id prefix) or by session id (index rows, no scan)",
+    summary="Hand-offs across endpoints by any id: event id (or its first 3+ characters), session, message "
+    "or external job id, any case, with what matched (hoids: a few reads at any number of endpoints)",
     response=_MODELS + "FindAnswer",
-    responses={**_AUTH, 400: "Neither eventId nor sessionId, or a prefix too short"},
-    parameters=(
-        {"name": "eventId", "in": "query", "schema": {"type": "string", "minLength": 3}},
-        {"name": "sessionId", "in": "query", "schema": {"type": "string"}},
+    responses={**_AUTH, 400: "No id, or an eventId prefix shorter than 3 characters (the problem names it)"},
+    parameters=tuple(
+        {"name": name, "in": "query", "schema": {"type": "string"}}
+        for name in ("q", "eventId", "sessionId", "messageId", "externalJobId")
     ),
     anonymous=True,
     tag=_TAG,
 )
 def find_events(req: func.HttpRequest) -> FindAnswer:
-    from management.models import FindAnswer
-
     require_operator(req)
     from management import find
 
-    event_id, session_id = query_value(req, "eventId"), query_value(req, "sessionId")
-    if event_id:
-        return FindAnswer(items=find.by_event_id(service.store(), event_id))
-    if session_id:
-        return FindAnswer(items=find.by_session(service.store(), session_id))
-    raise InvalidInput("Give eventId (an id or its first characters) or sessionId.", field="eventId")
+    return find.answer(service.store(), req.params)
 
 
 @operation(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import Field, StringConstraints
 
@@ -74,7 +74,7 @@ class EventSummary(ApiModel):
     external_job_id: str | None
 
     @classmethod
-    def of(cls, endpoint_id: str, row: ListingRow | EventRow, *, reason: str | None = None) -> EventSummary:
+    def of(cls, endpoint_id: str, row: ListingRow | EventRow, *, reason: str | None = None) -> Self:
         """An event's summary from its listing row or its event row (the columns they share); ``reason``
         overrides the row's when given (find names the error text of a row without a reason)."""
         return cls(
@@ -381,5 +381,21 @@ class AuditSearchPage(ApiModel):
     continuation_token: str | None
 
 
+class IdMatch(ApiModel):
+    """What an id found: its kind and the id as the hand-off carries it (the search ignores case)."""
+
+    kind: Literal["eventId", "sessionId", "messageId", "externalJobId"]
+    value: str
+
+
+class FoundEvent(EventSummary):
+    matched_by: str | None = Field(
+        default=None, description="The kind of id that matched (the first of ``matches``); none in listings."
+    )
+    matches: list[IdMatch] = Field(
+        default_factory=list, description="Every id of this hand-off that matched."
+    )
+
+
 class FindAnswer(ApiModel):
-    items: list[EventSummary]
+    items: list[FoundEvent]

@@ -23,6 +23,7 @@ from settle_client.enums import Scope, Status
 from settle_client.errors import AlreadyProcessed, LockHeld, LockLost, SettleError, retry_after_of
 from settle_client.handoffs import AsyncEvents, AsyncHandoffs
 from settle_client.models import ExtendResult, Key, KeyLike, LockResult, Meta, Metadata, MetadataLike, Record
+from settle_client.operator import AsyncOperator
 from settle_client.processing import (
     UNRECORDED_NOTE,
     Item,
@@ -81,6 +82,7 @@ class AsyncSettleClient(ClientBase):
         self._sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
         self.handoffs = AsyncHandoffs(self)
         self.events = AsyncEvents(self)
+        self.operator = AsyncOperator(self)
 
     async def aclose(self) -> None:
         await self._http.aclose()

@@ -22,6 +22,7 @@ from settle_client.enums import Scope, Status
 from settle_client.errors import AlreadyProcessed, LockHeld, LockLost, SettleError, retry_after_of
 from settle_client.handoffs import Events, Handoffs
 from settle_client.models import ExtendResult, Key, KeyLike, LockResult, Meta, Metadata, MetadataLike, Record
+from settle_client.operator import Operator
 from settle_client.processing import (
     UNRECORDED_NOTE,
     Item,
@@ -92,6 +93,7 @@ class SettleClient(ClientBase):
             shutdown.install()  # from the main thread (where clients are usually made): see shutdown.py
         self.handoffs = Handoffs(self)
         self.events = Events(self)
+        self.operator = Operator(self)
 
     # -- lifecycle --------------------------------------------------------------------------------
     def close(self) -> None:

@@ -20,6 +20,7 @@ EXPECTED_FILES = {
     "modules/functionapp.bicep",
     "modules/alerts.bicep",
     "modules/stateaccounts.bicep",
+    "modules/workbook.bicep",
 }
 
 

@@ -266,46 +266,6 @@ class EntitiesRead(SansIOHTTPPolicy):  # type: ignore[type-arg]
         self.count += len(body["value"]) if isinstance(body.get("value"), list) else 1
 
 
-def test_find_reads_one_range_per_endpoint_never_a_scan(resolve, fresh_tables, handoff_shards: int):
-    from common import runtime
-    from common.roundtrips import ROUND_TRIPS
-    from management import find
-
-    for endpoint in ("Alpha", "Beta", "Gamma"):
-        for n in range(3):
-            resolve(
-                nimbus("EventRequest", endpoint=endpoint, event_id=f"{endpoint}-{n}", session_id=f"s-{n}")
-            )
-    read = EntitiesRead()
-    runtime.reset(policies=[read])
-    try:
-        store = service.store()
-        endpoints = len(store.endpoints())
-        store.table(keys.EVENTS_TABLE)  # the process's one create-if-not-exists, before the counts
-        with ROUND_TRIPS.measure() as tally:
-            before = read.count
-            assert [e.event_id for e in find.by_event_id(store, "Beta-1")] == ["Beta-1"]
-        # the endpoint list, one bounded range per endpoint and shard (a prefix may match events of any shard)
-        assert tally.requests == 1 + 3 * handoff_shards
-        # and those ranges return the one event found, not the partition's other rows (a request can hide a
-        # scan: every endpoint here fits in one page)
-        assert read.count - before == endpoints + 1
-        with ROUND_TRIPS.measure() as tally:
-            before = read.count
-            assert [e.endpoint_id for e in find.by_session(store, "s-2")] == ["Alpha", "Beta", "Gamma"]
-        # the endpoint list, one ss| range per endpoint and shard, one read per event found
-        assert tally.requests == 1 + 3 * handoff_shards + 3
-        assert read.count - before == endpoints + 3 + 3  # 3 index rows, then the 3 events they name
-        with ROUND_TRIPS.measure() as tally:
-            before = read.count
-            assert find.failed(store, service.overview(), per_endpoint=50) == []
-        # the endpoint list, the first page of two buckets per endpoint and shard
-        assert tally.requests == 1 + 2 * 3 * handoff_shards
-        assert read.count - before == endpoints  # no failed event: the buckets' ranges return nothing
-    finally:
-        runtime.reset()
-
-
 # -- the audit search holds every operator audit: resolutions and refusals too ------------------------------
 
 

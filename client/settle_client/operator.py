@@ -1,0 +1,474 @@
+"""``client.operator`` (and ``AsyncSettleClient.operator``): what an operator does in the console, as calls.
+
+Find a hand-off by any id, read an event with the actions it allows, resubmit / skip / complete / fail
+it (one at a time or in bulk), resolve an unconfirmed settlement, replay or dismiss poison messages, look
+up a state record. The ``settle`` command line (:mod:`settle_client.cli`) is built on this.
+
+In Azure the management API wants the operator's Entra ID token (``credential`` + ``token_scope``, app
+role ``Settle.Operator``); locally no sign-in is needed and ``by`` names who acted in the audit.
+
+Retries: reads are retried; an action addressed to a message (``message_id``: the message the operator
+saw, as the console sends it) is answered from its claim when repeated, so it is retried too; without one
+it addresses the event's *current* message, which a lost answer may have changed, so it is not. Replay
+and dismiss refuse a repeat (409), so they are not retried.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
+
+import httpx
+from pydantic import BaseModel
+
+from settle_client._calls import Call, Requests, jsonable, maybe, model, segment
+from settle_client.models import Key, KeyLike, Record
+from settle_client.operator_models import (
+    ActionAccepted,
+    BulkAnswer,
+    FindAnswer,
+    FoundEvent,
+    OperatorEvent,
+    PoisonEntry,
+    PoisonPage,
+    RecordLookup,
+    ReplayAnswer,
+    SettlementResolved,
+    SettlementView,
+    UnconfirmedSettlements,
+)
+from settle_client.retry import Safety
+
+if TYPE_CHECKING:
+    from settle_client.aio import AsyncSettleClient
+    from settle_client.client import SettleClient
+
+M = TypeVar("M", bound=BaseModel)
+
+Action = Literal["resubmit", "skip", "complete", "fail"]
+ACTIONS: tuple[Action, ...] = ("resubmit", "skip", "complete", "fail")
+# The server's bulk route takes at most this many events per call.
+BULK_CHUNK = 50
+
+
+def _path(requests: Requests, route: str) -> str:
+    return f"{requests.prefix}/{route}"
+
+
+def _parse(cls: type[M]) -> Callable[[httpx.Response], M]:
+    return lambda response: model(cls, response)
+
+
+def _body(**fields: Any) -> dict[str, Any]:
+    return {k: v for k, v in fields.items() if v is not None}
+
+
+class OperatorCalls:
+    """The management API's calls (what is sent, how safe a retry is, how the answer is read)."""
+
+    def __init__(self, requests: Requests) -> None:
+        self.requests = requests
+
+    def find(self, text: str) -> Call[FindAnswer]:
+        if not text.strip():
+            raise ValueError("give an id to find")
+        path = _path(self.requests, "v1/find")
+        return Call("GET", path, _parse(FindAnswer), Safety.IDEMPOTENT, params=(("q", text.strip()),))
+
+    def event(self, endpoint: str, event_id: str) -> Call[OperatorEvent | None]:
+        path = _path(self.requests, f"v1/endpoints/{segment(endpoint)}/events/{segment(event_id)}")
+        return Call("GET", path, maybe(OperatorEvent), Safety.IDEMPOTENT, none_if_not_found=True)
+
+    def unconfirmed(self, endpoint: str) -> Call[UnconfirmedSettlements]:
+        path = _path(self.requests, f"v1/endpoints/{segment(endpoint)}/unconfirmed")
+        return Call("GET", path, _parse(UnconfirmedSettlements), Safety.IDEMPOTENT)
+
+    def action(
+        self,
+        action: Action,
+        endpoint: str,
+        event_id: str,
+        *,
+        message_id: str | None,
+        by: str | None,
+        reason: str | None = None,
+        event_json: str | None = None,
+        result: Any = None,
+        error_text: str | None = None,
+        error_type: str | None = None,
+    ) -> Call[ActionAccepted]:
+        if action not in ACTIONS:
+            raise ValueError(f"action must be one of {', '.join(ACTIONS)}")
+        if action == "fail" and not (error_text or "").strip():
+            raise ValueError("fail needs an error text")
+        body = _body(messageId=message_id, by=by)
+        if action in ("resubmit", "skip"):
+            body.update(_body(reason=reason, eventJson=event_json if action == "resubmit" else None))
+        elif action == "complete":
+            body["result"] = jsonable(result)
+        else:
+            body.update(_body(errorText=error_text, errorType=error_type))
+        path = _path(self.requests, f"v1/events/{segment(endpoint)}/{segment(event_id)}/{action}")
+        safety = Safety.IDEMPOTENT if message_id else Safety.UNSAFE
+        return Call("POST", path, _parse(ActionAccepted), safety, body=body)
+
+    def bulk(
+        self,
+        action: Literal["resubmit", "skip"],
+        endpoint: str,
+        event_ids: Sequence[str],
+        *,
+        message_ids: Mapping[str, str] | None,
+        reason: str | None,
+        by: str | None,
+    ) -> Call[BulkAnswer]:
+        if not 1 <= len(event_ids) <= BULK_CHUNK:
+            raise ValueError(f"a bulk call takes 1-{BULK_CHUNK} event ids")
+        ids = list(event_ids)
+        addressed = {i: message_ids[i] for i in ids if message_ids and i in message_ids} or None
+        body = _body(action=action, eventIds=ids, messageIds=addressed, reason=reason, by=by)
+        # Each event addressed to the message seen is answered from its claim when repeated.
+        safety = Safety.IDEMPOTENT if addressed and len(addressed) == len(set(ids)) else Safety.UNSAFE
+        path = _path(self.requests, f"v1/endpoints/{segment(endpoint)}/bulk")
+        return Call("POST", path, _parse(BulkAnswer), safety, body=body)
+
+    def resolve(
+        self,
+        endpoint: str,
+        event_id: str,
+        *,
+        message_id: str,
+        resolution: Literal["delivered", "released"],
+        reason: str,
+        control_message_id: str | None,
+        by: str | None,
+    ) -> Call[SettlementResolved]:
+        body = _body(
+            messageId=message_id,
+            resolution=resolution,
+            reason=reason,
+            controlMessageId=control_message_id,
+            by=by,
+        )
+        path = _path(self.requests, f"v1/events/{segment(endpoint)}/{segment(event_id)}/settlement/resolve")
+        # A repeated resolution is answered from the earlier one's audit (``replayed``).
+        return Call("POST", path, _parse(SettlementResolved), Safety.IDEMPOTENT, body=body)
+
+    def poison_page(self, day: str, *, page_size: int | None, token: str | None) -> Call[PoisonPage]:
+        params: tuple[tuple[str, str], ...] = (("day", day),)
+        if page_size is not None:
+            params += (("pageSize", str(page_size)),)
+        if token:
+            params += (("continuationToken", token),)
+        return Call(
+            "GET", _path(self.requests, "v1/poison"), _parse(PoisonPage), Safety.IDEMPOTENT, params=params
+        )
+
+    def replay(
+        self,
+        day: str,
+        poison_id: str,
+        *,
+        by: str | None,
+        message_content: str | None = None,
+        application_properties: Mapping[str, Any] | None = None,
+    ) -> Call[ReplayAnswer]:
+        body = _body(
+            by=by,
+            messageContent=message_content,
+            applicationProperties=dict(application_properties)
+            if application_properties is not None
+            else None,
+        )
+        path = _path(self.requests, f"v1/poison/{segment(day)}/{segment(poison_id)}/replay")
+        return Call("POST", path, _parse(ReplayAnswer), Safety.UNSAFE, body=body)
+
+    def dismiss(self, day: str, poison_id: str, *, reason: str, by: str | None) -> Call[PoisonEntry]:
+        path = _path(self.requests, f"v1/poison/{segment(day)}/{segment(poison_id)}/dismiss")
+        return Call("POST", path, _parse(PoisonEntry), Safety.UNSAFE, body=_body(reason=reason, by=by))
+
+    def lookup(self, key: Key, *, page_size: int | None, token: str | None = None) -> Call[RecordLookup]:
+        body: dict[str, Any] = {"key": key.to_wire(), **_body(pageSize=page_size, continuationToken=token)}
+        path = _path(self.requests, "v1/records/lookup")
+        return Call("POST", path, _parse(RecordLookup), Safety.IDEMPOTENT, body=body)
+
+
+class Operator:
+    """``client.operator``: the management API (see the module docstring for auth and retries)."""
+
+    def __init__(self, client: SettleClient) -> None:
+        self._client = client
+        self.calls = OperatorCalls(client.requests)
+
+    def find(self, text: str) -> list[FoundEvent]:
+        """Every hand-off, at any endpoint, matching ``text``: an event id or its first characters, a
+        session id, a message id or an external job id (``GET v1/find?q=``); each says what matched."""
+        return self._client.send(self.calls.find(text)).items
+
+    def event(self, endpoint: str, event_id: str) -> OperatorEvent | None:
+        """The event with its history, audits, the actions it allows now and its settlement claim;
+        ``None`` when the event is unknown on ``endpoint``."""
+        return self._client.send(self.calls.event(endpoint, event_id))
+
+    def unconfirmed(self, endpoint: str) -> list[SettlementView]:
+        """Settlements of ``endpoint`` Settle could neither confirm nor safely re-send: resolve each."""
+        return self._client.send(self.calls.unconfirmed(endpoint)).items
+
+    def act(
+        self,
+        action: Action,
+        endpoint: str,
+        event_id: str,
+        *,
+        message_id: str | None = None,
+        by: str | None = None,
+        reason: str | None = None,
+        event_json: str | None = None,
+        result: Any = None,
+        error_text: str | None = None,
+        error_type: str | None = None,
+    ) -> ActionAccepted:
+        """Resubmit, skip, complete or fail one event (202: one audited control message). Give
+        ``message_id`` (the event's ``last_message_id`` as read) so a repeat is answered from its claim and
+        an event that moved on is refused (409) rather than acted on again."""
+        call = self.calls.action(
+            action,
+            endpoint,
+            event_id,
+            message_id=message_id,
+            by=by,
+            reason=reason,
+            event_json=event_json,
+            result=result,
+            error_text=error_text,
+            error_type=error_type,
+        )
+        return self._client.send(call)
+
+    def bulk(
+        self,
+        action: Literal["resubmit", "skip"],
+        endpoint: str,
+        event_ids: Sequence[str],
+        *,
+        message_ids: Mapping[str, str] | None = None,
+        reason: str | None = None,
+        by: str | None = None,
+        on_chunk: Callable[[BulkAnswer], None] | None = None,
+    ) -> Iterator[BulkAnswer]:
+        """Resubmit or skip many events, :data:`BULK_CHUNK` per call; one answer per chunk (``on_chunk``
+        also gets each, for progress). Each event gets the single action's result (202 or its problem)."""
+        ids = list(dict.fromkeys(event_ids))
+        for start in range(0, len(ids), BULK_CHUNK):
+            call = self.calls.bulk(
+                action,
+                endpoint,
+                ids[start : start + BULK_CHUNK],
+                message_ids=message_ids,
+                reason=reason,
+                by=by,
+            )
+            answer = self._client.send(call)
+            if on_chunk is not None:
+                on_chunk(answer)
+            yield answer
+
+    def resolve(
+        self,
+        endpoint: str,
+        event_id: str,
+        *,
+        message_id: str,
+        resolution: Literal["delivered", "released"],
+        reason: str,
+        control_message_id: str | None = None,
+        by: str | None = None,
+    ) -> SettlementResolved:
+        """Resolve an unconfirmed settlement: ``delivered`` (checked at the endpoint) or ``released``
+        (the hand-off can be settled again); audited with who and why."""
+        call = self.calls.resolve(
+            endpoint,
+            event_id,
+            message_id=message_id,
+            resolution=resolution,
+            reason=reason,
+            control_message_id=control_message_id,
+            by=by,
+        )
+        return self._client.send(call)
+
+    def poison(self, day: str, *, page_size: int | None = None) -> Iterator[PoisonEntry]:
+        """The poison messages of one UTC day (``YYYYMMDD``), in enqueue order; pages followed lazily."""
+        token: str | None = None
+        while True:
+            page = self._client.send(self.calls.poison_page(day, page_size=page_size, token=token))
+            yield from page.items
+            token = page.continuation_token
+            if not token:
+                return
+
+    def replay(
+        self,
+        day: str,
+        poison_id: str,
+        *,
+        by: str | None = None,
+        message_content: str | None = None,
+        application_properties: Mapping[str, Any] | None = None,
+    ) -> ReplayAnswer:
+        """Replay a poison message through the resolver (409 :class:`Conflict` if replayed before)."""
+        call = self.calls.replay(
+            day,
+            poison_id,
+            by=by,
+            message_content=message_content,
+            application_properties=application_properties,
+        )
+        return self._client.send(call)
+
+    def dismiss(self, day: str, poison_id: str, reason: str, *, by: str | None = None) -> PoisonEntry:
+        """Archive a poison message no fix will project, with why (409 if dismissed or projected before)."""
+        return self._client.send(self.calls.dismiss(day, poison_id, reason=reason, by=by))
+
+    def lookup(self, key: KeyLike, *, page_size: int | None = None) -> RecordLookup:
+        """A state record by its key (``record`` is ``None`` when it has none) with the first page of its
+        history: the operator's read, which in Azure takes the operator's token, not a function key."""
+        return self._client.send(self.calls.lookup(Key.of(key), page_size=page_size))
+
+    def history(self, key: KeyLike, *, page_size: int | None = None) -> Iterator[Record]:
+        """Every version of a record, newest first, through the operator's read; pages followed lazily."""
+        parsed, token = Key.of(key), None
+        while True:
+            page = self._client.send(self.calls.lookup(parsed, page_size=page_size, token=token)).history
+            yield from page.items
+            token = page.continuation_token
+            if not token:
+                return
+
+
+class AsyncOperator:
+    """``AsyncSettleClient.operator``: :class:`Operator` for asyncio (the same calls, awaited)."""
+
+    def __init__(self, client: AsyncSettleClient) -> None:
+        self._client = client
+        self.calls = OperatorCalls(client.requests)
+
+    async def find(self, text: str) -> list[FoundEvent]:
+        return (await self._client.send(self.calls.find(text))).items
+
+    async def event(self, endpoint: str, event_id: str) -> OperatorEvent | None:
+        return await self._client.send(self.calls.event(endpoint, event_id))
+
+    async def unconfirmed(self, endpoint: str) -> list[SettlementView]:
+        return (await self._client.send(self.calls.unconfirmed(endpoint))).items
+
+    async def act(
+        self,
+        action: Action,
+        endpoint: str,
+        event_id: str,
+        *,
+        message_id: str | None = None,
+        by: str | None = None,
+        reason: str | None = None,
+        event_json: str | None = None,
+        result: Any = None,
+        error_text: str | None = None,
+        error_type: str | None = None,
+    ) -> ActionAccepted:
+        call = self.calls.action(
+            action,
+            endpoint,
+            event_id,
+            message_id=message_id,
+            by=by,
+            reason=reason,
+            event_json=event_json,
+            result=result,
+            error_text=error_text,
+            error_type=error_type,
+        )
+        return await self._client.send(call)
+
+    async def bulk(
+        self,
+        action: Literal["resubmit", "skip"],
+        endpoint: str,
+        event_ids: Sequence[str],
+        *,
+        message_ids: Mapping[str, str] | None = None,
+        reason: str | None = None,
+        by: str | None = None,
+    ) -> AsyncIterator[BulkAnswer]:
+        ids = list(dict.fromkeys(event_ids))
+        for start in range(0, len(ids), BULK_CHUNK):
+            chunk = ids[start : start + BULK_CHUNK]
+            yield await self._client.send(
+                self.calls.bulk(action, endpoint, chunk, message_ids=message_ids, reason=reason, by=by)
+            )
+
+    async def resolve(
+        self,
+        endpoint: str,
+        event_id: str,
+        *,
+        message_id: str,
+        resolution: Literal["delivered", "released"],
+        reason: str,
+        control_message_id: str | None = None,
+        by: str | None = None,
+    ) -> SettlementResolved:
+        call = self.calls.resolve(
+            endpoint,
+            event_id,
+            message_id=message_id,
+            resolution=resolution,
+            reason=reason,
+            control_message_id=control_message_id,
+            by=by,
+        )
+        return await self._client.send(call)
+
+    async def poison(self, day: str, *, page_size: int | None = None) -> AsyncIterator[PoisonEntry]:
+        token: str | None = None
+        while True:
+            page = await self._client.send(self.calls.poison_page(day, page_size=page_size, token=token))
+            for entry in page.items:
+                yield entry
+            token = page.continuation_token
+            if not token:
+                return
+
+    async def replay(
+        self,
+        day: str,
+        poison_id: str,
+        *,
+        by: str | None = None,
+        message_content: str | None = None,
+        application_properties: Mapping[str, Any] | None = None,
+    ) -> ReplayAnswer:
+        call = self.calls.replay(
+            day,
+            poison_id,
+            by=by,
+            message_content=message_content,
+            application_properties=application_properties,
+        )
+        return await self._client.send(call)
+
+    async def dismiss(self, day: str, poison_id: str, reason: str, *, by: str | None = None) -> PoisonEntry:
+        return await self._client.send(self.calls.dismiss(day, poison_id, reason=reason, by=by))
+
+    async def lookup(self, key: KeyLike, *, page_size: int | None = None) -> RecordLookup:
+        return await self._client.send(self.calls.lookup(Key.of(key), page_size=page_size))
+
+    async def history(self, key: KeyLike, *, page_size: int | None = None) -> AsyncIterator[Record]:
+        parsed, token = Key.of(key), None
+        while True:
+            lookup = await self._client.send(self.calls.lookup(parsed, page_size=page_size, token=token))
+            for record in lookup.history.items:
+                yield record
+            token = lookup.history.continuation_token
+            if not token:
+                return

@@ -1,0 +1,162 @@
+"""What the management API answers an operator: found events, an event with its allowed actions, the
+202 of an action, a resolved settlement, poison messages, a record lookup, a bulk action.
+
+Parsed like every answer (``extra="ignore"``, snake_case in Python, camelCase on the wire).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import Field
+
+from settle_client.models import AuditEntry, Event, Record, RecordPage, _Wire
+
+
+class IdMatch(_Wire):
+    """One id of a found hand-off that matched: its ``kind`` (``eventId``, ``sessionId``, ``messageId``,
+    ``externalJobId``) and the whole ``value``."""
+
+    kind: str
+    value: str
+
+
+class FoundEvent(_Wire):
+    """One hand-off ``find`` matched; ``matched_by`` is the kind of id that matched (the first of
+    ``matches``)."""
+
+    endpoint_id: str
+    event_id: str
+    event_type_id: str | None = None
+    resolution_status: str
+    pending_sub_status: str | None = None
+    message_type: str | None = None
+    last_message_id: str | None = None
+    session_id: str | None = None
+    updated_at: datetime | None = None
+    enqueued_time_utc: datetime | None = None
+    reason: str | None = None
+    external_job_id: str | None = None
+    matched_by: str | None = None
+    matches: list[IdMatch] = Field(default_factory=list)
+
+
+class FindAnswer(_Wire):
+    items: list[FoundEvent]
+
+
+class SettlementView(_Wire):
+    """The claim on the event's current message: a settlement or operator action in flight or done."""
+
+    event_id: str
+    addressed_message_id: str
+    control_message_id: str
+    message_type: str
+    state: str
+    settled_by: str | None = None
+    claimed_at: datetime | None = None
+
+
+class UnconfirmedSettlements(_Wire):
+    endpoint_id: str
+    count: int
+    items: list[SettlementView]
+
+
+class OperatorEvent(Event):
+    """An event as an operator sees it: ``actions`` that can succeed now, the ``event_json`` a plain
+    resubmission sends, and the ``settlement`` claim that blocks other actions, if any."""
+
+    actions: list[str] = Field(default_factory=list)
+    event_json: str | None = None
+    settlement: SettlementView | None = None
+
+
+class ActionAccepted(_Wire):
+    """202: the action's one control message is Settle's to deliver (``replayed``: a retry answered from
+    the earlier action's claim)."""
+
+    action: str
+    endpoint_id: str
+    event_id: str
+    message_type: str
+    control_message_id: str
+    addressed_message_id: str
+    by: str
+    transport: str | None = None
+    confirmed: bool = True
+    state: str | None = None
+    replayed: bool = False
+    claimed_at: datetime | None = None
+    audit: AuditEntry | None = None
+
+
+class SettlementResolved(_Wire):
+    endpoint_id: str
+    event_id: str
+    addressed_message_id: str
+    control_message_id: str | None = None
+    state: str
+    replayed: bool = False
+    by: str
+    audit: AuditEntry | None = None
+
+
+class PoisonEntry(_Wire):
+    """A resolver message stored in ``hopoison`` instead of projected, with its replay or dismissal."""
+
+    day: str
+    id: str
+    reason: str
+    endpoint_id: str | None = None
+    message_id: str | None = None
+    session_id: str | None = None
+    correlation_id: str | None = None
+    delivery_count: int | None = None
+    enqueued_time_utc: datetime | None = None
+    recorded_at: datetime | None = None
+    application_properties: Any = None
+    message_content: str | None = None
+    content_truncated: bool = False
+    replayed_at: datetime | None = None
+    replayed_by: str | None = None
+    replay_outcome: str | None = None
+    replay_detail: str | None = None
+    replay_count: int = 0
+    dismissed_at: datetime | None = None
+    dismissed_by: str | None = None
+    dismiss_reason: str | None = None
+
+
+class PoisonPage(_Wire):
+    day: str
+    items: list[PoisonEntry]
+    continuation_token: str | None = None
+
+
+class ReplayAnswer(_Wire):
+    outcome: str
+    detail: str | None = None
+    replayed: bool = True
+    poison: PoisonEntry
+
+
+class RecordLookup(_Wire):
+    record: Record | None = None
+    history: RecordPage
+
+
+class BulkItem(_Wire):
+    event_id: str
+    status: int
+    problem: str | None = None
+    detail: str | None = None
+    accepted: ActionAccepted | None = None
+
+
+class BulkAnswer(_Wire):
+    action: str
+    accepted: int
+    refused: int
+    items: list[BulkItem]
