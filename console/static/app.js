@@ -296,7 +296,7 @@ async function eventView(endpointId, eventId) {
     h("h2", {}, "Awaiting external work"),
     h("dl", { class: "facts" }, h("dt", {}, "Reason"), h("dd", { "data-fact": "handoff-reason" }, asSent(e.handoffReason)),
       h("dt", {}, "External job"), h("dd", { "data-fact": "external-job" }, asSent(e.externalJobId)),
-      h("dt", {}, "Expected by"), h("dd", {}, e.expectedBy ? `${when(e.expectedBy)} (${new Date(e.expectedBy) < new Date() ? "overdue" : "in " + age(new Date(2 * Date.now() - new Date(e.expectedBy).getTime()).toISOString())})` : NULL_SHOWN))) : null;
+      h("dt", {}, "Expected by"), h("dd", { "data-fact": "expected-by" }, e.expectedBy ? `${when(e.expectedBy)} (${new Date(e.expectedBy) < new Date() ? "overdue" : "in " + age(new Date(2 * Date.now() - new Date(e.expectedBy).getTime()).toISOString())})` : NULL_SHOWN))) : null;
   const timeline = h("ol", { class: "timeline", "aria-label": "Message history" }, e.history.map((m) => h("li", {},
     h("strong", {}, `${m.sequence || ""}. ${m.messageType}`), " ",
     h("span", { class: "muted" }, `${m.from || "?"} → ${m.to || "?"} · ${when(m.enqueuedTimeUtc)} · ${m.messageId}`),

@@ -130,6 +130,7 @@ def test_the_job_number_in_another_case_finds_the_hand_off_and_says_what_matched
     page.locator("tr[data-event] td[data-label=Event] a").click()
     expect(page.locator("[data-fact=handoff-reason]")).to_have_text('""')
     expect(page.locator("[data-fact=external-job]")).to_have_text(stuck_job["job"])
+    expect(page.locator("[data-fact=expected-by]")).to_have_text("—")  # never sent: an em dash
 
 
 def test_times_are_utc_and_say_so_in_a_browser_far_from_utc(page_far_from_utc, console_host, stuck_job):
