@@ -28,6 +28,7 @@ from bench import (
     catchup,
     coldstart,
     contention,
+    find,
     handoff_scaleout,
     keeper,
     latency,
@@ -69,6 +70,7 @@ def _scaleout(env: Environment) -> list[Figure]:
 
 SECTIONS: dict[str, Callable[[Environment], list[Figure]]] = {
     "roundtrips": roundtrips.run,
+    "find": find.run,
     "latency": latency.run,
     "contention": contention.run,
     "catchup": catchup.run,

@@ -52,6 +52,7 @@ class Sizes:
     resolver_events: int  # four messages per event
     resolver_blocks: int
     coldstart_processes: int
+    find_endpoints: int  # endpoints (x 4 shards) a find by each kind of id runs over
 
     @classmethod
     def full(cls) -> Sizes:
@@ -73,6 +74,7 @@ class Sizes:
             resolver_events=150,  # a throughput ratio: 600 messages over 10 blocks (was 1,200)
             resolver_blocks=10,
             coldstart_processes=11,
+            find_endpoints=500,
         )
 
     @classmethod
@@ -93,6 +95,7 @@ class Sizes:
             resolver_events=10,
             resolver_blocks=2,
             coldstart_processes=2,
+            find_endpoints=12,
         )
 
 
@@ -237,7 +240,14 @@ class App:
     def has(self, name: str) -> bool:
         return name in self.functions
 
-    def http(self, name: str, body: Any = None, *, method: str | None = None) -> HttpAnswer:
+    def http(
+        self,
+        name: str,
+        body: Any = None,
+        *,
+        method: str | None = None,
+        params: Mapping[str, str] | None = None,
+    ) -> HttpAnswer:
         fn = self.functions[name]
         trigger = fn.get_trigger()
         methods = [str(getattr(m, "value", m)) for m in (trigger.methods or ["POST"])]
@@ -245,7 +255,7 @@ class App:
             method or methods[0],
             f"http://localhost/api/{trigger.route or name}",
             headers={"content-type": "application/json"},
-            params={},
+            params=dict(params or {}),
             route_params={},
             body=b"" if body is None else json.dumps(body).encode(),
         )

@@ -44,14 +44,16 @@ MINIMUM: dict[str, int] = {
     "release (without token)": 2,
     "upsert": 2,
     "lock/extend (with token)": 1,
-    # The resolver reads the event row once and writes history + event row in one transaction.
-    "resolver: EventRequest": 2,
-    "resolver: PendingHandoffResponse": 2,
-    "resolver: HandoffCompletedRequest": 2,
-    "resolver: ResolutionResponse": 2,
+    # The resolver reads the event row once and writes history + event row in one transaction; beside the
+    # read, one insert into the lookup index (hoids) per id this process has not indexed yet: the message
+    # id, and the event id and session id with the first message, the job id with the park.
+    "resolver: EventRequest": 5,
+    "resolver: PendingHandoffResponse": 4,
+    "resolver: HandoffCompletedRequest": 3,
+    "resolver: ResolutionResponse": 3,
     # Read the event row 1 + one transaction (claim + audit + queue mark) 1, then the send; over
-    # SETTLE_LOOPBACK=true the send is the in-process projection's 2: 4 in all.
-    "settlement (handoff_complete, loopback)": 5,
+    # SETTLE_LOOPBACK=true the send is the in-process projection's 3 (with its message id's index insert).
+    "settlement (handoff_complete, loopback)": 6,
 }
 WHY = {
     "exists": "one point read of the head",
@@ -67,10 +69,18 @@ WHY = {
     "release (without token)": "one read of the head, one transaction",
     "upsert": "one read of the head, one transaction",
     "lock/extend (with token)": "one transaction conditional on the token's ETag",
-    "resolver: EventRequest": "one point read, one transaction (history row + event row)",
-    "resolver: PendingHandoffResponse": "one point read, one transaction (+ queue and job index rows)",
-    "resolver: HandoffCompletedRequest": "one point read, one transaction (+ index rows removed)",
-    "resolver: ResolutionResponse": "one point read, one transaction",
+    "resolver: EventRequest": (
+        "one point read, one transaction (history row + event row); beside the read, the index inserts of "
+        "its message, event and session id"
+    ),
+    "resolver: PendingHandoffResponse": (
+        "one point read, one transaction (+ queue and job index rows); the index inserts of its message "
+        "and job id"
+    ),
+    "resolver: HandoffCompletedRequest": (
+        "one point read, one transaction (+ index rows removed); the index insert of its message id"
+    ),
+    "resolver: ResolutionResponse": "one point read, one transaction; the index insert of its message id",
     "settlement (handoff_complete, loopback)": (
         "read, the claim transaction (outbox + audit), the loopback projection's 2, "
         "the transaction that marks the claim sent"

@@ -16,6 +16,7 @@ RowKey                             row
 ``jb|{externalJobId}|{eventId}``   parked row by external job id
 ``ex|{expectedBy}|{eventId}``      parked rows by ExpectedBy (timeout sweeper)
 ``rc|{due}|{eventId}|{parked}``    open claims by when the reconciler looks at them next
+``rc|{now}|~ids|{digest}``         lookup index rows whose insert failed, for the reconciler (``hoids``)
 ``uc|{eventId}|{parked}``          claims that could not be confirmed (operators)
 ``ad|{inverted updatedAt}|{eventId}``        every event, newest change first (operator listing)
 ``sd|{bucket}|{inverted updatedAt}|{eventId}``  events of one status bucket, newest first
@@ -62,8 +63,8 @@ PartitionKey / RowKey                  row
 however often it is written); the columns carry ``Kind``, ``Value`` (the id as received), ``EndpointId``
 and ``EventId``. A folded id longer than :data:`MAX_ID_KEY_CHARS` (escaped) is cut in the key, the service
 compares the whole ``Value``. The resolver sends these inserts beside its event read; one that fails is
-written into the event's transaction as a reconcile row (``rc|{now}|{eventId}|{messageId}|ids``, column
-``Task`` = ``ids``) the reconciler replays.
+written into the event's transaction as a reconcile row (``rc|{now}|~ids|{digest}``, column ``Task`` =
+``ids``) the reconciler replays.
 
 Encoding: Table keys forbid ``/ \\ # ?`` and control characters, and ``|`` / ``~`` separate our parts, so
 those (and ``%``) are written ``%XX``: injective, readable, and it keeps the range queries exact.

@@ -34,14 +34,30 @@ function h(tag, attrs, ...children) {
   return el;
 }
 
+// Every time on the page is UTC, as the API answers it, and says so (one zone for rows and "Updated").
+const ZONE = "UTC";
+
 function when(iso) {
-  if (!iso) return "–";
+  if (!iso) return NULL_SHOWN;
   const t = new Date(iso);
-  return t.toISOString().replace("T", " ").replace(/\.\d+Z$/, "Z");
+  return `${t.toISOString().replace("T", " ").replace(/\.\d+Z$/, "")} ${ZONE}`;
+}
+
+function clock(date) {
+  return `${date.toISOString().slice(11, 19)} ${ZONE}`;
+}
+
+// null (never sent) and "" (sent empty) are different answers: an em dash for the first, "" for the second.
+const NULL_SHOWN = "—";
+
+function asSent(value) {
+  if (value === null || value === undefined) return NULL_SHOWN;
+  if (value === "") return h("code", { class: "empty", title: "sent empty", "data-empty": "" }, '""');
+  return value;
 }
 
 function age(iso) {
-  if (!iso) return "–";
+  if (!iso) return NULL_SHOWN;
   const s = Math.max(0, (Date.now() - new Date(iso).getTime()) / 1000);
   if (s < 90) return `${Math.round(s)} s`;
   if (s < 5400) return `${Math.round(s / 60)} min`;
@@ -168,7 +184,7 @@ async function render({ quiet } = {}) {
   freshAgain();
   if (quiet && editing()) return; // never replace what the operator is typing into
   main.replaceChildren(view);
-  document.getElementById("refresh").textContent = `Updated ${new Date().toLocaleTimeString()} · every ${REFRESH_MS / 1000} s`;
+  document.getElementById("refresh").textContent = `Updated ${clock(new Date())} · every ${REFRESH_MS / 1000} s`;
   if (!quiet && location.hash !== lastRoute) main.focus();
   lastRoute = location.hash;
 }
@@ -238,7 +254,7 @@ async function endpointView(endpointId, params) {
   const rows = page.items.map((e) => h("tr", { "data-event": e.eventId, "data-message": e.lastMessageId || "" },
     h("td", { "data-label": "Event" }, h("a", { href: `#/event/${segment(endpointId)}/${segment(e.eventId)}` }, e.eventId)),
     h("td", { "data-label": "Status" }, statusBadge(e.resolutionStatus, e.pendingSubStatus)),
-    h("td", { "data-label": "Type" }, e.eventTypeId || "–"),
+    h("td", { "data-label": "Type" }, asSent(e.eventTypeId)),
     h("td", { "data-label": "Last message" }, e.messageType),
     h("td", { "data-label": "Changed" }, when(e.updatedAt)),
     h("td", { "data-label": "Reason" }, e.reason || "")));
@@ -271,16 +287,16 @@ async function eventView(endpointId, eventId) {
   const e = await api(`endpoints/${segment(endpointId)}/events/${segment(eventId)}`);
   const facts = h("dl", { class: "facts" }, [
     ["Status", statusBadge(e.resolutionStatus, e.pendingSubStatus)],
-    ["Event type", e.eventTypeId], ["Session", e.sessionId], ["Correlation", e.correlationId],
+    ["Event type", asSent(e.eventTypeId)], ["Session", asSent(e.sessionId)], ["Correlation", asSent(e.correlationId)],
     ["Last message", `${e.messageType} ${e.lastMessageId || ""}`], ["From → To", `${e.from || "?"} → ${e.to || "?"}`],
     ["Updated", when(e.updatedAt)], ...failureFacts(e),
-    ["Processing time", e.processingTimeMs === null ? "–" : `${e.processingTimeMs} ms`],
-  ].flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v || "–")]));
+    ["Processing time", e.processingTimeMs === null ? NULL_SHOWN : `${e.processingTimeMs} ms`],
+  ].flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, asSent(v))]));
   const handoff = e.pendingSubStatus === "Handoff" ? h("div", { class: "card handoff", "aria-label": "Handoff details" },
     h("h2", {}, "Awaiting external work"),
-    h("dl", { class: "facts" }, h("dt", {}, "Reason"), h("dd", {}, e.handoffReason || "–"),
-      h("dt", {}, "External job"), h("dd", {}, e.externalJobId || "–"),
-      h("dt", {}, "Expected by"), h("dd", {}, e.expectedBy ? `${when(e.expectedBy)} (${new Date(e.expectedBy) < new Date() ? "overdue" : "in " + age(new Date(2 * Date.now() - new Date(e.expectedBy).getTime()).toISOString())})` : "–"))) : null;
+    h("dl", { class: "facts" }, h("dt", {}, "Reason"), h("dd", { "data-fact": "handoff-reason" }, asSent(e.handoffReason)),
+      h("dt", {}, "External job"), h("dd", { "data-fact": "external-job" }, asSent(e.externalJobId)),
+      h("dt", {}, "Expected by"), h("dd", { "data-fact": "expected-by" }, e.expectedBy ? `${when(e.expectedBy)} (${new Date(e.expectedBy) < new Date() ? "overdue" : "in " + age(new Date(2 * Date.now() - new Date(e.expectedBy).getTime()).toISOString())})` : NULL_SHOWN))) : null;
   const timeline = h("ol", { class: "timeline", "aria-label": "Message history" }, e.history.map((m) => h("li", {},
     h("strong", {}, `${m.sequence || ""}. ${m.messageType}`), " ",
     h("span", { class: "muted" }, `${m.from || "?"} → ${m.to || "?"} · ${when(m.enqueuedTimeUtc)} · ${m.messageId}`),
@@ -299,7 +315,7 @@ async function eventView(endpointId, eventId) {
     h("h1", { id: "event-title" }, `Event ${eventId}`),
     h("div", { class: "grid2" }, h("div", { class: "card" }, facts), actionsCard(e, endpointId, eventId)),
     handoff,
-    h("h2", {}, "Payload"), h("pre", { tabindex: "0", "aria-label": "Payload" }, pretty(e.eventJson) || "–"),
+    h("h2", {}, "Payload"), h("pre", { tabindex: "0", "aria-label": "Payload" }, pretty(e.eventJson) || NULL_SHOWN),
     h("h2", {}, "History"), h("div", { class: "card" }, timeline),
     h("h2", {}, "Audits"), audits);
 }
@@ -448,13 +464,13 @@ async function poisonView(params) {
     h("button", { type: "submit" }, "Show"));
   const rows = page.items.map((p) => h("tr", { "data-poison": p.messageId || p.id },
     h("td", { "data-label": "Enqueued" }, when(p.enqueuedTimeUtc)),
-    h("td", { "data-label": "Endpoint" }, p.endpointId ? h("a", { href: `#/endpoint/${segment(p.endpointId)}` }, p.endpointId) : "–"),
+    h("td", { "data-label": "Endpoint" }, p.endpointId ? h("a", { href: `#/endpoint/${segment(p.endpointId)}` }, p.endpointId) : NULL_SHOWN),
     h("td", { "data-label": "Message" }, h("details", {}, h("summary", {}, p.messageId || "(no id)"),
       h("pre", { tabindex: "0", "aria-label": "Application properties" }, pretty(p.applicationProperties)),
       h("pre", { tabindex: "0", "aria-label": "Body" }, p.messageContent !== null ? pretty(p.messageContent) : `base64: ${p.messageContentBase64 || ""}`))),
     h("td", { "data-label": "Reason" }, p.reason),
     h("td", { "data-label": "Replay" }, p.replayOutcome
-      ? `${p.replayOutcome} by ${p.replayedBy} at ${when(p.replayedAt)}${p.replayDetail ? " — " + p.replayDetail : ""}` : "–"),
+      ? `${p.replayOutcome} by ${p.replayedBy} at ${when(p.replayedAt)}${p.replayDetail ? " — " + p.replayDetail : ""}` : NULL_SHOWN),
     h("td", {}, ["applied", "refused", "duplicate"].includes(p.replayOutcome) ? null :
       h("button", { type: "button", class: "secondary", "data-replay": p.id, onclick: async () => {
         if (!(await confirmDialog("Replay this message?", h("p", {}, "It goes through the resolver again; the answer says what happened."), "Replay"))) return;
@@ -521,7 +537,7 @@ function lookupView() {
   return h("div", { class: "card", id: "record" },
     h("h2", {}, r ? `Record: ${r.status}` : "No record for this key"),
     r ? h("dl", { class: "facts" }, [["Item", `${r.itemEntityKey} / ${r.itemKey}`], ["Version", r.version],
-      ["Locked until", when(r.lockedUntil)], ["Updated", when(r.updatedAt)], ["Error", r.error || "–"]]
+      ["Locked until", when(r.lockedUntil)], ["Updated", when(r.updatedAt)], ["Error", r.error || NULL_SHOWN]]
       .flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v)])) : null,
     r ? h("pre", { tabindex: "0" }, pretty(r.data)) : null,
     h("h2", {}, "History"), recordTable(lookupResult.history.items));
@@ -581,7 +597,7 @@ function keepStale(error, main) {
   const banner = document.getElementById("stale");
   const shown = lastRoute === location.hash && main.querySelector("h1");
   banner.replaceChildren(h("strong", {}, "Settle unreachable"),
-    ` since ${staleSince.toLocaleTimeString()} (${error.message}), retrying every ${REFRESH_MS / 1000} s.`,
+    ` since ${clock(staleSince)} (${error.message}), retrying every ${REFRESH_MS / 1000} s.`,
     shown ? " The page shows the last data received." : "");
   banner.hidden = false;
   return Boolean(shown);
@@ -613,11 +629,11 @@ function failureFacts(e) {
   const error = content.ErrorContent || null;
   const facts = [];
   if (error && (error.ErrorText || error.ErrorType)) {
-    facts.push(["Error", h("span", { class: "error", "data-fact": "error-text" }, error.ErrorText || "–")]);
-    facts.push(["Error type", h("code", { "data-fact": "error-type" }, error.ErrorType || "–")]);
+    facts.push(["Error", h("span", { class: "error", "data-fact": "error-text" }, error.ErrorText || NULL_SHOWN)]);
+    facts.push(["Error type", h("code", { "data-fact": "error-type" }, error.ErrorType || NULL_SHOWN)]);
   }
   const reason = e.reason || e.deadLetterErrorDescription || e.deadLetterReason;
-  if (reason || !facts.length) facts.push(["Reason", reason || "–"]);
+  if (reason || !facts.length) facts.push(["Reason", reason || NULL_SHOWN]);
   if (e.deadLetterReason && e.deadLetterReason !== reason) facts.push(["Dead-letter reason", e.deadLetterReason]);
   return facts;
 }
@@ -657,40 +673,57 @@ function resubmitBody(edited, reason) {
 const ONCALL_VIEWS = { find: findView, failed: failedView, session: sessionView, audits: auditsView };
 const SELECTABLE = ["Failed", "DeadLettered", "Unsupported", "Deferred", "Completed"];
 
-function summaryTable(items, { select } = {}) {
+// What kind of id matched a find, as the operator reads it.
+const ID_KINDS = {
+  any: ["q", "Any id (event, session, message, external job)"],
+  eventId: ["eventId", "Event id (or its first 3+ characters)"],
+  sessionId: ["sessionId", "Session id"],
+  messageId: ["messageId", "Message id"],
+  externalJobId: ["externalJobId", "External job id"],
+};
+const KIND_NAMES = { eventId: "Event id", sessionId: "Session id", messageId: "Message id", externalJobId: "External job id" };
+
+function summaryTable(items, { select, matched } = {}) {
   return h("div", { class: "scroll" }, h("table", { class: "stack" },
     h("thead", {}, h("tr", {}, select ? h("th", {}, h("span", { class: "sr" }, "Select")) : null,
-      ["Endpoint", "Event", "Status", "Type", "Session", "Changed", "Reason"].map((t) => h("th", {}, t)))),
-    h("tbody", {}, items.map((e) => h("tr", { "data-event": e.eventId, "data-endpoint-row": e.endpointId },
+      [...(matched ? ["Matched"] : []), "Endpoint", "Event", "Status", "Type", "Session", "Changed", "Reason"].map((t) => h("th", {}, t)))),
+    h("tbody", {}, items.map((e) => h("tr", { "data-event": e.eventId, "data-endpoint-row": e.endpointId, "data-matched": e.matchedBy || null },
+      matched ? h("td", { "data-label": "Matched" }, (e.matches || []).flatMap((m, i) => [i ? ", " : "",
+        h("span", { class: "match", "data-kind": m.kind }, `${KIND_NAMES[m.kind] || m.kind} `, h("code", {}, m.value))])) : null,
       h("td", { "data-label": "Endpoint" }, h("a", { href: `#/endpoint/${segment(e.endpointId)}` }, e.endpointId)),
       h("td", { "data-label": "Event" }, h("a", { href: `#/event/${segment(e.endpointId)}/${segment(e.eventId)}` }, e.eventId)),
       h("td", { "data-label": "Status" }, statusBadge(e.resolutionStatus, e.pendingSubStatus)),
-      h("td", { "data-label": "Type" }, e.eventTypeId || "–"),
-      h("td", { "data-label": "Session" }, e.sessionId ? h("a", { href: `#/session/${segment(e.sessionId)}` }, e.sessionId) : "–"),
+      h("td", { "data-label": "Type" }, asSent(e.eventTypeId)),
+      h("td", { "data-label": "Session" }, e.sessionId ? h("a", { href: `#/session/${segment(e.sessionId)}` }, e.sessionId) : asSent(e.sessionId)),
       h("td", { "data-label": "Changed" }, when(e.updatedAt)),
       h("td", { "data-label": "Reason" }, e.reason || ""))))));
 }
 
 async function findView(route) {
   const q = (route.params.get("q") || "").trim();
-  const kind = route.params.get("by") === "session" ? "session" : "event";
+  const by = route.params.get("by") === "session" ? "sessionId" : route.params.get("by") === "event" ? "eventId" : route.params.get("by");
+  const kind = ID_KINDS[by] ? by : "any";
   const form = h("form", { class: "card filters", role: "search", "aria-label": "Find", onsubmit: (ev) => {
     ev.preventDefault();
     const data = new FormData(ev.target);
     location.hash = `#/find?${new URLSearchParams({ by: String(data.get("by")), q: String(data.get("q") || "").trim() })}`;
   } },
     h("label", {}, "Find by", h("select", { name: "by", id: "find-by" },
-      h("option", { value: "event", selected: kind === "event" }, "Event id (or its start)"),
-      h("option", { value: "session", selected: kind === "session" }, "Session id"))),
-    h("label", {}, "Id", h("input", { name: "q", id: "find-q", value: q, required: true, minlength: kind === "event" ? 3 : 1, placeholder: "evt-42 / customer-10442" })),
+      Object.entries(ID_KINDS).map(([value, [, label]]) => h("option", { value, selected: kind === value }, label)))),
+    h("label", {}, "Id", h("input", { name: "q", id: "find-q", value: q, required: true, minlength: kind === "eventId" ? 3 : 1,
+      placeholder: "JOB-4711 / evt-42 / customer-10442", autocomplete: "off", spellcheck: "false" })),
     h("button", { type: "submit", id: "find-go" }, "Find"));
-  let results = h("p", { class: "muted" }, "Looks in every endpoint (an event id, its first characters, or a session).");
+  let results = h("p", { class: "muted" }, "Looks in every endpoint: the job number the other team gave, a session, a message id, an event id or its first 3 characters, in any case.");
   if (q) {
-    const answer = await api(`find?${kind === "session" ? "sessionId" : "eventId"}=${encodeURIComponent(q)}`);
-    results = answer.items.length ? summaryTable(answer.items)
-      : h("p", { id: "find-none" }, `No event ${kind === "session" ? "in session" : "id starts with"} "${q}" on any endpoint.`);
-    if (answer.items.length === 1 && kind === "event" && answer.items[0].eventId === q && route.params.get("go") === "1") {
-      location.hash = `#/event/${segment(answer.items[0].endpointId)}/${segment(q)}`;
+    const answer = await api(`find?${ID_KINDS[kind][0]}=${encodeURIComponent(q)}`);
+    const kinds = [...new Set(answer.items.map((e) => KIND_NAMES[e.matchedBy] || e.matchedBy))];
+    results = answer.items.length ? [
+      h("p", { id: "find-summary", role: "status" }, `${answer.items.length} hand-off${answer.items.length === 1 ? "" : "s"} by ${kinds.join(", ").toLowerCase()}.`),
+      summaryTable(answer.items, { matched: true })]
+      : h("p", { id: "find-none", role: "status" }, `No hand-off on any endpoint has ${kind === "any" ? "an id" : KIND_NAMES[kind].toLowerCase()} "${q}"${kind === "any" || kind === "eventId" ? (q.length >= 3 ? " (or an event id starting with it)" : " (an event id prefix needs 3 characters)") : ""}.`);
+    const only = answer.items.length === 1 ? answer.items[0] : null;
+    if (only && route.params.get("go") === "1") {
+      location.hash = `#/event/${segment(only.endpointId)}/${segment(only.eventId)}`;
     }
   }
   return h("section", { "aria-labelledby": "find-title" },
@@ -703,7 +736,7 @@ async function sessionView(route) {
   const open = answer.items.filter((e) => !["Completed", "Skipped"].includes(e.resolutionStatus));
   const blocked = answer.items.find((e) => ["Failed", "DeadLettered"].includes(e.resolutionStatus));
   return h("section", { "aria-labelledby": "session-title" },
-    h("p", {}, h("a", { href: "#/find?by=session" }, "← Find")),
+    h("p", {}, h("a", { href: "#/find?by=sessionId" }, "← Find")),
     h("h1", { id: "session-title" }, `Session ${sessionId}`),
     h("p", { class: blocked ? "error" : "muted", "data-session-state": blocked ? "blocked" : "open" },
       blocked ? `Blocked: ${blocked.eventId} on ${blocked.endpointId} is ${blocked.resolutionStatus}; ${open.length} event(s) of this session are not done.`
@@ -768,8 +801,8 @@ async function auditsView(route) {
     h("td", { "data-label": "When" }, when(a.auditTimestamp)),
     h("td", { "data-label": "Type" }, a.auditType + (a.accessDenied ? " (denied)" : "")),
     h("td", { "data-label": "By" }, a.auditorName),
-    h("td", { "data-label": "Endpoint" }, a.endpointId ? h("a", { href: `#/endpoint/${segment(a.endpointId)}` }, a.endpointId) : "–"),
-    h("td", { "data-label": "Event" }, a.eventId ? h("a", { href: `#/event/${segment(a.endpointId)}/${segment(a.eventId)}` }, a.eventId) : "–"),
+    h("td", { "data-label": "Endpoint" }, a.endpointId ? h("a", { href: `#/endpoint/${segment(a.endpointId)}` }, a.endpointId) : NULL_SHOWN),
+    h("td", { "data-label": "Event" }, a.eventId ? h("a", { href: `#/event/${segment(a.endpointId)}/${segment(a.eventId)}` }, a.eventId) : NULL_SHOWN),
     h("td", { "data-label": "Comment" }, a.comment || ""),
     h("td", { "data-label": "Data" }, auditData(a.data))));
   const next = new URLSearchParams(p);

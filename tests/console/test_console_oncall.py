@@ -244,12 +244,12 @@ def test_find_by_event_id_and_session_failed_across_endpoints_and_the_error_filt
     page = browser_page
     page.goto(f"{host.base_url}/api/console#/find")
     expect(page.locator("h1")).to_have_text("Find")
-    page.fill("#find-q", "inv-40")  # an id prefix: both hand-offs
+    page.fill("#find-q", "INV-40")  # an event id prefix, in another case: both hand-offs
     page.click("#find-go")
     expect(page.locator("tr[data-event]")).to_have_count(2)
     expect(page.locator(f'tr[data-event="{demo.ident("inv-4001")}"]')).to_contain_text("Pending + Handoff")
     check_both_widths(page, shots, "find", "tr[data-event]")
-    page.select_option("#find-by", "session")
+    page.select_option("#find-by", "sessionId")
     page.fill("#find-q", demo.ident("customer-10442"))
     page.click("#find-go")
     expect(page.locator("tr[data-event]")).to_have_count(5)  # 3 failed + 1 pending on Billing, 1 deferred
