@@ -154,6 +154,7 @@ var settleTables = [
   'hoendpoints'
   'hopoison'
   'hoaudit'
+  'hoids'
 ]
 
 var resolverName = 'Resolver'
