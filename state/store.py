@@ -42,6 +42,7 @@ from common.errors import (
     is_refused_unreceived,
     is_transient_storage_fault,
 )
+from common.layouts import LayoutBook
 from common.limits import MAX_ENTITY_BYTES, entity_size, int64, plain_int
 from common.signing import Signer, load_signer
 from common.tables import Tables
@@ -270,20 +271,28 @@ class StateStore:
         hint_bytes: int = HINT_BYTES,
         layout: Layout | None = None,
         accounts: Sequence[Tables] | None = None,
+        layouts: LayoutBook | None = None,
     ) -> None:
         from state.accounts import RoutedTable, extra_accounts
+        from state.layout import RecordedLayouts
 
         self._tables = tables
         # The state table's accounts: 0 is ``tables``; more from SETTLE_TABLES_{i} (ADR-0015).
         if accounts is None:
             accounts = [tables, *(Tables(s) for s in extra_accounts(tables.settings.prefix))]
         self._routed = RoutedTable(accounts) if len(accounts) > 1 else None
-        # How a node definition's records spread over partitions (state/keys.py; docs/tables.md).
-        self.layout = layout if layout is not None else Layout.from_env(accounts=len(accounts))
+        # How a node definition's records spread over partitions (state/keys.py; docs/tables.md): the
+        # layout recorded in storage (common/layouts.py), unless a fixed one is given (bench, tests).
+        self._layouts = RecordedLayouts(layouts or LayoutBook(tables), len(accounts), fixed=layout)
         self.index = ExpiryIndex(tables, state_table=lambda: self.table)
         self._hints = _Hints(max_bytes=hint_bytes)
         self._signer: Signer | None = None
         self._signer_lock = threading.Lock()
+
+    @property
+    def layout(self) -> Layout:
+        """The layout records are created in and read from now (cached: no request per call)."""
+        return self._layouts.now()
 
     @property
     def table(self) -> Any:
