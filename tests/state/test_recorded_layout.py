@@ -5,7 +5,6 @@ records (a settled key answers ``exists: true`` and refuses a lock), and a chang
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -59,6 +58,9 @@ def test_a_settled_key_answers_exists_and_refuses_a_lock_whatever_the_setting_sa
         assert lock.status == 200 and lock.json["acquired"] is False, lock.json
         assert lock.json["status"] == "Processed"
     # And the disagreement is logged, naming the setting and the recorded value
-    assert any("SETTLE_STATE_SHARDS" in r.getMessage() and f"({before} shards" in r.getMessage() for r in caplog.records)
+    assert any(
+        "SETTLE_STATE_SHARDS" in r.getMessage() and f"({before} shards" in r.getMessage()
+        for r in caplog.records
+    )
     # And a new key goes where the recorded layout says (the instance follows it)
     assert service.store().layout.shards == before
