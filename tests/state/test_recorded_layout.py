@@ -5,6 +5,9 @@ records (a settled key answers ``exists: true`` and refuses a lock), and a chang
 from __future__ import annotations
 
 import logging
+import threading
+import time
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,6 +15,7 @@ import pytest
 
 from common import layouts, runtime
 from state import service
+from tests.layouts import reshard
 from tests.state.conftest import State, new_key
 
 
@@ -64,3 +68,59 @@ def test_a_settled_key_answers_exists_and_refuses_a_lock_whatever_the_setting_sa
     )
     # And a new key goes where the recorded layout says (the instance follows it)
     assert service.store().layout.shards == before
+
+
+def test_instances_whose_copies_predate_a_change_never_lock_one_key_twice_across_its_start(
+    state: State, deployment: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two instances (stores with their own copy of the recorded layouts) lock the same new keys at the
+    same moments, from before a change to 4 shards until after it took effect: each key is locked once
+    (an instance's copy is refreshed before the change starts; in the guard before it, nothing routes)."""
+    from common.layouts import LayoutBook, LayoutChanging
+    from state.schemas import KeyIn
+    from state.store import StateStore, WriteContext
+
+    monkeypatch.setenv(layouts.REFRESH_SETTING, "1")  # copies a second old: the change starts 2.5 s on
+    deployment(1)
+    tables = runtime.tables()
+    stores = []
+    for _ in range(2):  # each instance reads (and keeps) the recorded layout, half a second apart
+        stores.append(StateStore(tables, layouts=LayoutBook(tables)))
+        assert stores[-1].layout.shards == 1
+        time.sleep(0.5)
+    keys = [
+        KeyIn.model_validate(new_key(entityId=880, itemKey=f"edge-{n:03d}")).record_key() for n in range(150)
+    ]
+    barrier = threading.Barrier(2)
+    acquired: Counter[str] = Counter()
+    refused_while_changing = Counter[int]()
+    lock = threading.Lock()
+
+    def instance(n: int) -> None:
+        store = stores[n]
+        for key in keys:
+            barrier.wait(30)
+            while True:
+                try:
+                    outcome = store.lock(key, WriteContext(), 60)
+                    break
+                except LayoutChanging:
+                    with lock:
+                        refused_while_changing[n] += 1
+                    time.sleep(0.05)
+            if outcome.acquired:
+                with lock:
+                    acquired[key.item_key] += 1
+            time.sleep(0.03)
+
+    threads = [threading.Thread(target=instance, args=(n,)) for n in range(2)]
+    for t in threads:
+        t.start()
+    time.sleep(0.1)
+    changed = reshard(layouts.STATE, 4, wait=False)  # an operator's change, while both are locking
+    for t in threads:
+        t.join(120)
+    assert acquired == Counter({k.item_key: 1 for k in keys}), acquired
+    # and the change did take effect while they worked: later keys went to the new layout
+    assert all(s.layout.shards == 4 for s in stores), changed
+    assert sum(refused_while_changing.values()) >= 1
