@@ -37,7 +37,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from common import runtime
-from common.clock import earliest_now, latest_now, utcnow
+from common.clock import earliest_now, latest_now, to_ms, utcnow
 from common.errors import Conflict, InvalidInput, Unavailable
 from common.settings import env
 from common.tables import Tables
@@ -284,7 +284,7 @@ def _record_first(tables: Tables, family: str, layouts: list[tuple[int, int]]) -
     ago: a deployment that recorded nothing before); None when another process recorded one first."""
     from azure.core.exceptions import ResourceExistsError
 
-    now = utcnow()
+    now = to_ms(utcnow())
     eras = tuple(Era(s, a, now if i == len(layouts) - 1 else _LONG_AGO) for i, (s, a) in enumerate(layouts))
     shards, accounts = layouts[-1]
     entity = {
@@ -328,7 +328,7 @@ def change(
             f"({SETTINGS[family]}) at its first use; change it after that.",
             field="family",
         ) from None
-    now = utcnow()
+    now = to_ms(utcnow())
     current, _, upcoming = row.split(now)
     if upcoming is not None:
         raise Conflict(
@@ -338,7 +338,7 @@ def change(
         )
     if (current.shards, current.accounts) == (shards, accounts):
         raise Conflict(f"The {family} layout already is {shards} shards over {accounts} account(s).")
-    since = now + timedelta(seconds=2 * row.refresh_s + GUARD_S + MARGIN_S)
+    since = to_ms(now + timedelta(seconds=2 * row.refresh_s + GUARD_S + MARGIN_S))
     new = Era(shards, accounts, since)
     eras = (*row.eras, new)
     stamp = now.strftime("%Y%m%dT%H%M%S%fZ")
