@@ -1,4 +1,4 @@
-"""Changing a shard layout is one explicit, audited step behind operator auth: ``POST /api/v1/layout/{family}``
+"""Changing a shard layout is one explicit, audited step behind operator auth: ``POST /api/v1/layout/{f}``
 (management/layout_functions.py) or ``make reshard`` (management/reshard.py). The earlier layout stays
 read; the change takes effect once every instance's copy knows it."""
 
