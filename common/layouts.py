@@ -298,7 +298,14 @@ def _record_first(tables: Tables, family: str, layouts: list[tuple[int, int]]) -
         written = tables.table(LAYOUT_TABLE).create_entity(entity)
     except ResourceExistsError:
         return None
-    log.info("Recorded the first %s layout: %d shards over %d account(s).", family, shards, accounts)
+    log.warning(
+        "Recorded the first %s layout: %d shard(s) over %d account(s): about %d items/s per node or endpoint "
+        "before storage throttles (GET /api/v1/health warns near it; `make reshard` raises it).",
+        family,
+        shards,
+        accounts,
+        250 * shards,
+    )
     return Recorded(family, eras, _refresh_setting(), 1, str(written["etag"]))
 
 

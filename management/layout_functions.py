@@ -76,6 +76,10 @@ class LayoutView(ApiModel):
 
 class Layouts(ApiModel):
     layouts: list[LayoutView]
+    hot_partitions: dict[str, float] = Field(
+        default_factory=dict,
+        description="Partitions this instance writes near one partition's budget: entity writes per second.",
+    )
 
 
 class LayoutChangeRequest(RequestModel):
@@ -119,8 +123,11 @@ def view(recorded: layouts.Recorded, changes: list[dict[str, Any]]) -> LayoutVie
 def all_views() -> Layouts:
     tables = runtime.tables()
     recorded = layouts.read_all(tables)
+    from common.partition_meter import METER
+
     return Layouts(
-        layouts=[view(recorded[f], layouts.audits(tables, f)) for f in layouts.FAMILIES if f in recorded]
+        layouts=[view(recorded[f], layouts.audits(tables, f)) for f in layouts.FAMILIES if f in recorded],
+        hot_partitions={pk: round(rate) for pk, rate in METER.near_budget().items()},
     )
 
 

@@ -44,6 +44,7 @@ from common.errors import (
 )
 from common.layouts import LayoutBook
 from common.limits import MAX_ENTITY_BYTES, entity_size, int64, plain_int
+from common.partition_meter import METER
 from common.signing import Signer, load_signer
 from common.tables import Tables
 from state import envelope
@@ -889,6 +890,7 @@ class StateStore:
                 return found
             head = Head(new, etag)
             self._hints.put(pk, rk, head)
+            METER.count(pk, len(ops))
             return head
         raise Conflict("The record's expiry index changed on every attempt to write it; retry.", field="key")
 

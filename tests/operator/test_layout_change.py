@@ -10,9 +10,8 @@ from typing import Any
 import azure.functions as func
 import pytest
 
-from common import layouts, runtime
+from common import layouts, openapi, runtime
 from management import reshard
-from management.layout_functions import bp
 from tests.conftest import Caller
 from tests.layouts import fast_changes
 from tests.state.conftest import State, new_key
@@ -29,6 +28,11 @@ def layout_call(
     fast_changes(monkeypatch)
     monkeypatch.setenv("SETTLE_STATE_SHARDS", "1")
     runtime.reset()
+    documented = list(openapi._OPERATIONS)
+    from management.layout_functions import bp
+
+    # This session's function_app does not register the blueprint: keep its OpenAPI document as served.
+    openapi._OPERATIONS[:] = documented
     app = func.FunctionApp(http_auth_level=func.AuthLevel.FUNCTION)
     app.register_functions(bp)
     call = Caller({**functions, **{str(f.get_function_name()): f for f in app.get_functions()}})
