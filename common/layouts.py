@@ -174,6 +174,7 @@ class LayoutBook:
         self._read_at: float | None = None
         self._refreshing = False
         self._warned: set[tuple[str, int, int, int]] = set()
+        self._compared: set[tuple[str, str]] = set()
         self.disagreements: dict[str, str] = {}
 
     # -- reading ------------------------------------------------------------------------------------
@@ -190,7 +191,8 @@ class LayoutBook:
                     row = self._rows[family]
         elif age >= row.refresh_s:
             self._refresh_beside()
-        self._compare(row, configured)
+        if (row.family, row.etag) not in self._compared:  # once per version of the row, not per call
+            self._compare(row, configured)
         return row
 
     def in_force(self, family: str, configured: Configured) -> InForce:
@@ -249,6 +251,7 @@ class LayoutBook:
 
     def _compare(self, row: Recorded, configured: Configured) -> None:
         """Warn (once per disagreement) when the settings describe another layout than the recorded one."""
+        self._compared.add((row.family, row.etag))
         current, _, _ = row.split(utcnow())
         try:
             shards, accounts = configured()[-1]
