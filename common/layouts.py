@@ -38,7 +38,7 @@ from typing import Any
 
 from common import runtime
 from common.clock import earliest_now, latest_now, to_ms, utcnow
-from common.errors import Conflict, InvalidInput, Unavailable
+from common.errors import Conflict, InvalidInput, LayoutNotReady
 from common.settings import env
 from common.tables import Tables
 
@@ -64,14 +64,14 @@ GUARD_S = 2.0
 MARGIN_S = 3.0
 
 
-class LayoutChanging(Unavailable):
+class LayoutChanging(LayoutNotReady):
     """A recorded layout change is about to take effect: nothing is routed for a moment (503, retry)."""
 
     slug = "layout-changing"
     title = "The shard layout is changing; retry in a moment"
 
 
-class LayoutUnavailable(Unavailable):
+class LayoutUnavailable(LayoutNotReady):
     """The recorded layout needs something this instance lacks (a storage account): refused (503)."""
 
     slug = "layout-unavailable"

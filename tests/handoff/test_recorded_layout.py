@@ -5,6 +5,7 @@ each out once and settles none twice; a change is one explicit step that loses n
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -116,3 +117,29 @@ def test_a_change_made_the_explicit_way_loses_no_hand_off(call: Any, resolve: An
     # And the change is audited
     [audit] = layouts.audits(runtime.tables(), layouts.HANDOFF)
     assert (audit["FromShards"], audit["ToShards"], audit["Actor"]) == (1, 4, "test")
+
+
+def test_a_message_in_the_moment_before_a_change_is_retried_never_poisoned(
+    call: Any, deployment: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from handoff.resolver import Outcome
+
+    from .test_resolver_failures import RecordingRedelivery
+
+    # Given a change to 4 shards about to take effect (inside its guard: nothing is routed)
+    monkeypatch.setattr(layouts, "GUARD_S", 60.0)
+    deployment(1)
+    assert keys.shard_count() == 1  # recorded
+    reshard(layouts.HANDOFF, 4, wait=False)
+    time.sleep(1.0)  # past 2 x RefreshSeconds + margin: the guard has begun, the change has not
+    resolver = service.resolver_service()
+    redelivery = RecordingRedelivery()
+    resolver.redelivery = lambda: redelivery
+    flow = Flow(endpoint="Guard-" + uuid.uuid4().hex[:8], event_id="ev-1")
+    # When a message arrives, it is rescheduled (503 layout-changing is transient), not poisoned
+    assert resolver.handle(flow.request()) is Outcome.RESCHEDULED
+    assert [m for m, _, _ in redelivery.scheduled] == ["req-1"]
+    # And an agent's receive is a 503 with Retry-After, naming the change
+    answer = receive(call, flow.endpoint, "agent-1")
+    assert answer.status == 503 and answer.json["type"] == "urn:settle:problem:layout-changing", answer.body
+    assert "Retry-After" in {k.title() for k in answer.headers}
