@@ -124,3 +124,20 @@ def test_instances_whose_copies_predate_a_change_never_lock_one_key_twice_across
     # and the change did take effect while they worked: later keys went to the new layout
     assert all(s.layout.shards == 4 for s in stores), changed
     assert sum(refused_while_changing.values()) >= 1
+
+
+def test_a_recorded_layout_over_accounts_this_instance_lacks_is_refused_not_answered(
+    state: State, deployment: Any
+) -> None:
+    # Given records under 4 shards, then a layout over 2 storage accounts recorded by an operator
+    deployment(4)
+    [key] = settle(state, 1, entity=990)
+    reshard(layouts.STATE, 4, accounts=2)
+    # When an instance with one account (no SETTLE_TABLES_1) is asked about a key
+    deployment(4)
+    answers = [state.exists(key), state.lock(new_key(entityId=990))]
+    # Then it refuses with a 503 naming the missing setting, rather than answer from half the records
+    for answer in answers:
+        assert answer.status == 503, answer.json
+        assert answer.json["type"] == "urn:settle:problem:layout-unavailable"
+        assert answer.json["setting"] == "SETTLE_TABLES_1" and answer.json["recordedAccounts"] == 2
