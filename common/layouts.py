@@ -216,11 +216,12 @@ class LayoutBook:
 
     def _load(self, family: str, configured: Configured) -> None:
         """Read every family's row (one request); record ``family``'s from ``configured`` when missing."""
+        started = self._clock()  # a copy is as old as the moment its read was sent
         rows = self._read()
         if family not in rows:
             rows[family] = _record_first(self._tables, family, configured()) or self._read()[family]
         self._rows = rows
-        self._read_at = self._clock()
+        self._read_at = started
 
     def _read(self) -> dict[str, Recorded]:
         table = self._tables.table(LAYOUT_TABLE)
@@ -237,10 +238,11 @@ class LayoutBook:
 
         def run() -> None:
             try:
+                started = self._clock()
                 rows = self._read()
                 with self._lock:
                     self._rows.update(rows)
-                    self._read_at = self._clock()
+                    self._read_at = started
             except Exception:  # the next call past twice the interval reads it itself
                 log.warning("Reading the recorded shard layouts failed; retried on next use.", exc_info=True)
             finally:
