@@ -4,9 +4,10 @@ A layout decides which partition a record is created in (``state/keys.py`` ``Lay
 "Sharded endpoints"). It used to be an app setting each instance read alone, so an instance whose setting
 differed (a forgotten ``..._PREVIOUS``, a rollout that reaches instances minutes apart) routed records into
 partitions where the others never look: a settled key answered ``exists: false`` and a second lock was
-handed out. Now the layout lives in the ``layouts`` table (``docs/adr/0017-layout-recorded-in-storage.md``):
+handed out. Now the layout lives in storage (``docs/adr/0017-layout-recorded-in-storage.md``), in the
+``statelocks`` table:
 
-* PartitionKey ``layout``, RowKey the family (``state``, ``handoff``): ``Eras`` (JSON, oldest first: each
+* PartitionKey ``~layout``, RowKey the family (``state``, ``handoff``): ``Eras`` (JSON, oldest first: each
   era's shard count, account count and the instant it took effect), ``RefreshSeconds``, ``Generation``.
   The last era whose start has passed is the one records are created in; the ones before it are still
   read (a record keeps the partition it was created in); a later one is a change not yet in effect.
@@ -47,8 +48,11 @@ log = logging.getLogger("settle.layouts")
 # The layouts a family's settings describe, oldest first (the last is the current one): (shards, accounts).
 Configured = Callable[[], list[tuple[int, int]]]
 
-LAYOUT_TABLE = "layouts"
-LAYOUT_PARTITION = "layout"
+# Kept in ``statelocks`` beside the signing key (common/signing.py): a table of Settle's own that every
+# deployment has (infra/ creates it), never range-read at ``~layout`` (level 1 of the expiry index is ``l``
+# or ``r`` + a minute, and ``~`` sorts after every letter and digit).
+LAYOUT_TABLE = "statelocks"
+LAYOUT_PARTITION = "~layout"
 AUDIT_MARK = "~a|"
 STATE = "state"
 HANDOFF = "handoff"
