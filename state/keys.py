@@ -23,8 +23,8 @@ Sharded partitions (``SETTLE_STATE_SHARDS``, default 1)
     ``{tenantId}|{scopeId}|{entityId}.{S:03d}-{shard:03d}``; the shard is derived from the record's item
     path (:func:`shard_of`), so every row of one record (head, history, index rows) stays in one
     partition and one entity group transaction. ``S`` is part of the PartitionKey: a record keeps the
-    partition it was created in, and a deployment that changes ``S`` lists its earlier values in
-    the earlier values so that records of the earlier layouts are still found (a head read that misses
+    partition it was created in, and a deployment that changes ``S`` keeps reading its earlier values,
+    so that records of the earlier layouts are still found (a head read that misses
     probes them, a lock on a key new to the instance reads before inserting). The layout in force is the
     one recorded in storage (``common/layouts.py``: family ``state``); ``SETTLE_STATE_SHARDS`` and
     ``SETTLE_STATE_SHARDS_PREVIOUS`` only seed a deployment's first record of it. ``S`` = 1
