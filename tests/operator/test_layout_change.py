@@ -116,3 +116,24 @@ def test_make_reshard_is_the_same_audited_step(
     # and a change of a family nothing was recorded for says so (exit 1, a problem naming the family)
     assert reshard.main(["--family", "handoff", "--shards", "4"]) == 1
     assert '"field": "family"' in capsys.readouterr().err
+
+
+def test_two_operators_changing_at_once_make_one_change(layout_call: Caller) -> None:
+    import threading
+
+    barrier = threading.Barrier(2)
+    answers: list[Any] = []
+
+    def operator(shards: int) -> None:
+        barrier.wait(10)
+        answers.append(change(layout_call, "state", {"shards": shards, "by": f"op-{shards}"}))
+
+    threads = [threading.Thread(target=operator, args=(s,)) for s in (4, 8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert sorted(a.status for a in answers) == [202, 409], [a.body for a in answers]
+    [audit] = layouts.audits(runtime.tables(), "state")
+    winner = next(a for a in answers if a.status == 202).json
+    assert audit["ToShards"] == winner["pending"]["shards"]
