@@ -402,6 +402,15 @@ def change(
     return Recorded(family, eras, row.refresh_s, row.generation + 1, str(result[0].get("etag", "")))
 
 
+def operator_warnings() -> list[str]:
+    """What an operator should know about layouts on this instance: partitions written near one
+    partition's budget (common/partition_meter.py) and settings that disagree with a recorded layout."""
+    from common.partition_meter import warnings
+
+    current = _book
+    return [*warnings(), *(current.disagreements.values() if current is not None else ())]
+
+
 def read_all(tables: Tables) -> dict[str, Recorded]:
     """Every family's recorded layout, straight from storage (operators)."""
     table = tables.table(LAYOUT_TABLE)

@@ -43,3 +43,14 @@ def test_health_warns_without_naming_the_partition(call: Any, monkeypatch: pytes
     monkeypatch.setattr(partition_meter, "METER", meter)
     [warning] = call("health", method="GET").json["warnings"]
     assert "near one partition's budget" in warning and "1|4|42" not in warning
+
+
+def test_the_operators_overview_warns_too(call: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = Clock()
+    meter = PartitionMeter(clock=clock, window_s=10)
+    meter.count("Billing~004-002", int(PARTITION_ENTITIES_S * 0.85 * 10))
+    clock.now = 10
+    monkeypatch.setattr(partition_meter, "METER", meter)
+    overview = call("endpoints_overview", method="GET")
+    assert overview.status == 200, overview.body
+    assert any("near one partition's budget" in w for w in overview.json["warnings"])
