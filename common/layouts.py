@@ -16,7 +16,7 @@ handed out. Now the layout lives in storage (``docs/adr/0017-layout-recorded-in-
 
 A deployment's first instance records its settings' layout (insert-only: of two instances starting at once
 with different settings one wins and the other follows it). An instance whose setting disagrees follows
-the recorded layout and logs a warning (:meth:`LayoutBook.disagreements` shows it to operators). A change is
+the recorded layout and logs a warning (``LayoutBook.disagreements`` shows it to operators). A change is
 an explicit step (``make reshard``, ``POST /api/v1/layout/{family}``: :func:`change`) that takes effect
 ``2 * RefreshSeconds + GUARD_S + MARGIN_S`` after it is written: every process refreshes its copy at least
 every ``2 * RefreshSeconds`` (in the background after ``RefreshSeconds``), so when the new era starts every
