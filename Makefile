@@ -71,3 +71,12 @@ table-restore: $(STAMP) ## Restore an export into empty tables: make table-resto
 
 clean:
 	rm -rf $(VENV) .venv-checkov node_modules .pytest_cache .mypy_cache .ruff_cache .azurite
+
+# Changing a shard layout is one explicit, audited step (docs/tables.md, "Changing the layout"): it is
+# recorded in storage and every instance follows it; the app settings never change a recorded layout.
+# Against Azure: ENDPOINT is the data account's tableEndpoint and the signed-in principal (az login) needs
+# Storage Table Data Contributor on it; without ENDPOINT the environment's SETTLE_TABLES (Azurite locally).
+reshard: $(STAMP) ## Change a recorded shard layout: make reshard S=16 [FAMILY=state|handoff] [ACCOUNTS=N] [REASON=...] [ENDPOINT=...] [PREFIX=settle]; S unset: show
+	$(if $(ENDPOINT),SETTLE_TABLES__tableServiceUri=$(ENDPOINT) SETTLE_TABLES=,) $(if $(PREFIX),SETTLE_TABLE_PREFIX=$(PREFIX),) \
+	$(PY) -m management.reshard --family $(or $(FAMILY),state) $(if $(S),--shards $(S),--show) \
+	$(if $(ACCOUNTS),--accounts $(ACCOUNTS)) $(if $(REASON),--reason "$(REASON)")

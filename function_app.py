@@ -9,6 +9,7 @@ from common.api import bp as meta_bp
 from console.functions import bp as console_bp
 from handoff.functions import bp as handoff_bp
 from management.functions import bp as management_bp
+from management.layout_functions import bp as layout_bp
 from state.functions import bp as state_bp
 
 app = func.FunctionApp(http_auth_level=func.AuthLevel.FUNCTION)
@@ -16,4 +17,5 @@ app.register_functions(meta_bp)
 app.register_functions(state_bp)
 app.register_functions(handoff_bp)
 app.register_functions(management_bp)
+app.register_functions(layout_bp)
 app.register_functions(console_bp)

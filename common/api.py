@@ -14,6 +14,7 @@ bp = func.Blueprint()
 class Health(ApiModel):
     status: str = "ok"
     version: str = "1.0.0"
+    warnings: list[str] = []  # e.g. a partition near its budget (common/partition_meter.py); no I/O
 
 
 @operation(
@@ -26,7 +27,9 @@ class Health(ApiModel):
     tag="meta",
 )
 def health(req: func.HttpRequest) -> Health:
-    return Health()
+    from common.partition_meter import warnings
+
+    return Health(warnings=warnings())
 
 
 @operation(

@@ -115,6 +115,11 @@ class Unavailable(SettleError):
         return {"Retry-After": str(self.retry_after)}
 
 
+class LayoutNotReady(Unavailable):
+    """The recorded shard layout cannot be routed by right now (a change about to take effect, an account
+    this instance lacks: common/layouts.py). Transient like a storage fault: ask again, never poison."""
+
+
 class StorageAnswerUnreadable(Exception):
     """Storage answered 2xx with a body that is not UTF-8 (``common.tables.StorageAnswerCheck``): what it
     said cannot be known, so it is transient (ask again), never read as an empty or partial answer."""
@@ -202,7 +207,7 @@ def is_transient_storage_fault(exc: BaseException) -> bool:
         return True
     if is_unreadable_answer(exc):  # IncompleteReadError and DecodeError, an undecodable 200 included
         return True
-    if isinstance(exc, StorageTableMissing):  # a deployment fault (a table deleted): never the message's
+    if isinstance(exc, StorageTableMissing | LayoutNotReady):  # a deployment's state, never the message's
         return True
     if isinstance(exc, HttpResponseError):
         code = exc.status_code

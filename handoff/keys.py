@@ -37,8 +37,9 @@ row that belongs to one event (its ``ev|`` rows and its hq/jb/ex/rc/uc/ad/sd/sa/
 deltas written with its changes) lives in the event's shard, so the resolver's and settlement's writes stay
 one EGT. Each shard has its own ``ct|0`` snapshot; ``pz|`` rows (poison has no event) stay in the
 unsharded partition ``{endpoint}``. Readers of an endpoint read each shard (first pages, merged) and sum the
-shards' counts. With S = 1 every key is exactly the unsharded one above. Earlier values of S are listed in
-``SETTLE_HANDOFF_SHARDS_PREVIOUS`` (comma-separated): an event keeps the partition it was created in, a
+shards' counts. With S = 1 every key is exactly the unsharded one above. S and its earlier values are the
+ones recorded in storage (common/layouts.py; the settings, ``SETTLE_HANDOFF_SHARDS_PREVIOUS`` the earlier
+values, only seed a first deployment): an event keeps the partition it was created in, a
 lookup that misses in the current layout probes the earlier ones, and every endpoint reader reads the
 earlier layouts' shards too. Table ``hoendpoints`` lists endpoints that ever parked (the sweeper's only
 cross-partition need); table ``hopoison`` keeps poison messages by day for operators.
@@ -74,6 +75,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 from common.errors import KeyTooLong
@@ -132,15 +134,36 @@ def _shards(text: str, setting: str) -> int:
     return value
 
 
+# The layout in force is the one recorded in storage (common/layouts.py, family ``handoff``); the composition
+# root (handoff/service.py) installs its reader here. The settings only seed a first deployment's record.
+_recorded: Callable[[], tuple[int, tuple[int, ...]]] | None = None
+
+
+def follow(recorded: Callable[[], tuple[int, tuple[int, ...]]] | None) -> None:
+    """Route by ``recorded()`` (S now, earlier values of S) instead of the settings."""
+    global _recorded
+    _recorded = recorded
+
+
 def shard_count() -> int:
-    """The current layout's S (``SETTLE_HANDOFF_SHARDS``, default 1)."""
-    return _shards(os.environ.get(SHARDS_SETTING) or "1", SHARDS_SETTING)
+    """The current layout's S: the recorded one (else ``SETTLE_HANDOFF_SHARDS``, default 1)."""
+    return _recorded()[0] if _recorded is not None else configured_shard_count()
 
 
 def previous_shard_counts() -> tuple[int, ...]:
-    """Earlier values of S whose rows must still be found (``SETTLE_HANDOFF_SHARDS_PREVIOUS``)."""
+    """Earlier values of S whose rows must still be found: the recorded ones (else the setting's)."""
+    return _recorded()[1] if _recorded is not None else configured_previous_shard_counts()
+
+
+def configured_shard_count() -> int:
+    """S as ``SETTLE_HANDOFF_SHARDS`` says (default 1)."""
+    return _shards(os.environ.get(SHARDS_SETTING) or "1", SHARDS_SETTING)
+
+
+def configured_previous_shard_counts() -> tuple[int, ...]:
+    """Earlier values of S as ``SETTLE_HANDOFF_SHARDS_PREVIOUS`` says."""
     text = (os.environ.get(PREVIOUS_SHARDS_SETTING) or "").replace(";", ",")
-    current = shard_count()
+    current = configured_shard_count()
     found: list[int] = []
     for part in text.split(","):
         if part.strip():

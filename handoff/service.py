@@ -139,3 +139,14 @@ def reset() -> None:
 
 
 runtime.on_reset(reset)
+
+
+def _follow_the_recorded_layout() -> None:
+    """Every hand-off key routes by the layout recorded in storage (common/layouts.py), not the setting."""
+    from handoff import keys
+    from handoff.layout import recorded_counts
+
+    keys.follow(recorded_counts)
+
+
+_follow_the_recorded_layout()

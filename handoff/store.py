@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from common.errors import KeyTooLong, is_transient_storage_fault
+from common.partition_meter import METER
 from common.tables import Tables, first_rows
 from handoff import keys
 from handoff.records import (
@@ -226,7 +227,9 @@ class HandoffStore:
             return []
         if len(operations) > MAX_TRANSACTION_OPS:
             raise ValueError(f"A transaction holds at most {MAX_TRANSACTION_OPS} operations.")
-        return [dict(r) for r in self._events().submit_transaction(list(operations))]
+        answers = [dict(r) for r in self._events().submit_transaction(list(operations))]
+        METER.count(str(operations[0][1]["PartitionKey"]), len(operations))  # a partition near its budget?
+        return answers
 
     def queued(
         self, endpoint_id: str, *, claimed_before: str, event_type_ids: Sequence[str] = (), limit: int = 5

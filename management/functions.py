@@ -18,6 +18,7 @@ from common import telemetry
 from common.clock import storable_utc
 from common.errors import InvalidInput, SettleError
 from common.http import dependency_problem, operation, parse_body
+from common.layouts import operator_warnings
 from handoff import service
 from handoff.contract import MessageType
 from handoff.limits import query_value, route_value
@@ -164,6 +165,7 @@ def endpoints_overview(req: func.HttpRequest) -> EndpointsOverview:
         items=items,
         unattributed_poison=unattributed,
         unattributed_oldest_poison_day=overview.oldest_poison_day(None) if unattributed else None,
+        warnings=operator_warnings(),  # docs/adr/0017: near one partition's budget, a setting overridden
     )
 
 

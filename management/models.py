@@ -57,6 +57,10 @@ class EndpointsOverview(ApiModel):
     unattributed_oldest_poison_day: str | None = Field(
         default=None, description="UTC day (YYYYMMDD) of the oldest of those."
     )
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="A partition near its budget (more shards needed), a shard setting the layout overrides.",
+    )
 
 
 class EventSummary(ApiModel):

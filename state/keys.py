@@ -23,9 +23,11 @@ Sharded partitions (``SETTLE_STATE_SHARDS``, default 1)
     ``{tenantId}|{scopeId}|{entityId}.{S:03d}-{shard:03d}``; the shard is derived from the record's item
     path (:func:`shard_of`), so every row of one record (head, history, index rows) stays in one
     partition and one entity group transaction. ``S`` is part of the PartitionKey: a record keeps the
-    partition it was created in, and a deployment that changes ``S`` lists its earlier values in
-    ``SETTLE_STATE_SHARDS_PREVIOUS`` so that records of the earlier layouts are still found (a head
-    read that misses probes them, a lock on a key new to the instance reads before inserting). ``S`` = 1
+    partition it was created in, and a deployment that changes ``S`` keeps reading its earlier values,
+    so that records of the earlier layouts are still found (a head read that misses
+    probes them, a lock on a key new to the instance reads before inserting). The layout in force is the
+    one recorded in storage (``common/layouts.py``: family ``state``); ``SETTLE_STATE_SHARDS`` and
+    ``SETTLE_STATE_SHARDS_PREVIOUS`` only seed a deployment's first record of it. ``S`` = 1
     is the unsharded key. Every layout of one node sorts inside [``{t}|{s}|{e}``, ``{t}|{s}|{e}/``)
     (``.`` and ``/`` sort below the digits), so a query of a node is one PartitionKey range read.
 
@@ -42,6 +44,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from common.errors import KeyTooLong
@@ -156,6 +159,16 @@ class Layout:
     def _at(key: RecordKey, shards: int, accounts: int) -> str:
         shard = shard_of(item_path(key), shards)
         return sharded_partition_key(key.tenant_id, key.scope, key.entity_id, shards, shard, accounts)
+
+    @classmethod
+    def of_eras(cls, current: tuple[int, int], earlier: Sequence[tuple[int, int]]) -> Layout:
+        """The layout of a recorded era (shards, accounts) and the earlier ones still read."""
+        return cls(current[0], tuple((s, a) for s, a in earlier), accounts=current[1])
+
+    def eras(self) -> list[tuple[int, int]]:
+        """This layout as (shards, accounts) eras, oldest first: what a first deployment records."""
+        earlier = [(p, 1) if isinstance(p, int) else p for p in self.previous]
+        return [*earlier, (self.shards, self.accounts)]
 
     @classmethod
     def from_env(cls, accounts: int = 1) -> Layout:

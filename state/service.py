@@ -26,9 +26,10 @@ def store() -> StateStore:
     if _store is None:
         with _lock:
             if _store is None:
+                from common import layouts
                 from state.store import StateStore
 
-                _store = StateStore(runtime.tables())
+                _store = StateStore(runtime.tables(), layouts=layouts.book())
     return _store
 
 

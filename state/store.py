@@ -42,7 +42,9 @@ from common.errors import (
     is_refused_unreceived,
     is_transient_storage_fault,
 )
+from common.layouts import LayoutBook
 from common.limits import MAX_ENTITY_BYTES, entity_size, int64, plain_int
+from common.partition_meter import METER
 from common.signing import Signer, load_signer
 from common.tables import Tables
 from state import envelope
@@ -270,20 +272,28 @@ class StateStore:
         hint_bytes: int = HINT_BYTES,
         layout: Layout | None = None,
         accounts: Sequence[Tables] | None = None,
+        layouts: LayoutBook | None = None,
     ) -> None:
         from state.accounts import RoutedTable, extra_accounts
+        from state.layout import RecordedLayouts
 
         self._tables = tables
         # The state table's accounts: 0 is ``tables``; more from SETTLE_TABLES_{i} (ADR-0015).
         if accounts is None:
             accounts = [tables, *(Tables(s) for s in extra_accounts(tables.settings.prefix))]
         self._routed = RoutedTable(accounts) if len(accounts) > 1 else None
-        # How a node definition's records spread over partitions (state/keys.py; docs/tables.md).
-        self.layout = layout if layout is not None else Layout.from_env(accounts=len(accounts))
+        # How a node definition's records spread over partitions (state/keys.py; docs/tables.md): the
+        # layout recorded in storage (common/layouts.py), unless a fixed one is given (bench, tests).
+        self._layouts = RecordedLayouts(layouts or LayoutBook(tables), len(accounts), fixed=layout)
         self.index = ExpiryIndex(tables, state_table=lambda: self.table)
         self._hints = _Hints(max_bytes=hint_bytes)
         self._signer: Signer | None = None
         self._signer_lock = threading.Lock()
+
+    @property
+    def layout(self) -> Layout:
+        """The layout records are created in and read from now (cached: no request per call)."""
+        return self._layouts.now()
 
     @property
     def table(self) -> Any:
@@ -880,6 +890,7 @@ class StateStore:
                 return found
             head = Head(new, etag)
             self._hints.put(pk, rk, head)
+            METER.count(pk, len(ops))
             return head
         raise Conflict("The record's expiry index changed on every attempt to write it; retry.", field="key")
 

@@ -49,6 +49,8 @@ OPERATOR_ROUTES = {
     "poison_dismiss",
     "audits_search",
     "records_query",
+    "layout_show",
+    "layout_change",
 }
 
 

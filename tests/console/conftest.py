@@ -43,6 +43,22 @@ def find_chromium() -> str | None:
 
 
 CHROMIUM = find_chromium()
+
+
+def require_chromium() -> str:
+    """The browser's path; without one, skip saying why (fail in CI, where .ci/run installs it)."""
+    if CHROMIUM is not None:
+        return CHROMIUM
+    reason = (
+        "no Chromium found (SETTLE_CHROMIUM, " + ", ".join(KNOWN_BROWSERS) + "): install one "
+        "(Debian: apt-get install chromium) or point SETTLE_CHROMIUM at it"
+    )
+    if os.environ.get("CI") or os.environ.get("SETTLE_REQUIRE_BROWSER"):
+        pytest.fail(reason)
+    print(f"\nskipping the browser tests: {reason}")
+    pytest.skip(reason)
+
+
 ARGS = [
     "--no-sandbox",
     "--disable-gpu",
@@ -84,20 +100,12 @@ def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def browser_page(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     from playwright.sync_api import sync_playwright
 
-    if CHROMIUM is None:
-        reason = (
-            "no Chromium found (SETTLE_CHROMIUM, " + ", ".join(KNOWN_BROWSERS) + "): install one "
-            "(Debian: apt-get install chromium) or point SETTLE_CHROMIUM at it"
-        )
-        if os.environ.get("CI") or os.environ.get("SETTLE_REQUIRE_BROWSER"):
-            pytest.fail(reason)
-        print(f"\nskipping the browser tests: {reason}")
-        pytest.skip(reason)
+    chromium = require_chromium()
     profile = tmp_path_factory.mktemp("chromium-profile")
     with sync_playwright() as playwright:
         context = playwright.chromium.launch_persistent_context(
             str(profile),
-            executable_path=CHROMIUM,
+            executable_path=chromium,
             headless=True,
             args=ARGS,
             viewport={"width": 1280, "height": 900},

@@ -9,12 +9,11 @@ import re
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from .conftest import ARGS, CHROMIUM, WAIT_MS, nimbus_message, resolver_message
+from .conftest import ARGS, WAIT_MS, nimbus_message, require_chromium, resolver_message
 
 pytestmark = pytest.mark.browser
 
@@ -27,11 +26,11 @@ LONG_ERROR = "ERP-DMF-import-of-the-ledger-package-timed-out-while-waiting-for-t
 def page_far_from_utc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     from playwright.sync_api import expect, sync_playwright
 
-    assert Path(CHROMIUM).exists(), f"No Chromium at {CHROMIUM}"
+    chromium = require_chromium()
     with sync_playwright() as playwright:
         context = playwright.chromium.launch_persistent_context(
             str(tmp_path_factory.mktemp("chromium-find")),
-            executable_path=CHROMIUM,
+            executable_path=chromium,
             headless=True,
             args=ARGS,
             viewport={"width": 1280, "height": 900},

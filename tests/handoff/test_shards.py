@@ -11,8 +11,10 @@ from typing import Any
 import pytest
 from azure.functions.timer import TimerRequest
 
+from common import layouts
 from handoff import keys, service
 from handoff.contract import MessageType
+from tests.layouts import fast_changes, reshard
 
 from .conftest import Flow, event_of
 from .test_loopback_flow import loopback  # noqa: F401  (fixture)
@@ -48,8 +50,11 @@ def next_event(call: Any, endpoint: str) -> str | None:
     return None if answer.status == 204 else str(answer.json["coordinates"]["eventId"])
 
 
-def test_an_endpoints_rows_land_in_four_partitions_and_each_events_rows_in_one(call, resolve, monkeypatch):
-    # Given S = 4 and 24 events of one endpoint, parked oldest first in a known order
+def test_an_endpoints_rows_land_in_four_partitions_and_each_events_rows_in_one(
+    call, resolve, monkeypatch, fresh_tables
+):
+    # Given a deployment whose first instance records S = 4, and 24 events of one endpoint, parked oldest
+    # first in a known order
     monkeypatch.setenv(keys.SHARDS_SETTING, "4")
     endpoint = "Shard-" + uuid.uuid4().hex[:8]
     base = datetime.now(UTC) - timedelta(hours=2)
@@ -88,17 +93,18 @@ def test_the_layout_setting_is_checked(monkeypatch):
     for bad in ("0", "1000", "four"):
         monkeypatch.setenv(keys.SHARDS_SETTING, bad)
         with pytest.raises(ValueError, match=keys.SHARDS_SETTING):
-            keys.shard_count()
+            keys.configured_shard_count()
     monkeypatch.setenv(keys.SHARDS_SETTING, "4")
     monkeypatch.setenv(keys.PREVIOUS_SHARDS_SETTING, "1, 4,x")
     with pytest.raises(ValueError, match=keys.PREVIOUS_SHARDS_SETTING):
-        keys.previous_shard_counts()
+        keys.configured_previous_shard_counts()
     monkeypatch.setenv(keys.PREVIOUS_SHARDS_SETTING, "1, 4;2")
-    assert keys.previous_shard_counts() == (1, 2)  # the current value is not an earlier one
+    assert keys.configured_previous_shard_counts() == (1, 2)  # the current value is not an earlier one
 
 
-def test_changing_the_shard_count_loses_nothing(call, resolve, monkeypatch, loopback):  # noqa: F811
+def test_changing_the_shard_count_loses_nothing(call, resolve, monkeypatch, loopback, fresh_tables):  # noqa: F811
     # Given events parked under the unsharded layout (S = 1)
+    fast_changes(monkeypatch)
     monkeypatch.setenv(keys.SHARDS_SETTING, "1")
     monkeypatch.delenv(keys.PREVIOUS_SHARDS_SETTING, raising=False)
     endpoint = "Reshard-" + uuid.uuid4().hex[:8]
@@ -109,9 +115,8 @@ def test_changing_the_shard_count_loses_nothing(call, resolve, monkeypatch, loop
     resolve(overdue.request(enqueued=base))
     past = (datetime.now(UTC) - timedelta(minutes=5)).strftime("%Y-%m-%dT%H:%M:%S.%f0Z")
     resolve(overdue.park(enqueued=base + timedelta(minutes=10), expected_by=past))
-    # When the deployment moves to S = 4, listing the earlier layout
-    monkeypatch.setenv(keys.SHARDS_SETTING, "4")
-    monkeypatch.setenv(keys.PREVIOUS_SHARDS_SETTING, "1")
+    # When an operator moves the deployment to S = 4 (the recorded layout keeps S = 1 as an earlier one)
+    reshard(layouts.HANDOFF, 4)
     new = [park(resolve, endpoint, f"new-{i}", base + timedelta(minutes=30 + i)) for i in range(8)]
     # Then the old events stay where they were and the new ones spread over the new shards
     found = rows_of(endpoint)

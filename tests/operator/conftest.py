@@ -26,9 +26,10 @@ from tests.handoff.conftest import (  # noqa: F401  (fixtures shared with the ha
 
 
 @pytest.fixture(params=[1, 4], ids=lambda s: f"S={s}")
-def handoff_shards(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> int:
+def handoff_shards(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, fresh_tables: str) -> int:
     """Run the test at S = 1 (unsharded) and S = 4 hand-off shards (``SETTLE_HANDOFF_SHARDS``), whatever the
-    suite's own setting; the test asserts the round trips docs/tables.md gives for that layout."""
+    suite's own setting, on tables of its own (their first instance records that layout: common/layouts.py);
+    the test asserts the round trips docs/tables.md gives for that layout."""
     shards = int(request.param)
     monkeypatch.setenv(keys.SHARDS_SETTING, str(shards))
     monkeypatch.delenv(keys.PREVIOUS_SHARDS_SETTING, raising=False)

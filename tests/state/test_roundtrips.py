@@ -189,6 +189,18 @@ def _first_token(state, key) -> int:
     return count(lambda: state.set(key, status="Processed", lockToken=token)) - 1
 
 
+@case("+ first use of the recorded layouts by an instance")
+def _first_layouts(state, key) -> int:
+    from common.layouts import LAYOUT_TABLE, STATE, LayoutBook
+
+    state.lock(key)  # the deployment's layout is recorded
+    book = LayoutBook(runtime.tables())  # another instance: nothing read yet
+    count(lambda: runtime.tables().table(LAYOUT_TABLE))  # the table is known to this process (row below)
+    measured = count(lambda: book.recorded(STATE, lambda: [(1, 1)]))
+    assert count(lambda: [book.recorded(STATE, lambda: [(1, 1)]) for _ in range(50)]) == 0  # kept
+    return measured
+
+
 @case("+ first use of Settle's tables by an instance")
 def _first_tables(state, key) -> int:
     state.lock(key)  # the tables exist

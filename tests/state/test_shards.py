@@ -11,20 +11,27 @@ from typing import Any
 
 import pytest
 
-from common import runtime
+from common import layouts, runtime
 from state import service
 from state.keys import STATE_TABLE, Layout, node_partition_range, partition_key
+from tests.layouts import fast_changes, reshard
 from tests.state.conftest import State, new_key
 
 
 @pytest.fixture
 def shards(monkeypatch: pytest.MonkeyPatch, fresh_tables: str) -> Iterator[Any]:
-    """``shards(S, previous)`` re-wires the process as a deployment with that layout (same tables)."""
+    """``shards(S, previous)`` re-wires the process as a deployment with that layout (same tables): the
+    first call records it, a later one changes the recorded layout (``make reshard``) and waits for it."""
+
+    fast_changes(monkeypatch)
 
     def use(count: int, previous: str = "") -> None:
         monkeypatch.setenv("SETTLE_STATE_SHARDS", str(count))
         monkeypatch.setenv("SETTLE_STATE_SHARDS_PREVIOUS", previous)
         runtime.reset()  # a new store: what a restarted instance with the new app settings builds
+        recorded = layouts.read_all(runtime.tables()).get(layouts.STATE)
+        if recorded is not None and recorded.eras[-1].shards != count:
+            reshard(layouts.STATE, count)  # the layout changes by the explicit step, never by the setting
 
     yield use
     monkeypatch.delenv("SETTLE_STATE_SHARDS")

@@ -1,0 +1,38 @@
+"""The hand-off layout a process routes by: the one recorded in storage (``common/layouts.py``, family
+``handoff``), as S now and the earlier values of S still read (``handoff/keys.py`` "Sharded endpoints")."""
+
+from __future__ import annotations
+
+import threading
+
+from common import layouts
+from common.layouts import HANDOFF, InForce
+from handoff import keys
+
+
+def configured() -> list[tuple[int, int]]:
+    """The layouts the settings describe (``SETTLE_HANDOFF_SHARDS``, ``..._PREVIOUS``), oldest first."""
+    earlier = [(s, 1) for s in keys.configured_previous_shard_counts()]
+    return [*earlier, (keys.configured_shard_count(), 1)]
+
+
+_lock = threading.Lock()
+_last: tuple[InForce, tuple[int, tuple[int, ...]]] | None = None
+
+
+def recorded_counts() -> tuple[int, tuple[int, ...]]:
+    """(S, earlier values of S) of the recorded layout in force now (kept: no request per call)."""
+    global _last
+    in_force = layouts.book().in_force(HANDOFF, configured)
+    last = _last
+    if last is not None and last[0] == in_force:
+        return last[1]
+    current = in_force.current.shards
+    earlier: list[int] = []
+    for era in reversed(in_force.earlier):  # newest earlier layout first: the likeliest home of a miss
+        if era.shards != current and era.shards not in earlier:
+            earlier.append(era.shards)
+    counts = (current, tuple(earlier))
+    with _lock:
+        _last = (in_force, counts)
+    return counts
