@@ -1,15 +1,17 @@
 # Every command a user needs. `make run` and `make test` do all the set-up on a fresh machine.
-PYTHON ?= python3.11
+# Python 3.13: what Azure runs the app on (infra/, requirements.txt pins its runtime). Found by
+# devtools/find-python.sh (PATH, pyenv, uv, asdf), or set PYTHON=/path/to/python3.13.
+PYTHON ?= $(shell devtools/find-python.sh)
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
 .PHONY: install run demo test lint typecheck pytest bench bench-smoke bench-report reliability reliability-throttled infra-check infra-types azurite table-export table-restore clean
 
-$(STAMP): requirements.txt requirements-dev.txt requirements-worker.txt client/pyproject.toml package.json package-lock.json
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
+$(STAMP): requirements.txt requirements-dev.txt client/pyproject.toml package.json package-lock.json
+	@test -n "$(PYTHON)" || { devtools/find-python.sh >/dev/null; exit 1; }
+	@test -x $(PY) && $(PY) -c "import sys; sys.exit(sys.version_info[:2] != (3, 13))" || { rm -rf $(VENV) && $(PYTHON) -m venv $(VENV); }
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
-	$(PY) -m pip install --quiet --disable-pip-version-check --ignore-requires-python -r requirements-worker.txt
 	npm ci --no-audit --no-fund --loglevel=error
 	@touch $(STAMP)
 

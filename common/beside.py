@@ -15,14 +15,14 @@ from __future__ import annotations
 import contextvars
 import threading
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import TypeVar
 
 from common.roundtrips import ROUND_TRIPS
 
 T = TypeVar("T")
 
 
-class Beside(Generic[T]):
+class Beside[T]:
     """``fn()`` started now on a thread of its own; :meth:`result` waits for it."""
 
     def __init__(self, fn: Callable[[], T], *, name: str) -> None:

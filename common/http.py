@@ -139,7 +139,7 @@ def validation_problem(exc: ValidationError, *, prefix: str = "") -> InvalidInpu
     return InvalidInput(detail, field=first["field"], errors=errors)
 
 
-def parse_body(req: func.HttpRequest, model: type[M]) -> M:
+def parse_body[M: BaseModel](req: func.HttpRequest, model: type[M]) -> M:
     """Validate the JSON body against ``model`` or raise a 400 naming the field."""
     raw = req.get_body() or b""
     if not raw.strip():
@@ -228,7 +228,7 @@ def _path_to(data: Any, marker: object, path: str) -> str | None:
     return None
 
 
-def parse_model(data: Any, model: type[M], *, field: str) -> M:
+def parse_model[M: BaseModel](data: Any, model: type[M], *, field: str) -> M:
     """Validate already-parsed data (query parameters, route parameters) against ``model``."""
     try:
         return model.model_validate(data)

@@ -8,8 +8,8 @@ served, whatever a local run did. This module runs that same code, so the develo
 and the infra checks all read what the host will read: each function's raw bindings (route, methods,
 auth level, schedule, topic, subscription, connection), exactly as the worker sends them to the host.
 
-``azure-functions-runtime`` is the worker of Python 3.13 and later; its loader runs on 3.11 too and is
-installed with ``--ignore-requires-python`` (see the Makefile). It is a development dependency only.
+``azure-functions-runtime`` is the runtime of Python 3.13 and later, pinned in ``requirements.txt``: Azure
+runs the app on exactly that runtime, and this module runs its code.
 """
 
 from __future__ import annotations

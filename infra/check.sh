@@ -19,7 +19,7 @@ cd "$(dirname "$0")/.."
 venv=${CHECKOV_VENV:-.venv-checkov}
 checkov_version=3.3.30
 if [ ! -x "$venv/bin/checkov" ] || ! "$venv/bin/checkov" --version 2>/dev/null | grep -qx "$checkov_version"; then
-  "${PYTHON:-python3.11}" -m venv "$venv" 2>/dev/null || python3 -m venv "$venv"
+  "${PYTHON:-$(devtools/find-python.sh)}" -m venv "$venv" 2>/dev/null || python3 -m venv "$venv"
   "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "checkov==$checkov_version"
 fi
 

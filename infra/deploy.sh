@@ -143,14 +143,14 @@ if [ "${SETTLE_SKIP_CODE:-0}" = 1 ]; then
 fi
 
 # 4. Deploy the code: the package holds what .funcignore keeps (the list func and azd use too) and the
-#    app's bytecode for Python 3.11 (infra/package.py: a read-only package would otherwise compile every
+#    app's bytecode for Python 3.13 (infra/package.py: a read-only package would otherwise compile every
 #    module at each cold start); the remote build installs requirements.txt on Linux for the app's Python,
 #    so no dependency is built here. Flex takes the package into its deployment container with the app's managed identity; basic-auth
 #    publishing is off, so the CLI authenticates with your Entra token. A role assignment made a moment
 #    ago can take a few minutes to reach the storage service, hence the retries.
 package=$(mktemp -d)/settle.zip
 # The app's Python writes its bytecode; another python3 ships sources only (package.py says so).
-"$(command -v python3.11 || command -v python3)" infra/package.py "$package"
+"$(bash devtools/find-python.sh 2>/dev/null || command -v python3)" infra/package.py "$package"
 for attempt in 1 2 3 4 5; do
   if az functionapp deployment source config-zip --resource-group "$rg" --name "$app" \
       --src "$package" --build-remote true --output none; then

@@ -10,7 +10,7 @@
 //   servicebus.bicep            Resolver topic/subscription, NimBus endpoint topics, diagnostic settings
 //   servicebus-rbac.bicep       the identity's Service Bus roles (in the namespace's resource group)
 //   rbac.bicep                  the identity's storage (state accounts too) and telemetry roles
-//   functionapp.bicep           Flex Consumption plan + Python 3.11 function app + app settings
+//   functionapp.bicep           Flex Consumption plan + Python 3.13 function app + app settings
 //   alerts.bicep                dead letters on the resolver, function failures, Service Bus throttling,
 //                               and Settle's own signals (poison, expired locks, overdue hand-offs, 503s)
 //   workbook.bicep              the operations Workbook (infra/workbooks/) on the Log Analytics workspace

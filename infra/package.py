@@ -36,7 +36,7 @@ from pathlib import Path
 
 PROJECT = Path(__file__).resolve().parent.parent
 # The Python the function app runs: functionapp.bicep's runtime version (tests/infra asserts so).
-RUNTIME = (3, 11)
+RUNTIME = (3, 13)
 
 
 @dataclass(frozen=True)
@@ -128,7 +128,7 @@ def package_files(project: Path = PROJECT) -> list[str]:
 
 
 def bytecode_name(relative: str) -> str:
-    """Where the interpreter looks for ``relative``'s pyc (``a/__pycache__/b.cpython-311.pyc``)."""
+    """Where the interpreter looks for ``relative``'s pyc (``a/__pycache__/b.cpython-313.pyc``)."""
     source = Path(relative)
     tag = sys.implementation.cache_tag
     return (source.parent / "__pycache__" / f"{source.stem}.{tag}.pyc").as_posix()

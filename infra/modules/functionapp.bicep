@@ -246,7 +246,7 @@ resource site 'Microsoft.Web/sites@2024-04-01' = {
       // Must equal the Python CI runs (pyproject requires-python); tests/infra asserts it.
       runtime: {
         name: 'python'
-        version: '3.11'
+        version: '3.13'
       }
     }
   }

@@ -26,7 +26,7 @@ WAIT_S = 30.0  # generous: the machine is shared
 T = TypeVar("T")
 
 
-def some(value: T | None) -> T:
+def some[T](value: T | None) -> T:
     """``value``, which the test expects to be there."""
     assert value is not None
     return value

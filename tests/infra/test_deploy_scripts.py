@@ -210,9 +210,9 @@ def test_yes_deploys_infrastructure_then_the_code_package(deploy: Deploy) -> Non
     shipped = {n for n in names if n.endswith(".py")}
     pycs = {n for n in names if n.endswith(".pyc")}
     assert pycs == {
-        n.rsplit("/", 1)[0] + "/__pycache__/" + n.rsplit("/", 1)[-1][:-3] + ".cpython-311.pyc"
+        n.rsplit("/", 1)[0] + "/__pycache__/" + n.rsplit("/", 1)[-1][:-3] + ".cpython-313.pyc"
         if "/" in n
-        else "__pycache__/" + n[:-3] + ".cpython-311.pyc"
+        else "__pycache__/" + n[:-3] + ".cpython-313.pyc"
         for n in shipped
     }
 

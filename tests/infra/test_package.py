@@ -41,7 +41,7 @@ JUNK = [
     ".azurite/__azurite_db_table__.json",
     "local.settings.json",
     "__azurite_db_blob__.json",
-    "state/__pycache__/store.cpython-311.pyc",
+    "state/__pycache__/store.cpython-313.pyc",
     "handoff/old.pyc",
     "node_modules/azurite/index.js",
     ".coverage",

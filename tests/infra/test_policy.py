@@ -224,7 +224,7 @@ def test_ftp_and_basic_auth_publishing_are_off() -> None:
 def test_runtime_is_python_at_the_version_ci_runs() -> None:
     config = load_infra("modules/functionapp.bicep").resource("site").body["properties"]["functionAppConfig"]
     assert config["runtime"] == {"name": "python", "version": ci_python()}
-    assert ci_python() == "3.11"  # SPEC: Python 3.11 is what CI and Flex Consumption both run
+    assert ci_python() == "3.13"  # SPEC: Python 3.13 is what CI and Flex Consumption both run
 
 
 def test_deployment_package_uses_the_user_assigned_identity() -> None:

@@ -176,3 +176,16 @@ def test_the_development_host_refuses_to_serve_an_app_the_worker_rejects(bad_app
     )
     assert run.returncode == 1
     assert "rejects 1 function(s)" in run.stdout and "typed:" in run.stdout
+
+
+def test_the_runtime_the_tests_drive_is_the_one_requirements_txt_pins_for_azure() -> None:
+    import re
+    import sys
+    from importlib.metadata import version
+
+    pins = re.findall(
+        r"^azure-functions-runtime==([\w.]+)\s*$", (ROOT / "requirements.txt").read_text(), flags=re.M
+    )
+    assert len(pins) == 1, "requirements.txt must pin azure-functions-runtime==X (Azure then runs exactly X)"
+    assert version("azure-functions-runtime") == pins[0]
+    assert sys.version_info[:2] == (3, 13)  # the runtime's Python, and the app's in infra/
