@@ -36,7 +36,17 @@ TELEMETRY_OPTIONS = {
 # Set by App Service itself on every instance (not an app setting): the management API fails closed
 # (requires a signed-in principal) where it is present (management/principal.py, ADR-0013).
 PLATFORM_SET = {"WEBSITE_INSTANCE_ID"}
-NOT_SET = {**LOCAL_ONLY, **TELEMETRY_OPTIONS, **dict.fromkeys(PLATFORM_SET, "set by the platform")}
+# Settings whose default is right for Azure, read only to seed a value that storage then records.
+SEEDS = {
+    "SETTLE_LAYOUT_REFRESH_SECONDS": "seeds the refresh interval recorded with a first deployment's layout "
+    "(common/layouts.py); the default, 30 s, is Azure's, and the recorded value is the one in force",
+}
+NOT_SET = {
+    **LOCAL_ONLY,
+    **TELEMETRY_OPTIONS,
+    **SEEDS,
+    **dict.fromkeys(PLATFORM_SET, "set by the platform"),
+}
 # Numbered settings (tests/infra/codescan.py: a pattern with ``{i}``, one per extra state account) that the
 # Bicep deliberately does NOT set for i = 1..N-1, each with the reason.
 NUMBERED_NOT_SET = {

@@ -237,7 +237,9 @@ def _fault_case(
 def test_a_fault_on_any_request_of_a_projection_is_redelivered_and_projected_once(
     faulty_tables, functions, call, flow, prefix, target
 ):
-    # Given how many storage requests projecting this message makes
+    # Given how many storage requests projecting this message makes (counted once the process has made its
+    # first-use reads, such as the recorded layouts, which the cases below do not repeat)
+    _fault_case(faulty_tables, functions, call, flow, prefix, target, None, "before")
     requests = _fault_case(faulty_tables, functions, call, flow, prefix, target, None, "before")
     # When each of them fails (before it is sent / after it applied) and the host redelivers
     for index in range(1, requests + 1):
