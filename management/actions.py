@@ -122,6 +122,23 @@ def _event_part(text: str | None) -> EventPart | None:
     return content.EventContent
 
 
+# How deep an edited eventJson may nest. Python 3.11's parser refused deeper documents (its recursion
+# limit); 3.13's goes on, so the bound is explicit and the same on every interpreter and every instance.
+MAX_EVENT_JSON_DEPTH = 900
+
+
+def _nesting(value: object) -> int:
+    """How many arrays/objects deep ``value`` nests (without recursion)."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            depth += 1
+            deepest = max(deepest, depth)
+            stack.extend((child, depth) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
 @dataclass(frozen=True)
 class ActionResult:
     """The accepted action and the audit row it wrote."""
@@ -152,9 +169,14 @@ class OperatorActions:
         action = RESUBMIT_WITH_CHANGES if event_json is not None else RESUBMIT
         if event_json is not None:
             try:
-                json.loads(event_json)
+                parsed = json.loads(event_json)
             except (ValueError, RecursionError) as exc:  # nested too deep to read is not JSON Settle takes
                 raise InvalidInput("eventJson must be a JSON document (as text).", field="eventJson") from exc
+            if _nesting(parsed) > MAX_EVENT_JSON_DEPTH:
+                raise InvalidInput(
+                    f"eventJson nests deeper than {MAX_EVENT_JSON_DEPTH} levels; Settle does not send it.",
+                    field="eventJson",
+                )
         row, history = self._load(endpoint_id, event_id)
         self._authorise(row, actor, action)
         digest = self._digest(MessageType.ResubmissionRequest, row, actor, event_json, reason, message_id)
