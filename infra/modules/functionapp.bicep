@@ -126,10 +126,8 @@ var appSettings = {
   // Telemetry, authenticated with Entra (Monitoring Metrics Publisher on the component).
   APPLICATIONINSIGHTS_CONNECTION_STRING: applicationInsightsConnectionString
   APPLICATIONINSIGHTS_AUTHENTICATION_STRING: 'ClientId=${identityClientId};Authorization=AAD'
-  // No PYTHON_ENABLE_OPENTELEMETRY / PYTHON_APPLICATIONINSIGHTS_ENABLE_TELEMETRY: Settle parents its spans
-  // on the host's invocation itself (context.trace_context: the worker attaches it only in its event loop,
-  // not in the thread a sync function runs in), and with them the worker sets up Azure Monitor a second
-  // time, logging an error at start where it cannot (docs/observability.md).
+  // No PYTHON_ENABLE_OPENTELEMETRY: Settle parents its spans on context.trace_context itself, and with it the
+  // worker would set up Azure Monitor a second time and log an error at start (docs/observability.md).
   // SDK clients in code (DefaultAzureCredential / ManagedIdentityCredential) use this identity.
   AZURE_CLIENT_ID: identityClientId
   // Settle's tables (common/settings.py): endpoint + identity, never a connection string.
