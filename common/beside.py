@@ -15,11 +15,8 @@ from __future__ import annotations
 import contextvars
 import threading
 from collections.abc import Callable
-from typing import TypeVar
 
 from common.roundtrips import ROUND_TRIPS
-
-T = TypeVar("T")
 
 
 class Beside[T]:

@@ -15,7 +15,7 @@ import logging
 import math
 import re
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import azure.functions as func
 from pydantic import BaseModel, ValidationError
@@ -36,7 +36,6 @@ from common.errors import (
 log = logging.getLogger("settle.http")
 
 ROUTE_PREFIX = "api"  # host.json extensions.http.routePrefix
-M = TypeVar("M", bound=BaseModel)
 Handler = Callable[[func.HttpRequest], Any]
 
 PROBLEM_CONTENT_TYPE = "application/problem+json"
