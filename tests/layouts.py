@@ -24,7 +24,14 @@ def reshard(family: str, shards: int, *, accounts: int = 1, wait: bool = True) -
         runtime.tables(), family, shards, accounts=accounts, actor="test", reason="a test's layout change"
     )
     if wait:
-        while earliest_now() < changed.eras[-1].since:
-            time.sleep(0.05)
-        layouts.book().invalidate()
+        wait_in_force(changed)
     return changed
+
+
+def wait_in_force(changed: layouts.Recorded) -> None:
+    """Wait until ``changed``'s newest era has started by this process's storage clock. A new instance
+    (runtime.reset) calibrates its clock afresh, and its earliest bound may lie before the last one's: so
+    wait again after starting one, or its first call may still fall in the guard before the change."""
+    while earliest_now() < changed.eras[-1].since:
+        time.sleep(0.05)
+    layouts.book().invalidate()

@@ -15,7 +15,7 @@ import pytest
 
 from common import layouts, runtime
 from state import service
-from tests.layouts import reshard
+from tests.layouts import reshard, wait_in_force
 from tests.state.conftest import State, new_key
 
 
@@ -132,9 +132,11 @@ def test_a_recorded_layout_over_accounts_this_instance_lacks_is_refused_not_answ
     # Given records under 4 shards, then a layout over 2 storage accounts recorded by an operator
     deployment(4)
     [key] = settle(state, 1, entity=990)
-    reshard(layouts.STATE, 4, accounts=2)
-    # When an instance with one account (no SETTLE_TABLES_1) is asked about a key
+    changed = reshard(layouts.STATE, 4, accounts=2)
+    # When an instance with one account (no SETTLE_TABLES_1) is asked about a key, once the change is in
+    # force by its own clock
     deployment(4)
+    wait_in_force(changed)
     answers = [state.exists(key), state.lock(new_key(entityId=990))]
     # Then it refuses with a 503 naming the missing setting, rather than answer from half the records
     for answer in answers:
