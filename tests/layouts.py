@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from datetime import timedelta
 
 import pytest
 
@@ -31,7 +32,8 @@ def reshard(family: str, shards: int, *, accounts: int = 1, wait: bool = True) -
 def wait_in_force(changed: layouts.Recorded) -> None:
     """Wait until ``changed``'s newest era has started by this process's storage clock. A new instance
     (runtime.reset) calibrates its clock afresh, and its earliest bound may lie before the last one's: so
-    wait again after starting one, or its first call may still fall in the guard before the change."""
-    while earliest_now() < changed.eras[-1].since:
+    wait again after starting one, or its first call may still fall in the guard before the change. The
+    half second beyond the start absorbs a bound that a later reading of the storage clock moves back."""
+    while earliest_now() < changed.eras[-1].since + timedelta(seconds=0.5):
         time.sleep(0.05)
     layouts.book().invalidate()
