@@ -10,6 +10,7 @@ import azure.functions as func
 from common import telemetry
 from common.errors import InvalidInput
 from common.http import operation, parse_body
+from common.principal import headers_vouched
 from common.settings import env_flag
 from handoff import limits, service
 from handoff.contract import MessageType
@@ -73,8 +74,6 @@ def _who(req: func.HttpRequest) -> dict[str, str | None]:
     """Who sent the request: the agent's own header, and the principal App Service authentication put in
     ``x-ms-client-principal-name`` / ``-id`` (App Service strips those headers from external requests when
     authentication is on; without it they are caller-supplied like ``x-agent-id``)."""
-    from management.principal import headers_vouched
-
     name = _header(req, "x-ms-client-principal-name")
     ident = _header(req, "x-ms-client-principal-id")
     if not headers_vouched():

@@ -1,7 +1,8 @@
 """Process-wide hand-off services: the one place that builds them, lazily, and drops them on reset.
 
 The Functions, the benchmark and the reliability suites all go through these accessors, so they share
-one store, one transport (one Service Bus client) and one resolver per process. The transport is looked
+one store, one transport (one Service Bus client) and one resolver per process (the operator API builds
+its own on these, a layer above: ``management/services.py``). The transport is looked
 up at each use by settlement, the reconciler and the resolver's redelivery alike, so
 :func:`use_transport` changes it for all of them at once.
 """
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING
 from common import runtime
 
 if TYPE_CHECKING:
+    from handoff.overview import Overview
     from handoff.receive import ReceiveService
     from handoff.reconciler import Reconciler
     from handoff.resolver import Redelivery, ResolverService
@@ -21,9 +23,6 @@ if TYPE_CHECKING:
     from handoff.store import HandoffStore
     from handoff.sweeper import Sweeper
     from handoff.transport import Transport
-    from management.actions import OperatorActions
-    from management.overview import Overview
-    from management.poison import PoisonDesk
 
 _lock = threading.RLock()
 _store: HandoffStore | None = None
@@ -103,21 +102,9 @@ def reconciler() -> Reconciler:
 
 
 def overview() -> Overview:
-    from management.overview import Overview
+    from handoff.overview import Overview
 
     return Overview(store())
-
-
-def operator_actions() -> OperatorActions:
-    from management.actions import OperatorActions
-
-    return OperatorActions(settlement_service())
-
-
-def poison_desk() -> PoisonDesk:
-    from management.poison import PoisonDesk
-
-    return PoisonDesk(store(), resolver_service)
 
 
 def use_transport(replacement: Transport) -> None:

@@ -19,6 +19,7 @@ from datetime import datetime
 
 from common.clock import iso, utcnow
 from common.errors import Conflict, InvalidInput, NotFound
+from common.principal import Actor, allowed, denial
 from handoff import keys, store
 from handoff.claim_resolution import ClaimResolution
 from handoff.contract import (
@@ -36,7 +37,6 @@ from handoff.settlement import ClaimOrder, Settlement, SettlementService
 from handoff.store import classify_event_rows
 from handoff.transport import MAX_SEND_BYTES, encoded_size
 from management.audits import mirror
-from management.principal import Actor, allowed, denial
 
 RESUBMIT = "Resubmit"
 RESUBMIT_WITH_CHANGES = "ResubmitWithChanges"

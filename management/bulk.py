@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 from common.errors import SettleError
 from common.http import dependency_problem
+from common.principal import Actor
 from management.actions import ActionResult, OperatorActions
-from management.principal import Actor
 
 MAX_EVENTS = 50
 ACTIONS = ("resubmit", "skip")

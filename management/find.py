@@ -24,10 +24,10 @@ from common.beside import Beside
 from common.errors import InvalidInput
 from common.tables import first_rows
 from handoff import keys
+from handoff.overview import Overview
 from handoff.records import EventRow, ListingRow
 from handoff.store import HandoffStore
 from management.models import FindAnswer, FoundEvent, IdMatch
-from management.overview import Overview
 
 MIN_PREFIX = keys.MIN_PREFIX
 MAX_HITS = 50

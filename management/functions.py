@@ -1,7 +1,7 @@
 """The management blueprint: counts, listings, operator actions, poison, state records.
 
 Every route is anonymous for the Functions host: in Azure, App Service authentication (Entra ID) signs
-the operator in and the code checks the principal and its app role (:mod:`management.principal`,
+the operator in and the code checks the principal and its app role (:mod:`common.principal`,
 ``docs/adr/0013-console-auth.md``); locally no key or sign-in is needed. Thin: parse, check who, call.
 """
 
@@ -19,10 +19,11 @@ from common.clock import storable_utc
 from common.errors import InvalidInput, SettleError
 from common.http import dependency_problem, operation, parse_body
 from common.layouts import operator_warnings
+from common.principal import actor_of, allowed, denial, require_operator
 from handoff import service
 from handoff.contract import MessageType
 from handoff.limits import query_value, route_value
-from management.principal import actor_of, allowed, denial, require_operator
+from management import services
 from state.schemas import HistoryRequest, QueryRequest, RecordPage
 
 if TYPE_CHECKING:
@@ -405,7 +406,7 @@ def event_resubmit(req: func.HttpRequest) -> ActionAccepted:
     with _counted("resubmit", req, "endpointId", "eventId"):
         body: ResubmitRequest = _body(req, ResubmitRequest)
         actor = actor_of(req, body.by)
-        result = service.operator_actions().resubmit(
+        result = services.operator_actions().resubmit(
             _route(req, "endpointId"),
             _route(req, "eventId"),
             actor,
@@ -436,7 +437,7 @@ def event_skip(req: func.HttpRequest) -> ActionAccepted:
     with _counted("skip", req, "endpointId", "eventId"):
         body: SkipRequest = _body(req, SkipRequest)
         actor = actor_of(req, body.by)
-        result = service.operator_actions().skip(
+        result = services.operator_actions().skip(
             _route(req, "endpointId"),
             _route(req, "eventId"),
             actor,
@@ -466,7 +467,7 @@ def event_complete(req: func.HttpRequest) -> ActionAccepted:
     with _counted("complete", req, "endpointId", "eventId"):
         body: CompleteRequest = _body(req, CompleteRequest)
         actor = actor_of(req, body.by)
-        result = service.operator_actions().settle(
+        result = services.operator_actions().settle(
             _route(req, "endpointId"),
             _route(req, "eventId"),
             actor,
@@ -497,7 +498,7 @@ def event_fail(req: func.HttpRequest) -> ActionAccepted:
     with _counted("fail", req, "endpointId", "eventId"):
         body = parse_body(req, FailRequest)
         actor = actor_of(req, body.by)
-        result = service.operator_actions().settle(
+        result = services.operator_actions().settle(
             _route(req, "endpointId"),
             _route(req, "eventId"),
             actor,
@@ -533,7 +534,7 @@ def event_settlement_resolve(req: func.HttpRequest) -> SettlementResolved:
         body = parse_body(req, ResolveSettlementRequest)
         actor = actor_of(req, body.by)
         endpoint_id, event_id = _route(req, "endpointId"), _route(req, "eventId")
-        done = service.operator_actions().resolve_settlement(
+        done = services.operator_actions().resolve_settlement(
             endpoint_id,
             event_id,
             actor,
@@ -580,13 +581,13 @@ def poison_list(req: func.HttpRequest) -> PoisonPage:
     from management.models import PoisonEntry, PoisonPage
 
     require_operator(req)
-    from management.overview import decode_continuation, encode_continuation
+    from handoff.overview import decode_continuation, encode_continuation
 
     day = req.params.get("day") or ""
     if not day:
         raise InvalidInput("day (YYYYMMDD) is required.", field="day")
     token = req.params.get("continuationToken")
-    rows, last = service.poison_desk().page(
+    rows, last = services.poison_desk().page(
         day, after=decode_continuation(token) if token else None, limit=_page_size(req, 50, 200)
     )
     return PoisonPage(
@@ -623,7 +624,7 @@ def poison_replay(req: func.HttpRequest) -> ReplayAnswer:
         edits = Edits(
             message_content=body.message_content, application_properties=body.application_properties
         )
-        result = service.poison_desk().replay(_route(req, "day"), _route(req, "id"), actor, edits)
+        result = services.poison_desk().replay(_route(req, "day"), _route(req, "id"), actor, edits)
         telemetry.current().set_outcome(result.outcome)
         return ReplayAnswer(
             outcome=result.outcome,
@@ -708,7 +709,7 @@ def poison_dismiss(req: func.HttpRequest) -> PoisonEntry:
         body: DismissRequest = parse_body(req, DismissRequest)
         actor = actor_of(req, body.by)
         day = _route(req, "day")
-        row = service.poison_desk().dismiss(day, _route(req, "id"), actor, body.reason)
+        row = services.poison_desk().dismiss(day, _route(req, "id"), actor, body.reason)
         return PoisonEntry.of(day, row)
 
 
@@ -742,7 +743,7 @@ def endpoint_bulk(req: func.HttpRequest) -> BulkAnswer:
             mirror(store, item.result.audit)
 
     items = bulk.run(
-        service.operator_actions(),
+        services.operator_actions(),
         endpoint_id,
         list(dict.fromkeys(body.event_ids)),  # one action per event, however often it was selected
         actor,
@@ -800,8 +801,8 @@ def audits_search(req: func.HttpRequest) -> AuditSearchPage:
     from datetime import timedelta
 
     from common.clock import utcnow
+    from handoff.overview import decode_continuation, encode_continuation
     from management.audits import search
-    from management.overview import decode_continuation, encode_continuation
 
     # No "to": up to now, plus the skew Settle's clock may move by (it follows storage's clock), so an
     # audit written a moment ago is never outside the default window.

@@ -3,7 +3,7 @@
 ``GET /api/v1/layout``: each family's recorded layout (common/layouts.py), a change not yet in force, the
 changes made so far, and where this instance's settings disagree. ``POST /api/v1/layout/{family}``: the
 one explicit step that changes a layout (``make reshard`` is the same step from a shell); it takes effect
-once every instance's copy knows it (``activeFrom``). Behind operator auth (management/principal.py).
+once every instance's copy knows it (``activeFrom``). Behind operator auth (common/principal.py).
 Registered in function_app.py beside the management blueprint.
 """
 
@@ -20,7 +20,7 @@ from common.clock import utcnow
 from common.errors import InvalidInput
 from common.http import operation, parse_body
 from common.models import ApiModel, RequestModel
-from management.principal import actor_of, allowed, denial, require_operator
+from common.principal import actor_of, allowed, denial, require_operator
 
 bp = func.Blueprint()
 

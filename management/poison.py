@@ -27,11 +27,11 @@ from typing import Any
 
 from common.clock import utcnow
 from common.errors import Conflict, InvalidInput, NotFound, Unavailable
+from common.principal import Actor, allowed, denial
 from handoff import counts, keys, store
 from handoff.records import AuditRow, PoisonRow
 from handoff.resolver import Outcome, ResolverService, TransientProjectionError, delta_entity
 from handoff.store import HandoffStore
-from management.principal import Actor, allowed, denial
 
 OPERATOR_AUDIT_TABLE = "hoaudit"
 PROJECTED = frozenset({Outcome.APPLIED.value, Outcome.REFUSED.value, Outcome.DUPLICATE.value})

@@ -164,7 +164,7 @@ def test_counts_stay_exact_when_operator_actions_race_projections_replays_and_fo
     call, resolve, transport, monkeypatch
 ):
     # Given one endpoint with 18 failed events and 4 poison messages (2 replayable, 2 that stay poison)
-    from management import overview as overview_module
+    from handoff import overview as overview_module
     from tests.operator.test_listings_and_poison import _day, _poison_after_budget
 
     endpoint = "Ops-" + uuid.uuid4().hex[:8]

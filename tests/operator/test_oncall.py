@@ -369,12 +369,13 @@ def _window(call, endpoint: str, low: datetime | str, high: datetime | str, **pa
 @pytest.fixture
 def audits_at_known_times(call, resolve, flow, monkeypatch) -> list[str]:
     """One refused resubmit per time of ``_TIMES``, by ``probe-{i}``: their auditor names, in time order."""
+    from management import services
     from management.actions import OperatorActions
 
     failed_event(resolve, flow)
     now = iter(_TIMES)
     monkeypatch.setattr(
-        service,
+        services,
         "operator_actions",
         lambda: OperatorActions(service.settlement_service(), clock=lambda: next(now)),
     )

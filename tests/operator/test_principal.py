@@ -8,7 +8,7 @@ import json
 import azure.functions as func
 import pytest
 
-from management.principal import Unauthenticated, actor_of, allowed, principal_of
+from common.principal import Unauthenticated, actor_of, allowed, principal_of
 
 from .conftest import principal_headers
 

@@ -9,9 +9,9 @@ import json
 
 import pytest
 
+from common.principal import Unauthenticated, actor_of, allowed
 from handoff import service
 from handoff.resolver import Outcome
-from management.principal import Unauthenticated, actor_of, allowed
 from tests.handoff.conftest import Flow, event_of, nimbus
 
 from .conftest import failed_event, principal_headers

@@ -1,5 +1,8 @@
 """Reads for operators: exact counts per endpoint, event listings, one event with what it allows.
 
+It lives with the hand-off tables it reads: the resolver writes the counts' deltas and the sweeper's tick
+folds them, both below the operator API that shows them.
+
 Counts (``handoff/counts.py``): a snapshot row ``ct|0`` plus insert-only delta rows ``ct|d|…`` that the
 resolver writes in the same transaction as the change they count. Reading them is one range query
 (snapshot first, then the deltas) followed by a point read of the snapshot: an unchanged ETag proves no

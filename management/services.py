@@ -1,0 +1,29 @@
+"""The composition root of the operator API: its services, built on the process-wide hand-off services.
+
+Operator actions and the poison desk join hand-off's settlement and resolver to management's rules (who
+may act, what is audited), so they are built here, above both: ``handoff`` imports nothing from
+``management``. They hold no state of their own; each call builds one on the shared store and transport
+(:mod:`handoff.service`), so a reset or a replaced transport reaches them at once.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from handoff import service
+
+if TYPE_CHECKING:
+    from management.actions import OperatorActions
+    from management.poison import PoisonDesk
+
+
+def operator_actions() -> OperatorActions:
+    from management.actions import OperatorActions  # on first use, not at indexing (cold start)
+
+    return OperatorActions(service.settlement_service())
+
+
+def poison_desk() -> PoisonDesk:
+    from management.poison import PoisonDesk  # on first use, not at indexing (cold start)
+
+    return PoisonDesk(service.store(), service.resolver_service)
