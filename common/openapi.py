@@ -3,7 +3,7 @@
 Each HTTP operation registers itself (at import, no I/O) through :func:`register`; ``document()``
 builds the OpenAPI 3.1 document once and caches it. An operation may name its models lazily
 (``"management.models:EventPage"``): they are imported when the document is built, so an API that a cold
-start does not call costs it nothing (issue 21).
+start does not call costs it nothing.
 """
 
 from __future__ import annotations

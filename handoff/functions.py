@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     )
 
 # The API's models (handoff.models) are imported by the handler that needs them, never at indexing:
-# the OpenAPI document names them as "module:Name" (a cold start does not pay for them; issue 21).
+# the OpenAPI document names them as "module:Name" (a cold start does not pay for them).
 _MODELS = "handoff.models:"
 
 # ``next`` long-polls at most this long: far below the 230 s HTTP limit of the Functions front end.

@@ -376,7 +376,7 @@ function actionsCard(e, endpointId, eventId) {
   return card;
 }
 
-// -- stuck settlements and overdue hand-offs (issue 22) ---------------------------------------------
+// -- stuck settlements and overdue hand-offs ------------------------------------------------------
 
 const STUCK_COLUMNS = ["Unconfirmed", "Overdue hand-offs"];
 
@@ -560,7 +560,7 @@ window.addEventListener("hashchange", () => {
 });
 window.addEventListener("DOMContentLoaded", () => { render(); schedule(); });
 
-// -- issue 25: honest freshness, errors that say what failed, ways back --------------------------------
+// -- honest freshness, errors that say what failed, ways back --------------------------------
 
 function parseBody(text, ok) {
   if (!text) return null;
@@ -668,7 +668,7 @@ function resubmitBody(edited, reason) {
 }
 
 
-// -- issue 25: find, failed across endpoints, sessions, audits -----------------------------------------
+// -- find, failed across endpoints, sessions, audits -----------------------------------------
 
 const ONCALL_VIEWS = { find: findView, failed: failedView, session: sessionView, audits: auditsView };
 const SELECTABLE = ["Failed", "DeadLettered", "Unsupported", "Deferred", "Completed"];
@@ -817,7 +817,7 @@ async function auditsView(route) {
     page.continuationToken ? h("div", { class: "pager" }, h("a", { href: `#/audits?${next}` }, "Next page")) : null);
 }
 
-// -- issue 25: bulk actions and the error-text filter on an endpoint's listing -----------------------------
+// -- bulk actions and the error-text filter on an endpoint's listing -----------------------------
 
 let bulkBusy = false;
 const bulkSelection = new Map(); // endpointId -> Map of event id -> the message the operator saw (its last)
@@ -964,7 +964,7 @@ function bulkReportView(report) {
       h("a", { href: `#/event/${segment(report.endpointId)}/${segment(r.eventId)}` }, r.eventId), ` — ${r.status}: ${r.detail || ""}`))) : null);
 }
 
-// -- issue 25: poison dismissed or edited and replayed --------------------------------------------------
+// -- poison dismissed or edited and replayed --------------------------------------------------
 
 let showDismissed = false;
 let lastPoisonPage = null;
@@ -1022,7 +1022,7 @@ async function editReplay(p) {
   render();
 }
 
-// -- issue 25: state browsing (records of a node by status, scopes by name, error and note columns) -------
+// -- state browsing (records of a node by status, scopes by name, error and note columns) -------
 
 let stateQuery = null;
 

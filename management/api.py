@@ -1,0 +1,106 @@
+"""What the management API's functions share: who may call (401/403 in their OpenAPI answers), the
+parameters every listing reads (times, page sizes), and how an operator action is counted.
+
+Every route is anonymous for the Functions host: in Azure, App Service authentication (Entra ID) signs
+the operator in and the code checks the principal and its app role (:mod:`common.principal`,
+``docs/adr/0013-console-auth.md``); locally no key or sign-in is needed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+import azure.functions as func
+
+from common import telemetry
+from common.clock import storable_utc
+from common.errors import InvalidInput, SettleError
+from common.http import dependency_problem, parse_body
+
+if TYPE_CHECKING:
+    pass
+
+# The API's models are imported by the handler that needs them, never at indexing: the OpenAPI document
+# names them as "module:Name" (a cold start pays for none of them).
+MODELS = "management.models:"
+
+TAG = "management"
+AUTH = {401: "No signed-in principal (in Azure)", 403: "The principal lacks the app role Settle.Operator"}
+ACTION = {
+    **AUTH,
+    400: "Invalid input (the problem names the field)",
+    404: "Unknown event",
+    409: "The event's state does not allow it, or another action on it is in flight",
+    413: "The control message would exceed 256 KB",
+    503: "Service Bus or storage unavailable and nothing was sent (retry)",
+}
+ENDPOINT = {"name": "endpointId", "in": "path", "required": True, "schema": {"type": "string"}}
+EVENT = {"name": "eventId", "in": "path", "required": True, "schema": {"type": "string"}}
+BUCKET_NAMES = (
+    "Pending",
+    "PendingHandoff",
+    "Deferred",
+    "Failed",
+    "DeadLettered",
+    "Unsupported",
+    "Completed",
+    "Skipped",
+)
+
+
+def body_or_defaults(req: func.HttpRequest, model: type[Any]) -> Any:
+    """The JSON body, or the model's defaults when there is none (every field is optional)."""
+    if not (req.get_body() or b"").strip():
+        return model()
+    return parse_body(req, model)
+
+
+def time_param(req: func.HttpRequest, name: str) -> datetime | None:
+    raw = req.params.get(name)
+    if not raw:
+        return None
+    try:
+        value = datetime.fromisoformat(raw.replace("Z", "+00:00"))
+    except ValueError as exc:
+        raise InvalidInput(f"{name} must be an ISO-8601 time (2026-12-01T09:00:00Z).", field=name) from exc
+    if value.tzinfo is None:
+        raise InvalidInput(f"{name} needs a time zone (Z for UTC).", field=name)
+    utc = storable_utc(value)  # 9999-12-31T23:00-05:00 is past the last instant: that instant
+    if utc is None:
+        raise InvalidInput(f"{name} must be 1601-01-01T00:00:00Z or later.", field=name)
+    return utc
+
+
+def page_size(req: func.HttpRequest, default: int, maximum: int) -> int:
+    raw = req.params.get("pageSize")
+    if not raw:
+        return default
+    if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= maximum:  # "²" is a digit to isdigit
+        raise InvalidInput(f"pageSize must be 1-{maximum}.", field="pageSize")
+    return int(raw)
+
+
+@contextmanager
+def counted(action: str, req: func.HttpRequest, *ids: str) -> Iterator[None]:
+    """Names the item on the action's span and counts the action in ``settle.operator.actions`` by
+    outcome (the span's, once the block has set it; a refusal's slug; a dependency's 503). The principal
+    is in the audit row, not in telemetry."""
+    names = (
+        ("nimbus.endpoint", "nimbus.event_id")
+        if action not in ("replay", "dismiss")
+        else ("settle.poison.day", "settle.poison.id")
+    )
+    telemetry.annotate({name: req.route_params.get(route) for name, route in zip(names, ids, strict=True)})
+    try:
+        yield
+    except SettleError as exc:
+        telemetry.add("settle.operator.actions", action=action, outcome=exc.slug)
+        raise
+    except Exception as exc:
+        mapped = dependency_problem(exc)
+        telemetry.add("settle.operator.actions", action=action, outcome=mapped.slug if mapped else "error")
+        raise
+    telemetry.add("settle.operator.actions", action=action, outcome=telemetry.current().outcome or "ok")
