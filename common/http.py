@@ -393,32 +393,90 @@ def operation(
     ok_status: int = 200,
     tag: str = "settle",
     span: str | None = None,
+    query_route: str | None = None,
 ) -> Callable[[Handler], Any]:
     """Register an HTTP function (route under ``/api``) and document it in the OpenAPI document.
 
     ``span``: the name of the span that wraps each call (``common/telemetry.py``), if any. ``request`` /
     ``response`` may be ``"module:Name"``: imported only when the OpenAPI document is built.
-    """
 
-    def decorate(handler: Handler) -> Any:
-        name = handler.__name__
+    ``query_route``: for a route with ids in its path, the route of its twin ``<name>_by_query``, which
+    takes the same ids in the query string. The deployed host decodes ``%2F`` before it matches a route,
+    so an id holding ``/`` reaches the path form nowhere but locally; in the query string any id travels.
+    The twin runs the same handler (which reads the ids as route values), with the same body, answers,
+    auth level, span and models.
+    """
+    ids = tuple(_ROUTE_PARAMETER.findall(route))
+    if query_route is not None and (not ids or "{" in query_route):
+        raise ValueError(f"{route!r}: a query twin is for a route with ids, and has none in its own route")
+
+    def register(handler: Handler, name: str, at: str, documented: tuple[dict[str, Any], ...]) -> Any:
         openapi.register(
             openapi.Operation(
-                path=f"/{ROUTE_PREFIX}/{route}",
+                path=f"/{ROUTE_PREFIX}/{at}",
                 method=method,
                 operation_id=name,
                 summary=summary,
                 request=request,
                 response=response,
                 responses={ok_status: "OK", **(responses or {})},
-                parameters=parameters,
+                parameters=documented,
                 anonymous=anonymous,
                 tag=tag,
             )
         )
-        wrapped = guard(handler, ok_status=ok_status, span=span, route=f"/{ROUTE_PREFIX}/{route}")
+        wrapped = guard(handler, ok_status=ok_status, span=span, route=f"/{ROUTE_PREFIX}/{at}")
         auth = func.AuthLevel.ANONYMOUS if anonymous else func.AuthLevel.FUNCTION
-        routed = bp.route(route=route, methods=[method], auth_level=auth)(wrapped)
+        routed = bp.route(route=at, methods=[method], auth_level=auth)(wrapped)
         return bp.function_name(name)(routed)
 
+    def decorate(handler: Handler) -> Any:
+        registered = register(handler, handler.__name__, route, parameters)
+        if query_route is not None:
+            twin = _ids_from_query(handler, ids)
+            register(twin, twin.__name__, query_route, _in_query(parameters, ids))
+        return registered
+
     return decorate
+
+
+_ROUTE_PARAMETER = re.compile(r"\{(\w+)\}")
+
+
+def _ids_from_query(handler: Handler, ids: tuple[str, ...]) -> Handler:
+    """``handler`` served with the ids of its path route taken from the query string instead: it sees
+    the request its path form would have seen (the ids as route values, as the worker decoded them). An id
+    the query lacks is no route value either, so the handler's own check answers 400 naming it."""
+
+    def by_query(req: func.HttpRequest) -> Any:
+        carried = {name: req.params[name] for name in ids if req.params.get(name)}
+        return handler(
+            func.HttpRequest(
+                req.method,
+                req.url,
+                headers=dict(req.headers),
+                params=dict(req.params),
+                route_params=carried,
+                body=req.get_body(),
+            )
+        )
+
+    by_query.__name__ = by_query.__qualname__ = f"{handler.__name__}_by_query"
+    by_query.__doc__ = handler.__doc__
+    return by_query
+
+
+def _in_query(parameters: tuple[dict[str, Any], ...], ids: tuple[str, ...]) -> tuple[dict[str, Any], ...]:
+    """The twin's OpenAPI parameters: the path's ids as required query parameters, the rest as they are."""
+    described = {p["name"]: p for p in parameters if p.get("in") == "path"}
+    moved = tuple(
+        {
+            **described.get(name, {"schema": {"type": "string"}}),
+            "name": name,
+            "in": "query",
+            "required": True,
+            "description": "Any id, percent-encoded (`/` as %2F, `+` as %2B).",
+        }
+        for name in ids
+    )
+    return moved + tuple(p for p in parameters if p.get("in") != "path")

@@ -187,6 +187,7 @@ def _route(req: func.HttpRequest, name: str) -> str:
 @operation(
     bp,
     route="v1/handoffs/{endpointId}/next",
+    query_route="v1/handoffs/next",
     method="GET",
     summary=f"Oldest parked hand-off of an endpoint (non-claiming; waits up to {MAX_WAIT_SECONDS} s), or 204",
     response=_MODELS + "PendingHandoffView",
@@ -228,6 +229,7 @@ _LEASE_RESPONSES = {
 @operation(
     bp,
     route="v1/handoffs/{endpointId}/receive",
+    query_route="v1/handoffs/receive",
     method="POST",
     summary="Lease the oldest parked hand-off no one holds (leased receive; waits up to "
     f"{MAX_WAIT_SECONDS} s), or 204",
@@ -270,6 +272,7 @@ def handoff_receive(req: func.HttpRequest) -> LeasedHandoffView | None:
 @operation(
     bp,
     route="v1/handoffs/{endpointId}/leases/renew",
+    query_route="v1/handoffs/leases/renew",
     method="POST",
     summary="Renew a lease while its token still holds the hand-off",
     request=_MODELS + "LeaseRequest",
@@ -292,6 +295,7 @@ def handoff_lease_renew(req: func.HttpRequest) -> LeaseView:
 @operation(
     bp,
     route="v1/handoffs/{endpointId}/leases/release",
+    query_route="v1/handoffs/leases/release",
     method="POST",
     summary="Release a lease: the hand-off is offered to the next receive at once",
     request=_MODELS + "LeaseRequest",
@@ -311,6 +315,7 @@ def handoff_lease_release(req: func.HttpRequest) -> LeaseReleased:
 @operation(
     bp,
     route="v1/handoffs/{endpointId}/jobs/{externalJobId}",
+    query_route="v1/handoffs/jobs",
     method="GET",
     summary="The parked hand-off carrying an external job id",
     response=_MODELS + "PendingHandoffView",
@@ -328,6 +333,7 @@ def handoff_job(req: func.HttpRequest) -> PendingHandoffView:
 @operation(
     bp,
     route="v1/handoffs/{endpointId}/unconfirmed",
+    query_route="v1/handoffs/unconfirmed",
     method="GET",
     summary="Settlements Settle could neither confirm nor safely re-send (an operator must check them)",
     response=_MODELS + "UnconfirmedList",
@@ -341,6 +347,7 @@ def handoff_unconfirmed(req: func.HttpRequest) -> UnconfirmedList:
 @operation(
     bp,
     route="v1/events/{endpointId}/{eventId}",
+    query_route="v1/events",
     method="GET",
     summary="An event row with its message history and audits",
     response=_MODELS + "EventView",

@@ -62,6 +62,7 @@ def _accepted(result: Any) -> ActionAccepted:
 @operation(
     bp,
     route="v1/events/{endpointId}/{eventId}/resubmit",
+    query_route="v1/events/resubmit",
     method="POST",
     span="settle.operator.resubmit",
     summary="Resubmit an event (optionally with an edited EventJson): one ResubmissionRequest, audited",
@@ -93,6 +94,7 @@ def event_resubmit(req: func.HttpRequest) -> ActionAccepted:
 @operation(
     bp,
     route="v1/events/{endpointId}/{eventId}/skip",
+    query_route="v1/events/skip",
     method="POST",
     span="settle.operator.skip",
     summary="Skip an event: one SkipRequest, audited",
@@ -123,6 +125,7 @@ def event_skip(req: func.HttpRequest) -> ActionAccepted:
 @operation(
     bp,
     route="v1/events/{endpointId}/{eventId}/complete",
+    query_route="v1/events/complete",
     method="POST",
     span="settle.operator.complete",
     summary="Complete the event's parked hand-off as an operator (one HandoffCompletedRequest, audited)",
@@ -154,6 +157,7 @@ def event_complete(req: func.HttpRequest) -> ActionAccepted:
 @operation(
     bp,
     route="v1/events/{endpointId}/{eventId}/fail",
+    query_route="v1/events/fail",
     method="POST",
     span="settle.operator.fail",
     summary="Fail the event's parked hand-off as an operator (one HandoffFailedRequest, audited)",
@@ -186,6 +190,7 @@ def event_fail(req: func.HttpRequest) -> ActionAccepted:
 @operation(
     bp,
     route="v1/events/{endpointId}/{eventId}/settlement/resolve",
+    query_route="v1/events/settlement/resolve",
     method="POST",
     span="settle.operator.resolve",
     summary="Resolve an unconfirmed settlement: mark it delivered (checked at the endpoint) or release it "
@@ -235,6 +240,7 @@ def event_settlement_resolve(req: func.HttpRequest) -> SettlementResolved:
 @operation(
     bp,
     route="v1/endpoints/{endpointId}/bulk",
+    query_route="v1/endpoints/bulk",
     method="POST",
     span="settle.operator.bulk",
     summary="Resubmit or skip up to 50 events: the single action once per event, a result per event",

@@ -97,6 +97,7 @@ def endpoints_overview(req: func.HttpRequest) -> EndpointsOverview:
 @operation(
     bp,
     route="v1/endpoints/{endpointId}/events",
+    query_route="v1/endpoints/events",
     method="GET",
     summary="A page of an endpoint's events, newest change first (status, type and time filters)",
     response=MODELS + "EventPage",
@@ -144,6 +145,7 @@ def endpoint_events(req: func.HttpRequest) -> EventPage:
 @operation(
     bp,
     route="v1/endpoints/{endpointId}/events/{eventId}",
+    query_route="v1/endpoints/event",
     method="GET",
     summary="One event with its history, audits, the actions it allows and the payload to resubmit",
     response=MODELS + "OperatorEventView",
@@ -215,6 +217,7 @@ def _settlement_view(claim: Any) -> SettlementView:
 @operation(
     bp,
     route="v1/endpoints/{endpointId}/unconfirmed",
+    query_route="v1/endpoints/unconfirmed",
     method="GET",
     summary="Settlements Settle could neither confirm nor safely re-send: an operator resolves each",
     response=MODELS + "UnconfirmedSettlements",
@@ -246,6 +249,7 @@ def endpoint_unconfirmed(req: func.HttpRequest) -> UnconfirmedSettlements:
 @operation(
     bp,
     route="v1/endpoints/{endpointId}/overdue",
+    query_route="v1/endpoints/overdue",
     method="GET",
     summary="Parked hand-offs past their ExpectedBy, most overdue first (the expiry index, no scan)",
     response=MODELS + "OverdueHandoffs",

@@ -76,6 +76,7 @@ def poison_list(req: func.HttpRequest) -> PoisonPage:
 @operation(
     bp,
     route="v1/poison/{day}/{id}/replay",
+    query_route="v1/poison/replay",
     method="POST",
     span="settle.operator.replay",
     summary="Replay a poison message through the resolver; answers the outcome (409 if replayed before)",
@@ -113,6 +114,7 @@ def poison_replay(req: func.HttpRequest) -> ReplayAnswer:
 @operation(
     bp,
     route="v1/poison/{day}/{id}/dismiss",
+    query_route="v1/poison/dismiss",
     method="POST",
     span="settle.operator.dismiss",
     summary="Dismiss (archive) a poison message no fix will project: recorded with its reason, audited",

@@ -34,7 +34,7 @@ TELEMETRY_OPTIONS = {
     "OTEL_SERVICE_NAME": "the distro names the service after the function app",
 }
 # Set by App Service itself on every instance (not an app setting): the management API fails closed
-# (requires a signed-in principal) where it is present (management/principal.py, ADR-0013).
+# (requires a signed-in principal) where it is present (common/principal.py, ADR-0013).
 PLATFORM_SET = {"WEBSITE_INSTANCE_ID"}
 # Settings whose default is right for Azure, read only to seed a value that storage then records.
 SEEDS = {

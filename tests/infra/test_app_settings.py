@@ -35,7 +35,7 @@ def test_the_scan_finds_the_reads_we_know_of() -> None:
         "HANDOFF_SWEEPER_SCHEDULE",
         "HANDOFF_SWEEPER_ENABLED",
         "SETTLE_LOOPBACK",
-        "SETTLE_OPERATOR_AUTH",  # management/principal.py
+        "SETTLE_OPERATOR_AUTH",  # common/principal.py
     ):
         assert name in reads, name
 

@@ -386,7 +386,7 @@ MUTATIONS = [
         "modules/functionapp.bicep",
         "  SETTLE_OPERATOR_AUTH: ",
         "  SETTLE_OPERATOR_AUTHENTICATION: ",
-        "SETTLE_OPERATOR_AUTH: read by management/principal.py, not set",
+        "SETTLE_OPERATOR_AUTH: read by common/principal.py, not set",
         "settings",
     ),
     edit(
