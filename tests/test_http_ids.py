@@ -20,7 +20,7 @@ import pytest
 from common.errors import SettleError
 from handoff import limits
 from tests.conftest import Caller
-from tests.handoff.conftest import Flow, resolve  # noqa: F401  (fixture)
+from tests.handoff.conftest import Flow
 
 pytestmark = pytest.mark.usefixtures("settle_tables")
 
@@ -184,13 +184,12 @@ def test_the_openapi_document_lists_every_twin_with_its_ids_in_the_query(functio
         assert twin.get("security") == path_form.get("security"), name
 
 
-def test_a_parked_hand_off_with_hostile_ids_is_read_through_the_twins(
-    functions: dict[str, Any], resolve: Callable[[Any], None]
-) -> None:
+def test_a_parked_hand_off_with_hostile_ids_is_read_through_the_twins(functions: dict[str, Any]) -> None:
     # Given a hand-off parked on an endpoint, with an event id and a job id holding every hostile character
     suffix = uuid.uuid4().hex[:6]
     flow = Flow(endpoint=f"Billing/eu {suffix}", event_id=f"inv/2026/17 #1+1?%20 ü-{suffix}")
     job = f"JOB/2026/17 +x?#% {suffix}"
+    resolve = functions["resolver"].get_user_function()  # as the host runs it for a delivered message
     resolve(flow.request())
     resolve(flow.park(job=job))
     call = Caller(functions)
