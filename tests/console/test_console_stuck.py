@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import urllib.parse
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -186,6 +187,12 @@ def test_resubmit_skip_and_fail_send_the_message_the_operator_saw(
         expect(page.locator(f'tr[data-audit="{audit}"]')).to_be_visible()
     finally:
         page.remove_listener("request", record)
-    posted = [s for s in sent if s["url"].endswith(f"/{event_id}/{action}")]
+    posted = [s for s in sent if addressed(s["url"], f"/api/v1/events/{action}", event_id)]
     assert len(posted) == 1, sent
     assert posted[0]["body"]["messageId"] == shown
+
+
+def addressed(url: str, path: str, event_id: str) -> bool:
+    """Whether the console's request ``url`` is ``path`` for ``event_id`` (ids travel in the query string)."""
+    parts = urllib.parse.urlsplit(url)
+    return parts.path == path and dict(urllib.parse.parse_qsl(parts.query)).get("eventId") == event_id
