@@ -19,7 +19,7 @@ NOT_AT_COLD_START = (
     "management.actions",
     "management.find",
     "management.bulk",
-    "management.overview",
+    "handoff.overview",
     "management.poison",
     "management.audits",
     "management.records",

@@ -104,7 +104,7 @@ function segment(value) { return encodeURIComponent(value); }
 // Ids travel in the query string of the API: the deployed host decodes %2F in a path before it matches a
 // route, so an id holding "/" in a path segment reaches no route there. encodeURIComponent writes "+" as
 // %2B (a query string reads a bare "+" as a space).
-function ids(values) { return Object.entries(values).map(([k, v]) => `${k}=${encodeURIComponent(v)}`).join("&"); }
+function idQuery(values) { return Object.entries(values).map(([k, v]) => `${k}=${encodeURIComponent(v)}`).join("&"); }
 
 function badge(bucket, count, href) {
   const cls = `badge ${bucket}${count ? "" : " zero"}`;
@@ -238,7 +238,7 @@ async function endpointView(endpointId, params) {
     if (params.get(name)) query.set(name, params.get(name));
   }
   query.set("pageSize", "25");
-  const [page, known] = await Promise.all([api(`endpoints/events?${ids({ endpointId })}&${query}`), knownEndpoint(endpointId)]);
+  const [page, known] = await Promise.all([api(`endpoints/events?${idQuery({ endpointId })}&${query}`), knownEndpoint(endpointId)]);
   if (!known && !page.items.length) return unknownEndpointView(endpointId);
   const filters = h("form", { class: "filters card", "aria-label": "Filters", onsubmit: (e) => {
     e.preventDefault();
@@ -289,7 +289,7 @@ function withParam(params, endpointId, token) {
 // -- one event --------------------------------------------------------------------------------------
 
 async function eventView(endpointId, eventId) {
-  const e = await api(`endpoints/event?${ids({ endpointId, eventId })}`);
+  const e = await api(`endpoints/event?${idQuery({ endpointId, eventId })}`);
   const facts = h("dl", { class: "facts" }, [
     ["Status", statusBadge(e.resolutionStatus, e.pendingSubStatus)],
     ["Event type", asSent(e.eventTypeId)], ["Session", asSent(e.sessionId)], ["Correlation", asSent(e.correlationId)],
@@ -326,7 +326,7 @@ async function eventView(endpointId, eventId) {
 }
 
 function actionsCard(e, endpointId, eventId) {
-  const at = (action) => `events/${action}?${ids({ endpointId, eventId })}`;
+  const at = (action) => `events/${action}?${idQuery({ endpointId, eventId })}`;
   const done = (result) => {
     toast(`${result.action} accepted: ${result.messageType} ${result.controlMessageId} by ${result.by}`);
     render();
@@ -400,7 +400,7 @@ function addressed(e, body) {
 
 async function stuckView(endpointId) {
   const [unconfirmed, overdue] = await Promise.all([
-    api(`endpoints/unconfirmed?${ids({ endpointId })}`), api(`endpoints/overdue?${ids({ endpointId })}`)]);
+    api(`endpoints/unconfirmed?${idQuery({ endpointId })}`), api(`endpoints/overdue?${idQuery({ endpointId })}`)]);
   const link = (eventId) => h("a", { href: `#/event/${segment(endpointId)}/${segment(eventId)}` }, eventId);
   return h("section", { "aria-labelledby": "stuck-title" },
     h("p", {}, h("a", { href: "#/" }, "← Endpoints")),
@@ -439,7 +439,7 @@ function settlementNote(e, endpointId, eventId) {
     if (!(await confirmDialog(title, [h("label", {}, "Why (what you checked)", reason)], okLabel, danger))) return;
     if (!reason.value.trim()) return toast("A reason is needed.");
     const body = { messageId: s.addressedMessageId, controlMessageId: s.controlMessageId, resolution, reason: reason.value.trim() };
-    api(`events/settlement/resolve?${ids({ endpointId, eventId })}`, { method: "POST", body }).then(
+    api(`events/settlement/resolve?${idQuery({ endpointId, eventId })}`, { method: "POST", body }).then(
       (result) => { toast(`Settlement ${result.state}${result.replayed ? " (already)" : ""} by ${result.by}`); render(); },
       (error) => toast(`Refused: ${error.message}`));
   };
@@ -480,7 +480,7 @@ async function poisonView(params) {
       h("button", { type: "button", class: "secondary", "data-replay": p.id, onclick: async () => {
         if (!(await confirmDialog("Replay this message?", h("p", {}, "It goes through the resolver again; the answer says what happened."), "Replay"))) return;
         try {
-          const answer = await api(`poison/replay?${ids({ day: p.day, id: p.id })}`, { method: "POST", body: {} });
+          const answer = await api(`poison/replay?${idQuery({ day: p.day, id: p.id })}`, { method: "POST", body: {} });
           toast(`Replay: ${answer.outcome}${answer.detail ? " — " + answer.detail : ""}`);
         } catch (error) { toast(`Refused: ${error.message}`); }
         render();
@@ -904,7 +904,7 @@ async function selectMatching(view, endpointId, params) {
   let pages = 0;
   do {
     if (token) query.set("continuationToken", token);
-    const page = await api(`endpoints/events?${ids({ endpointId })}&${query}`);
+    const page = await api(`endpoints/events?${idQuery({ endpointId })}&${query}`);
     for (const e of page.items) {
       if (!SELECTABLE.includes(e.resolutionStatus)) continue;
       if (filter && !(e.reason || "").toLowerCase().includes(filter)) continue;
@@ -943,7 +943,7 @@ async function runBulk(view, endpointId, action) {
       const payload = { action, eventIds: chunk, messageIds };
       if (reason.value.trim()) payload.reason = reason.value.trim();
       try {
-        const answer = await api(`endpoints/bulk?${ids({ endpointId })}`, { method: "POST", body: payload });
+        const answer = await api(`endpoints/bulk?${idQuery({ endpointId })}`, { method: "POST", body: payload });
         for (const item of answer.items) {
           if (item.status === 202) { report.accepted += 1; selected.delete(item.eventId); }
           else report.refused.push({ eventId: item.eventId, status: item.status, detail: item.detail || item.problem });
@@ -1007,7 +1007,7 @@ async function dismissPoison(p) {
     h("label", {}, "Why no fix will ever project it", reason)], "Dismiss", true))) return;
   if (!reason.value.trim()) return toast("A reason is needed to dismiss poison.");
   try {
-    await api(`poison/dismiss?${ids({ day: p.day, id: p.id })}`, { method: "POST", body: { reason: reason.value.trim() } });
+    await api(`poison/dismiss?${idQuery({ day: p.day, id: p.id })}`, { method: "POST", body: { reason: reason.value.trim() } });
     toast(`Dismissed ${p.messageId || p.id}`);
   } catch (error) { toast(`Refused: ${error.message}`); }
   render();
@@ -1021,7 +1021,7 @@ async function editReplay(p) {
   let properties;
   try { properties = JSON.parse(props.value); } catch { return toast("The application properties are not valid JSON."); }
   try {
-    const answer = await api(`poison/replay?${ids({ day: p.day, id: p.id })}`, { method: "POST", body: { applicationProperties: properties, messageContent: body.value } });
+    const answer = await api(`poison/replay?${idQuery({ day: p.day, id: p.id })}`, { method: "POST", body: { applicationProperties: properties, messageContent: body.value } });
     toast(`Replay: ${answer.outcome}${answer.detail ? " — " + answer.detail : ""}`);
   } catch (error) { toast(`Refused: ${error.message}`); }
   render();

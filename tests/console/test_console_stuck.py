@@ -123,9 +123,9 @@ def test_an_unconfirmed_settlement_is_shown_and_released_from_the_page(browser_p
     expect(page.locator('tr[data-audit="CompleteHandoff"]')).to_have_count(2)
     row_now = api_json(host.base_url, f"endpoints/{ENDPOINT}/events/{stuck}")
     assert row_now["pendingSubStatus"] is None and row_now["messageType"] == "HandoffCompletedRequest"
-    complete = [s for s in sent if s["url"].endswith("/complete")]
+    complete = [s for s in sent if addressed(s["url"], "/api/v1/events/complete", stuck)]
     assert complete and complete[-1]["body"]["messageId"] == f"{stuck}-park"
-    resolve = [s for s in sent if s["url"].endswith("/settlement/resolve")]
+    resolve = [s for s in sent if addressed(s["url"], "/api/v1/events/settlement/resolve", stuck)]
     assert resolve[-1]["body"]["resolution"] == "released"
 
 
