@@ -19,6 +19,9 @@ anonymous for the Functions host, so the code decides:
   caller sends, so every management request is refused (401) whatever headers it carries: fail closed;
 * otherwise the action is recorded as done by the principal's name, else ``by`` from the body, else
   ``api``.
+
+It lives below both APIs that ask who: the management API, and hand-off settlement, whose audits name the
+principal only where :func:`headers_vouched` says the headers can be believed.
 """
 
 from __future__ import annotations

@@ -2,9 +2,9 @@
 
 The Functions, the benchmark and the reliability suites all go through these accessors, so they share
 one store, one transport (one Service Bus client) and one resolver per process (the operator API builds
-its own on these, a layer above: ``management/services.py``). The transport is looked
-up at each use by settlement, the reconciler and the resolver's redelivery alike, so
-:func:`use_transport` changes it for all of them at once.
+its own on these, a layer above: ``management/services.py``). The transport is looked up at each use by
+settlement, the reconciler and the resolver's redelivery alike, so :func:`use_transport` changes it for
+all of them at once.
 """
 
 from __future__ import annotations
