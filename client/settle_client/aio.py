@@ -7,22 +7,20 @@ import functools
 import inspect
 import logging
 import time
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from datetime import datetime
+from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
 
 import httpx
 
 from settle_client import _idempotent
-from settle_client._base import ClientBase, HandlerLike, read, transport_failure
-from settle_client._calls import Call, query_filters
+from settle_client._calls import Call
+from settle_client._core import ClientCore, HandlerLike, Retry
 from settle_client.auth import TokenCredentialLike
-from settle_client.enums import Scope, Status
-from settle_client.errors import AlreadyProcessed, LockHeld, LockLost, SettleError, retry_after_of
+from settle_client.enums import Status
+from settle_client.errors import AlreadyProcessed, LockHeld, LockLost, SettleError
 from settle_client.handoffs import AsyncEvents, AsyncHandoffs
-from settle_client.models import ExtendResult, Key, KeyLike, LockResult, Meta, Metadata, MetadataLike, Record
+from settle_client.models import Key, KeyLike, LockResult, Metadata, MetadataLike
 from settle_client.operator import AsyncOperator
 from settle_client.processing import (
     UNRECORDED_NOTE,
@@ -37,7 +35,7 @@ from settle_client.processing import (
     retry_delay,
     unstored_call,
 )
-from settle_client.retry import RetryPolicy, may_retry_answer, may_retry_transport
+from settle_client.retry import RetryPolicy
 
 log = logging.getLogger("settle_client")
 
@@ -46,7 +44,7 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
-class AsyncSettleClient(ClientBase):
+class AsyncSettleClient(ClientCore):
     """The asyncio twin of :class:`~settle_client.SettleClient` (same arguments; ``transport`` is an
     ``httpx.AsyncBaseTransport``; ``credential`` may be azure-core's async ``TokenCredential``).
     Close it with :meth:`aclose` or ``async with``."""
@@ -76,9 +74,7 @@ class AsyncSettleClient(ClientBase):
             agent_id=agent_id,
             route_prefix=route_prefix,
         )
-        self._http = httpx.AsyncClient(
-            base_url=self.base_url, headers=self.default_headers, timeout=self.timeout, transport=transport
-        )
+        self._http = httpx.AsyncClient(transport=transport)
         self._sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
         self.handoffs = AsyncHandoffs(self)
         self.events = AsyncEvents(self)
@@ -95,144 +91,18 @@ class AsyncSettleClient(ClientBase):
 
     async def send(self, call: Call[T]) -> T:
         """Send ``call``, retrying as far as its safety allows; its result or a typed error."""
-        attempt = 0
+        exchange = self.exchange(call)
         while True:
-            attempt += 1
+            request = exchange.request(await self.auth.aheaders())
             try:
-                headers = await self.auth.aheaders()
-                response = await self._http.request(
-                    call.method, call.path, **self.request_kwargs(call, headers)
-                )
+                response = await self._http.send(request)
             except httpx.TransportError as exc:
-                delay = (
-                    self.retry.delay(attempt, rng=self._rng)
-                    if may_retry_transport(call.safety, exc)
-                    else None
-                )
-                if delay is None:
-                    raise transport_failure(call, exc) from exc
-                await self._sleep(delay)
-                continue
-            if may_retry_answer(call.safety, response.status_code):
-                delay = self.retry.delay(attempt, retry_after=retry_after_of(response), rng=self._rng)
-                if delay is not None:
-                    await self._sleep(delay)
-                    continue
-            return read(call, response)
-
-    # -- state ------------------------------------------------------------------------------------
-    async def meta(self) -> Meta:
-        return await self.send(self.requests.meta())
-
-    async def exists(self, key: KeyLike) -> bool:
-        return await self.send(self.requests.exists(Key.of(key)))
-
-    async def get(self, key: KeyLike) -> Record | None:
-        return await self.send(self.requests.get(Key.of(key)))
-
-    def history(self, key: KeyLike, *, page_size: int | None = None) -> AsyncIterator[Record]:
-        parsed = Key.of(key)
-
-        async def pages() -> AsyncIterator[Record]:
-            token: str | None = None
-            while True:
-                page = await self.send(self.requests.history(parsed, page_size=page_size, token=token))
-                for record in page.items:
-                    yield record
-                token = page.continuation_token
-                if not token:
-                    return
-
-        return pages()
-
-    def query(
-        self,
-        tenant_id: int,
-        *,
-        scope: Scope | int | str | None = None,
-        entity_id: int | None = None,
-        entity_execution_id: int | None = None,
-        item_entity_key: str | None = None,
-        status: Status | int | str | None = None,
-        updated_from: datetime | None = None,
-        updated_to: datetime | None = None,
-        page_size: int | None = None,
-    ) -> AsyncIterator[Record]:
-        filters = query_filters(
-            tenant_id,
-            scope=scope,
-            entity_id=entity_id,
-            entity_execution_id=entity_execution_id,
-            item_entity_key=item_entity_key,
-            status=status,
-            updated_from=updated_from,
-            updated_to=updated_to,
-            page_size=page_size,
-        )
-
-        async def pages() -> AsyncIterator[Record]:
-            token: str | None = None
-            while True:
-                page = await self.send(self.requests.query(filters, token=token))
-                for record in page.items:
-                    yield record
-                token = page.continuation_token
-                if not token:
-                    return
-
-        return pages()
-
-    async def lock(
-        self, key: KeyLike, *, lock_seconds: int | None = None, request_id: str | None = None
-    ) -> LockResult:
-        call = self.requests.lock(
-            Key.of(key), lock_seconds=lock_seconds, request_id=request_id or uuid.uuid4().hex
-        )
-        return await self.send(call)
-
-    async def extend(self, key: KeyLike, lock_token: str, *, lock_seconds: int | None = None) -> ExtendResult:
-        return await self.send(
-            self.requests.extend(Key.of(key), lock_token=lock_token, lock_seconds=lock_seconds)
-        )
-
-    async def set(
-        self,
-        key: KeyLike,
-        status: Status | int | str,
-        *,
-        data: Any = None,
-        metadata: MetadataLike | None = None,
-        substatus: str | None = None,
-        error: str | None = None,
-        lock_token: str | None = None,
-    ) -> Record | None:
-        call = self.requests.set(
-            Key.of(key),
-            status,
-            data=data,
-            metadata=metadata,
-            substatus=substatus,
-            error=error,
-            lock_token=lock_token,
-        )
-        return await self.send(call)
-
-    async def upsert(
-        self,
-        key: KeyLike,
-        data: Any,
-        *,
-        metadata: MetadataLike | None = None,
-        substatus: str | None = None,
-        lock_token: str | None = None,
-    ) -> Record | None:
-        call = self.requests.upsert(
-            Key.of(key), data, metadata=metadata, substatus=substatus, lock_token=lock_token
-        )
-        return await self.send(call)
-
-    async def release(self, key: KeyLike, error: str, *, lock_token: str | None = None) -> Record | None:
-        return await self.send(self.requests.release(Key.of(key), error, lock_token=lock_token))
+                outcome: T | Retry = exchange.failed(exc)
+            else:
+                outcome = exchange.answered(response)
+            if not isinstance(outcome, Retry):
+                return outcome
+            await self._sleep(outcome.delay)
 
     # -- the pattern ------------------------------------------------------------------------------
     def processing(

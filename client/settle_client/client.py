@@ -7,21 +7,20 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from datetime import datetime
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
 
 import httpx
 
 from settle_client import _idempotent, shutdown
-from settle_client._base import ClientBase, HandlerLike, read, transport_failure
-from settle_client._calls import Call, query_filters
+from settle_client._calls import Call
+from settle_client._core import ClientCore, HandlerLike, Retry
 from settle_client.auth import TokenCredentialLike
-from settle_client.enums import Scope, Status
-from settle_client.errors import AlreadyProcessed, LockHeld, LockLost, SettleError, retry_after_of
+from settle_client.enums import Status
+from settle_client.errors import AlreadyProcessed, LockHeld, LockLost, SettleError
 from settle_client.handoffs import Events, Handoffs
-from settle_client.models import ExtendResult, Key, KeyLike, LockResult, Meta, Metadata, MetadataLike, Record
+from settle_client.models import Key, KeyLike, Metadata, MetadataLike
 from settle_client.operator import Operator
 from settle_client.processing import (
     UNRECORDED_NOTE,
@@ -36,7 +35,7 @@ from settle_client.processing import (
     retry_delay,
     unstored_call,
 )
-from settle_client.retry import RetryPolicy, may_retry_answer, may_retry_transport
+from settle_client.retry import RetryPolicy
 
 log = logging.getLogger("settle_client")
 
@@ -45,7 +44,7 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
-class SettleClient(ClientBase):
+class SettleClient(ClientCore):
     """A Settle client. Create one per process and reuse it (it keeps a connection pool); close it
     with :meth:`close` or use it as a context manager.
 
@@ -84,9 +83,7 @@ class SettleClient(ClientBase):
             agent_id=agent_id,
             route_prefix=route_prefix,
         )
-        self._http = httpx.Client(
-            base_url=self.base_url, headers=self.default_headers, timeout=self.timeout, transport=transport
-        )
+        self._http = httpx.Client(transport=transport)
         self._sleep: Callable[[float], None] = time.sleep
         self.handle_sigterm = handle_sigterm
         if handle_sigterm:
@@ -108,155 +105,18 @@ class SettleClient(ClientBase):
     # -- sending ----------------------------------------------------------------------------------
     def send(self, call: Call[T]) -> T:
         """Send ``call``, retrying as far as its safety allows; its result or a typed error."""
-        attempt = 0
+        exchange = self.exchange(call)
         while True:
-            attempt += 1
+            request = exchange.request(self.auth.headers())
             try:
-                response = self._http.request(
-                    call.method, call.path, **self.request_kwargs(call, self.auth.headers())
-                )
+                response = self._http.send(request)
             except httpx.TransportError as exc:
-                delay = (
-                    self.retry.delay(attempt, rng=self._rng)
-                    if may_retry_transport(call.safety, exc)
-                    else None
-                )
-                if delay is None:
-                    raise transport_failure(call, exc) from exc
-                log.info("%s %s: %s; retrying in %.2fs", call.method, call.path, type(exc).__name__, delay)
-                self._sleep(delay)
-                continue
-            if may_retry_answer(call.safety, response.status_code):
-                delay = self.retry.delay(attempt, retry_after=retry_after_of(response), rng=self._rng)
-                if delay is not None:
-                    log.info(
-                        "%s %s: %d; retrying in %.2fs", call.method, call.path, response.status_code, delay
-                    )
-                    self._sleep(delay)
-                    continue
-            return read(call, response)
-
-    # -- state ------------------------------------------------------------------------------------
-    def meta(self) -> Meta:
-        """The server's scopes, statuses and handlers (``GET v1/state/meta``)."""
-        return self.send(self.requests.meta())
-
-    def exists(self, key: KeyLike) -> bool:
-        """True when the item is Processed or Skipped. Retried (a read)."""
-        return self.send(self.requests.exists(Key.of(key)))
-
-    def get(self, key: KeyLike) -> Record | None:
-        """The current record, or ``None`` when there is none. Retried (a read)."""
-        return self.send(self.requests.get(Key.of(key)))
-
-    def history(self, key: KeyLike, *, page_size: int | None = None) -> Iterator[Record]:
-        """Every version of the record, newest first; pages are fetched as the iteration needs them."""
-        parsed = Key.of(key)
-
-        def pages() -> Iterator[Record]:
-            token: str | None = None
-            while True:
-                page = self.send(self.requests.history(parsed, page_size=page_size, token=token))
-                yield from page.items
-                token = page.continuation_token
-                if not token:
-                    return
-
-        return pages()
-
-    def query(
-        self,
-        tenant_id: int,
-        *,
-        scope: Scope | int | str | None = None,
-        entity_id: int | None = None,
-        entity_execution_id: int | None = None,
-        item_entity_key: str | None = None,
-        status: Status | int | str | None = None,
-        updated_from: datetime | None = None,
-        updated_to: datetime | None = None,
-        page_size: int | None = None,
-    ) -> Iterator[Record]:
-        """Current records of a tenant matching every filter given; pages followed lazily."""
-        filters = query_filters(
-            tenant_id,
-            scope=scope,
-            entity_id=entity_id,
-            entity_execution_id=entity_execution_id,
-            item_entity_key=item_entity_key,
-            status=status,
-            updated_from=updated_from,
-            updated_to=updated_to,
-            page_size=page_size,
-        )
-
-        def pages() -> Iterator[Record]:
-            token: str | None = None
-            while True:
-                page = self.send(self.requests.query(filters, token=token))
-                yield from page.items
-                token = page.continuation_token
-                if not token:
-                    return
-
-        return pages()
-
-    def lock(
-        self, key: KeyLike, *, lock_seconds: int | None = None, request_id: str | None = None
-    ) -> LockResult:
-        """Try to take the processing lock. A ``request_id`` is generated when not given, so a retry
-        after a lost answer gets the same lock back (``replayed``); retried."""
-        call = self.requests.lock(
-            Key.of(key), lock_seconds=lock_seconds, request_id=request_id or _request_id()
-        )
-        return self.send(call)
-
-    def extend(self, key: KeyLike, lock_token: str, *, lock_seconds: int | None = None) -> ExtendResult:
-        """Extend a held lock (fenced: :class:`LockLost` when it is no longer held). Retried."""
-        return self.send(self.requests.extend(Key.of(key), lock_token=lock_token, lock_seconds=lock_seconds))
-
-    def set(
-        self,
-        key: KeyLike,
-        status: Status | int | str,
-        *,
-        data: Any = None,
-        metadata: MetadataLike | None = None,
-        substatus: str | None = None,
-        error: str | None = None,
-        lock_token: str | None = None,
-    ) -> Record | None:
-        """Record Processed, Skipped or Failed. Retried only with ``lock_token`` (fenced); ``None`` from
-        the null handler."""
-        call = self.requests.set(
-            Key.of(key),
-            status,
-            data=data,
-            metadata=metadata,
-            substatus=substatus,
-            error=error,
-            lock_token=lock_token,
-        )
-        return self.send(call)
-
-    def upsert(
-        self,
-        key: KeyLike,
-        data: Any,
-        *,
-        metadata: MetadataLike | None = None,
-        substatus: str | None = None,
-        lock_token: str | None = None,
-    ) -> Record | None:
-        """Record Processed with new data (the previous version is Superseded). Retried only when fenced."""
-        call = self.requests.upsert(
-            Key.of(key), data, metadata=metadata, substatus=substatus, lock_token=lock_token
-        )
-        return self.send(call)
-
-    def release(self, key: KeyLike, error: str, *, lock_token: str | None = None) -> Record | None:
-        """Release the lock as Failed with ``error``. Retried only when fenced."""
-        return self.send(self.requests.release(Key.of(key), error, lock_token=lock_token))
+                outcome: T | Retry = exchange.failed(exc)
+            else:
+                outcome = exchange.answered(response)
+            if not isinstance(outcome, Retry):
+                return outcome
+            self._sleep(outcome.delay)
 
     # -- the pattern ------------------------------------------------------------------------------
     def processing(
@@ -329,10 +189,6 @@ class SettleClient(ClientBase):
         return decorate
 
 
-def _request_id() -> str:
-    return uuid.uuid4().hex
-
-
 class Processing:
     """The context manager of :meth:`SettleClient.processing`."""
 
@@ -359,7 +215,7 @@ class Processing:
         started = time.monotonic()
         if self._client.handle_sigterm:
             shutdown.install()
-        request_id = _request_id()
+        request_id = uuid.uuid4().hex
         try:
             lock = self._client.lock(self._key, lock_seconds=self._lock_seconds, request_id=request_id)
         except BaseException as stopped:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 import httpx
 from pydantic import BaseModel
 
-from settle_client._calls import Call, Requests, jsonable, maybe, model, segment
+from settle_client._calls import Call, Requests, jsonable, maybe, model
 from settle_client.models import Key, KeyLike, Record
 from settle_client.operator_models import (
     ActionAccepted,
@@ -51,10 +51,6 @@ ACTIONS: tuple[Action, ...] = ("resubmit", "skip", "complete", "fail")
 BULK_CHUNK = 50
 
 
-def _path(requests: Requests, route: str) -> str:
-    return f"{requests.prefix}/{route}"
-
-
 def _parse(cls: type[M]) -> Callable[[httpx.Response], M]:
     return lambda response: model(cls, response)
 
@@ -72,16 +68,30 @@ class OperatorCalls:
     def find(self, text: str) -> Call[FindAnswer]:
         if not text.strip():
             raise ValueError("give an id to find")
-        path = _path(self.requests, "v1/find")
-        return Call("GET", path, _parse(FindAnswer), Safety.IDEMPOTENT, params=(("q", text.strip()),))
+        return self.requests.call(
+            "GET", "v1/find", _parse(FindAnswer), Safety.IDEMPOTENT, params=(("q", text.strip()),)
+        )
 
     def event(self, endpoint: str, event_id: str) -> Call[OperatorEvent | None]:
-        path = _path(self.requests, f"v1/endpoints/{segment(endpoint)}/events/{segment(event_id)}")
-        return Call("GET", path, maybe(OperatorEvent), Safety.IDEMPOTENT, none_if_not_found=True)
+        return self.requests.call(
+            "GET",
+            "v1/endpoints/event",
+            maybe(OperatorEvent),
+            Safety.IDEMPOTENT,
+            ids={"endpointId": endpoint, "eventId": event_id},
+            path_form="v1/endpoints/{endpointId}/events/{eventId}",
+            none_if_not_found=True,
+        )
 
     def unconfirmed(self, endpoint: str) -> Call[UnconfirmedSettlements]:
-        path = _path(self.requests, f"v1/endpoints/{segment(endpoint)}/unconfirmed")
-        return Call("GET", path, _parse(UnconfirmedSettlements), Safety.IDEMPOTENT)
+        return self.requests.call(
+            "GET",
+            "v1/endpoints/unconfirmed",
+            _parse(UnconfirmedSettlements),
+            Safety.IDEMPOTENT,
+            ids={"endpointId": endpoint},
+            path_form="v1/endpoints/{endpointId}/unconfirmed",
+        )
 
     def action(
         self,
@@ -108,9 +118,15 @@ class OperatorCalls:
             body["result"] = jsonable(result)
         else:
             body.update(_body(errorText=error_text, errorType=error_type))
-        path = _path(self.requests, f"v1/events/{segment(endpoint)}/{segment(event_id)}/{action}")
-        safety = Safety.IDEMPOTENT if message_id else Safety.UNSAFE
-        return Call("POST", path, _parse(ActionAccepted), safety, body=body)
+        return self.requests.call(
+            "POST",
+            f"v1/events/{action}",
+            _parse(ActionAccepted),
+            Safety.IDEMPOTENT if message_id else Safety.UNSAFE,
+            ids={"endpointId": endpoint, "eventId": event_id},
+            path_form=f"v1/events/{{endpointId}}/{{eventId}}/{action}",
+            body=body,
+        )
 
     def bulk(
         self,
@@ -129,8 +145,15 @@ class OperatorCalls:
         body = _body(action=action, eventIds=ids, messageIds=addressed, reason=reason, by=by)
         # Each event addressed to the message seen is answered from its claim when repeated.
         safety = Safety.IDEMPOTENT if addressed and len(addressed) == len(set(ids)) else Safety.UNSAFE
-        path = _path(self.requests, f"v1/endpoints/{segment(endpoint)}/bulk")
-        return Call("POST", path, _parse(BulkAnswer), safety, body=body)
+        return self.requests.call(
+            "POST",
+            "v1/endpoints/bulk",
+            _parse(BulkAnswer),
+            safety,
+            ids={"endpointId": endpoint},
+            path_form="v1/endpoints/{endpointId}/bulk",
+            body=body,
+        )
 
     def resolve(
         self,
@@ -150,9 +173,16 @@ class OperatorCalls:
             controlMessageId=control_message_id,
             by=by,
         )
-        path = _path(self.requests, f"v1/events/{segment(endpoint)}/{segment(event_id)}/settlement/resolve")
         # A repeated resolution is answered from the earlier one's audit (``replayed``).
-        return Call("POST", path, _parse(SettlementResolved), Safety.IDEMPOTENT, body=body)
+        return self.requests.call(
+            "POST",
+            "v1/events/settlement/resolve",
+            _parse(SettlementResolved),
+            Safety.IDEMPOTENT,
+            ids={"endpointId": endpoint, "eventId": event_id},
+            path_form="v1/events/{endpointId}/{eventId}/settlement/resolve",
+            body=body,
+        )
 
     def poison_page(self, day: str, *, page_size: int | None, token: str | None) -> Call[PoisonPage]:
         params: tuple[tuple[str, str], ...] = (("day", day),)
@@ -160,9 +190,7 @@ class OperatorCalls:
             params += (("pageSize", str(page_size)),)
         if token:
             params += (("continuationToken", token),)
-        return Call(
-            "GET", _path(self.requests, "v1/poison"), _parse(PoisonPage), Safety.IDEMPOTENT, params=params
-        )
+        return self.requests.call("GET", "v1/poison", _parse(PoisonPage), Safety.IDEMPOTENT, params=params)
 
     def replay(
         self,
@@ -180,17 +208,30 @@ class OperatorCalls:
             if application_properties is not None
             else None,
         )
-        path = _path(self.requests, f"v1/poison/{segment(day)}/{segment(poison_id)}/replay")
-        return Call("POST", path, _parse(ReplayAnswer), Safety.UNSAFE, body=body)
+        return self._poison("replay", day, poison_id, _parse(ReplayAnswer), body)
 
     def dismiss(self, day: str, poison_id: str, *, reason: str, by: str | None) -> Call[PoisonEntry]:
-        path = _path(self.requests, f"v1/poison/{segment(day)}/{segment(poison_id)}/dismiss")
-        return Call("POST", path, _parse(PoisonEntry), Safety.UNSAFE, body=_body(reason=reason, by=by))
+        return self._poison("dismiss", day, poison_id, _parse(PoisonEntry), _body(reason=reason, by=by))
+
+    def _poison(
+        self, action: str, day: str, poison_id: str, parse: Callable[[httpx.Response], M], body: Any
+    ) -> Call[M]:
+        # Refused when repeated (409), so not retried after a lost answer.
+        return self.requests.call(
+            "POST",
+            f"v1/poison/{action}",
+            parse,
+            Safety.UNSAFE,
+            ids={"day": day, "id": poison_id},
+            path_form=f"v1/poison/{{day}}/{{id}}/{action}",
+            body=body,
+        )
 
     def lookup(self, key: Key, *, page_size: int | None, token: str | None = None) -> Call[RecordLookup]:
         body: dict[str, Any] = {"key": key.to_wire(), **_body(pageSize=page_size, continuationToken=token)}
-        path = _path(self.requests, "v1/records/lookup")
-        return Call("POST", path, _parse(RecordLookup), Safety.IDEMPOTENT, body=body)
+        return self.requests.call(
+            "POST", "v1/records/lookup", _parse(RecordLookup), Safety.IDEMPOTENT, body=body
+        )
 
 
 class Operator:
