@@ -59,9 +59,11 @@ MAX_ERROR_TEXT = 8000
 @dataclass(frozen=True)
 class Pages(Generic[T]):
     """A listing read page by page: ``page(token)`` is the call of the page after ``token`` (``None``:
-    the first), answering its items and the next token (``None`` after the last page)."""
+    the first), answering its items and the next token (``None`` after the last page). ``empty``: there
+    is nothing to ask for."""
 
     page: Callable[[str | None], Call[tuple[list[T], str | None]]]
+    empty: bool = False
 
 
 @dataclass(frozen=True)
@@ -378,6 +380,8 @@ class Requests:
         )
 
     def event(self, endpoint: str, event_id: str) -> Call[Event | None]:
+        """The event row with its history and audits, or ``None`` when the event is unknown on
+        ``endpoint``."""
         return self.call(
             "GET",
             "v1/events",
@@ -393,50 +397,51 @@ class Requests:
         endpoint: str,
         coordinates: Coordinates | Mapping[str, Any],
         *,
-        result: Any,
-        settled_by: str | None,
+        result: Any = None,
+        settled_by: str | None = None,
         lease_token: str | None = None,
     ) -> Call[SettlementAccepted]:
-        body = {
-            "endpointId": endpoint,
-            "coordinates": _coordinates(coordinates),
-            "result": jsonable(result),
-            "settledBy": settled_by,
-            "leaseToken": lease_token,
-        }
-        return self._settle("complete", body)
+        """Complete a parked hand-off by its coordinates (409 :class:`Conflict` if it is not parked)."""
+        return self._settle(
+            "complete", endpoint, coordinates, settled_by, lease_token, result=jsonable(result)
+        )
 
     def fail(
         self,
         endpoint: str,
         coordinates: Coordinates | Mapping[str, Any],
-        *,
         error_text: str,
-        error_type: str | None,
-        settled_by: str | None,
+        *,
+        error_type: str | None = None,
+        settled_by: str | None = None,
         lease_token: str | None = None,
+    ) -> Call[SettlementAccepted]:
+        """Fail a parked hand-off by its coordinates."""
+        return self._settle(
+            "fail", endpoint, coordinates, settled_by, lease_token, errorText=error_text, errorType=error_type
+        )
+
+    def _settle(
+        self,
+        route: str,
+        endpoint: str,
+        coordinates: Coordinates | Mapping[str, Any],
+        settled_by: str | None,
+        lease_token: str | None,
+        **outcome: Any,
     ) -> Call[SettlementAccepted]:
         body = {
             "endpointId": endpoint,
             "coordinates": _coordinates(coordinates),
-            "errorText": error_text,
-            "errorType": error_type,
+            **outcome,
             "settledBy": settled_by,
             "leaseToken": lease_token,
         }
-        return self._settle("fail", body)
-
-    def _settle(self, route: str, body: dict[str, Any]) -> Call[SettlementAccepted]:
         body = {k: v for k, v in body.items() if v is not None}
+        parse = lambda r: model(SettlementAccepted, r)  # noqa: E731
         # Settle answers a retry of the same settlement from its claim (same controlMessageId, ``replayed``),
         # so a lost answer may be retried; a different settlement stays a 409.
-        return self.call(
-            "POST",
-            f"v1/handoffs/{route}",
-            lambda r: model(SettlementAccepted, r),
-            Safety.IDEMPOTENT,
-            body=body,
-        )
+        return self.call("POST", f"v1/handoffs/{route}", parse, Safety.IDEMPOTENT, body=body)
 
 
 def _coordinates(value: Coordinates | Mapping[str, Any]) -> dict[str, Any]:

@@ -55,20 +55,26 @@ class Retry:
     delay: float
 
 
-class Sender(Protocol):
+class Sends(Protocol):
+    """Sends a call and returns its result: a client, or a part of one (``client.operator``)."""
+
+    def send(self, call: Call[T]) -> T: ...
+
+
+class SendsAsync(Protocol):
+    def send(self, call: Call[T]) -> Coroutine[Any, Any, T]: ...
+
+
+class Sender(Sends, Protocol):
     """What the parts built on a client need of it (so they need not import the client)."""
 
     requests: Requests
     retry: RetryPolicy
 
-    def send(self, call: Call[T]) -> T: ...
 
-
-class AsyncSender(Protocol):
+class AsyncSender(SendsAsync, Protocol):
     requests: Requests
     retry: RetryPolicy
-
-    def send(self, call: Call[T]) -> Coroutine[Any, Any, T]: ...
 
 
 class _OnBothClients:
@@ -99,9 +105,9 @@ class operation(_OnBothClients, Generic[P, T]):  # noqa: N801 (named like the de
     @overload
     def __get__(self, client: None, owner: type[Any]) -> Self: ...
     @overload
-    def __get__(self, client: AsyncSender, owner: type[Any]) -> Callable[P, Coroutine[Any, Any, T]]: ...
+    def __get__(self, client: SendsAsync, owner: type[Any]) -> Callable[P, Coroutine[Any, Any, T]]: ...
     @overload
-    def __get__(self, client: Sender, owner: type[Any]) -> Callable[P, T]: ...
+    def __get__(self, client: Sends, owner: type[Any]) -> Callable[P, T]: ...
     def __get__(self, client: Any, owner: type[Any]) -> Any:
         if client is None:
             return self
@@ -129,9 +135,9 @@ class paged(_OnBothClients, Generic[P, T]):  # noqa: N801
     @overload
     def __get__(self, client: None, owner: type[Any]) -> Self: ...
     @overload
-    def __get__(self, client: AsyncSender, owner: type[Any]) -> Callable[P, AsyncIterator[T]]: ...
+    def __get__(self, client: SendsAsync, owner: type[Any]) -> Callable[P, AsyncIterator[T]]: ...
     @overload
-    def __get__(self, client: Sender, owner: type[Any]) -> Callable[P, Iterator[T]]: ...
+    def __get__(self, client: Sends, owner: type[Any]) -> Callable[P, Iterator[T]]: ...
     def __get__(self, client: Any, owner: type[Any]) -> Any:
         if client is None:
             return self
@@ -149,18 +155,18 @@ class paged(_OnBothClients, Generic[P, T]):  # noqa: N801
         return self._bound(listed)
 
 
-def _pages(client: Sender, pages: Pages[T]) -> Iterator[T]:
+def _pages(client: Sends, pages: Pages[T]) -> Iterator[T]:
     token: str | None = None
-    while True:
+    while not pages.empty:
         items, token = client.send(pages.page(token))
         yield from items
         if not token:
             return
 
 
-async def _pages_async(client: AsyncSender, pages: Pages[T]) -> AsyncIterator[T]:
+async def _pages_async(client: SendsAsync, pages: Pages[T]) -> AsyncIterator[T]:
     token: str | None = None
-    while True:
+    while not pages.empty:
         items, token = await client.send(pages.page(token))
         for item in items:
             yield item

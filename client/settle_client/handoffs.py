@@ -19,16 +19,16 @@ import contextlib
 import threading
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypeVar
 
 from pydantic import PrivateAttr
 
+from settle_client._calls import Call, Requests
+from settle_client._core import AsyncSender, Sender, operation
 from settle_client.errors import Conflict, NotFound, SettleError, TransportFailure, Unavailable
-from settle_client.models import Coordinates, Event, HandoffView, SettlementAccepted
+from settle_client.models import Coordinates, HandoffView, SettlementAccepted
 
-if TYPE_CHECKING:
-    from settle_client.aio import AsyncSettleClient
-    from settle_client.client import SettleClient
+T = TypeVar("T")
 
 # The server holds ``next`` at most 20 s (handoff.functions.MAX_WAIT_SECONDS); a longer wait is clamped there.
 DEFAULT_WAIT_SECONDS = 20.0
@@ -157,11 +157,24 @@ def _ident(handoff: HandoffView) -> tuple[str, str | None]:
     return handoff.coordinates.event_id, handoff.coordinates.message_id
 
 
-class Handoffs:
+class _Settling:
+    """What both clients' ``handoffs`` share: settling by coordinates, each call built once."""
+
+    requests: Requests
+
+    complete = operation(Requests.complete)
+    fail = operation(Requests.fail)
+
+
+class Handoffs(_Settling):
     """``client.handoffs``: receive, look up and settle parked hand-offs."""
 
-    def __init__(self, client: SettleClient) -> None:
+    def __init__(self, client: Sender) -> None:
         self._client = client
+        self.requests = client.requests
+
+    def send(self, call: Call[T]) -> T:
+        return self._client.send(call)
 
     def _bind(self, handoff: Handoff | None) -> Handoff | None:
         if handoff is not None:
@@ -173,10 +186,10 @@ class Handoffs:
     ) -> Handoff | None:
         """The oldest parked hand-off of ``endpoint`` (of one of ``event_types``), waiting up to
         ``wait_seconds`` (at most 20) for one; ``None`` when there is none. Does not claim it."""
-        call = self._client.requests.next_handoff(
+        call = self.requests.next_handoff(
             endpoint, Handoff, event_types=event_types, wait_seconds=wait_seconds
         )
-        return self._bind(self._client.send(call))
+        return self._bind(self.send(call))
 
     def receive(
         self,
@@ -188,57 +201,21 @@ class Handoffs:
     ) -> Handoff | None:
         """Lease the oldest parked hand-off of ``endpoint`` no one holds (waiting up to ``wait_seconds``),
         or ``None``. Settle it through the returned hand-off (fenced by its lease), renew or release it."""
-        call = self._client.requests.receive_handoff(
+        call = self.requests.receive_handoff(
             endpoint, Handoff, event_types=event_types, wait_seconds=wait_seconds, lease_seconds=lease_seconds
         )
-        return self._bind(self._client.send(call))
+        return self._bind(self.send(call))
 
     def _lease(self, action: str, handoff: HandoffView, lease_seconds: float | None) -> dict[str, Any]:
         assert handoff.lease is not None
-        call = self._client.requests.lease(
+        call = self.requests.lease(
             handoff.endpoint_id, action, handoff.coordinates.event_id, handoff.lease.token, lease_seconds
         )
-        return self._client.send(call)
+        return self.send(call)
 
     def job(self, endpoint: str, job_id: str) -> Handoff | None:
         """The parked hand-off carrying external job id ``job_id``, or ``None``."""
-        return self._bind(self._client.send(self._client.requests.job(endpoint, job_id, Handoff)))
-
-    def complete(
-        self,
-        endpoint: str,
-        coordinates: CoordinatesLike,
-        *,
-        result: Any = None,
-        settled_by: str | None = None,
-        lease_token: str | None = None,
-    ) -> SettlementAccepted:
-        """Complete a parked hand-off by its coordinates (409 :class:`Conflict` if it is not parked)."""
-        call = self._client.requests.complete(
-            endpoint, coordinates, result=result, settled_by=settled_by, lease_token=lease_token
-        )
-        return self._client.send(call)
-
-    def fail(
-        self,
-        endpoint: str,
-        coordinates: CoordinatesLike,
-        error_text: str,
-        *,
-        error_type: str | None = None,
-        settled_by: str | None = None,
-        lease_token: str | None = None,
-    ) -> SettlementAccepted:
-        """Fail a parked hand-off by its coordinates."""
-        call = self._client.requests.fail(
-            endpoint,
-            coordinates,
-            error_text=error_text,
-            error_type=error_type,
-            settled_by=settled_by,
-            lease_token=lease_token,
-        )
-        return self._client.send(call)
+        return self._bind(self.send(self.requests.job(endpoint, job_id, Handoff)))
 
     def watch(
         self,
@@ -342,11 +319,15 @@ def _renew_until(handoff: Handoff, done: threading.Event, lease_seconds: float) 
             continue  # Settle unavailable: try again at the next third
 
 
-class AsyncHandoffs:
+class AsyncHandoffs(_Settling):
     """``client.handoffs`` of :class:`AsyncSettleClient`."""
 
-    def __init__(self, client: AsyncSettleClient) -> None:
+    def __init__(self, client: AsyncSender) -> None:
         self._client = client
+        self.requests = client.requests
+
+    async def send(self, call: Call[T]) -> T:
+        return await self._client.send(call)
 
     def _bind(self, handoff: AsyncHandoff | None) -> AsyncHandoff | None:
         if handoff is not None:
@@ -356,10 +337,10 @@ class AsyncHandoffs:
     async def next(
         self, endpoint: str, event_types: Iterable[str] | None = None, wait_seconds: float = 0
     ) -> AsyncHandoff | None:
-        call = self._client.requests.next_handoff(
+        call = self.requests.next_handoff(
             endpoint, AsyncHandoff, event_types=event_types, wait_seconds=wait_seconds
         )
-        return self._bind(await self._client.send(call))
+        return self._bind(await self.send(call))
 
     async def receive(
         self,
@@ -369,58 +350,24 @@ class AsyncHandoffs:
         *,
         lease_seconds: float | None = None,
     ) -> AsyncHandoff | None:
-        call = self._client.requests.receive_handoff(
+        call = self.requests.receive_handoff(
             endpoint,
             AsyncHandoff,
             event_types=event_types,
             wait_seconds=wait_seconds,
             lease_seconds=lease_seconds,
         )
-        return self._bind(await self._client.send(call))
+        return self._bind(await self.send(call))
 
     async def _lease(self, action: str, handoff: HandoffView, lease_seconds: float | None) -> dict[str, Any]:
         assert handoff.lease is not None
-        call = self._client.requests.lease(
+        call = self.requests.lease(
             handoff.endpoint_id, action, handoff.coordinates.event_id, handoff.lease.token, lease_seconds
         )
-        return await self._client.send(call)
+        return await self.send(call)
 
     async def job(self, endpoint: str, job_id: str) -> AsyncHandoff | None:
-        return self._bind(await self._client.send(self._client.requests.job(endpoint, job_id, AsyncHandoff)))
-
-    async def complete(
-        self,
-        endpoint: str,
-        coordinates: CoordinatesLike,
-        *,
-        result: Any = None,
-        settled_by: str | None = None,
-        lease_token: str | None = None,
-    ) -> SettlementAccepted:
-        call = self._client.requests.complete(
-            endpoint, coordinates, result=result, settled_by=settled_by, lease_token=lease_token
-        )
-        return await self._client.send(call)
-
-    async def fail(
-        self,
-        endpoint: str,
-        coordinates: CoordinatesLike,
-        error_text: str,
-        *,
-        error_type: str | None = None,
-        settled_by: str | None = None,
-        lease_token: str | None = None,
-    ) -> SettlementAccepted:
-        call = self._client.requests.fail(
-            endpoint,
-            coordinates,
-            error_text=error_text,
-            error_type=error_type,
-            settled_by=settled_by,
-            lease_token=lease_token,
-        )
-        return await self._client.send(call)
+        return self._bind(await self.send(self.requests.job(endpoint, job_id, AsyncHandoff)))
 
     async def watch(
         self,
@@ -524,17 +471,22 @@ async def _wait(stop: asyncio.Event, seconds: float) -> bool:
 class Events:
     """``client.events``: an endpoint's event row with its history and audits."""
 
-    def __init__(self, client: SettleClient) -> None:
+    def __init__(self, client: Sender) -> None:
         self._client = client
+        self.requests = client.requests
 
-    def get(self, endpoint: str, event_id: str) -> Event | None:
-        """The event row, or ``None`` when the event is unknown on ``endpoint``."""
-        return self._client.send(self._client.requests.event(endpoint, event_id))
+    def send(self, call: Call[T]) -> T:
+        return self._client.send(call)
+
+    get = operation(Requests.event)
 
 
 class AsyncEvents:
-    def __init__(self, client: AsyncSettleClient) -> None:
+    def __init__(self, client: AsyncSender) -> None:
         self._client = client
+        self.requests = client.requests
 
-    async def get(self, endpoint: str, event_id: str) -> Event | None:
-        return await self._client.send(self._client.requests.event(endpoint, event_id))
+    async def send(self, call: Call[T]) -> T:
+        return await self._client.send(call)
+
+    get = operation(Requests.event)
