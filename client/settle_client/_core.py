@@ -16,7 +16,7 @@ import logging
 import random
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Concatenate, Generic, ParamSpec, Protocol, Self, TypeVar, overload
+from typing import Any, Concatenate, Generic, ParamSpec, Protocol, Self, TypedDict, TypeVar, overload
 from urllib.parse import quote
 
 import httpx
@@ -46,6 +46,19 @@ def as_handler(value: HandlerLike | None) -> Handler | None:
     if isinstance(value, str):
         return Handler(key=value)
     return Handler.model_validate(value)
+
+
+class ClientSettings(TypedDict, total=False):
+    """What both clients take besides ``base_url`` and their transport (see :class:`SettleClient`)."""
+
+    function_key: str | None
+    credential: TokenCredentialLike | None
+    token_scope: str | None
+    handler: HandlerLike | None
+    timeout: float | httpx.Timeout
+    retry: RetryPolicy | None
+    agent_id: str | None
+    route_prefix: str
 
 
 @dataclass(frozen=True)

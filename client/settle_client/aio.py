@@ -9,14 +9,13 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from types import TracebackType
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar, Unpack
 
 import httpx
 
 from settle_client import _idempotent
 from settle_client._calls import Call
-from settle_client._core import ClientCore, HandlerLike, Retry
-from settle_client.auth import TokenCredentialLike
+from settle_client._core import ClientCore, ClientSettings, Retry
 from settle_client.enums import Status
 from settle_client.errors import AlreadyProcessed, LockHeld, LockLost, SettleError
 from settle_client.handoffs import AsyncEvents, AsyncHandoffs
@@ -35,7 +34,6 @@ from settle_client.processing import (
     retry_delay,
     unstored_call,
 )
-from settle_client.retry import RetryPolicy
 
 log = logging.getLogger("settle_client")
 
@@ -53,27 +51,10 @@ class AsyncSettleClient(ClientCore):
         self,
         base_url: str,
         *,
-        function_key: str | None = None,
-        credential: TokenCredentialLike | None = None,
-        token_scope: str | None = None,
-        handler: HandlerLike | None = None,
-        timeout: float | httpx.Timeout = 30.0,
-        retry: RetryPolicy | None = None,
-        agent_id: str | None = None,
-        route_prefix: str = "api",
         transport: httpx.AsyncBaseTransport | None = None,
+        **settings: Unpack[ClientSettings],
     ) -> None:
-        super().__init__(
-            base_url,
-            function_key=function_key,
-            credential=credential,
-            token_scope=token_scope,
-            handler=handler,
-            timeout=timeout,
-            retry=retry,
-            agent_id=agent_id,
-            route_prefix=route_prefix,
-        )
+        super().__init__(base_url, **settings)
         self._http = httpx.AsyncClient(transport=transport)
         self._sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
         self.handoffs = AsyncHandoffs(self)
