@@ -37,16 +37,59 @@ DEFAULT_REVISIT_SECONDS = 5.0
 DEFAULT_LEASE_SECONDS = 300.0
 
 
-class Handoff(HandoffView):
-    """A parked hand-off, settled with :meth:`complete` or :meth:`fail`."""
+class _Received(HandoffView):
+    """What a received hand-off of either client builds: its settlement, lease renewal and release calls
+    (fenced by its lease when it has one), and whether it was settled."""
 
-    _handoffs: Handoffs | None = PrivateAttr(default=None)
     _settled: bool = PrivateAttr(default=False)
 
     @property
     def settled(self) -> bool:
         """True once :meth:`complete` or :meth:`fail` was accepted."""
         return self._settled
+
+    def _completion(
+        self, requests: Requests, result: Any, settled_by: str | None
+    ) -> Call[SettlementAccepted]:
+        lease_token = self.lease.token if self.lease else None
+        return requests.complete(
+            self.endpoint_id, self.coordinates, result=result, settled_by=settled_by, lease_token=lease_token
+        )
+
+    def _failure(
+        self, requests: Requests, error_text: str, error_type: str | None, settled_by: str | None
+    ) -> Call[SettlementAccepted]:
+        lease_token = self.lease.token if self.lease else None
+        return requests.fail(
+            self.endpoint_id,
+            self.coordinates,
+            error_text,
+            error_type=error_type,
+            settled_by=settled_by,
+            lease_token=lease_token,
+        )
+
+    def _accepted(self, accepted: SettlementAccepted) -> SettlementAccepted:
+        self._settled = True
+        return accepted
+
+    def _leasing(self, requests: Requests, action: str, lease_seconds: float | None) -> Call[dict[str, Any]]:
+        if self.lease is None:
+            raise RuntimeError("this hand-off was not received with a lease")
+        return requests.lease(
+            self.endpoint_id, action, self.coordinates.event_id, self.lease.token, lease_seconds
+        )
+
+    def _renewed(self, answer: dict[str, Any]) -> datetime:
+        assert self.lease is not None
+        self.lease = self.lease.model_copy(update={"expires_at": datetime.fromisoformat(answer["expiresAt"])})
+        return self.lease.expires_at
+
+
+class Handoff(_Received):
+    """A parked hand-off, settled with :meth:`complete` or :meth:`fail`."""
+
+    _handoffs: Handoffs | None = PrivateAttr(default=None)
 
     def _api(self) -> Handoffs:
         if self._handoffs is None:
@@ -57,55 +100,31 @@ class Handoff(HandoffView):
         """Send exactly one HandoffCompletedRequest for it (202). ``result``: any JSON.
 
         Received with a lease: fenced by it (:class:`LeaseLost` if another agent holds it now)."""
-        accepted = self._api().complete(
-            self.endpoint_id,
-            self.coordinates,
-            result=result,
-            settled_by=settled_by,
-            lease_token=self.lease.token if self.lease else None,
-        )
-        self._settled = True
-        return accepted
+        api = self._api()
+        return self._accepted(api.send(self._completion(api.requests, result, settled_by)))
 
     def fail(
         self, error_text: str, error_type: str | None = None, settled_by: str | None = None
     ) -> SettlementAccepted:
         """Send exactly one HandoffFailedRequest for it (202)."""
-        accepted = self._api().fail(
-            self.endpoint_id,
-            self.coordinates,
-            error_text,
-            error_type=error_type,
-            settled_by=settled_by,
-            lease_token=self.lease.token if self.lease else None,
-        )
-        self._settled = True
-        return accepted
+        api = self._api()
+        return self._accepted(api.send(self._failure(api.requests, error_text, error_type, settled_by)))
 
     def renew(self, lease_seconds: float | None = None) -> datetime:
         """Extend the lease (received with one); when it now ends. :class:`LeaseLost` if it was lost."""
-        if self.lease is None:
-            raise RuntimeError("this hand-off was not received with a lease")
-        answer = self._api()._lease("renew", self, lease_seconds)
-        self.lease = self.lease.model_copy(update={"expires_at": datetime.fromisoformat(answer["expiresAt"])})
-        return self.lease.expires_at
+        api = self._api()
+        return self._renewed(api.send(self._leasing(api.requests, "renew", lease_seconds)))
 
     def release(self) -> None:
         """Give the hand-off back at once (another agent's receive gets it)."""
-        if self.lease is None:
-            raise RuntimeError("this hand-off was not received with a lease")
-        self._api()._lease("release", self, None)
+        api = self._api()
+        api.send(self._leasing(api.requests, "release", None))
 
 
-class AsyncHandoff(HandoffView):
-    """A parked hand-off received through :class:`AsyncSettleClient`."""
+class AsyncHandoff(_Received):
+    """A parked hand-off received through :class:`AsyncSettleClient` (:class:`Handoff`, awaited)."""
 
     _handoffs: AsyncHandoffs | None = PrivateAttr(default=None)
-    _settled: bool = PrivateAttr(default=False)
-
-    @property
-    def settled(self) -> bool:
-        return self._settled
 
     def _api(self) -> AsyncHandoffs:
         if self._handoffs is None:
@@ -113,41 +132,22 @@ class AsyncHandoff(HandoffView):
         return self._handoffs
 
     async def complete(self, result: Any = None, settled_by: str | None = None) -> SettlementAccepted:
-        accepted = await self._api().complete(
-            self.endpoint_id,
-            self.coordinates,
-            result=result,
-            settled_by=settled_by,
-            lease_token=self.lease.token if self.lease else None,
-        )
-        self._settled = True
-        return accepted
+        api = self._api()
+        return self._accepted(await api.send(self._completion(api.requests, result, settled_by)))
 
     async def fail(
         self, error_text: str, error_type: str | None = None, settled_by: str | None = None
     ) -> SettlementAccepted:
-        accepted = await self._api().fail(
-            self.endpoint_id,
-            self.coordinates,
-            error_text,
-            error_type=error_type,
-            settled_by=settled_by,
-            lease_token=self.lease.token if self.lease else None,
-        )
-        self._settled = True
-        return accepted
+        api = self._api()
+        return self._accepted(await api.send(self._failure(api.requests, error_text, error_type, settled_by)))
 
     async def renew(self, lease_seconds: float | None = None) -> datetime:
-        if self.lease is None:
-            raise RuntimeError("this hand-off was not received with a lease")
-        answer = await self._api()._lease("renew", self, lease_seconds)
-        self.lease = self.lease.model_copy(update={"expires_at": datetime.fromisoformat(answer["expiresAt"])})
-        return self.lease.expires_at
+        api = self._api()
+        return self._renewed(await api.send(self._leasing(api.requests, "renew", lease_seconds)))
 
     async def release(self) -> None:
-        if self.lease is None:
-            raise RuntimeError("this hand-off was not received with a lease")
-        await self._api()._lease("release", self, None)
+        api = self._api()
+        await api.send(self._leasing(api.requests, "release", None))
 
 
 CoordinatesLike = Coordinates | Mapping[str, Any]
@@ -205,13 +205,6 @@ class Handoffs(_Settling):
             endpoint, Handoff, event_types=event_types, wait_seconds=wait_seconds, lease_seconds=lease_seconds
         )
         return self._bind(self.send(call))
-
-    def _lease(self, action: str, handoff: HandoffView, lease_seconds: float | None) -> dict[str, Any]:
-        assert handoff.lease is not None
-        call = self.requests.lease(
-            handoff.endpoint_id, action, handoff.coordinates.event_id, handoff.lease.token, lease_seconds
-        )
-        return self.send(call)
 
     def job(self, endpoint: str, job_id: str) -> Handoff | None:
         """The parked hand-off carrying external job id ``job_id``, or ``None``."""
@@ -358,13 +351,6 @@ class AsyncHandoffs(_Settling):
             lease_seconds=lease_seconds,
         )
         return self._bind(await self.send(call))
-
-    async def _lease(self, action: str, handoff: HandoffView, lease_seconds: float | None) -> dict[str, Any]:
-        assert handoff.lease is not None
-        call = self.requests.lease(
-            handoff.endpoint_id, action, handoff.coordinates.event_id, handoff.lease.token, lease_seconds
-        )
-        return await self.send(call)
 
     async def job(self, endpoint: str, job_id: str) -> AsyncHandoff | None:
         return self._bind(await self.send(self.requests.job(endpoint, job_id, AsyncHandoff)))
