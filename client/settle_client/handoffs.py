@@ -27,6 +27,7 @@ from settle_client._calls import Call, Requests
 from settle_client._core import AsyncSender, Sender, operation
 from settle_client.errors import Conflict, NotFound, SettleError, TransportFailure, Unavailable
 from settle_client.models import Coordinates, HandoffView, SettlementAccepted
+from settle_client.retry import RetryPolicy
 
 T = TypeVar("T")
 
@@ -230,86 +231,95 @@ class Handoffs(_Settling):
         Stops cleanly when the loop body breaks, or when ``stop`` is set (noticed when the current
         poll returns, so within ``wait_seconds``). While Settle is unavailable it backs off and goes on.
         """
-        if leased:
-            yield from self._watch_leased(endpoint, event_types, wait_seconds, stop, lease_seconds)
-            return
         stop = stop or threading.Event()
         types = list(event_types) if event_types is not None else None
-        unsettled: tuple[str, str | None] | None = None
-        failures = 0
+        watching = _Watching(self._client.retry, revisit_seconds=revisit_seconds, leased=leased)
         while not stop.is_set():
             try:
-                handoff = self.next(endpoint, types, wait_seconds)
+                if leased:
+                    handoff = self.receive(endpoint, types, wait_seconds, lease_seconds=lease_seconds)
+                else:
+                    handoff = self.next(endpoint, types, wait_seconds)
             except (Unavailable, TransportFailure):
-                failures += 1
-                if stop.wait(self._client.retry.backoff_for(min(failures, 8))):
+                if stop.wait(watching.unavailable()):
                     return
                 continue
-            failures = 0
-            if handoff is None or stop.is_set():
-                continue
-            if _ident(handoff) == unsettled:
-                unsettled = None
-                if stop.wait(revisit_seconds):
+            pause = watching.polled(handoff, stopping=stop.is_set())
+            if handoff is None or pause is not None:
+                if pause and stop.wait(pause):
                     return
                 continue
-            yield handoff
-            unsettled = None if handoff.settled else _ident(handoff)
-
-    def _watch_leased(
-        self,
-        endpoint: str,
-        event_types: Iterable[str] | None,
-        wait_seconds: float,
-        stop: threading.Event | None,
-        lease_seconds: float,
-    ) -> Iterator[Handoff]:
-        stop = stop or threading.Event()
-        types = list(event_types) if event_types is not None else None
-        failures = 0
-        while not stop.is_set():
-            try:
-                handoff = self.receive(endpoint, types, wait_seconds, lease_seconds=lease_seconds)
-            except (Unavailable, TransportFailure):
-                failures += 1
-                if stop.wait(self._client.retry.backoff_for(min(failures, 8))):
-                    return
-                continue
-            failures = 0
-            if handoff is None:
-                continue
-            done = threading.Event()
-            renewer = threading.Thread(
-                target=_renew_until,
-                args=(handoff, done, lease_seconds),
-                name="settle-lease-renewal",
-                daemon=True,
-            )
-            renewer.start()
+            done, renewer = threading.Event(), None
+            if leased:
+                renewer = threading.Thread(
+                    target=_renew_until,
+                    args=(handoff, done, lease_seconds),
+                    name="settle-lease-renewal",
+                    daemon=True,
+                )
+                renewer.start()
             body_returned = False
             try:
                 yield handoff
                 body_returned = True
             finally:
                 done.set()
-                renewer.join()
-                if not body_returned and not handoff.settled:
+                if renewer is not None:
+                    renewer.join()
+                if leased and not body_returned and not handoff.settled:
                     # The body raised (or the loop stopped) with the hand-off in hand: give it back now.
                     with contextlib.suppress(SettleError):
                         handoff.release()
+            watching.handed_out(handoff)
 
 
 def _renew_until(handoff: Handoff, done: threading.Event, lease_seconds: float) -> None:
     """Renew ``handoff``'s lease every third of it until ``done`` (or the lease is lost / settled)."""
-    while not done.wait(max(1.0, lease_seconds / 3)):
-        if handoff.settled:
-            return
+    while not done.wait(max(1.0, lease_seconds / 3)) and not handoff.settled:
         try:
             handoff.renew(lease_seconds)
-        except (Conflict, NotFound):
-            return  # lost, settled or projected away: nothing more to hold
-        except SettleError:
-            continue  # Settle unavailable: try again at the next third
+        except SettleError as error:
+            if not _renewable(error):
+                return
+
+
+def _renewable(error: SettleError) -> bool:
+    """Go on renewing after ``error``? Not when the lease is lost or the hand-off settled or projected
+    away (409, 404): nothing more to hold. Settle unavailable: try again at the next third."""
+    return not isinstance(error, Conflict | NotFound)
+
+
+class _Watching:
+    """The decisions of a watch loop, the same for both clients: the pause after each poll."""
+
+    def __init__(self, retry: RetryPolicy, *, revisit_seconds: float, leased: bool) -> None:
+        self._retry = retry
+        self._revisit_seconds = revisit_seconds
+        self._leased = leased
+        self._failures = 0
+        self._unsettled: tuple[str, str | None] | None = None
+
+    def unavailable(self) -> float:
+        """Settle could not be asked: the pause before polling again (backing off)."""
+        self._failures += 1
+        return self._retry.backoff_for(min(self._failures, 8))
+
+    def polled(self, handoff: HandoffView | None, *, stopping: bool) -> float | None:
+        """After a poll answered: ``None`` to hand ``handoff`` out now, else the pause before polling
+        again: none when nothing came (or the loop stops: a leased hand-off is still handed out, so its
+        lease is given back), ``revisit_seconds`` when, without a lease, it is the hand-off handed out
+        last and left unsettled."""
+        self._failures = 0
+        if handoff is None or (stopping and not self._leased):
+            return 0.0
+        if not self._leased and _ident(handoff) == self._unsettled:
+            self._unsettled = None
+            return self._revisit_seconds
+        return None
+
+    def handed_out(self, handoff: _Received) -> None:
+        if not self._leased:
+            self._unsettled = None if handoff.settled else _ident(handoff)
 
 
 class AsyncHandoffs(_Settling):
@@ -367,69 +377,38 @@ class AsyncHandoffs(_Settling):
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
     ) -> AsyncIterator[AsyncHandoff]:
         """As :meth:`Handoffs.watch`; cancelling the task that iterates also stops it (at once)."""
-        if leased:
-            async for leased_handoff in self._watch_leased(
-                endpoint, event_types, wait_seconds, stop, lease_seconds
-            ):
-                yield leased_handoff
-            return
         stop = stop or asyncio.Event()
         types = list(event_types) if event_types is not None else None
-        unsettled: tuple[str, str | None] | None = None
-        failures = 0
+        watching = _Watching(self._client.retry, revisit_seconds=revisit_seconds, leased=leased)
         while not stop.is_set():
             try:
-                handoff = await self.next(endpoint, types, wait_seconds)
+                if leased:
+                    handoff = await self.receive(endpoint, types, wait_seconds, lease_seconds=lease_seconds)
+                else:
+                    handoff = await self.next(endpoint, types, wait_seconds)
             except (Unavailable, TransportFailure):
-                failures += 1
-                if await _wait(stop, self._client.retry.backoff_for(min(failures, 8))):
+                if await _wait(stop, watching.unavailable()):
                     return
                 continue
-            failures = 0
-            if handoff is None or stop.is_set():
-                continue
-            if _ident(handoff) == unsettled:
-                unsettled = None
-                if await _wait(stop, revisit_seconds):
+            pause = watching.polled(handoff, stopping=stop.is_set())
+            if handoff is None or pause is not None:
+                if pause and await _wait(stop, pause):
                     return
                 continue
-            yield handoff
-            unsettled = None if handoff.settled else _ident(handoff)
-
-    async def _watch_leased(
-        self,
-        endpoint: str,
-        event_types: Iterable[str] | None,
-        wait_seconds: float,
-        stop: asyncio.Event | None,
-        lease_seconds: float,
-    ) -> AsyncIterator[AsyncHandoff]:
-        stop = stop or asyncio.Event()
-        types = list(event_types) if event_types is not None else None
-        failures = 0
-        while not stop.is_set():
-            try:
-                handoff = await self.receive(endpoint, types, wait_seconds, lease_seconds=lease_seconds)
-            except (Unavailable, TransportFailure):
-                failures += 1
-                if await _wait(stop, self._client.retry.backoff_for(min(failures, 8))):
-                    return
-                continue
-            failures = 0
-            if handoff is None:
-                continue
-            renewer = asyncio.ensure_future(_renew_async(handoff, lease_seconds))
+            renewer = asyncio.ensure_future(_renew_async(handoff, lease_seconds)) if leased else None
             body_returned = False
             try:
                 yield handoff
                 body_returned = True
             finally:
-                renewer.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await renewer
-                if not body_returned and not handoff.settled:
+                if renewer is not None:
+                    renewer.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await renewer
+                if leased and not body_returned and not handoff.settled:
                     with contextlib.suppress(SettleError):
                         await handoff.release()
+            watching.handed_out(handoff)
 
 
 async def _renew_async(handoff: AsyncHandoff, lease_seconds: float) -> None:
@@ -439,10 +418,9 @@ async def _renew_async(handoff: AsyncHandoff, lease_seconds: float) -> None:
             return
         try:
             await handoff.renew(lease_seconds)
-        except (Conflict, NotFound):
-            return
-        except SettleError:
-            continue
+        except SettleError as error:
+            if not _renewable(error):
+                return
 
 
 async def _wait(stop: asyncio.Event, seconds: float) -> bool:
