@@ -1,12 +1,18 @@
 """Every Settle operation as a request description plus the parser of its answer.
 
 The sync and async clients only differ in how they send a :class:`Call`; what is sent, how safe a
-retry is, and how the answer is read are defined once, here.
+retry is, and how the answer is read are defined once, here (sent by :mod:`settle_client._core`).
+
+Ids travel in the query string, never in the path: the deployed Functions host decodes ``%2F`` in a path
+before it matches routes, so an endpoint, event, job or poison id holding ``/`` in a path segment is a 404
+in Azure. Every route that takes an id has a twin that takes it as a query parameter (``GET
+v1/events?endpointId=...&eventId=...``), and the client always calls the twin.
 """
 
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -25,6 +31,7 @@ from settle_client.models import (
     Handler,
     HandoffView,
     Key,
+    KeyLike,
     LockResult,
     Meta,
     Metadata,
@@ -39,8 +46,24 @@ T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
 H = TypeVar("H", bound=HandoffView)
 
+# The form ids travel in: True, the query-string twin routes (every host routes them alike); False, the
+# older path form (ids as percent-encoded path segments), for a server that predates the twins.
+IDS_IN_QUERY = True
+
+Params = tuple[tuple[str, str], ...]
+
 # The server keeps at most 32,000 characters of error text; leave room and say it was cut.
 MAX_ERROR_TEXT = 8000
+
+
+@dataclass(frozen=True)
+class Pages(Generic[T]):
+    """A listing read page by page: ``page(token)`` is the call of the page after ``token`` (``None``:
+    the first), answering its items and the next token (``None`` after the last page). ``empty``: there
+    is nothing to ask for."""
+
+    page: Callable[[str | None], Call[tuple[list[T], str | None]]]
+    empty: bool = False
 
 
 @dataclass(frozen=True)
@@ -56,7 +79,7 @@ class Call(Generic[T]):
     parse: Callable[[httpx.Response], T]
     safety: Safety
     body: Any = None
-    params: tuple[tuple[str, str], ...] = ()
+    params: Params = ()
     none_if_not_found: bool = False
     wait: float = 0.0
 
@@ -103,11 +126,16 @@ def error_text(exc: BaseException) -> str:
     return text if len(text) <= MAX_ERROR_TEXT else text[: MAX_ERROR_TEXT - 1] + "…"
 
 
-def segment(value: str) -> str:
-    """One URL path segment (``/``, ``?`` and ``#`` in an endpoint or id must not change the route)."""
-    if not value:
-        raise ValueError("path segments must not be empty")
-    return quote(value, safe="")
+def addressed(twin: str, path_form: str, ids: Mapping[str, str]) -> tuple[str, Params]:
+    """The route and query of a call naming ``ids`` (``{"endpointId": ..., "eventId": ...}``): ``twin``
+    with the ids as query parameters, or (:data:`IDS_IN_QUERY` off) ``path_form`` with each ``{name}``
+    replaced by its id as one percent-encoded segment."""
+    for name, value in ids.items():
+        if not value:
+            raise ValueError(f"{name} must not be empty")
+    if IDS_IN_QUERY:
+        return twin, tuple(ids.items())
+    return path_form.format(**{name: quote(value, safe="") for name, value in ids.items()}), ()
 
 
 class Requests:
@@ -117,11 +145,27 @@ class Requests:
         self.prefix = "/" + prefix.strip("/") if prefix.strip("/") else ""
         self.handler = handler
 
-    def _path(self, route: str) -> str:
-        return f"{self.prefix}/{route}"
+    def call(
+        self,
+        method: str,
+        route: str,
+        parse: Callable[[httpx.Response], T],
+        safety: Safety,
+        *,
+        ids: Mapping[str, str] | None = None,
+        path_form: str = "",
+        params: Params = (),
+        **options: Any,
+    ) -> Call[T]:
+        """A call of ``route`` (under the prefix); with ``ids``, addressed as :func:`addressed` says,
+        the ids first in the query."""
+        if ids:
+            route, addressing = addressed(route, path_form, ids)
+            params = addressing + params
+        return Call(method, f"{self.prefix}/{route}", parse, safety, params=params, **options)
 
-    def _keyed(self, key: Key, **extra: Any) -> dict[str, Any]:
-        body: dict[str, Any] = {"key": key.to_wire()}
+    def _keyed(self, key: KeyLike, **extra: Any) -> dict[str, Any]:
+        body: dict[str, Any] = {"key": Key.of(key).to_wire()}
         if self.handler is not None:
             body["handler"] = self.handler.model_dump()
         body.update({k: v for k, v in extra.items() if v is not None})
@@ -136,36 +180,45 @@ class Requests:
         *,
         none_if_not_found: bool = False,
     ) -> Call[T]:
-        path = self._path(f"v1/state/{route}")
-        return Call("POST", path, parse, safety, body=body, none_if_not_found=none_if_not_found)
+        return self.call(
+            "POST", f"v1/state/{route}", parse, safety, body=body, none_if_not_found=none_if_not_found
+        )
 
-    # -- state ------------------------------------------------------------------------------------
+    # -- state (each is also a method of both clients, with this docstring) -------------------------
     def meta(self) -> Call[Meta]:
-        return Call("GET", self._path("v1/state/meta"), lambda r: model(Meta, r), Safety.IDEMPOTENT)
+        """The server's scopes, statuses and handlers (``GET v1/state/meta``)."""
+        return self.call("GET", "v1/state/meta", lambda r: model(Meta, r), Safety.IDEMPOTENT)
 
-    def exists(self, key: Key) -> Call[bool]:
+    def exists(self, key: KeyLike) -> Call[bool]:
+        """True when the item is Processed or Skipped. Retried (a read)."""
+
         def parse(response: httpx.Response) -> bool:
             body = response.json()
             return bool(body.get("exists")) if isinstance(body, dict) else False
 
         return self._state("exists", self._keyed(key), parse, Safety.IDEMPOTENT)
 
-    def get(self, key: Key) -> Call[Record | None]:
+    def get(self, key: KeyLike) -> Call[Record | None]:
+        """The current record, or ``None`` when there is none. Retried (a read)."""
         return self._state("get", self._keyed(key), maybe(Record), Safety.IDEMPOTENT, none_if_not_found=True)
 
-    def lock(self, key: Key, *, lock_seconds: int | None, request_id: str | None) -> Call[LockResult]:
+    def lock(
+        self, key: KeyLike, *, lock_seconds: int | None = None, request_id: str | None = None
+    ) -> Call[LockResult]:
+        """Try to take the processing lock. A ``request_id`` is generated when not given, so a retry
+        after a lost answer gets the same lock back (``replayed``); retried."""
         # Without a requestId a retry after a lost answer would meet our own lock and be refused.
-        safety = Safety.IDEMPOTENT if request_id else Safety.UNSAFE
-        body = self._keyed(key, lockSeconds=lock_seconds, requestId=request_id)
-        return self._state("lock", body, lambda r: model(LockResult, r), safety)
+        body = self._keyed(key, lockSeconds=lock_seconds, requestId=request_id or uuid.uuid4().hex)
+        return self._state("lock", body, lambda r: model(LockResult, r), Safety.IDEMPOTENT)
 
-    def extend(self, key: Key, *, lock_token: str, lock_seconds: int | None) -> Call[ExtendResult]:
+    def extend(self, key: KeyLike, lock_token: str, *, lock_seconds: int | None = None) -> Call[ExtendResult]:
+        """Extend a held lock (fenced: :class:`LockLost` when it is no longer held). Retried."""
         body = self._keyed(key, lockToken=lock_token, lockSeconds=lock_seconds)
         return self._state("lock/extend", body, lambda r: model(ExtendResult, r), Safety.IDEMPOTENT)
 
     def set(
         self,
-        key: Key,
+        key: KeyLike,
         status: Status | int | str,
         *,
         data: Any = None,
@@ -174,6 +227,8 @@ class Requests:
         error: str | None = None,
         lock_token: str | None = None,
     ) -> Call[Record | None]:
+        """Record Processed, Skipped or Failed. Retried only with ``lock_token`` (fenced); ``None`` from
+        the null handler."""
         meta = Metadata.of(metadata)
         body = self._keyed(
             key,
@@ -184,17 +239,18 @@ class Requests:
             error=error,
             lockToken=lock_token,
         )
-        return self._state("set", body, maybe(Record), Safety.IDEMPOTENT if lock_token else Safety.UNSAFE)
+        return self._state("set", body, maybe(Record), _fenced(lock_token))
 
     def upsert(
         self,
-        key: Key,
+        key: KeyLike,
         data: Any,
         *,
         metadata: MetadataLike | None = None,
         substatus: str | None = None,
         lock_token: str | None = None,
     ) -> Call[Record | None]:
+        """Record Processed with new data (the previous version is Superseded). Retried only when fenced."""
         meta = Metadata.of(metadata)
         body = self._keyed(
             key,
@@ -203,35 +259,73 @@ class Requests:
             substatus=substatus,
             lockToken=lock_token,
         )
-        safety = Safety.IDEMPOTENT if lock_token else Safety.UNSAFE
-        return self._state("upsert", body, maybe(Record), safety)
+        return self._state("upsert", body, maybe(Record), _fenced(lock_token))
 
-    def release(self, key: Key, error: str, *, lock_token: str | None = None) -> Call[Record | None]:
+    def release(self, key: KeyLike, error: str, *, lock_token: str | None = None) -> Call[Record | None]:
+        """Release the lock as Failed with ``error``. Retried only when fenced."""
         body = self._keyed(key, error=error, lockToken=lock_token)
-        safety = Safety.IDEMPOTENT if lock_token else Safety.UNSAFE
-        return self._state("release", body, maybe(Record), safety)
+        return self._state("release", body, maybe(Record), _fenced(lock_token))
 
-    def history(self, key: Key, *, page_size: int | None, token: str | None) -> Call[RecordPage]:
-        body = self._keyed(key, pageSize=page_size, continuationToken=token)
-        return self._state("history", body, lambda r: model(RecordPage, r), Safety.IDEMPOTENT)
+    def history(self, key: KeyLike, *, page_size: int | None = None) -> Pages[Record]:
+        """Every version of the record, newest first; pages are fetched as the iteration needs them."""
+        parsed = Key.of(key)
 
-    def query(self, filters: Mapping[str, Any], *, token: str | None) -> Call[RecordPage]:
-        body: dict[str, Any] = {k: v for k, v in filters.items() if v is not None}
-        if token is not None:
-            body["continuationToken"] = token
-        if self.handler is not None:
-            body["handler"] = self.handler.model_dump()
-        return self._state("query", body, lambda r: model(RecordPage, r), Safety.IDEMPOTENT)
+        def page(token: str | None) -> Call[tuple[list[Record], str | None]]:
+            body = self._keyed(parsed, pageSize=page_size, continuationToken=token)
+            return self._state("history", body, _records, Safety.IDEMPOTENT)
+
+        return Pages(page)
+
+    def query(
+        self,
+        tenant_id: int,
+        *,
+        scope: Scope | int | str | None = None,
+        entity_id: int | None = None,
+        entity_execution_id: int | None = None,
+        item_entity_key: str | None = None,
+        status: Status | int | str | None = None,
+        updated_from: datetime | None = None,
+        updated_to: datetime | None = None,
+        page_size: int | None = None,
+    ) -> Pages[Record]:
+        """Current records of a tenant matching every filter given; pages followed lazily."""
+        filters = {
+            "tenantId": tenant_id,
+            "scopeId": int(Scope.parse(scope)) if scope is not None else None,
+            "entityId": entity_id,
+            "entityExecutionId": entity_execution_id,
+            "itemEntityKey": item_entity_key,
+            "status": Status.parse(status).label if status is not None else None,
+            "updatedFrom": iso(updated_from) if updated_from is not None else None,
+            "updatedTo": iso(updated_to) if updated_to is not None else None,
+            "pageSize": page_size,
+        }
+
+        def page(token: str | None) -> Call[tuple[list[Record], str | None]]:
+            body: dict[str, Any] = {k: v for k, v in filters.items() if v is not None}
+            if token is not None:
+                body["continuationToken"] = token
+            if self.handler is not None:
+                body["handler"] = self.handler.model_dump()
+            return self._state("query", body, _records, Safety.IDEMPOTENT)
+
+        return Pages(page)
 
     # -- hand-offs --------------------------------------------------------------------------------
     def next_handoff(
         self, endpoint: str, cls: type[H], *, event_types: Iterable[str] | None, wait_seconds: float
     ) -> Call[H | None]:
-        params = tuple(("eventTypeId", t) for t in (event_types or ()))
-        if wait_seconds > 0:
-            params += (("waitSeconds", f"{wait_seconds:g}"),)
-        path = self._path(f"v1/handoffs/{segment(endpoint)}/next")
-        return Call("GET", path, maybe(cls), Safety.IDEMPOTENT, params=params, wait=wait_seconds)
+        return self.call(
+            "GET",
+            "v1/handoffs/next",
+            maybe(cls),
+            Safety.IDEMPOTENT,
+            ids={"endpointId": endpoint},
+            path_form="v1/handoffs/{endpointId}/next",
+            params=_polling(event_types, wait_seconds),
+            wait=wait_seconds,
+        )
 
     def receive_handoff(
         self,
@@ -242,15 +336,21 @@ class Requests:
         wait_seconds: float,
         lease_seconds: float | None,
     ) -> Call[H | None]:
-        params = tuple(("eventTypeId", t) for t in (event_types or ()))
-        if wait_seconds > 0:
-            params += (("waitSeconds", f"{wait_seconds:g}"),)
+        params = _polling(event_types, wait_seconds)
         if lease_seconds is not None:
             params += (("leaseSeconds", str(_seconds(lease_seconds))),)
-        path = self._path(f"v1/handoffs/{segment(endpoint)}/receive")
         # Not retried after a lost answer: a retry would lease another hand-off (the first one's lease
         # then simply runs out).
-        return Call("POST", path, maybe(cls), Safety.UNSAFE, params=params, wait=wait_seconds)
+        return self.call(
+            "POST",
+            "v1/handoffs/receive",
+            maybe(cls),
+            Safety.UNSAFE,
+            ids={"endpointId": endpoint},
+            path_form="v1/handoffs/{endpointId}/receive",
+            params=params,
+            wait=wait_seconds,
+        )
 
     def lease(
         self, endpoint: str, action: str, event_id: str, token: str, lease_seconds: float | None = None
@@ -258,91 +358,112 @@ class Requests:
         body: dict[str, Any] = {"eventId": event_id, "leaseToken": token}
         if lease_seconds is not None:
             body["leaseSeconds"] = _seconds(lease_seconds)
-        path = self._path(f"v1/handoffs/{segment(endpoint)}/leases/{action}")
-        return Call("POST", path, lambda r: dict(r.json()), Safety.IDEMPOTENT, body=body)
+        return self.call(
+            "POST",
+            f"v1/handoffs/leases/{action}",
+            lambda r: dict(r.json()),
+            Safety.IDEMPOTENT,
+            ids={"endpointId": endpoint},
+            path_form=f"v1/handoffs/{{endpointId}}/leases/{action}",
+            body=body,
+        )
 
     def job(self, endpoint: str, job_id: str, cls: type[H]) -> Call[H | None]:
-        path = self._path(f"v1/handoffs/{segment(endpoint)}/jobs/{segment(job_id)}")
-        return Call("GET", path, maybe(cls), Safety.IDEMPOTENT, none_if_not_found=True)
+        return self.call(
+            "GET",
+            "v1/handoffs/jobs",
+            maybe(cls),
+            Safety.IDEMPOTENT,
+            ids={"endpointId": endpoint, "externalJobId": job_id},
+            path_form="v1/handoffs/{endpointId}/jobs/{externalJobId}",
+            none_if_not_found=True,
+        )
 
     def event(self, endpoint: str, event_id: str) -> Call[Event | None]:
-        path = self._path(f"v1/events/{segment(endpoint)}/{segment(event_id)}")
-        return Call("GET", path, maybe(Event), Safety.IDEMPOTENT, none_if_not_found=True)
+        """The event row with its history and audits, or ``None`` when the event is unknown on
+        ``endpoint``."""
+        return self.call(
+            "GET",
+            "v1/events",
+            maybe(Event),
+            Safety.IDEMPOTENT,
+            ids={"endpointId": endpoint, "eventId": event_id},
+            path_form="v1/events/{endpointId}/{eventId}",
+            none_if_not_found=True,
+        )
 
     def complete(
         self,
         endpoint: str,
         coordinates: Coordinates | Mapping[str, Any],
         *,
-        result: Any,
-        settled_by: str | None,
+        result: Any = None,
+        settled_by: str | None = None,
         lease_token: str | None = None,
     ) -> Call[SettlementAccepted]:
-        body = {
-            "endpointId": endpoint,
-            "coordinates": _coordinates(coordinates),
-            "result": jsonable(result),
-            "settledBy": settled_by,
-            "leaseToken": lease_token,
-        }
-        return self._settle("complete", body)
+        """Complete a parked hand-off by its coordinates (409 :class:`Conflict` if it is not parked)."""
+        return self._settle(
+            "complete", endpoint, coordinates, settled_by, lease_token, result=jsonable(result)
+        )
 
     def fail(
         self,
         endpoint: str,
         coordinates: Coordinates | Mapping[str, Any],
-        *,
         error_text: str,
-        error_type: str | None,
-        settled_by: str | None,
+        *,
+        error_type: str | None = None,
+        settled_by: str | None = None,
         lease_token: str | None = None,
+    ) -> Call[SettlementAccepted]:
+        """Fail a parked hand-off by its coordinates."""
+        return self._settle(
+            "fail", endpoint, coordinates, settled_by, lease_token, errorText=error_text, errorType=error_type
+        )
+
+    def _settle(
+        self,
+        route: str,
+        endpoint: str,
+        coordinates: Coordinates | Mapping[str, Any],
+        settled_by: str | None,
+        lease_token: str | None,
+        **outcome: Any,
     ) -> Call[SettlementAccepted]:
         body = {
             "endpointId": endpoint,
             "coordinates": _coordinates(coordinates),
-            "errorText": error_text,
-            "errorType": error_type,
+            **outcome,
             "settledBy": settled_by,
             "leaseToken": lease_token,
         }
-        return self._settle("fail", body)
-
-    def _settle(self, route: str, body: dict[str, Any]) -> Call[SettlementAccepted]:
         body = {k: v for k, v in body.items() if v is not None}
-        path = self._path(f"v1/handoffs/{route}")
+        parse = lambda r: model(SettlementAccepted, r)  # noqa: E731
         # Settle answers a retry of the same settlement from its claim (same controlMessageId, ``replayed``),
         # so a lost answer may be retried; a different settlement stays a 409.
-        return Call("POST", path, lambda r: model(SettlementAccepted, r), Safety.IDEMPOTENT, body=body)
+        return self.call("POST", f"v1/handoffs/{route}", parse, Safety.IDEMPOTENT, body=body)
 
 
 def _coordinates(value: Coordinates | Mapping[str, Any]) -> dict[str, Any]:
     return (value if isinstance(value, Coordinates) else Coordinates.model_validate(value)).to_wire()
 
 
-def query_filters(
-    tenant_id: int,
-    *,
-    scope: Scope | int | str | None,
-    entity_id: int | None,
-    entity_execution_id: int | None,
-    item_entity_key: str | None,
-    status: Status | int | str | None,
-    updated_from: datetime | None,
-    updated_to: datetime | None,
-    page_size: int | None,
-) -> dict[str, Any]:
-    """The body of ``query`` (names and enums resolved; ``None`` means no filter)."""
-    return {
-        "tenantId": tenant_id,
-        "scopeId": int(Scope.parse(scope)) if scope is not None else None,
-        "entityId": entity_id,
-        "entityExecutionId": entity_execution_id,
-        "itemEntityKey": item_entity_key,
-        "status": Status.parse(status).label if status is not None else None,
-        "updatedFrom": iso(updated_from) if updated_from is not None else None,
-        "updatedTo": iso(updated_to) if updated_to is not None else None,
-        "pageSize": page_size,
-    }
+def _fenced(lock_token: str | None) -> Safety:
+    """An unfenced write may have been applied when its answer was lost; a fenced one answers a repeat
+    with the record it wrote."""
+    return Safety.IDEMPOTENT if lock_token else Safety.UNSAFE
+
+
+def _records(response: httpx.Response) -> tuple[list[Record], str | None]:
+    page = model(RecordPage, response)
+    return page.items, page.continuation_token
+
+
+def _polling(event_types: Iterable[str] | None, wait_seconds: float) -> Params:
+    params = tuple(("eventTypeId", t) for t in (event_types or ()))
+    if wait_seconds > 0:
+        params += (("waitSeconds", f"{wait_seconds:g}"),)
+    return params
 
 
 def _seconds(value: float) -> float | int:

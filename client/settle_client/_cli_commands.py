@@ -12,13 +12,15 @@ import os
 import sys
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar
 
 from settle_client import _cli_output as out
 from settle_client.client import SettleClient
 from settle_client.errors import Conflict, InvalidInput, NotFound, SettleError
 from settle_client.models import Key
 from settle_client.operator_models import FoundEvent, OperatorEvent
+
+T = TypeVar("T")
 
 # Exit codes (argparse itself exits 2 on a usage error).
 OK, NOTHING, USAGE, INVALID, AUTH, CONFLICT, UNAVAILABLE, FAILED = 0, 1, 2, 3, 4, 5, 6, 7
@@ -220,30 +222,44 @@ def cmd_action(ctx: Context) -> int:
     else:
         extra.update(error_text=args.error, error_type=args.error_type)
     event = _event(ctx, args.endpoint, ids[0])  # after the arguments: a bad file sends nothing
-    try:
-        done = ctx.client.operator.act(
+    done = _acting(
+        ctx,
+        args.endpoint,
+        event.event_id,
+        lambda: ctx.client.operator.act(
             action, args.endpoint, event.event_id, message_id=event.last_message_id, by=ctx.by, **extra
-        )
-    except Conflict as error:
-        raise _conflict(ctx, error, args.endpoint, event.event_id) from error
-    ctx.emit(
-        done,
-        lambda: (
-            f"{action}: {done.message_type} {done.state or 'accepted'}"
-            f"{' (repeat: answered from the earlier action)' if done.replayed else ''}\n"
-            + out.fields(
-                [
-                    ("endpoint", done.endpoint_id),
-                    ("event", done.event_id),
-                    ("addressed message", done.addressed_message_id),
-                    ("control message", done.control_message_id),
-                    ("by", done.by),
-                    ("confirmed", done.confirmed),
-                ]
-            )
         ),
     )
+    repeat = " (repeat: answered from the earlier action)" if done.replayed else ""
+    headline = f"{action}: {done.message_type} {done.state or 'accepted'}{repeat}"
+    ctx.emit(done, lambda: _control(headline, done, ("confirmed", done.confirmed)))
     return OK
+
+
+def _acting(ctx: Context, endpoint: str, event_id: str, act: Callable[[], T]) -> T:
+    """``act()``; a 409 becomes a :class:`Failure` saying what the event's state is now."""
+    try:
+        return act()
+    except Conflict as error:
+        raise _conflict(ctx, error, endpoint, event_id) from error
+
+
+def _control(headline: str, done: Any, *more: tuple[str, Any]) -> str:
+    """What an action or a resolution sent: one line, then the control message's fields."""
+    return (
+        headline
+        + "\n"
+        + out.fields(
+            [
+                ("endpoint", done.endpoint_id),
+                ("event", done.event_id),
+                ("addressed message", done.addressed_message_id),
+                ("control message", done.control_message_id),
+                ("by", done.by),
+                *more,
+            ]
+        )
+    )
 
 
 def _json_arg(text: str) -> Any:
@@ -297,8 +313,11 @@ def cmd_resolve(ctx: Context) -> int:
             f"{_status(event.resolution_status, event.pending_sub_status)}); --message names one",
             NOTHING,
         )
-    try:
-        done = ctx.client.operator.resolve(
+    done = _acting(
+        ctx,
+        args.endpoint,
+        event.event_id,
+        lambda: ctx.client.operator.resolve(
             args.endpoint,
             event.event_id,
             message_id=message,
@@ -306,24 +325,10 @@ def cmd_resolve(ctx: Context) -> int:
             reason=args.reason,
             control_message_id=args.control_message,
             by=ctx.by,
-        )
-    except Conflict as error:
-        raise _conflict(ctx, error, args.endpoint, event.event_id) from error
-    ctx.emit(
-        done,
-        lambda: (
-            f"settlement {done.state}{' (repeat: resolved before)' if done.replayed else ''}\n"
-            + out.fields(
-                [
-                    ("endpoint", done.endpoint_id),
-                    ("event", done.event_id),
-                    ("addressed message", done.addressed_message_id),
-                    ("control message", done.control_message_id),
-                    ("by", done.by),
-                ]
-            )
         ),
     )
+    headline = f"settlement {done.state}{' (repeat: resolved before)' if done.replayed else ''}"
+    ctx.emit(done, lambda: _control(headline, done))
     return OK
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import time
 import typing
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -27,7 +28,8 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
-from settle_client.errors import PayloadMismatch, ResultNotStored
+from settle_client.enums import Status
+from settle_client.errors import AlreadyProcessed, PayloadMismatch, ResultNotStored
 from settle_client.models import Key, Record
 from settle_client.processing import Item
 
@@ -133,3 +135,30 @@ def remember(item: Item, result: Any, digest: str) -> None:
         return
     item._substatus, item._data = substatus(digest, not_stored=False), data
     item._unstored = (unstored, None)  # if Settle refuses it after all: recorded without the result
+
+
+def replayed(
+    record: Record | None, refused: AlreadyProcessed, key: Key, digest: str, returns: TypeAdapter[Any] | None
+) -> Any:
+    """After the lock was refused because the key is done: the stored result of its Processed record; a
+    Skipped one (or none) raises the refusal."""
+    if record is not None and record.status == Status.PROCESSED.label:
+        return replay(record, key, digest, returns)
+    raise refused
+
+
+class Waiting:
+    """How a call that finds the key locked by another caller waits for that caller's result: polls,
+    0.1 s apart at first, doubling to 2 s, until ``wait_seconds`` have passed."""
+
+    def __init__(self, wait_seconds: float) -> None:
+        self._deadline = time.monotonic() + wait_seconds
+        self._pause = 0.1
+
+    def pause(self) -> float | None:
+        """The wait before trying again, or ``None`` when waiting is over (the LockHeld is raised)."""
+        pause = self._pause
+        if time.monotonic() + pause > self._deadline:
+            return None
+        self._pause = min(pause * 2, 2.0)
+        return pause

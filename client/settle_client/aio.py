@@ -7,37 +7,20 @@ import functools
 import inspect
 import logging
 import time
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from datetime import datetime
+from collections.abc import Awaitable, Callable
 from types import TracebackType
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar, Unpack
 
 import httpx
 
 from settle_client import _idempotent
-from settle_client._base import ClientBase, HandlerLike, read, transport_failure
-from settle_client._calls import Call, query_filters
-from settle_client.auth import TokenCredentialLike
-from settle_client.enums import Scope, Status
-from settle_client.errors import AlreadyProcessed, LockHeld, LockLost, SettleError, retry_after_of
+from settle_client._calls import Call
+from settle_client._core import ClientCore, ClientSettings, Retry
+from settle_client.errors import AlreadyProcessed, LockHeld, SettleError
 from settle_client.handoffs import AsyncEvents, AsyncHandoffs
-from settle_client.models import ExtendResult, Key, KeyLike, LockResult, Meta, Metadata, MetadataLike, Record
+from settle_client.models import Key, KeyLike, LockResult, MetadataLike, Record
 from settle_client.operator import AsyncOperator
-from settle_client.processing import (
-    UNRECORDED_NOTE,
-    Item,
-    extension_delay,
-    extension_due,
-    outcome_call,
-    outcome_wait,
-    refusal,
-    rejected,
-    release_call,
-    retry_delay,
-    unstored_call,
-)
-from settle_client.retry import RetryPolicy, may_retry_answer, may_retry_transport
+from settle_client.processing import Block, Item, Keeping, Leaving, refusal, release_call
 
 log = logging.getLogger("settle_client")
 
@@ -46,7 +29,7 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
-class AsyncSettleClient(ClientBase):
+class AsyncSettleClient(ClientCore):
     """The asyncio twin of :class:`~settle_client.SettleClient` (same arguments; ``transport`` is an
     ``httpx.AsyncBaseTransport``; ``credential`` may be azure-core's async ``TokenCredential``).
     Close it with :meth:`aclose` or ``async with``."""
@@ -55,30 +38,11 @@ class AsyncSettleClient(ClientBase):
         self,
         base_url: str,
         *,
-        function_key: str | None = None,
-        credential: TokenCredentialLike | None = None,
-        token_scope: str | None = None,
-        handler: HandlerLike | None = None,
-        timeout: float | httpx.Timeout = 30.0,
-        retry: RetryPolicy | None = None,
-        agent_id: str | None = None,
-        route_prefix: str = "api",
         transport: httpx.AsyncBaseTransport | None = None,
+        **settings: Unpack[ClientSettings],
     ) -> None:
-        super().__init__(
-            base_url,
-            function_key=function_key,
-            credential=credential,
-            token_scope=token_scope,
-            handler=handler,
-            timeout=timeout,
-            retry=retry,
-            agent_id=agent_id,
-            route_prefix=route_prefix,
-        )
-        self._http = httpx.AsyncClient(
-            base_url=self.base_url, headers=self.default_headers, timeout=self.timeout, transport=transport
-        )
+        super().__init__(base_url, **settings)
+        self._http = httpx.AsyncClient(transport=transport)
         self._sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
         self.handoffs = AsyncHandoffs(self)
         self.events = AsyncEvents(self)
@@ -95,144 +59,18 @@ class AsyncSettleClient(ClientBase):
 
     async def send(self, call: Call[T]) -> T:
         """Send ``call``, retrying as far as its safety allows; its result or a typed error."""
-        attempt = 0
+        exchange = self.exchange(call)
         while True:
-            attempt += 1
+            request = exchange.request(await self.auth.aheaders())
             try:
-                headers = await self.auth.aheaders()
-                response = await self._http.request(
-                    call.method, call.path, **self.request_kwargs(call, headers)
-                )
+                response = await self._http.send(request)
             except httpx.TransportError as exc:
-                delay = (
-                    self.retry.delay(attempt, rng=self._rng)
-                    if may_retry_transport(call.safety, exc)
-                    else None
-                )
-                if delay is None:
-                    raise transport_failure(call, exc) from exc
-                await self._sleep(delay)
-                continue
-            if may_retry_answer(call.safety, response.status_code):
-                delay = self.retry.delay(attempt, retry_after=retry_after_of(response), rng=self._rng)
-                if delay is not None:
-                    await self._sleep(delay)
-                    continue
-            return read(call, response)
-
-    # -- state ------------------------------------------------------------------------------------
-    async def meta(self) -> Meta:
-        return await self.send(self.requests.meta())
-
-    async def exists(self, key: KeyLike) -> bool:
-        return await self.send(self.requests.exists(Key.of(key)))
-
-    async def get(self, key: KeyLike) -> Record | None:
-        return await self.send(self.requests.get(Key.of(key)))
-
-    def history(self, key: KeyLike, *, page_size: int | None = None) -> AsyncIterator[Record]:
-        parsed = Key.of(key)
-
-        async def pages() -> AsyncIterator[Record]:
-            token: str | None = None
-            while True:
-                page = await self.send(self.requests.history(parsed, page_size=page_size, token=token))
-                for record in page.items:
-                    yield record
-                token = page.continuation_token
-                if not token:
-                    return
-
-        return pages()
-
-    def query(
-        self,
-        tenant_id: int,
-        *,
-        scope: Scope | int | str | None = None,
-        entity_id: int | None = None,
-        entity_execution_id: int | None = None,
-        item_entity_key: str | None = None,
-        status: Status | int | str | None = None,
-        updated_from: datetime | None = None,
-        updated_to: datetime | None = None,
-        page_size: int | None = None,
-    ) -> AsyncIterator[Record]:
-        filters = query_filters(
-            tenant_id,
-            scope=scope,
-            entity_id=entity_id,
-            entity_execution_id=entity_execution_id,
-            item_entity_key=item_entity_key,
-            status=status,
-            updated_from=updated_from,
-            updated_to=updated_to,
-            page_size=page_size,
-        )
-
-        async def pages() -> AsyncIterator[Record]:
-            token: str | None = None
-            while True:
-                page = await self.send(self.requests.query(filters, token=token))
-                for record in page.items:
-                    yield record
-                token = page.continuation_token
-                if not token:
-                    return
-
-        return pages()
-
-    async def lock(
-        self, key: KeyLike, *, lock_seconds: int | None = None, request_id: str | None = None
-    ) -> LockResult:
-        call = self.requests.lock(
-            Key.of(key), lock_seconds=lock_seconds, request_id=request_id or uuid.uuid4().hex
-        )
-        return await self.send(call)
-
-    async def extend(self, key: KeyLike, lock_token: str, *, lock_seconds: int | None = None) -> ExtendResult:
-        return await self.send(
-            self.requests.extend(Key.of(key), lock_token=lock_token, lock_seconds=lock_seconds)
-        )
-
-    async def set(
-        self,
-        key: KeyLike,
-        status: Status | int | str,
-        *,
-        data: Any = None,
-        metadata: MetadataLike | None = None,
-        substatus: str | None = None,
-        error: str | None = None,
-        lock_token: str | None = None,
-    ) -> Record | None:
-        call = self.requests.set(
-            Key.of(key),
-            status,
-            data=data,
-            metadata=metadata,
-            substatus=substatus,
-            error=error,
-            lock_token=lock_token,
-        )
-        return await self.send(call)
-
-    async def upsert(
-        self,
-        key: KeyLike,
-        data: Any,
-        *,
-        metadata: MetadataLike | None = None,
-        substatus: str | None = None,
-        lock_token: str | None = None,
-    ) -> Record | None:
-        call = self.requests.upsert(
-            Key.of(key), data, metadata=metadata, substatus=substatus, lock_token=lock_token
-        )
-        return await self.send(call)
-
-    async def release(self, key: KeyLike, error: str, *, lock_token: str | None = None) -> Record | None:
-        return await self.send(self.requests.release(Key.of(key), error, lock_token=lock_token))
+                outcome: T | Retry = exchange.failed(exc)
+            else:
+                outcome = exchange.answered(response)
+            if not isinstance(outcome, Retry):
+                return outcome
+            await self._sleep(outcome.delay)
 
     # -- the pattern ------------------------------------------------------------------------------
     def processing(
@@ -267,48 +105,35 @@ class AsyncSettleClient(ClientBase):
             async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
                 parsed = Key.of(key(*args, **kwargs))
                 digest = _idempotent.payload_hash(payload, args, kwargs)
-                deadline = time.monotonic() + wait_seconds
-                pause = 0.1
+                waiting = _idempotent.Waiting(wait_seconds)
                 while True:
                     try:
                         async with self.processing(parsed, lock_seconds=lock_seconds) as item:
                             result = await fn(*args, **kwargs)
                             _idempotent.remember(item, result, digest)
                         return result
-                    except AlreadyProcessed:
-                        record = await self.get(parsed)
-                        if record is not None and record.status == Status.PROCESSED.label:
-                            return _idempotent.replay(record, parsed, digest, returns)  # type: ignore[no-any-return]
-                        raise
+                    except AlreadyProcessed as refused:
+                        stored = await self.get(parsed)
+                        return _idempotent.replayed(stored, refused, parsed, digest, returns)  # type: ignore[no-any-return]
                     except LockHeld:
-                        if time.monotonic() + pause > deadline:
+                        pause = waiting.pause()
+                        if pause is None:
                             raise
                     await self._sleep(pause)
-                    pause = min(pause * 2, 2.0)
 
             return wrapper
 
         return decorate
 
 
-class AsyncProcessing:
+class AsyncProcessing(Block):
     """The async context manager of :meth:`AsyncSettleClient.processing`."""
 
     def __init__(
-        self,
-        client: AsyncSettleClient,
-        key: Key,
-        *,
-        lock_seconds: int,
-        metadata: MetadataLike | None,
+        self, client: AsyncSettleClient, key: Key, *, lock_seconds: int, metadata: MetadataLike | None
     ) -> None:
-        if lock_seconds < 1:
-            raise ValueError("lock_seconds must be at least 1")
+        super().__init__(key, lock_seconds=lock_seconds, metadata=metadata)
         self._client = client
-        self._key = key
-        self._lock_seconds = lock_seconds
-        self._metadata = Metadata.of(metadata)  # a bad field fails here, before the lock
-        self._item: Item | None = None
         self._keeper: _AsyncKeeper | None = None
 
     async def __aenter__(self) -> Item:
@@ -357,63 +182,45 @@ class AsyncProcessing:
             if item.lost:
                 exc.add_note("settle-client: the lock had been lost; it was not released.")
                 return
-            try:
-                # Shielded: a cancelled task still releases its lock before the cancellation goes on.
-                await asyncio.shield(self._client.send(release_call(self._client.requests, item, exc)))
-            except SettleError as release_error:
-                exc.add_note(f"settle-client: releasing the lock failed: {release_error}")
+            await self._release(release_call(self._client.requests, item, exc), exc)
             return
         item.check()
-        left_at, attempt = time.monotonic(), 0
-        call = outcome_call(self._client.requests, item)
+        client = self._client
+        leaving = Leaving(client.requests, item, lock_seconds=self._lock_seconds, policy=client.retry)
         while True:
-            attempt += 1
             try:
-                item.record = await self._client.send(call)
+                item.record = await client.send(leaving.call)
                 return
             except SettleError as error:
-                fallback = unstored_call(self._client.requests, item, error) if rejected(error) else None
-                if fallback is not None:  # @idempotent: the side effect happened; never run it again
-                    call = fallback
-                    continue
-                wait = outcome_wait(
-                    item,
-                    error,
-                    left_at=left_at,
-                    lock_seconds=self._lock_seconds,
-                    attempt=attempt,
-                    policy=self._client.retry,
-                )
+                wait = leaving.failed(error)
                 if wait is None:
-                    await self._give_up(item, error)
+                    await self._release(leaving.give_up(error), error)
                     raise
-            log.info("recording %s: Settle unavailable; retrying in %.2fs", item.key.item_key, wait)
-            await self._client._sleep(wait)
-            await self._extend_if_due(item)
+            if wait:
+                log.info("recording %s: Settle unavailable; retrying in %.2fs", item.key.item_key, wait)
+                await client._sleep(wait)
+                await self._extend_if_due(leaving)
 
-    async def _extend_if_due(self, item: Item) -> None:
-        """While the outcome is retried, keep the lock (one try; the outcome is fenced either way)."""
-        token = item.lock_token
-        if token is None or not extension_due(item, self._lock_seconds):
+    async def _release(self, call: Call[Record | None] | None, error: BaseException) -> None:
+        """Send ``call`` (a release, if any; shielded: a cancelled task still releases its lock before the
+        cancellation goes on); its failure becomes a note on the ``error`` being raised."""
+        if call is None:
             return
-        sent_at = time.monotonic()
         try:
-            result = await self._client.extend(item.key, token, lock_seconds=self._lock_seconds)
-        except LockLost as lost:
-            item.lose(lost)
-            return
-        except SettleError:
-            return
-        item.extended(result, sent_at + self._lock_seconds)
+            await asyncio.shield(self._client.send(call))
+        except SettleError as release_error:
+            error.add_note(f"settle-client: releasing the lock failed: {release_error}")
 
-    async def _give_up(self, item: Item, error: SettleError) -> None:
-        if rejected(error):
-            try:
-                await self._client.send(release_call(self._client.requests, item, error))
-            except SettleError as release_error:
-                error.add_note(f"settle-client: releasing the lock failed: {release_error}")
-        elif not isinstance(error, LockLost):
-            error.add_note(UNRECORDED_NOTE)
+    async def _extend_if_due(self, leaving: Leaving) -> None:
+        call = leaving.extension()
+        if call is None:
+            return
+        try:
+            extended = await self._client.send(call)
+        except SettleError as error:
+            leaving.extension_answered(error)
+            return
+        leaving.extension_answered(extended)
 
 
 class _AsyncKeeper:
@@ -421,9 +228,7 @@ class _AsyncKeeper:
 
     def __init__(self, client: AsyncSettleClient, item: Item, lock_seconds: int, sent_at: float) -> None:
         self._client = client
-        self._item = item
-        self._lock_seconds = lock_seconds
-        self._due = sent_at + extension_delay(lock_seconds)
+        self._keeping = Keeping(client.requests, item, lock_seconds, sent_at)
         self._stopping = asyncio.Event()
         self._task = asyncio.create_task(self._run(), name="settle-lock-keeper")
 
@@ -435,26 +240,20 @@ class _AsyncKeeper:
 
     async def _sleep_until_due(self) -> bool:
         """Wait until the next extension is due; True when stopped first."""
+        timeout = max(0.0, self._keeping.due - time.monotonic())
         try:
-            await asyncio.wait_for(self._stopping.wait(), timeout=max(0.0, self._due - time.monotonic()))
+            await asyncio.wait_for(self._stopping.wait(), timeout=timeout)
         except TimeoutError:
             return False
         return True
 
     async def _run(self) -> None:
+        keeping = self._keeping
         while not await self._sleep_until_due():
-            sent_at = time.monotonic()
-            token = self._item.lock_token
-            assert token is not None
             try:
-                result = await self._client.extend(self._item.key, token, lock_seconds=self._lock_seconds)
-            except LockLost as lost:
-                if not self._stopping.is_set():
-                    self._item.lose(lost)
-                return
-            except Exception as error:  # unavailable after retries: try again soon; the server fences
-                log.warning("extending the lock of %s failed: %s", self._item.key.item_key, error)
-                self._due = time.monotonic() + retry_delay(self._lock_seconds)
+                result = await self._client.send(keeping.call())
+            except Exception as error:  # unavailable after retries, or the lock lost
+                if self._stopping.is_set() or keeping.failed(error):
+                    return
                 continue
-            self._item.extended(result, sent_at + self._lock_seconds)
-            self._due = sent_at + extension_delay(self._lock_seconds)
+            keeping.answered(result)

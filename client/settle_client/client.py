@@ -7,36 +7,20 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from datetime import datetime
+from collections.abc import Callable
 from types import TracebackType
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar, Unpack
 
 import httpx
 
 from settle_client import _idempotent, shutdown
-from settle_client._base import ClientBase, HandlerLike, read, transport_failure
-from settle_client._calls import Call, query_filters
-from settle_client.auth import TokenCredentialLike
-from settle_client.enums import Scope, Status
-from settle_client.errors import AlreadyProcessed, LockHeld, LockLost, SettleError, retry_after_of
+from settle_client._calls import Call
+from settle_client._core import ClientCore, ClientSettings, Retry
+from settle_client.errors import AlreadyProcessed, LockHeld, SettleError
 from settle_client.handoffs import Events, Handoffs
-from settle_client.models import ExtendResult, Key, KeyLike, LockResult, Meta, Metadata, MetadataLike, Record
+from settle_client.models import Key, KeyLike, MetadataLike, Record
 from settle_client.operator import Operator
-from settle_client.processing import (
-    UNRECORDED_NOTE,
-    Item,
-    extension_delay,
-    extension_due,
-    outcome_call,
-    outcome_wait,
-    refusal,
-    rejected,
-    release_call,
-    retry_delay,
-    unstored_call,
-)
-from settle_client.retry import RetryPolicy, may_retry_answer, may_retry_transport
+from settle_client.processing import Block, Item, Keeping, Leaving, refusal, release_call
 
 log = logging.getLogger("settle_client")
 
@@ -45,7 +29,7 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
-class SettleClient(ClientBase):
+class SettleClient(ClientCore):
     """A Settle client. Create one per process and reuse it (it keeps a connection pool); close it
     with :meth:`close` or use it as a context manager.
 
@@ -62,31 +46,12 @@ class SettleClient(ClientBase):
         self,
         base_url: str,
         *,
-        function_key: str | None = None,
-        credential: TokenCredentialLike | None = None,
-        token_scope: str | None = None,
-        handler: HandlerLike | None = None,
-        timeout: float | httpx.Timeout = 30.0,
-        retry: RetryPolicy | None = None,
-        agent_id: str | None = None,
-        route_prefix: str = "api",
         transport: httpx.BaseTransport | None = None,
         handle_sigterm: bool = True,
+        **settings: Unpack[ClientSettings],
     ) -> None:
-        super().__init__(
-            base_url,
-            function_key=function_key,
-            credential=credential,
-            token_scope=token_scope,
-            handler=handler,
-            timeout=timeout,
-            retry=retry,
-            agent_id=agent_id,
-            route_prefix=route_prefix,
-        )
-        self._http = httpx.Client(
-            base_url=self.base_url, headers=self.default_headers, timeout=self.timeout, transport=transport
-        )
+        super().__init__(base_url, **settings)
+        self._http = httpx.Client(transport=transport)
         self._sleep: Callable[[float], None] = time.sleep
         self.handle_sigterm = handle_sigterm
         if handle_sigterm:
@@ -108,155 +73,18 @@ class SettleClient(ClientBase):
     # -- sending ----------------------------------------------------------------------------------
     def send(self, call: Call[T]) -> T:
         """Send ``call``, retrying as far as its safety allows; its result or a typed error."""
-        attempt = 0
+        exchange = self.exchange(call)
         while True:
-            attempt += 1
+            request = exchange.request(self.auth.headers())
             try:
-                response = self._http.request(
-                    call.method, call.path, **self.request_kwargs(call, self.auth.headers())
-                )
+                response = self._http.send(request)
             except httpx.TransportError as exc:
-                delay = (
-                    self.retry.delay(attempt, rng=self._rng)
-                    if may_retry_transport(call.safety, exc)
-                    else None
-                )
-                if delay is None:
-                    raise transport_failure(call, exc) from exc
-                log.info("%s %s: %s; retrying in %.2fs", call.method, call.path, type(exc).__name__, delay)
-                self._sleep(delay)
-                continue
-            if may_retry_answer(call.safety, response.status_code):
-                delay = self.retry.delay(attempt, retry_after=retry_after_of(response), rng=self._rng)
-                if delay is not None:
-                    log.info(
-                        "%s %s: %d; retrying in %.2fs", call.method, call.path, response.status_code, delay
-                    )
-                    self._sleep(delay)
-                    continue
-            return read(call, response)
-
-    # -- state ------------------------------------------------------------------------------------
-    def meta(self) -> Meta:
-        """The server's scopes, statuses and handlers (``GET v1/state/meta``)."""
-        return self.send(self.requests.meta())
-
-    def exists(self, key: KeyLike) -> bool:
-        """True when the item is Processed or Skipped. Retried (a read)."""
-        return self.send(self.requests.exists(Key.of(key)))
-
-    def get(self, key: KeyLike) -> Record | None:
-        """The current record, or ``None`` when there is none. Retried (a read)."""
-        return self.send(self.requests.get(Key.of(key)))
-
-    def history(self, key: KeyLike, *, page_size: int | None = None) -> Iterator[Record]:
-        """Every version of the record, newest first; pages are fetched as the iteration needs them."""
-        parsed = Key.of(key)
-
-        def pages() -> Iterator[Record]:
-            token: str | None = None
-            while True:
-                page = self.send(self.requests.history(parsed, page_size=page_size, token=token))
-                yield from page.items
-                token = page.continuation_token
-                if not token:
-                    return
-
-        return pages()
-
-    def query(
-        self,
-        tenant_id: int,
-        *,
-        scope: Scope | int | str | None = None,
-        entity_id: int | None = None,
-        entity_execution_id: int | None = None,
-        item_entity_key: str | None = None,
-        status: Status | int | str | None = None,
-        updated_from: datetime | None = None,
-        updated_to: datetime | None = None,
-        page_size: int | None = None,
-    ) -> Iterator[Record]:
-        """Current records of a tenant matching every filter given; pages followed lazily."""
-        filters = query_filters(
-            tenant_id,
-            scope=scope,
-            entity_id=entity_id,
-            entity_execution_id=entity_execution_id,
-            item_entity_key=item_entity_key,
-            status=status,
-            updated_from=updated_from,
-            updated_to=updated_to,
-            page_size=page_size,
-        )
-
-        def pages() -> Iterator[Record]:
-            token: str | None = None
-            while True:
-                page = self.send(self.requests.query(filters, token=token))
-                yield from page.items
-                token = page.continuation_token
-                if not token:
-                    return
-
-        return pages()
-
-    def lock(
-        self, key: KeyLike, *, lock_seconds: int | None = None, request_id: str | None = None
-    ) -> LockResult:
-        """Try to take the processing lock. A ``request_id`` is generated when not given, so a retry
-        after a lost answer gets the same lock back (``replayed``); retried."""
-        call = self.requests.lock(
-            Key.of(key), lock_seconds=lock_seconds, request_id=request_id or _request_id()
-        )
-        return self.send(call)
-
-    def extend(self, key: KeyLike, lock_token: str, *, lock_seconds: int | None = None) -> ExtendResult:
-        """Extend a held lock (fenced: :class:`LockLost` when it is no longer held). Retried."""
-        return self.send(self.requests.extend(Key.of(key), lock_token=lock_token, lock_seconds=lock_seconds))
-
-    def set(
-        self,
-        key: KeyLike,
-        status: Status | int | str,
-        *,
-        data: Any = None,
-        metadata: MetadataLike | None = None,
-        substatus: str | None = None,
-        error: str | None = None,
-        lock_token: str | None = None,
-    ) -> Record | None:
-        """Record Processed, Skipped or Failed. Retried only with ``lock_token`` (fenced); ``None`` from
-        the null handler."""
-        call = self.requests.set(
-            Key.of(key),
-            status,
-            data=data,
-            metadata=metadata,
-            substatus=substatus,
-            error=error,
-            lock_token=lock_token,
-        )
-        return self.send(call)
-
-    def upsert(
-        self,
-        key: KeyLike,
-        data: Any,
-        *,
-        metadata: MetadataLike | None = None,
-        substatus: str | None = None,
-        lock_token: str | None = None,
-    ) -> Record | None:
-        """Record Processed with new data (the previous version is Superseded). Retried only when fenced."""
-        call = self.requests.upsert(
-            Key.of(key), data, metadata=metadata, substatus=substatus, lock_token=lock_token
-        )
-        return self.send(call)
-
-    def release(self, key: KeyLike, error: str, *, lock_token: str | None = None) -> Record | None:
-        """Release the lock as Failed with ``error``. Retried only when fenced."""
-        return self.send(self.requests.release(Key.of(key), error, lock_token=lock_token))
+                outcome: T | Retry = exchange.failed(exc)
+            else:
+                outcome = exchange.answered(response)
+            if not isinstance(outcome, Retry):
+                return outcome
+            self._sleep(outcome.delay)
 
     # -- the pattern ------------------------------------------------------------------------------
     def processing(
@@ -305,52 +133,35 @@ class SettleClient(ClientBase):
             def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
                 parsed = Key.of(key(*args, **kwargs))
                 digest = _idempotent.payload_hash(payload, args, kwargs)
-                deadline = time.monotonic() + wait_seconds
-                pause = 0.1
+                waiting = _idempotent.Waiting(wait_seconds)
                 while True:
                     try:
                         with self.processing(parsed, lock_seconds=lock_seconds) as item:
                             result = fn(*args, **kwargs)
                             _idempotent.remember(item, result, digest)
                         return result
-                    except AlreadyProcessed:
-                        record = self.get(parsed)
-                        if record is not None and record.status == Status.PROCESSED.label:
-                            return _idempotent.replay(record, parsed, digest, returns)  # type: ignore[no-any-return]
-                        raise
+                    except AlreadyProcessed as refused:
+                        stored = self.get(parsed)
+                        return _idempotent.replayed(stored, refused, parsed, digest, returns)  # type: ignore[no-any-return]
                     except LockHeld:
-                        if time.monotonic() + pause > deadline:
+                        pause = waiting.pause()
+                        if pause is None:
                             raise
                     self._sleep(pause)
-                    pause = min(pause * 2, 2.0)
 
             return wrapper
 
         return decorate
 
 
-def _request_id() -> str:
-    return uuid.uuid4().hex
-
-
-class Processing:
+class Processing(Block):
     """The context manager of :meth:`SettleClient.processing`."""
 
     def __init__(
-        self,
-        client: SettleClient,
-        key: Key,
-        *,
-        lock_seconds: int,
-        metadata: MetadataLike | None,
+        self, client: SettleClient, key: Key, *, lock_seconds: int, metadata: MetadataLike | None
     ) -> None:
-        if lock_seconds < 1:
-            raise ValueError("lock_seconds must be at least 1")
+        super().__init__(key, lock_seconds=lock_seconds, metadata=metadata)
         self._client = client
-        self._key = key
-        self._lock_seconds = lock_seconds
-        self._metadata = Metadata.of(metadata)  # a bad field fails here, before the lock
-        self._item: Item | None = None
         self._keeper: _Keeper | None = None
 
     def __enter__(self) -> Item:
@@ -359,7 +170,7 @@ class Processing:
         started = time.monotonic()
         if self._client.handle_sigterm:
             shutdown.install()
-        request_id = _request_id()
+        request_id = uuid.uuid4().hex
         try:
             lock = self._client.lock(self._key, lock_seconds=self._lock_seconds, request_id=request_id)
         except BaseException as stopped:
@@ -407,62 +218,44 @@ class Processing:
                     "settle-client: the lock had been lost or released on shutdown; not released again."
                 )
                 return
-            try:
-                self._client.send(release_call(self._client.requests, item, exc))
-            except SettleError as release_error:
-                exc.add_note(f"settle-client: releasing the lock failed: {release_error}")
+            self._release(release_call(self._client.requests, item, exc), exc)
             return
         item.check()  # lost: raise LockLost, write nothing
-        left_at, attempt = time.monotonic(), 0
-        call = outcome_call(self._client.requests, item)
+        client = self._client
+        leaving = Leaving(client.requests, item, lock_seconds=self._lock_seconds, policy=client.retry)
         while True:
-            attempt += 1
             try:
-                item.record = self._client.send(call)
+                item.record = client.send(leaving.call)
                 return
             except SettleError as error:
-                fallback = unstored_call(self._client.requests, item, error) if rejected(error) else None
-                if fallback is not None:  # @idempotent: the side effect happened; never run it again
-                    call = fallback
-                    continue
-                wait = outcome_wait(
-                    item,
-                    error,
-                    left_at=left_at,
-                    lock_seconds=self._lock_seconds,
-                    attempt=attempt,
-                    policy=self._client.retry,
-                )
+                wait = leaving.failed(error)
                 if wait is None:
-                    self._give_up(item, error)
+                    self._release(leaving.give_up(error), error)
                     raise
-            log.info("recording %s: Settle unavailable; retrying in %.2fs", item.key.item_key, wait)
-            self._client._sleep(wait)
-            self._extend_if_due(item)
+            if wait:
+                log.info("recording %s: Settle unavailable; retrying in %.2fs", item.key.item_key, wait)
+                client._sleep(wait)
+                self._extend_if_due(leaving)
 
-    def _extend_if_due(self, item: Item) -> None:
-        """While the outcome is retried, keep the lock (one try; the outcome is fenced either way)."""
-        token = item.lock_token
-        if token is None or not extension_due(item, self._lock_seconds):
+    def _release(self, call: Call[Record | None] | None, error: BaseException) -> None:
+        """Send ``call`` (a release, if any); its failure becomes a note on the ``error`` being raised."""
+        if call is None:
             return
-        sent_at = time.monotonic()
         try:
-            result = self._client.extend(item.key, token, lock_seconds=self._lock_seconds)
-        except LockLost as lost:
-            item.lose(lost)
-            return
-        except SettleError:
-            return
-        item.extended(result, sent_at + self._lock_seconds)
+            self._client.send(call)
+        except SettleError as release_error:
+            error.add_note(f"settle-client: releasing the lock failed: {release_error}")
 
-    def _give_up(self, item: Item, error: SettleError) -> None:
-        if rejected(error):
-            try:
-                self._client.send(release_call(self._client.requests, item, error))
-            except SettleError as release_error:
-                error.add_note(f"settle-client: releasing the lock failed: {release_error}")
-        elif not isinstance(error, LockLost):
-            error.add_note(UNRECORDED_NOTE)
+    def _extend_if_due(self, leaving: Leaving) -> None:
+        call = leaving.extension()
+        if call is None:
+            return
+        try:
+            extended = self._client.send(call)
+        except SettleError as error:
+            leaving.extension_answered(error)
+            return
+        leaving.extension_answered(extended)
 
 
 class _Keeper:
@@ -470,9 +263,7 @@ class _Keeper:
 
     def __init__(self, client: SettleClient, item: Item, lock_seconds: int, sent_at: float) -> None:
         self._client = client
-        self._item = item
-        self._lock_seconds = lock_seconds
-        self._due = sent_at + extension_delay(lock_seconds)
+        self._keeping = Keeping(client.requests, item, lock_seconds, sent_at)
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="settle-lock-keeper", daemon=True)
 
@@ -486,23 +277,14 @@ class _Keeper:
         self._stopping.set()
 
     def _run(self) -> None:
-        while not self._stopping.wait(max(0.0, self._due - time.monotonic())):
-            sent_at = time.monotonic()
-            token = self._item.lock_token
-            assert token is not None
+        keeping = self._keeping
+        while not self._stopping.wait(max(0.0, keeping.due - time.monotonic())):
             try:
-                result = self._client.extend(self._item.key, token, lock_seconds=self._lock_seconds)
-            except LockLost as lost:
-                if not self._stopping.is_set():
-                    self._item.lose(lost)
-                return
-            except Exception as error:  # unavailable after retries: try again soon; the server fences
-                if self._stopping.is_set():
+                result = self._client.send(keeping.call())
+            except Exception as error:  # unavailable after retries, or the lock lost
+                if self._stopping.is_set() or keeping.failed(error):
                     return
-                log.warning("extending the lock of %s failed: %s", self._item.key.item_key, error)
-                self._due = time.monotonic() + retry_delay(self._lock_seconds)
                 continue
             if self._stopping.is_set():
                 return
-            self._item.extended(result, sent_at + self._lock_seconds)
-            self._due = sent_at + extension_delay(self._lock_seconds)
+            keeping.answered(result)

@@ -15,13 +15,14 @@ and dismiss refuse a repeat (409), so they are not retried.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal, TypeVar
 
 import httpx
 from pydantic import BaseModel
 
-from settle_client._calls import Call, Requests, jsonable, maybe, model, segment
+from settle_client._calls import Call, Pages, Requests, jsonable, maybe, model
+from settle_client._core import AsyncSender, Sender, operation, paged
 from settle_client.models import Key, KeyLike, Record
 from settle_client.operator_models import (
     ActionAccepted,
@@ -39,20 +40,13 @@ from settle_client.operator_models import (
 )
 from settle_client.retry import Safety
 
-if TYPE_CHECKING:
-    from settle_client.aio import AsyncSettleClient
-    from settle_client.client import SettleClient
-
 M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
 
 Action = Literal["resubmit", "skip", "complete", "fail"]
 ACTIONS: tuple[Action, ...] = ("resubmit", "skip", "complete", "fail")
 # The server's bulk route takes at most this many events per call.
 BULK_CHUNK = 50
-
-
-def _path(requests: Requests, route: str) -> str:
-    return f"{requests.prefix}/{route}"
 
 
 def _parse(cls: type[M]) -> Callable[[httpx.Response], M]:
@@ -64,155 +58,43 @@ def _body(**fields: Any) -> dict[str, Any]:
 
 
 class OperatorCalls:
-    """The management API's calls (what is sent, how safe a retry is, how the answer is read)."""
+    """The management API's calls (what is sent, how safe a retry is, how the answer is read). Each is
+    also a method of :class:`Operator` and :class:`AsyncOperator`, with this docstring."""
 
     def __init__(self, requests: Requests) -> None:
         self.requests = requests
 
-    def find(self, text: str) -> Call[FindAnswer]:
-        if not text.strip():
-            raise ValueError("give an id to find")
-        path = _path(self.requests, "v1/find")
-        return Call("GET", path, _parse(FindAnswer), Safety.IDEMPOTENT, params=(("q", text.strip()),))
-
-    def event(self, endpoint: str, event_id: str) -> Call[OperatorEvent | None]:
-        path = _path(self.requests, f"v1/endpoints/{segment(endpoint)}/events/{segment(event_id)}")
-        return Call("GET", path, maybe(OperatorEvent), Safety.IDEMPOTENT, none_if_not_found=True)
-
-    def unconfirmed(self, endpoint: str) -> Call[UnconfirmedSettlements]:
-        path = _path(self.requests, f"v1/endpoints/{segment(endpoint)}/unconfirmed")
-        return Call("GET", path, _parse(UnconfirmedSettlements), Safety.IDEMPOTENT)
-
-    def action(
-        self,
-        action: Action,
-        endpoint: str,
-        event_id: str,
-        *,
-        message_id: str | None,
-        by: str | None,
-        reason: str | None = None,
-        event_json: str | None = None,
-        result: Any = None,
-        error_text: str | None = None,
-        error_type: str | None = None,
-    ) -> Call[ActionAccepted]:
-        if action not in ACTIONS:
-            raise ValueError(f"action must be one of {', '.join(ACTIONS)}")
-        if action == "fail" and not (error_text or "").strip():
-            raise ValueError("fail needs an error text")
-        body = _body(messageId=message_id, by=by)
-        if action in ("resubmit", "skip"):
-            body.update(_body(reason=reason, eventJson=event_json if action == "resubmit" else None))
-        elif action == "complete":
-            body["result"] = jsonable(result)
-        else:
-            body.update(_body(errorText=error_text, errorType=error_type))
-        path = _path(self.requests, f"v1/events/{segment(endpoint)}/{segment(event_id)}/{action}")
-        safety = Safety.IDEMPOTENT if message_id else Safety.UNSAFE
-        return Call("POST", path, _parse(ActionAccepted), safety, body=body)
-
-    def bulk(
-        self,
-        action: Literal["resubmit", "skip"],
-        endpoint: str,
-        event_ids: Sequence[str],
-        *,
-        message_ids: Mapping[str, str] | None,
-        reason: str | None,
-        by: str | None,
-    ) -> Call[BulkAnswer]:
-        if not 1 <= len(event_ids) <= BULK_CHUNK:
-            raise ValueError(f"a bulk call takes 1-{BULK_CHUNK} event ids")
-        ids = list(event_ids)
-        addressed = {i: message_ids[i] for i in ids if message_ids and i in message_ids} or None
-        body = _body(action=action, eventIds=ids, messageIds=addressed, reason=reason, by=by)
-        # Each event addressed to the message seen is answered from its claim when repeated.
-        safety = Safety.IDEMPOTENT if addressed and len(addressed) == len(set(ids)) else Safety.UNSAFE
-        path = _path(self.requests, f"v1/endpoints/{segment(endpoint)}/bulk")
-        return Call("POST", path, _parse(BulkAnswer), safety, body=body)
-
-    def resolve(
-        self,
-        endpoint: str,
-        event_id: str,
-        *,
-        message_id: str,
-        resolution: Literal["delivered", "released"],
-        reason: str,
-        control_message_id: str | None,
-        by: str | None,
-    ) -> Call[SettlementResolved]:
-        body = _body(
-            messageId=message_id,
-            resolution=resolution,
-            reason=reason,
-            controlMessageId=control_message_id,
-            by=by,
-        )
-        path = _path(self.requests, f"v1/events/{segment(endpoint)}/{segment(event_id)}/settlement/resolve")
-        # A repeated resolution is answered from the earlier one's audit (``replayed``).
-        return Call("POST", path, _parse(SettlementResolved), Safety.IDEMPOTENT, body=body)
-
-    def poison_page(self, day: str, *, page_size: int | None, token: str | None) -> Call[PoisonPage]:
-        params: tuple[tuple[str, str], ...] = (("day", day),)
-        if page_size is not None:
-            params += (("pageSize", str(page_size)),)
-        if token:
-            params += (("continuationToken", token),)
-        return Call(
-            "GET", _path(self.requests, "v1/poison"), _parse(PoisonPage), Safety.IDEMPOTENT, params=params
-        )
-
-    def replay(
-        self,
-        day: str,
-        poison_id: str,
-        *,
-        by: str | None,
-        message_content: str | None = None,
-        application_properties: Mapping[str, Any] | None = None,
-    ) -> Call[ReplayAnswer]:
-        body = _body(
-            by=by,
-            messageContent=message_content,
-            applicationProperties=dict(application_properties)
-            if application_properties is not None
-            else None,
-        )
-        path = _path(self.requests, f"v1/poison/{segment(day)}/{segment(poison_id)}/replay")
-        return Call("POST", path, _parse(ReplayAnswer), Safety.UNSAFE, body=body)
-
-    def dismiss(self, day: str, poison_id: str, *, reason: str, by: str | None) -> Call[PoisonEntry]:
-        path = _path(self.requests, f"v1/poison/{segment(day)}/{segment(poison_id)}/dismiss")
-        return Call("POST", path, _parse(PoisonEntry), Safety.UNSAFE, body=_body(reason=reason, by=by))
-
-    def lookup(self, key: Key, *, page_size: int | None, token: str | None = None) -> Call[RecordLookup]:
-        body: dict[str, Any] = {"key": key.to_wire(), **_body(pageSize=page_size, continuationToken=token)}
-        path = _path(self.requests, "v1/records/lookup")
-        return Call("POST", path, _parse(RecordLookup), Safety.IDEMPOTENT, body=body)
-
-
-class Operator:
-    """``client.operator``: the management API (see the module docstring for auth and retries)."""
-
-    def __init__(self, client: SettleClient) -> None:
-        self._client = client
-        self.calls = OperatorCalls(client.requests)
-
-    def find(self, text: str) -> list[FoundEvent]:
+    def find(self, text: str) -> Call[list[FoundEvent]]:
         """Every hand-off, at any endpoint, matching ``text``: an event id or its first characters, a
         session id, a message id or an external job id (``GET v1/find?q=``); each says what matched."""
-        return self._client.send(self.calls.find(text)).items
+        if not text.strip():
+            raise ValueError("give an id to find")
+        parse = lambda r: model(FindAnswer, r).items  # noqa: E731
+        return self.requests.call("GET", "v1/find", parse, Safety.IDEMPOTENT, params=(("q", text.strip()),))
 
-    def event(self, endpoint: str, event_id: str) -> OperatorEvent | None:
+    def event(self, endpoint: str, event_id: str) -> Call[OperatorEvent | None]:
         """The event with its history, audits, the actions it allows now and its settlement claim;
         ``None`` when the event is unknown on ``endpoint``."""
-        return self._client.send(self.calls.event(endpoint, event_id))
+        return self.requests.call(
+            "GET",
+            "v1/endpoints/event",
+            maybe(OperatorEvent),
+            Safety.IDEMPOTENT,
+            ids={"endpointId": endpoint, "eventId": event_id},
+            path_form="v1/endpoints/{endpointId}/events/{eventId}",
+            none_if_not_found=True,
+        )
 
-    def unconfirmed(self, endpoint: str) -> list[SettlementView]:
+    def unconfirmed(self, endpoint: str) -> Call[list[SettlementView]]:
         """Settlements of ``endpoint`` Settle could neither confirm nor safely re-send: resolve each."""
-        return self._client.send(self.calls.unconfirmed(endpoint)).items
+        return self.requests.call(
+            "GET",
+            "v1/endpoints/unconfirmed",
+            lambda r: model(UnconfirmedSettlements, r).items,
+            Safety.IDEMPOTENT,
+            ids={"endpointId": endpoint},
+            path_form="v1/endpoints/{endpointId}/unconfirmed",
+        )
 
     def act(
         self,
@@ -227,23 +109,30 @@ class Operator:
         result: Any = None,
         error_text: str | None = None,
         error_type: str | None = None,
-    ) -> ActionAccepted:
+    ) -> Call[ActionAccepted]:
         """Resubmit, skip, complete or fail one event (202: one audited control message). Give
         ``message_id`` (the event's ``last_message_id`` as read) so a repeat is answered from its claim and
         an event that moved on is refused (409) rather than acted on again."""
-        call = self.calls.action(
-            action,
-            endpoint,
-            event_id,
-            message_id=message_id,
-            by=by,
-            reason=reason,
-            event_json=event_json,
-            result=result,
-            error_text=error_text,
-            error_type=error_type,
+        if action not in ACTIONS:
+            raise ValueError(f"action must be one of {', '.join(ACTIONS)}")
+        if action == "fail" and not (error_text or "").strip():
+            raise ValueError("fail needs an error text")
+        body = _body(messageId=message_id, by=by)
+        if action in ("resubmit", "skip"):
+            body.update(_body(reason=reason, eventJson=event_json if action == "resubmit" else None))
+        elif action == "complete":
+            body["result"] = jsonable(result)
+        else:
+            body.update(_body(errorText=error_text, errorType=error_type))
+        return self.requests.call(
+            "POST",
+            f"v1/events/{action}",
+            _parse(ActionAccepted),
+            Safety.IDEMPOTENT if message_id else Safety.UNSAFE,
+            ids={"endpointId": endpoint, "eventId": event_id},
+            path_form=f"v1/events/{{endpointId}}/{{eventId}}/{action}",
+            body=body,
         )
-        return self._client.send(call)
 
     def bulk(
         self,
@@ -255,23 +144,48 @@ class Operator:
         reason: str | None = None,
         by: str | None = None,
         on_chunk: Callable[[BulkAnswer], None] | None = None,
-    ) -> Iterator[BulkAnswer]:
+    ) -> Pages[BulkAnswer]:
         """Resubmit or skip many events, :data:`BULK_CHUNK` per call; one answer per chunk (``on_chunk``
         also gets each, for progress). Each event gets the single action's result (202 or its problem)."""
         ids = list(dict.fromkeys(event_ids))
-        for start in range(0, len(ids), BULK_CHUNK):
-            call = self.calls.bulk(
-                action,
-                endpoint,
-                ids[start : start + BULK_CHUNK],
-                message_ids=message_ids,
-                reason=reason,
-                by=by,
-            )
-            answer = self._client.send(call)
-            if on_chunk is not None:
-                on_chunk(answer)
-            yield answer
+
+        def chunk(after: str | None) -> Call[tuple[list[BulkAnswer], str | None]]:
+            start = int(after) if after else 0
+            end = start + BULK_CHUNK
+
+            def parse(response: httpx.Response) -> tuple[list[BulkAnswer], str | None]:
+                answer = model(BulkAnswer, response)
+                if on_chunk is not None:
+                    on_chunk(answer)
+                return [answer], (str(end) if end < len(ids) else None)
+
+            return self._bulk_chunk(action, endpoint, ids[start:end], message_ids, reason, by, parse)
+
+        return Pages(chunk, empty=not ids)
+
+    def _bulk_chunk(
+        self,
+        action: Literal["resubmit", "skip"],
+        endpoint: str,
+        ids: list[str],
+        message_ids: Mapping[str, str] | None,
+        reason: str | None,
+        by: str | None,
+        parse: Callable[[httpx.Response], T],
+    ) -> Call[T]:
+        addressed = {i: message_ids[i] for i in ids if message_ids and i in message_ids} or None
+        body = _body(action=action, eventIds=ids, messageIds=addressed, reason=reason, by=by)
+        # Each event addressed to the message seen is answered from its claim when repeated.
+        safety = Safety.IDEMPOTENT if addressed and len(addressed) == len(ids) else Safety.UNSAFE
+        return self.requests.call(
+            "POST",
+            "v1/endpoints/bulk",
+            parse,
+            safety,
+            ids={"endpointId": endpoint},
+            path_form="v1/endpoints/{endpointId}/bulk",
+            body=body,
+        )
 
     def resolve(
         self,
@@ -283,29 +197,39 @@ class Operator:
         reason: str,
         control_message_id: str | None = None,
         by: str | None = None,
-    ) -> SettlementResolved:
+    ) -> Call[SettlementResolved]:
         """Resolve an unconfirmed settlement: ``delivered`` (checked at the endpoint) or ``released``
         (the hand-off can be settled again); audited with who and why."""
-        call = self.calls.resolve(
-            endpoint,
-            event_id,
-            message_id=message_id,
+        body = _body(
+            messageId=message_id,
             resolution=resolution,
             reason=reason,
-            control_message_id=control_message_id,
+            controlMessageId=control_message_id,
             by=by,
         )
-        return self._client.send(call)
+        # A repeated resolution is answered from the earlier one's audit (``replayed``).
+        return self.requests.call(
+            "POST",
+            "v1/events/settlement/resolve",
+            _parse(SettlementResolved),
+            Safety.IDEMPOTENT,
+            ids={"endpointId": endpoint, "eventId": event_id},
+            path_form="v1/events/{endpointId}/{eventId}/settlement/resolve",
+            body=body,
+        )
 
-    def poison(self, day: str, *, page_size: int | None = None) -> Iterator[PoisonEntry]:
+    def poison(self, day: str, *, page_size: int | None = None) -> Pages[PoisonEntry]:
         """The poison messages of one UTC day (``YYYYMMDD``), in enqueue order; pages followed lazily."""
-        token: str | None = None
-        while True:
-            page = self._client.send(self.calls.poison_page(day, page_size=page_size, token=token))
-            yield from page.items
-            token = page.continuation_token
-            if not token:
-                return
+
+        def page(token: str | None) -> Call[tuple[list[PoisonEntry], str | None]]:
+            params: tuple[tuple[str, str], ...] = (("day", day),)
+            if page_size is not None:
+                params += (("pageSize", str(page_size)),)
+            if token:
+                params += (("continuationToken", token),)
+            return self.requests.call("GET", "v1/poison", _poison_page, Safety.IDEMPOTENT, params=params)
+
+        return Pages(page)
 
     def replay(
         self,
@@ -315,160 +239,92 @@ class Operator:
         by: str | None = None,
         message_content: str | None = None,
         application_properties: Mapping[str, Any] | None = None,
-    ) -> ReplayAnswer:
+    ) -> Call[ReplayAnswer]:
         """Replay a poison message through the resolver (409 :class:`Conflict` if replayed before)."""
-        call = self.calls.replay(
-            day,
-            poison_id,
-            by=by,
-            message_content=message_content,
-            application_properties=application_properties,
-        )
-        return self._client.send(call)
+        properties = dict(application_properties) if application_properties is not None else None
+        body = _body(by=by, messageContent=message_content, applicationProperties=properties)
+        return self._poison("replay", day, poison_id, _parse(ReplayAnswer), body)
 
-    def dismiss(self, day: str, poison_id: str, reason: str, *, by: str | None = None) -> PoisonEntry:
+    def dismiss(self, day: str, poison_id: str, reason: str, *, by: str | None = None) -> Call[PoisonEntry]:
         """Archive a poison message no fix will project, with why (409 if dismissed or projected before)."""
-        return self._client.send(self.calls.dismiss(day, poison_id, reason=reason, by=by))
+        return self._poison("dismiss", day, poison_id, _parse(PoisonEntry), _body(reason=reason, by=by))
 
-    def lookup(self, key: KeyLike, *, page_size: int | None = None) -> RecordLookup:
+    def _poison(
+        self, action: str, day: str, poison_id: str, parse: Callable[[httpx.Response], M], body: Any
+    ) -> Call[M]:
+        # Refused when repeated (409), so not retried after a lost answer.
+        return self.requests.call(
+            "POST",
+            f"v1/poison/{action}",
+            parse,
+            Safety.UNSAFE,
+            ids={"day": day, "id": poison_id},
+            path_form=f"v1/poison/{{day}}/{{id}}/{action}",
+            body=body,
+        )
+
+    def lookup(self, key: KeyLike, *, page_size: int | None = None) -> Call[RecordLookup]:
         """A state record by its key (``record`` is ``None`` when it has none) with the first page of its
         history: the operator's read, which in Azure takes the operator's token, not a function key."""
-        return self._client.send(self.calls.lookup(Key.of(key), page_size=page_size))
+        return self._lookup(Key.of(key), page_size, None, _parse(RecordLookup))
 
-    def history(self, key: KeyLike, *, page_size: int | None = None) -> Iterator[Record]:
+    def history(self, key: KeyLike, *, page_size: int | None = None) -> Pages[Record]:
         """Every version of a record, newest first, through the operator's read; pages followed lazily."""
-        parsed, token = Key.of(key), None
-        while True:
-            page = self._client.send(self.calls.lookup(parsed, page_size=page_size, token=token)).history
-            yield from page.items
-            token = page.continuation_token
-            if not token:
-                return
+        parsed = Key.of(key)
+        return Pages(lambda token: self._lookup(parsed, page_size, token, _history_page))
+
+    def _lookup(
+        self, key: Key, page_size: int | None, token: str | None, parse: Callable[[httpx.Response], T]
+    ) -> Call[T]:
+        body: dict[str, Any] = {"key": key.to_wire(), **_body(pageSize=page_size, continuationToken=token)}
+        return self.requests.call("POST", "v1/records/lookup", parse, Safety.IDEMPOTENT, body=body)
 
 
-class AsyncOperator:
-    """``AsyncSettleClient.operator``: :class:`Operator` for asyncio (the same calls, awaited)."""
+def _poison_page(response: httpx.Response) -> tuple[list[PoisonEntry], str | None]:
+    page = model(PoisonPage, response)
+    return page.items, page.continuation_token
 
-    def __init__(self, client: AsyncSettleClient) -> None:
+
+def _history_page(response: httpx.Response) -> tuple[list[Record], str | None]:
+    history = model(RecordLookup, response).history
+    return history.items, history.continuation_token
+
+
+class _Surface:
+    """The operator's methods, each sending one builder's call (or its pages) through the client."""
+
+    calls: OperatorCalls
+
+    find = operation(OperatorCalls.find, via="calls")
+    event = operation(OperatorCalls.event, via="calls")
+    unconfirmed = operation(OperatorCalls.unconfirmed, via="calls")
+    act = operation(OperatorCalls.act, via="calls")
+    bulk = paged(OperatorCalls.bulk, via="calls")
+    resolve = operation(OperatorCalls.resolve, via="calls")
+    poison = paged(OperatorCalls.poison, via="calls")
+    replay = operation(OperatorCalls.replay, via="calls")
+    dismiss = operation(OperatorCalls.dismiss, via="calls")
+    lookup = operation(OperatorCalls.lookup, via="calls")
+    history = paged(OperatorCalls.history, via="calls")
+
+
+class Operator(_Surface):
+    """``client.operator``: the management API (see the module docstring for auth and retries)."""
+
+    def __init__(self, client: Sender) -> None:
         self._client = client
         self.calls = OperatorCalls(client.requests)
 
-    async def find(self, text: str) -> list[FoundEvent]:
-        return (await self._client.send(self.calls.find(text))).items
+    def send(self, call: Call[T]) -> T:
+        return self._client.send(call)
 
-    async def event(self, endpoint: str, event_id: str) -> OperatorEvent | None:
-        return await self._client.send(self.calls.event(endpoint, event_id))
 
-    async def unconfirmed(self, endpoint: str) -> list[SettlementView]:
-        return (await self._client.send(self.calls.unconfirmed(endpoint))).items
+class AsyncOperator(_Surface):
+    """``AsyncSettleClient.operator``: :class:`Operator` for asyncio (the same calls, awaited)."""
 
-    async def act(
-        self,
-        action: Action,
-        endpoint: str,
-        event_id: str,
-        *,
-        message_id: str | None = None,
-        by: str | None = None,
-        reason: str | None = None,
-        event_json: str | None = None,
-        result: Any = None,
-        error_text: str | None = None,
-        error_type: str | None = None,
-    ) -> ActionAccepted:
-        call = self.calls.action(
-            action,
-            endpoint,
-            event_id,
-            message_id=message_id,
-            by=by,
-            reason=reason,
-            event_json=event_json,
-            result=result,
-            error_text=error_text,
-            error_type=error_type,
-        )
+    def __init__(self, client: AsyncSender) -> None:
+        self._client = client
+        self.calls = OperatorCalls(client.requests)
+
+    async def send(self, call: Call[T]) -> T:
         return await self._client.send(call)
-
-    async def bulk(
-        self,
-        action: Literal["resubmit", "skip"],
-        endpoint: str,
-        event_ids: Sequence[str],
-        *,
-        message_ids: Mapping[str, str] | None = None,
-        reason: str | None = None,
-        by: str | None = None,
-    ) -> AsyncIterator[BulkAnswer]:
-        ids = list(dict.fromkeys(event_ids))
-        for start in range(0, len(ids), BULK_CHUNK):
-            chunk = ids[start : start + BULK_CHUNK]
-            yield await self._client.send(
-                self.calls.bulk(action, endpoint, chunk, message_ids=message_ids, reason=reason, by=by)
-            )
-
-    async def resolve(
-        self,
-        endpoint: str,
-        event_id: str,
-        *,
-        message_id: str,
-        resolution: Literal["delivered", "released"],
-        reason: str,
-        control_message_id: str | None = None,
-        by: str | None = None,
-    ) -> SettlementResolved:
-        call = self.calls.resolve(
-            endpoint,
-            event_id,
-            message_id=message_id,
-            resolution=resolution,
-            reason=reason,
-            control_message_id=control_message_id,
-            by=by,
-        )
-        return await self._client.send(call)
-
-    async def poison(self, day: str, *, page_size: int | None = None) -> AsyncIterator[PoisonEntry]:
-        token: str | None = None
-        while True:
-            page = await self._client.send(self.calls.poison_page(day, page_size=page_size, token=token))
-            for entry in page.items:
-                yield entry
-            token = page.continuation_token
-            if not token:
-                return
-
-    async def replay(
-        self,
-        day: str,
-        poison_id: str,
-        *,
-        by: str | None = None,
-        message_content: str | None = None,
-        application_properties: Mapping[str, Any] | None = None,
-    ) -> ReplayAnswer:
-        call = self.calls.replay(
-            day,
-            poison_id,
-            by=by,
-            message_content=message_content,
-            application_properties=application_properties,
-        )
-        return await self._client.send(call)
-
-    async def dismiss(self, day: str, poison_id: str, reason: str, *, by: str | None = None) -> PoisonEntry:
-        return await self._client.send(self.calls.dismiss(day, poison_id, reason=reason, by=by))
-
-    async def lookup(self, key: KeyLike, *, page_size: int | None = None) -> RecordLookup:
-        return await self._client.send(self.calls.lookup(Key.of(key), page_size=page_size))
-
-    async def history(self, key: KeyLike, *, page_size: int | None = None) -> AsyncIterator[Record]:
-        parsed, token = Key.of(key), None
-        while True:
-            lookup = await self._client.send(self.calls.lookup(parsed, page_size=page_size, token=token))
-            for record in lookup.history.items:
-                yield record
-            token = lookup.history.continuation_token
-            if not token:
-                return

@@ -18,6 +18,7 @@ The seeds' TryAcquireLock → act → Set pattern, decided here without I/O:
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from datetime import datetime
@@ -36,8 +37,18 @@ from settle_client.errors import (
     TransportFailure,
     Unavailable,
 )
-from settle_client.models import ExtendResult, Key, LockResult, Metadata, PreviousAttempt, Record
+from settle_client.models import (
+    ExtendResult,
+    Key,
+    LockResult,
+    Metadata,
+    MetadataLike,
+    PreviousAttempt,
+    Record,
+)
 from settle_client.retry import RetryPolicy
+
+log = logging.getLogger("settle_client")
 
 # Extend after this share of the lock's length; after a failed extension, try again after RETRY_SHARE.
 EXTEND_SHARE = 1 / 3
@@ -206,6 +217,108 @@ def outcome_wait(
     if time.monotonic() + wait >= deadline:
         return None
     return wait
+
+
+class Block:
+    """What a processing block of either client holds before it is entered: the key, the lock's length
+    and the metadata (checked here, so a bad field fails before the lock is asked for)."""
+
+    def __init__(self, key: Key, *, lock_seconds: int, metadata: MetadataLike | None) -> None:
+        if lock_seconds < 1:
+            raise ValueError("lock_seconds must be at least 1")
+        self._key = key
+        self._lock_seconds = lock_seconds
+        self._metadata = Metadata.of(metadata)
+        self._item: Item | None = None
+
+
+class Leaving:
+    """Leaving a block that ended normally, decided without I/O: :attr:`call` is the write to send; after
+    each failure of it, :meth:`failed` says whether to send it again and when; while it is retried,
+    :meth:`extension` keeps the lock."""
+
+    def __init__(self, requests: Requests, item: Item, *, lock_seconds: int, policy: RetryPolicy) -> None:
+        self.requests = requests
+        self.item = item
+        self.lock_seconds = lock_seconds
+        self.policy = policy
+        self.call = outcome_call(requests, item)
+        self.left_at = time.monotonic()
+        self.failures = 0
+        self._extension_sent_at = 0.0
+
+    def failed(self, error: SettleError) -> float | None:
+        """After :attr:`call` failed with ``error``: seconds to wait before sending :attr:`call` again (0:
+        at once, it is now the ``@idempotent`` fallback), or ``None``: give up (:meth:`give_up`)."""
+        self.failures += 1
+        fallback = unstored_call(self.requests, self.item, error) if rejected(error) else None
+        if fallback is not None:  # @idempotent: the side effect happened; never run it again
+            self.call = fallback
+            return 0.0
+        return outcome_wait(
+            self.item,
+            error,
+            left_at=self.left_at,
+            lock_seconds=self.lock_seconds,
+            attempt=self.failures,
+            policy=self.policy,
+        )
+
+    def give_up(self, error: SettleError) -> Call[Record | None] | None:
+        """The release to send before ``error`` is raised (Settle refused the outcome itself), else
+        ``None``; the error then says the outcome was not recorded."""
+        if rejected(error):
+            return release_call(self.requests, self.item, error)
+        if not isinstance(error, LockLost):
+            error.add_note(UNRECORDED_NOTE)
+        return None
+
+    def extension(self) -> Call[ExtendResult] | None:
+        """The extension due now while the outcome is retried (one try: the outcome is fenced either
+        way), or ``None``; its answer or error goes to :meth:`extension_answered`."""
+        token = self.item.lock_token
+        if token is None or not extension_due(self.item, self.lock_seconds):
+            return None
+        self._extension_sent_at = time.monotonic()
+        return self.requests.extend(self.item.key, token, lock_seconds=self.lock_seconds)
+
+    def extension_answered(self, answer: ExtendResult | SettleError) -> None:
+        if isinstance(answer, LockLost):
+            self.item.lose(answer)
+        elif isinstance(answer, ExtendResult):
+            self.item.extended(answer, self._extension_sent_at + self.lock_seconds)
+
+
+class Keeping:
+    """The background extension of a block's lock, decided without I/O: when the next one is :attr:`due`
+    (by ``time.monotonic()``), its :meth:`call`, and what its answer or failure does to the item."""
+
+    def __init__(self, requests: Requests, item: Item, lock_seconds: int, sent_at: float) -> None:
+        self.requests = requests
+        self.item = item
+        self.lock_seconds = lock_seconds
+        self.due = sent_at + extension_delay(lock_seconds)
+        self._sent_at = sent_at
+
+    def call(self) -> Call[ExtendResult]:
+        token = self.item.lock_token
+        assert token is not None  # a block holding no lock (the null handler) is not kept
+        self._sent_at = time.monotonic()
+        return self.requests.extend(self.item.key, token, lock_seconds=self.lock_seconds)
+
+    def answered(self, result: ExtendResult) -> None:
+        """Extended: timed from when the request was sent (never the server's clock)."""
+        self.item.extended(result, self._sent_at + self.lock_seconds)
+        self.due = self._sent_at + extension_delay(self.lock_seconds)
+
+    def failed(self, error: Exception) -> bool:
+        """True when keeping must stop (the lock was lost); else try again soon (the server fences)."""
+        if isinstance(error, LockLost):
+            self.item.lose(error)
+            return True
+        log.warning("extending the lock of %s failed: %s", self.item.key.item_key, error)
+        self.due = time.monotonic() + retry_delay(self.lock_seconds)
+        return False
 
 
 def extension_due(item: Item, lock_seconds: float) -> bool:

@@ -23,16 +23,12 @@ import logging
 import signal
 import threading
 from types import FrameType
-from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from settle_client._base import read
+from settle_client._core import ClientCore, read
 from settle_client.errors import LockLost, SettleError
-
-if TYPE_CHECKING:
-    from settle_client.client import SettleClient
-    from settle_client.processing import Item
+from settle_client.processing import Item, release_call
 
 log = logging.getLogger("settle_client")
 
@@ -40,7 +36,7 @@ EXIT_STATUS = 128 + int(signal.SIGTERM)
 RELEASE_TIMEOUT_S = 5.0
 
 _guard = threading.Lock()
-_open: dict[int, tuple[SettleClient, Item]] = {}
+_open: dict[int, tuple[ClientCore, Item]] = {}
 _installed = False
 
 
@@ -54,7 +50,7 @@ class Terminated(SystemExit):
         return "SIGTERM: the process was stopped before the block ended"
 
 
-def opened(client: SettleClient, item: Item) -> None:
+def opened(client: ClientCore, item: Item) -> None:
     with _guard:
         _open[id(item)] = (client, item)
 
@@ -86,8 +82,6 @@ def release_open_blocks(reason: BaseException | None = None) -> int:
     """Release every open processing block of this process as Failed (``reason``'s text, by default
     :class:`Terminated`'s) and mark their items lost; the number released. Safe from a signal handler:
     each release uses a connection of its own, never the client's pool."""
-    from settle_client.processing import release_call
-
     why = reason if reason is not None else Terminated()
     with _guard:
         blocks = list(_open.values())
@@ -98,11 +92,10 @@ def release_open_blocks(reason: BaseException | None = None) -> int:
             continue
         call = release_call(client.requests, item, why)
         item.lose(LockLost(f"settle-client: released on shutdown ({why})"))
-        kwargs: dict[str, Any] = client.request_kwargs(call, client.auth.headers())
-        kwargs["timeout"] = RELEASE_TIMEOUT_S
+        request = client.request(call, client.auth.headers(), timeout=httpx.Timeout(RELEASE_TIMEOUT_S))
         try:
-            with httpx.Client(base_url=client.base_url, headers=client.default_headers) as http:
-                read(call, http.request(call.method, call.path, **kwargs))
+            with httpx.Client() as http:
+                read(call, http.send(request))
             released += 1
         except (SettleError, httpx.HTTPError) as error:
             log.warning("releasing %s on shutdown failed: %s", item.key.item_key, error)
