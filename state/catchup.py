@@ -56,10 +56,12 @@ from common import telemetry
 from common.clock import epoch_ms, iso, to_ms
 from common.errors import StorageTableMissing, is_transient_storage_fault
 from common.roundtrips import ROUND_TRIPS
+from common.transactions import is_conflict
 from state.expiry import ExpiryIndex, Pointer
 from state.keys import BUCKET_MS, LOCK_KIND, RETENTION_KIND, bucket_range, due_range, is_marker
+from state.lifecycle import INDEX_COLUMNS, Head, retain_until
 from state.model import Status
-from state.store import INDEX_COLUMNS, Head, StateStore, is_conflict, retain_until
+from state.store import StateStore
 
 log = logging.getLogger("settle.state.catchup")
 
