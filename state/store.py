@@ -30,12 +30,18 @@ from typing import Any
 from common import telemetry
 from common.beside import Beside
 from common.clock import earliest_now, latest_now, to_ms, utcnow
-from common.errors import Conflict, LockLost, is_refused_unreceived, is_transient_storage_fault
+from common.errors import (
+    Conflict,
+    LockLost,
+    StorageTableMissing,
+    is_refused_unreceived,
+    is_transient_storage_fault,
+)
 from common.layouts import LayoutBook
 from common.partition_meter import METER
 from common.signing import Signer, load_signer
 from common.tables import RESEND_UNRECEIVED_ONLY, Tables
-from common.transactions import refusal
+from common.transactions import missing_table, refusal
 from state.expiry import ExpiryIndex
 from state.hints import HINT_BYTES, Hints
 from state.keys import (
@@ -496,6 +502,8 @@ class StateStore:
                 else:
                     etag = self.table.submit_transaction(plan.ops, **RESEND_UNRECEIVED_ONLY)[0]["etag"]
             except Exception as exc:
+                if missing_table(exc):  # deleted by hand: storage cannot say what the record is (503)
+                    raise StorageTableMissing(self._tables.settings.table_name(STATE_TABLE)) from exc
                 refused = refusal(exc)
                 if refused is not None:
                     gone_marker, gone_row = plan.gone_marker(refused), plan.gone_index_row(refused)
