@@ -202,7 +202,7 @@ def next_head(
     """The version after ``current`` (or the first one), in ``status``; a record stays in its partition."""
     if current is None:
         return new_head(key, ctx, status, now, partition=partition)
-    new = new_head(
+    return new_head(
         key,
         ctx,
         status,
@@ -211,7 +211,6 @@ def next_head(
         version=current.version + 1,
         created_at=current.entity.get("CreatedAt", now),
     )
-    return new
 
 
 def lock_fields(entity: dict[str, Any], lock_id: str, locked_at: datetime, until: datetime) -> None:

@@ -114,6 +114,9 @@ __all__ = [
 
 # Writes of one call that meet another writer's change (then read again and re-decided) before giving up.
 _MAX_ATTEMPTS = 4
+# Sends of one head write: an index row or marker found gone, or an open answer read back as not applied,
+# each cost one (as many as before the ServerBusy resends moved into the table clients' retry policy).
+_WRITE_ATTEMPTS = 7
 
 
 class StateStore:
@@ -484,7 +487,7 @@ class StateStore:
         pk, rk = new["PartitionKey"], new["RowKey"]
         deletes, inserts = index_changes(current, new)
         read_back = False  # an answer that left the outcome open: the head is read back at most once
-        for _ in range(_MAX_ATTEMPTS):
+        for _ in range(_WRITE_ATTEMPTS):
             markers: list[dict[str, Any]] = []
             for row in inserts:
                 kind, bucket, _ = parse_index_row_key(row)
