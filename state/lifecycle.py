@@ -37,7 +37,7 @@ from state.keys import (
     history_row_key_of,
     index_row_key,
 )
-from state.model import RecordKey, Status, lock_decision
+from state.model import LockDecision, RecordKey, Status, lock_decision
 from state.token import LockClaims
 
 # A finished record with no retention is kept for ever; ``RetainUntil`` still holds a date so that query
@@ -312,13 +312,14 @@ class LockPlan:
 
 def may_lock(current: Head, judged: datetime) -> bool:
     """Would a lock be taken from ``current``, its expiries judged at ``judged``?"""
-    decision = lock_decision(
-        current.status,
-        current.locked_until,
-        judged,
-        retention_expired=current.retention_expired(judged),
+    return _judged(current, judged).acquire
+
+
+def _judged(current: Head, judged: datetime) -> LockDecision:
+    """``state.model.lock_decision`` on a head: its status, its lock's and its retention's expiry."""
+    return lock_decision(
+        current.status, current.locked_until, judged, retention_expired=current.retention_expired(judged)
     )
-    return decision.acquire
 
 
 def decide_lock(
@@ -334,12 +335,7 @@ def decide_lock(
     read (an uncertain clock waits, never steals); what is written is stamped ``now``."""
     takeover = False
     if current is not None:
-        decision = lock_decision(
-            current.status,
-            current.locked_until,
-            judged,
-            retention_expired=current.retention_expired(judged),
-        )
+        decision = _judged(current, judged)
         if not decision.acquire:
             if request.request_id is not None and same_request(current, request.request_id, now):
                 return LockPlan(replay=True)
