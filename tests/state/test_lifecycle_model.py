@@ -310,6 +310,6 @@ class Lifecycle(RuleBasedStateMachine):
 
 
 Lifecycle.TestCase.settings = settings(
-    max_examples=150, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=80, stateful_step_count=30, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 TestLifecycle = Lifecycle.TestCase
