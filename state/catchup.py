@@ -206,7 +206,7 @@ class Catchup:
             started = time.perf_counter()
             result = CatchupResult()
             # Locks are failed only once they have expired whatever the clock estimate's error: the
-            # earliest the storage clock may read (issue 23).
+            # earliest the storage clock may read (a holder judges its own lock by the latest).
             when = to_ms(now) if now is not None else self._store.earliest()
             budget = _Budget(max_rows)
             self._visit_all(when, result, budget, finished)

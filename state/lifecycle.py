@@ -38,7 +38,7 @@ from state.keys import (
     index_row_key,
 )
 from state.model import LockDecision, RecordKey, Status, lock_decision
-from state.token import LockClaims
+from state.token import LockClaims, key_digest
 
 # A finished record with no retention is kept for ever; ``RetainUntil`` still holds a date so that query
 # can filter on the effective status (a filter on a missing property never matches).
@@ -443,8 +443,6 @@ def as_written(row: dict[str, Any], claims: LockClaims, head_row: str) -> Head |
 # -- tokens --------------------------------------------------------------------------------------------
 def claims_of(key: RecordKey, head: Head) -> LockClaims:
     """The token claims of a Processing head: everything needed to rebuild it (see :func:`entity_of`)."""
-    from state.token import key_digest
-
     entity = head.entity
     retention = entity.get("RetentionSeconds")
     return LockClaims(

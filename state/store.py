@@ -27,6 +27,8 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
+from azure.core.exceptions import ResourceModifiedError, ResourceNotFoundError
+
 from common import telemetry
 from common.beside import Beside
 from common.clock import earliest_now, latest_now, to_ms, utcnow
@@ -42,6 +44,7 @@ from common.partition_meter import METER
 from common.signing import Signer, load_signer
 from common.tables import RESEND_UNRECEIVED_ONLY, Tables
 from common.transactions import missing_table, refusal
+from state.accounts import RoutedTable, extra_accounts
 from state.expiry import ExpiryIndex
 from state.hints import HINT_BYTES, Hints
 from state.keys import (
@@ -54,6 +57,7 @@ from state.keys import (
     parse_index_row_key,
     record_range,
 )
+from state.layout import RecordedLayouts
 from state.lifecycle import (
     FINISHED,
     INDEX_COLUMNS,
@@ -131,9 +135,6 @@ class StateStore:
         accounts: Sequence[Tables] | None = None,
         layouts: LayoutBook | None = None,
     ) -> None:
-        from state.accounts import RoutedTable, extra_accounts
-        from state.layout import RecordedLayouts
-
         self._tables = tables
         # The state table's accounts: 0 is ``tables``; more from SETTLE_TABLES_{i} (ADR-0015).
         if accounts is None:
@@ -198,8 +199,6 @@ class StateStore:
 
     def read_head_at(self, pk: str, rk: str) -> Head | None:
         """Point-read a head by its Table keys (catch-up knows rows, not request keys)."""
-        from azure.core.exceptions import ResourceNotFoundError
-
         try:
             entity = self.table.get_entity(pk, rk)
         except ResourceNotFoundError:
@@ -331,8 +330,6 @@ class StateStore:
         return previous_attempt(row) if row is not None else None
 
     def _history_row(self, head: Head, version: int) -> dict[str, Any] | None:
-        from azure.core.exceptions import ResourceNotFoundError
-
         pk, rk = str(head.entity["PartitionKey"]), str(head.entity["RowKey"])
         try:
             return dict(self.table.get_entity(pk, history_row_key_of(rk, version)))
@@ -543,8 +540,6 @@ class StateStore:
     ) -> Head | None:
         """After a write whose answer was lost: the head when it is the version ``new`` describes; None when
         nothing was written (ask again); else a conflict (``lifecycle.settled``)."""
-        from azure.core.exceptions import ResourceModifiedError
-
         try:
             head = self.read_head_at(pk, rk)
         except Exception:
