@@ -5,7 +5,9 @@ here and nowhere else) and makes sure each table exists the first time it is use
 request lists the deployment's tables (its prefix's range) at the first use, and only a table that list
 lacks is created (so a process's first requests do not include a create per table).
 Every client carries the round-trip counter, the storage-retry counter (telemetry) and the server-clock
-policy, plus any extra policies a test or the benchmark passes (fault injection).
+policy, plus any extra policies a test or the benchmark passes (fault injection), and its retry policy is
+``common.table_retry.SettleRetryPolicy``: the SDK's own, except that a call passing
+:data:`RESEND_UNRECEIVED_ONLY` is sent again only when storage never received it.
 """
 
 from __future__ import annotations
@@ -40,18 +42,19 @@ class StorageAnswerCheck(SansIOHTTPPolicy[Any, Any]):
         status = http.status_code
         if status == 404 and "/Tables" not in request.http_request.url:  # table management keeps its 404s
             code = http.headers.get("x-ms-error-code") or ""
-            if code == "TableNotFound" or (not code and b"TableNotFound" in _body(http)):
+            if code == "TableNotFound" or (not code and b"TableNotFound" in response_body(http)):
                 raise StorageTableMissing(_table_of(request.http_request.url))
         elif 200 <= status < 300:
             try:
-                _body(http).decode("utf-8")
+                response_body(http).decode("utf-8")
             except UnicodeDecodeError as exc:
                 raise StorageAnswerUnreadable(
                     f"Storage answered {status} with a body that is not UTF-8."
                 ) from exc
 
 
-def _body(http: Any) -> bytes:
+def response_body(http: Any) -> bytes:
+    """An answer's body as read (empty when it is streamed and not read yet, or unreadable)."""
     try:
         body = http.body()
     except Exception:  # a streamed answer: nothing to check here
@@ -65,6 +68,11 @@ def _table_of(url: str) -> str:
 
 
 STORAGE_ANSWER_CHECK = StorageAnswerCheck()
+
+# Passed to a write that must not be sent twice (``table.submit_transaction(ops, **RESEND_UNRECEIVED_ONLY)``):
+# the retry policy sends it again only when storage refused it before receiving it (503 ServerBusy, a
+# connection that never carried it); any other failure reaches the caller (``common/table_retry.py``).
+RESEND_UNRECEIVED_ONLY: Mapping[str, Any] = {"resend_unreceived_only": True}
 
 # A storage call that hangs must not hold a Function invocation for minutes.
 _TIMEOUTS = {"connection_timeout": 10, "read_timeout": 30}
@@ -118,7 +126,7 @@ class Tables:
                 self._service = TableServiceClient(
                     endpoint=self.settings.service_uri, credential=credential, **kwargs
                 )
-            _install_per_retry(self._service, per_retry)
+            _install_policies(self._service, per_retry, kwargs)
         return self._service
 
     def table(self, name: str) -> TableClient:
@@ -194,16 +202,23 @@ def first_rows(paged: Any, limit: int) -> list[Any]:
     return rows[:limit]
 
 
-def _install_per_retry(service: TableServiceClient, policies: list[Any]) -> None:
-    """Put ``policies`` right after the SDK's retry policy (so they run once per attempt).
+def _install_policies(service: TableServiceClient, policies: list[Any], options: Mapping[str, Any]) -> None:
+    """Put Settle's retry policy (built from the client's ``options``) in place of the SDK's, and
+    ``policies`` right after it (so they run once per attempt).
 
-    azure-data-tables builds its own policy list and ignores ``per_retry_policies``; the table clients
-    that ``get_table_client`` hands out are built from ``service._policies``, so extend that list.
+    azure-data-tables builds its own policy list, ignoring ``retry_policy`` and ``per_retry_policies``; the
+    table clients that ``get_table_client`` hands out are built from ``service._policies``, so change that.
     """
     from azure.data.tables._policies import TablesRetryPolicy
+
+    from common.table_retry import SettleRetryPolicy
 
     installed: list[Any] = service._policies
     if any(p is policies[0] for p in installed):
         return
-    index = next((i for i, p in enumerate(installed) if isinstance(p, TablesRetryPolicy)), len(installed) - 1)
+    index = next((i for i, p in enumerate(installed) if isinstance(p, TablesRetryPolicy)), None)
+    if index is None:
+        index = len(installed) - 1
+    else:
+        installed[index] = SettleRetryPolicy(**options)
     installed[index + 1 : index + 1] = policies

@@ -129,3 +129,15 @@ def refusal(exc: BaseException) -> Refusal | None:
 def is_conflict(exc: BaseException) -> bool:
     """An insert that found the row, or a conditional write that found it changed or gone."""
     return refusal(exc) is not None
+
+
+def missing_table(exc: BaseException) -> bool:
+    """A write refused because its table does not exist (404 with a code other than a missing row's, e.g.
+    ``TableNotFound``). A transaction answers such a refusal inside a 202, where no check of the outer
+    answer (``common.tables.StorageAnswerCheck``) sees it."""
+    from azure.core.exceptions import HttpResponseError
+
+    if not isinstance(exc, HttpResponseError) or exc.status_code != 404:
+        return False
+    code = str(getattr(exc, "error_code", None) or "")
+    return bool(code) and code not in _MISSING

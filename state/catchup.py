@@ -56,10 +56,12 @@ from common import telemetry
 from common.clock import epoch_ms, iso, to_ms
 from common.errors import StorageTableMissing, is_transient_storage_fault
 from common.roundtrips import ROUND_TRIPS
+from common.transactions import is_conflict
 from state.expiry import ExpiryIndex, Pointer
 from state.keys import BUCKET_MS, LOCK_KIND, RETENTION_KIND, bucket_range, due_range, is_marker
+from state.lifecycle import INDEX_COLUMNS, Head, retain_until
 from state.model import Status
-from state.store import INDEX_COLUMNS, Head, StateStore, is_conflict, retain_until
+from state.store import StateStore
 
 log = logging.getLogger("settle.state.catchup")
 
@@ -204,7 +206,7 @@ class Catchup:
             started = time.perf_counter()
             result = CatchupResult()
             # Locks are failed only once they have expired whatever the clock estimate's error: the
-            # earliest the storage clock may read (issue 23).
+            # earliest the storage clock may read (a holder judges its own lock by the latest).
             when = to_ms(now) if now is not None else self._store.earliest()
             budget = _Budget(max_rows)
             self._visit_all(when, result, budget, finished)

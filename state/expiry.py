@@ -132,7 +132,7 @@ class ExpiryIndex:
         (b) is one Insert Or Merge request carrying no property: afterwards the row exists with an ETag
         no earlier read saw (a merge changes it), whether it was there or not, and a lease on it keeps its
         columns. It can overwrite nothing, so it needs no condition; an insert, then a merge ``If-Match *``
-        after a conflict, did the same in two requests (issue 21: a cold instance's first lock)."""
+        after a conflict, did the same in two requests (a cold instance's first lock waits for them)."""
         from azure.core.exceptions import ResourceExistsError
         from azure.data.tables import UpdateMode
 

@@ -26,6 +26,8 @@ from state.keys import (
     partition_key,
     tenant_prefix,
 )
+from state.lifecycle import FINISHED, Head, WriteContext, effective_status
+from state.lifecycle import PreviousAttempt as Attempt
 from state.model import EXISTS_STATUSES, SETTABLE_STATUSES, Scope, Status
 from state.schemas import (
     DEFAULT_LOCK_SECONDS,
@@ -47,8 +49,7 @@ from state.schemas import (
     StatusInfo,
     UpsertRequest,
 )
-from state.store import FINISHED, Head, StateStore, WriteContext, effective_status
-from state.store import PreviousAttempt as Attempt
+from state.store import StateStore
 from state.token import key_digest
 
 PAGE_PURPOSE = "page"

@@ -1,7 +1,7 @@
 """The HTTP contract of the state functions: request and response models (camelCase JSON)."""
 
 # No ``from __future__ import annotations`` here: annotations evaluated as each class is made spare
-# pydantic compiling them from strings (this module's import ~20 % shorter; issue 21, cold start).
+# pydantic compiling them from strings (this module's import ~20 % shorter: a shorter cold start).
 
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal, Self
