@@ -49,6 +49,11 @@ def sample_open(req: func.HttpRequest) -> func.HttpResponse:
     return _echo(req)
 
 
+@app.route(route="v1/jobs/{endpointId}/{jobId}", methods=["GET"], auth_level=func.AuthLevel.ANONYMOUS)
+def sample_job(req: func.HttpRequest) -> func.HttpResponse:
+    return _echo(req)
+
+
 @app.route(route="v1/boom", methods=["GET"], auth_level=func.AuthLevel.ANONYMOUS)
 def sample_boom(req: func.HttpRequest) -> func.HttpResponse:
     raise RuntimeError("the sample function failed on purpose")
