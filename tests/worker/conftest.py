@@ -1,7 +1,7 @@
-"""The pinned runtime driven as the host drives it (``tests/worker/wire.py``), once per test process.
+"""The pinned runtime driven as the host drives it (``devtools.worker.py``), once per test process.
 
 The runtime keeps its function registry and thread pool in module globals, as one worker process does:
-one :class:`~tests.worker.wire.Worker` serves every conformance test of the session.
+one :class:`~devtools.worker.Worker` serves every conformance test of the session.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.worker.wire import Worker
+from devtools.worker import Worker
 
 
 @pytest.fixture(scope="session")

@@ -20,10 +20,10 @@ import pytest
 
 from devtools import indexing
 from devtools.routing import decode_path
+from devtools.worker import Worker
 from handoff.contract import MessageType
 from tests.handoff.conftest import Flow
 from tests.telemetry.conftest import Recorded, parent_of
-from tests.worker.wire import Worker
 
 pytestmark = pytest.mark.usefixtures("settle_tables")
 

@@ -1,16 +1,19 @@
 """The host's side of the host/worker contract, driving the pinned Python runtime in this process.
 
-``function_rpc.proto`` (our own definitions of the published contract's messages) is compiled with
-grpcio-tools into a temporary folder, and its module is handed to ``azure_functions_runtime`` as the host's
-``protos``, as the proxy worker does. :class:`Worker` then sends what the Functions host sends, in its order:
-``WorkerInitRequest`` (the runtime indexes ``function_app.py``), ``FunctionsMetadataRequest``, one
-``FunctionLoadRequest`` per function, and ``InvocationRequest`` messages shaped as the host shapes them:
+The development host invokes every function through it, and the worker conformance suite
+(``tests/worker``) checks the app through it: a request served locally takes the runtime's own path, as it
+does in Azure. ``function_rpc.proto`` (our own definitions of the published contract's messages) is
+compiled with grpcio-tools (a development dependency) into a temporary folder, and its module is handed to
+``azure_functions_runtime`` as the host's ``protos``, as the proxy worker does. :class:`Worker` then
+sends what the Functions host sends, in its order: ``WorkerInitRequest`` (the runtime indexes the app),
+``FunctionsMetadataRequest``, one ``FunctionLoadRequest`` per function, and ``InvocationRequest``
+messages shaped as the host shapes them:
 
 * HTTP as the host builds ``RpcHttp``: lower-case header names, the body as bytes, route values taken from
   the path decoded once (the host decodes the path, ``%2F`` included, before it matches routes), the query
   with repeated values joined by ``,``.
 * Service Bus as the extension fills the trigger metadata: ``MessageId``, ``SessionId``, ``CorrelationId``
-  and the like as strings, ``DeliveryCount`` and ``SequenceNumber`` as integers, ``EnqueuedTimeUtc`` as a
+  and the like as strings, ``DeliveryCount`` and ``SequenceNumber`` as JSON numbers, ``EnqueuedTimeUtc`` as a
   JSON date without a zone, ``ApplicationProperties`` / ``UserProperties`` as JSON.
 * Timers as the host's JSON (``Schedule``, ``ScheduleStatus``, ``IsPastDue``).
 
@@ -22,8 +25,10 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import os
 import sys
 import tempfile
+import threading
 import types
 import uuid
 from collections.abc import Mapping
@@ -37,7 +42,7 @@ from urllib.parse import parse_qsl, urlsplit
 from devtools import indexing
 from devtools.routing import RouteTemplate, decode_path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parent.parent
 PROTO = Path(__file__).with_name("function_rpc.proto")
 HOST_VERSION = "4.1045.100.0"
 # What the host announces in WorkerInitRequest.capabilities (the runtime reads the data cache flag).
@@ -135,12 +140,17 @@ class Answer:
 class Worker:
     """The pinned runtime's handlers, called as the proxy worker calls them for the host's messages."""
 
-    def __init__(self, function_app_directory: Path = ROOT) -> None:
+    def __init__(self, script: Path = ROOT / "function_app.py", *, prefix: str = "api") -> None:
         from azure_functions_runtime import handle_event
 
         self.events = handle_event
-        self.directory = function_app_directory
+        self.script = script
+        self.directory = script.parent
+        self.prefix = prefix
+        # The runtime's handlers run on one event loop, as in the worker; callers may be any thread.
         self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="runtime-loop", daemon=True)
+        self._thread.start()
         self.metadata: dict[str, Any] = {}  # function name -> RpcFunctionMetadata
         self.routes: dict[str, RouteTemplate] = {}
 
@@ -149,7 +159,7 @@ class Worker:
         envelope = types.SimpleNamespace(
             request=message, properties={"host": "127.0.0.1", "protos": protos()}
         )
-        return self.loop.run_until_complete(handler(envelope))
+        return asyncio.run_coroutine_threadsafe(handler(envelope), self.loop).result()
 
     def start(self) -> Any:
         """Init (the runtime indexes the app), then metadata and one load per function, as the host does.
@@ -157,7 +167,9 @@ class Worker:
         from azure_functions_runtime import start_threadpool_executor
 
         pb = protos()
-        indexing.forget_indexing(self.directory / "function_app.py")
+        if self.script.name != "function_app.py":  # the app setting the worker reads for another script
+            os.environ["PYTHON_SCRIPT_FILE_NAME"] = self.script.name
+        indexing.forget_indexing(self.script)
         start_threadpool_executor()
         init = self._send(
             self.events.worker_init_request,
@@ -237,6 +249,8 @@ class Worker:
         json_body: Any = None,
         base: str = "https://settle.azurewebsites.net",
         traceparent: str | None = None,
+        tracestate: str = "",
+        params: Mapping[str, str] | None = None,
     ) -> Answer:
         """Invoke HTTP function ``name`` for ``method target`` (path and query as on the request line)."""
         pb = protos()
@@ -247,9 +261,10 @@ class Worker:
             sent.setdefault("content-type", "application/json")
             sent["content-length"] = str(len(body))
         parts = urlsplit(target)
-        route = self.route(name)
-        params = route.match(decode_path(parts.path))
-        assert params is not None, f"{target} is not routed to {name} ({route.template})"
+        if params is None:  # route values from the path decoded once, as the host takes them
+            params = self.route(name).match(decode_path(parts.path))
+            if params is None:
+                raise ValueError(f"{target} is not routed to {name} ({self.route(name).template})")
         query: dict[str, str] = {}
         for key, value in parse_qsl(parts.query, keep_blank_values=True):
             query[key] = f"{query[key]},{value}" if key in query else value
@@ -264,11 +279,11 @@ class Worker:
             nullable_params={k: pb.NullableString(value=v) for k, v in params.items()},
             nullable_query={k: pb.NullableString(value=v) for k, v in query.items()},
         )
-        return self.invoke(name, pb.TypedData(http=rpc), traceparent=traceparent)
+        return self.invoke(name, pb.TypedData(http=rpc), traceparent=traceparent, tracestate=tracestate)
 
     def route(self, name: str) -> RouteTemplate:
         if name not in self.routes:
-            self.routes[name] = RouteTemplate.compile(str(self.trigger(name)["route"]), "api")
+            self.routes[name] = RouteTemplate.compile(str(self.trigger(name)["route"]), self.prefix)
         return self.routes[name]
 
     def service_bus(
@@ -334,4 +349,6 @@ class Worker:
         from azure_functions_runtime import stop_threadpool_executor
 
         stop_threadpool_executor()
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=5)
         self.loop.close()
