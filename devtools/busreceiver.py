@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from devtools.appsettings import resolve_expression
+from devtools.calls import Calls, DirectCalls, FunctionFailed
 from devtools.functiontable import ServiceBusFunction
-from devtools.invocation import AdminMessage, build_service_bus_message, invoke, message_context
+from devtools.invocation import AdminMessage, build_service_bus_message
 
 log = logging.getLogger("settle.devhost")
 
@@ -105,7 +106,14 @@ class BusReceiver:
 
     WAIT_SECONDS = 5
 
-    def __init__(self, function: ServiceBusFunction, source: BusSource, stop: threading.Event) -> None:
+    def __init__(
+        self,
+        function: ServiceBusFunction,
+        source: BusSource,
+        stop: threading.Event,
+        calls: Calls | None = None,
+    ) -> None:
+        self.calls: Calls = calls or DirectCalls()
         self.function = function
         self.source = source
         self.stop = stop
@@ -154,10 +162,10 @@ class BusReceiver:
             for received in batch:
                 message = build_service_bus_message(admin_message_from_received(received))
                 try:
-                    context = message_context(self.function.name, message)
-                    invoke(self.function.user_function, self.function.arg_name, message, context)
-                except Exception:
-                    log.error("%s raised; abandoning:\n%s", self.function.name, traceback.format_exc())
+                    self.calls.service_bus(self.function, message)
+                except Exception as exc:
+                    trace = exc.stack_trace if isinstance(exc, FunctionFailed) else traceback.format_exc()
+                    log.error("%s raised; abandoning:\n%s", self.function.name, trace)
                     receiver.abandon_message(received)
                 else:
                     receiver.complete_message(received)

@@ -55,6 +55,7 @@ from pydantic import ValidationError
 from devtools import indexing
 from devtools.appsettings import apply_settings, read_settings, resolve_expression, route_prefix
 from devtools.busreceiver import BusReceiver, BusSource, admin_message_from_received
+from devtools.calls import Calls, DirectCalls, FunctionFailed, RuntimeCalls
 from devtools.functiontable import (
     FunctionTable,
     HttpFunction,
@@ -69,12 +70,12 @@ from devtools.invocation import (
     build_service_bus_message,
     host_trace,
     invoke,
-    message_context,
 )
 from devtools.ncrontab import Schedule
 from devtools.routing import RouteTemplate, decode_path
-from devtools.serving import PROBLEM, Answer, from_function_response, make_server, problem
+from devtools.serving import PROBLEM, Answer, make_server, problem
 from devtools.timers import Timers
+from devtools.worker import Worker
 
 __all__ = [  # what callers (tests, devtools.run, the infra checks) import from here
     "PROBLEM",
@@ -124,15 +125,17 @@ class DevHost:
         prefix: str = "api",
         function_key: str | None = None,
         environ: Mapping[str, str] | None = None,
+        calls: Calls | None = None,
     ) -> None:
         self.table = table
+        self.calls: Calls = calls or DirectCalls()
         self.prefix = prefix
         self.function_key = function_key or None
         self.environ = os.environ if environ is None else environ
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._server: ThreadingHTTPServer | None = None
-        self.timers = Timers(table.timers, self.environ, self._stop)
+        self.timers = Timers(table.timers, self.environ, self._stop, self.calls)
 
     @classmethod
     def from_module(
@@ -141,13 +144,26 @@ class DevHost:
         *,
         host_json: Path = ROOT / "host.json",
         function_key: str | None = None,
+        through_runtime: bool = True,
     ) -> DevHost:
         """Serve what the Python worker accepts of ``module``'s app (:func:`devtools.indexing.index`): a
-        function the real worker rejects is refused here too (:class:`~devtools.indexing.IndexingFailed`)."""
+        function the real worker rejects is refused here too (:class:`~devtools.indexing.IndexingFailed`).
+
+        With ``through_runtime`` (the default) every invocation goes through the pinned runtime, started
+        and loaded as the host starts it (:class:`devtools.calls.RuntimeCalls`)."""
         prefix = route_prefix(host_json)
-        table = build_function_table(indexing.index_module(module), prefix)
+        functions = indexing.index_module(module)
+        table = build_function_table(functions, prefix)
         key = function_key if function_key is not None else os.environ.get(FUNCTION_KEY_SETTING)
-        return cls(table, prefix=prefix, function_key=key)
+        calls: Calls | None = None
+        if through_runtime:
+            script = indexing.script_of(module)
+            worker = Worker(script, prefix=prefix)
+            failures = worker.start_and_load()
+            if failures:
+                raise indexing.IndexingFailed(failures)
+            calls = RuntimeCalls(worker)
+        return cls(table, prefix=prefix, function_key=key, calls=calls)
 
     # -- HTTP --------------------------------------------------------------------------------------
 
@@ -159,7 +175,6 @@ class DevHost:
 
     def handle(self, method: str, target: str, headers: Mapping[str, str], body: bytes, base: str) -> Answer:
         """Answer one HTTP request (``target`` is the request line's path and query)."""
-        import azure.functions as func
 
         parts = urlsplit(target)
         # Decoded once, before routing, as the deployed host does: `%2F` becomes a path separator.
@@ -183,23 +198,11 @@ class DevHost:
             for key, value in query:
                 # The Functions host joins repeated values with ","; req.url keeps every value.
                 params[key] = f"{params[key]},{value}" if key in params else value
-            request = func.HttpRequest(
-                method,
-                base + target,
-                headers=dict(lower),
-                params=params,
-                route_params=route_params,
-                body=body,
-            )
             try:
                 trace = host_trace(lower.get("traceparent"), lower.get("tracestate"))
-                response = invoke(fn.user_function, fn.arg_name, request, InvocationContext(fn.name, trace))
+                return self.calls.http(fn, method, base + target, lower, params, route_params, body, trace)
             except Exception as exc:
-                log.error("function %s raised:\n%s", fn.name, traceback.format_exc())
-                answer = problem(500, "Function failed", f"{type(exc).__name__}: {exc}", function=fn.name)
-                answer.function = fn.name
-                return answer
-            return from_function_response(response, fn.name)
+                return _failed(fn.name, exc)
         if allowed:
             answer = problem(405, "Method not allowed", f"{method} is not allowed on {path}.")
             answer.headers.append(("Allow", ", ".join(sorted(allowed))))
@@ -233,17 +236,12 @@ class DevHost:
             if name in self.table.timers:
                 self.run_timer(name, past_due=False)
             elif name in self.table.service_bus:
-                fn = self.table.service_bus[name]
-                message = build_service_bus_message(payload)
-                invoke(fn.user_function, fn.arg_name, message, message_context(fn.name, message))
+                self.calls.service_bus(self.table.service_bus[name], build_service_bus_message(payload))
             else:
                 kind = self.table.other[name]
                 return problem(400, "Not invocable", f"{name} has a {kind} the development host cannot feed.")
         except Exception as exc:
-            log.error("function %s raised:\n%s", name, traceback.format_exc())
-            answer = problem(500, "Function failed", f"{type(exc).__name__}: {exc}", function=name)
-            answer.function = name
-            return answer
+            return _failed(name, exc)
         return Answer(202, [], b"", name)
 
     # -- timers and serving ------------------------------------------------------------------------
@@ -272,7 +270,7 @@ class DevHost:
             if source is None:
                 continue
             sources[fn.name] = source
-            receiver = BusReceiver(fn, source, self._stop)
+            receiver = BusReceiver(fn, source, self._stop, self.calls)
             thread = threading.Thread(target=receiver.run, name=f"bus-{fn.name}", daemon=True)
             thread.start()
             self._threads.append(thread)
@@ -302,6 +300,19 @@ class DevHost:
         return lines
 
 
+def _failed(name: str, exc: Exception) -> Answer:
+    """A 500 problem naming the function's exception; its traceback goes to the log."""
+    if isinstance(exc, FunctionFailed):
+        log.error("function %s raised:\n%s", name, exc.stack_trace or exc.detail)
+        detail = exc.detail
+    else:
+        log.error("function %s raised:\n%s", name, traceback.format_exc())
+        detail = f"{type(exc).__name__}: {exc}"
+    answer = problem(500, "Function failed", detail, function=name)
+    answer.function = name
+    return answer
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -310,6 +321,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=7071)
     parser.add_argument("--settings", type=Path, default=ROOT / "local.settings.json")
     parser.add_argument("--no-timers", action="store_true", help="do not run timers on their schedules")
+    parser.add_argument(
+        "--direct",
+        action="store_true",
+        help="call the Python functions directly instead of through the pinned azure-functions-runtime",
+    )
     parser.add_argument(
         "--app",
         default="function_app",
@@ -326,7 +342,9 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(ROOT))
     module_name = args.app.partition(":")[0]
     try:
-        devhost = DevHost.from_module(module_name, host_json=ROOT / "host.json")
+        devhost = DevHost.from_module(
+            module_name, host_json=ROOT / "host.json", through_runtime=not args.direct
+        )
     except indexing.IndexingFailed as exc:
         log.error("%s; the Functions host would serve none of them. Nothing is served.", exc)
         return 1

@@ -145,9 +145,14 @@ def index(script: Path = APP_SCRIPT) -> tuple[IndexedFunction, ...]:
     return tuple(accepted)
 
 
-def index_module(module: str) -> tuple[IndexedFunction, ...]:
-    """Index the app of an importable module (``function_app``, ``tests.devhost.sample_app``)."""
+def script_of(module: str) -> Path:
+    """The file of an importable module (``function_app``, ``tests.devhost.sample_app``)."""
     spec = importlib.util.find_spec(module)
     if spec is None or spec.origin is None:
         raise ModuleNotFoundError(module)
-    return index(Path(spec.origin).resolve())
+    return Path(spec.origin).resolve()
+
+
+def index_module(module: str) -> tuple[IndexedFunction, ...]:
+    """Index the app of an importable module (``function_app``, ``tests.devhost.sample_app``)."""
+    return index(script_of(module))

@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 
 from devtools.appsettings import resolve_expression
+from devtools.calls import Calls
 from devtools.functiontable import TimerFunction
-from devtools.invocation import InvocationContext, host_trace, invoke
 from devtools.ncrontab import Schedule
 
 log = logging.getLogger("settle.devhost")
@@ -21,9 +21,14 @@ class Timers:
     """Runs the app's timers: on their schedules (:meth:`start`) and on demand (:meth:`run`)."""
 
     def __init__(
-        self, timers: Mapping[str, TimerFunction], environ: Mapping[str, str], stop: threading.Event
+        self,
+        timers: Mapping[str, TimerFunction],
+        environ: Mapping[str, str],
+        stop: threading.Event,
+        calls: Calls,
     ) -> None:
         self.timers = timers
+        self.calls = calls
         self.environ = environ
         self._stop = stop
         self.threads: list[threading.Thread] = []
@@ -32,16 +37,8 @@ class Timers:
 
     def run(self, name: str, *, past_due: bool) -> None:
         """Invoke timer function ``name`` once."""
-        from azure.functions.timer import TimerRequest
-
-        fn = self.timers[name]
         with self._locks[name]:
-            invoke(
-                fn.user_function,
-                fn.arg_name,
-                TimerRequest(past_due=past_due),
-                InvocationContext(name, host_trace()),
-            )
+            self.calls.timer(self.timers[name], past_due=past_due)
 
     def _loop(self, fn: TimerFunction, schedule: Schedule) -> None:
         if fn.run_on_startup:

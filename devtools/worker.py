@@ -194,6 +194,19 @@ class Worker:
             self.metadata[wire.name] = wire
         return init
 
+    def start_and_load(self) -> dict[str, str]:
+        """:meth:`start`, then :meth:`load` every function; the failures by function (empty: all served)."""
+        pb = protos()
+        init = self.start()
+        if init.result.status != pb.StatusResult.Success:
+            return {"(worker init)": str(init.result.exception.message)}
+        failures = {}
+        for name in self.metadata:
+            loaded = self.load(name)
+            if loaded.result.status != pb.StatusResult.Success:
+                failures[name] = str(loaded.result.exception.message)
+        return failures
+
     def load(self, name: str) -> Any:
         pb = protos()
         metadata = self.metadata[name]
@@ -253,12 +266,12 @@ class Worker:
         params: Mapping[str, str] | None = None,
     ) -> Answer:
         """Invoke HTTP function ``name`` for ``method target`` (path and query as on the request line)."""
-        pb = protos()
         if json_body is not None:
             body = json.dumps(json_body).encode("utf-8")
         sent = {k.lower(): v for k, v in (headers or {}).items()}
         if body is not None:
-            sent.setdefault("content-type", "application/json")
+            if json_body is not None:
+                sent.setdefault("content-type", "application/json")
             sent["content-length"] = str(len(body))
         parts = urlsplit(target)
         if params is None:  # route values from the path decoded once, as the host takes them
@@ -268,13 +281,41 @@ class Worker:
         query: dict[str, str] = {}
         for key, value in parse_qsl(parts.query, keep_blank_values=True):
             query[key] = f"{query[key]},{value}" if key in query else value
+        return self.http_rpc(
+            name,
+            method,
+            base + target,
+            headers=sent,
+            query=query,
+            params=params,
+            body=body or b"",
+            traceparent=traceparent,
+            tracestate=tracestate,
+        )
+
+    def http_rpc(
+        self,
+        name: str,
+        method: str,
+        url: str,
+        *,
+        headers: Mapping[str, str],
+        query: Mapping[str, str],
+        params: Mapping[str, str],
+        body: bytes,
+        traceparent: str | None = None,
+        tracestate: str = "",
+    ) -> Answer:
+        """Invoke HTTP function ``name`` with the ``RpcHttp`` the host builds from a routed request."""
+        pb = protos()
+        sent = {k.lower(): v for k, v in headers.items()}
         rpc = pb.RpcHttp(
             method=method,
-            url=base + target,
+            url=url,
             headers=sent,
-            body=pb.TypedData(bytes=body or b""),
-            params=params,
-            query=query,
+            body=pb.TypedData(bytes=body),
+            params=dict(params),
+            query=dict(query),
             nullable_headers={k: pb.NullableString(value=v) for k, v in sent.items()},
             nullable_params={k: pb.NullableString(value=v) for k, v in params.items()},
             nullable_query={k: pb.NullableString(value=v) for k, v in query.items()},
@@ -292,6 +333,7 @@ class Worker:
         message: Any,
         *,
         traceparent: str | None = None,
+        tracestate: str = "",
         lock_token: str | None = None,
     ) -> Answer:
         """Invoke a Service Bus trigger with ``message`` (an ``azure.functions.ServiceBusMessage`` as the
@@ -327,7 +369,11 @@ class Worker:
             "RandGuid": str(uuid.uuid4()),
         }
         return self.invoke(
-            name, pb.TypedData(bytes=message.get_body()), trigger_metadata=metadata, traceparent=traceparent
+            name,
+            pb.TypedData(bytes=message.get_body()),
+            trigger_metadata=metadata,
+            traceparent=traceparent,
+            tracestate=tracestate,
         )
 
     def timer(self, name: str, *, past_due: bool = False, traceparent: str | None = None) -> Answer:

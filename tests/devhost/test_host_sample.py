@@ -306,3 +306,15 @@ def test_reserved_characters_in_an_id_reach_the_function_decoded_once(
     assert echo["routeParams"] == {"endpointId": "ep one", "jobId": value}
     assert echo["params"] == {"q": "a/b c,%"}  # the query string parses as usual
     assert echo["url"].endswith(f"/api/v1/jobs/ep%20one/{escaped}?q=a%2Fb+c&q=%25")
+
+
+def test_functions_are_invoked_through_the_pinned_runtime_as_in_azure(host: HostProcess) -> None:
+    # The runtime (azure_functions_runtime) built the context and the request from the host's messages
+    caller = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    seen = httpx.get(f"{host.base_url}/api/v1/context", headers={"traceparent": caller}).json()
+    assert seen["context"].startswith("azure_functions_runtime.")
+    assert seen["request"] == "azure.functions.http.HttpRequest"
+    # ... with the host's own invocation span in the caller's trace
+    assert seen["traceparent"].split("-")[1] == caller.split("-")[1]
+    assert seen["traceparent"].split("-")[2] != caller.split("-")[2]
+    assert seen["invocationId"]

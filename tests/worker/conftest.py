@@ -16,11 +16,8 @@ from devtools.worker import Worker
 @pytest.fixture(scope="session")
 def worker() -> Iterator[Worker]:
     driven = Worker()
-    init = driven.start()
-    assert init.result.status == 1, init.result.exception.message  # StatusResult.Success
-    for name in driven.metadata:
-        loaded = driven.load(name)
-        assert loaded.result.status == 1, f"{name}: {loaded.result.exception.message}"
+    failures = driven.start_and_load()
+    assert not failures, failures
     yield driven
     driven.close()
 
