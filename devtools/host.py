@@ -7,6 +7,10 @@ functions at the same URLs with nothing but Python and Azurite. ``.funcignore`` 
 What it does, all derived from the app's own metadata (``app.get_functions()``), so a new function
 needs no change here:
 
+* Every invocation goes through the pinned ``azure-functions-runtime`` with the host's own messages
+  (:mod:`devtools.calls`, :mod:`devtools.worker`), as in Azure; ``--direct`` calls the functions directly.
+* Paths are decoded once before routes are matched, as the deployed host does (``%2F`` is a separator).
+
 * HTTP functions at ``/{routePrefix}/{route}`` (prefix from ``host.json``, default ``api``), with route
   templates (``{id}``, ``{id:guid}``, ``{name?}``, ``{*rest}``), the declared methods (405 + ``Allow``
   otherwise), query, headers and body passed in a ``func.HttpRequest``. Repeated query parameters are
