@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from devtools.functiontable import HttpFunction, ServiceBusFunction, TimerFunction
@@ -32,18 +33,22 @@ class FunctionFailed(Exception):
         self.stack_trace = stack_trace
 
 
+@dataclass(frozen=True)
+class HttpCall:
+    """A routed HTTP request as the host hands it on: lower-case headers, the query with repeated values
+    joined by ``,``, the route values from the decoded path, the body, and the host's invocation trace."""
+
+    method: str
+    url: str
+    headers: Mapping[str, str]
+    query: Mapping[str, str]
+    route_params: Mapping[str, str]
+    body: bytes
+    trace: TraceContext
+
+
 class Calls(Protocol):
-    def http(
-        self,
-        fn: HttpFunction,
-        method: str,
-        url: str,
-        headers: Mapping[str, str],
-        query: Mapping[str, str],
-        route_params: Mapping[str, str],
-        body: bytes,
-        trace: TraceContext,
-    ) -> Answer: ...
+    def http(self, fn: HttpFunction, call: HttpCall) -> Answer: ...
 
     def service_bus(self, fn: ServiceBusFunction, message: Any) -> None: ...
 
@@ -53,23 +58,18 @@ class Calls(Protocol):
 class DirectCalls:
     """Call the user function in this thread with what the worker would build."""
 
-    def http(
-        self,
-        fn: HttpFunction,
-        method: str,
-        url: str,
-        headers: Mapping[str, str],
-        query: Mapping[str, str],
-        route_params: Mapping[str, str],
-        body: bytes,
-        trace: TraceContext,
-    ) -> Answer:
+    def http(self, fn: HttpFunction, call: HttpCall) -> Answer:
         import azure.functions as func
 
         request = func.HttpRequest(
-            method, url, headers=dict(headers), params=dict(query), route_params=dict(route_params), body=body
+            call.method,
+            call.url,
+            headers=dict(call.headers),
+            params=dict(call.query),
+            route_params=dict(call.route_params),
+            body=call.body,
         )
-        response = invoke(fn.user_function, fn.arg_name, request, InvocationContext(fn.name, trace))
+        response = invoke(fn.user_function, fn.arg_name, request, InvocationContext(fn.name, call.trace))
         return from_function_response(response, fn.name)
 
     def service_bus(self, fn: ServiceBusFunction, message: Any) -> None:
@@ -99,28 +99,18 @@ class RuntimeCalls:
             raise FunctionFailed(str(exception.message) or f"{name} failed", str(exception.stack_trace))
         return answer
 
-    def http(
-        self,
-        fn: HttpFunction,
-        method: str,
-        url: str,
-        headers: Mapping[str, str],
-        query: Mapping[str, str],
-        route_params: Mapping[str, str],
-        body: bytes,
-        trace: TraceContext,
-    ) -> Answer:
+    def http(self, fn: HttpFunction, call: HttpCall) -> Answer:
         answer = self._checked(
             self.worker.http_rpc(
                 fn.name,
-                method,
-                url,
-                headers=headers,
-                query=query,
-                params=route_params,
-                body=body,
-                traceparent=trace.trace_parent,
-                tracestate=trace.trace_state,
+                call.method,
+                call.url,
+                headers=call.headers,
+                query=call.query,
+                params=call.route_params,
+                body=call.body,
+                traceparent=call.trace.trace_parent,
+                tracestate=call.trace.trace_state,
             ),
             fn.name,
         )

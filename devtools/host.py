@@ -59,7 +59,7 @@ from pydantic import ValidationError
 from devtools import indexing
 from devtools.appsettings import apply_settings, read_settings, resolve_expression, route_prefix
 from devtools.busreceiver import BusReceiver, BusSource, admin_message_from_received
-from devtools.calls import Calls, DirectCalls, FunctionFailed, RuntimeCalls
+from devtools.calls import Calls, DirectCalls, FunctionFailed, HttpCall, RuntimeCalls
 from devtools.functiontable import (
     FunctionTable,
     HttpFunction,
@@ -204,7 +204,8 @@ class DevHost:
                 params[key] = f"{params[key]},{value}" if key in params else value
             try:
                 trace = host_trace(lower.get("traceparent"), lower.get("tracestate"))
-                return self.calls.http(fn, method, base + target, lower, params, route_params, body, trace)
+                call = HttpCall(method, base + target, lower, params, route_params, body, trace)
+                return self.calls.http(fn, call)
             except Exception as exc:
                 return _failed(fn.name, exc)
         if allowed:
