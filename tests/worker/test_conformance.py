@@ -218,3 +218,13 @@ def test_every_timer_runs_through_the_runtime_in_the_hosts_trace(worker: Worker,
     spans = otel.spans()
     assert spans
     assert {f"{s.context.trace_id:032x}" for s in spans} == {HOST_TRACE}
+
+
+def test_the_suite_covers_every_trigger_the_app_declares(worker: Worker) -> None:
+    # HTTP functions are all invoked above, timers all, and the resolver is the one Service Bus trigger:
+    # a new trigger type, or a second Service Bus function, needs its own conformance test here.
+    kinds: dict[str, list[str]] = {}
+    for name in worker.metadata:
+        kinds.setdefault(str(worker.trigger(name)["type"]), []).append(name)
+    assert set(kinds) == {"httpTrigger", "timerTrigger", "serviceBusTrigger"}
+    assert kinds["serviceBusTrigger"] == ["resolver"]
