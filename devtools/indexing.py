@@ -99,6 +99,22 @@ def _runtime() -> tuple[Any, Any, Any]:
     return loader, meta, Registry
 
 
+def forget_indexing(script: Path = APP_SCRIPT) -> None:
+    """Let the app of ``script`` be indexed again in this process, as in a fresh worker process.
+
+    ``FunctionApp.get_functions()`` records the names it has seen to refuse duplicates, so a second
+    indexing of the same app object (the tests' index, then the runtime's own worker init) would refuse
+    every function as a duplicate. A worker process indexes once; forgetting the record makes the next
+    indexing see the app as that process would. Nothing else of the app changes.
+    """
+    from azure.functions import FunctionRegister
+
+    module = sys.modules.get(script.stem)
+    for value in vars(module).values() if module is not None else ():
+        if isinstance(value, FunctionRegister) and hasattr(value, "functions_bindings"):
+            value.functions_bindings = None
+
+
 @cache
 def index(script: Path = APP_SCRIPT) -> tuple[IndexedFunction, ...]:
     """Index the app in ``script`` as the worker does; raise :class:`IndexingFailed` listing every rejection.
@@ -111,6 +127,7 @@ def index(script: Path = APP_SCRIPT) -> tuple[IndexedFunction, ...]:
     if folder not in sys.path:
         sys.path.insert(0, folder)
     meta.load_binding_registry()  # the worker's init step, before any indexing
+    forget_indexing(script)
     protos = _protos()
     accepted: list[IndexedFunction] = []
     failures: dict[str, str] = {}
@@ -128,9 +145,14 @@ def index(script: Path = APP_SCRIPT) -> tuple[IndexedFunction, ...]:
     return tuple(accepted)
 
 
-def index_module(module: str) -> tuple[IndexedFunction, ...]:
-    """Index the app of an importable module (``function_app``, ``tests.devhost.sample_app``)."""
+def script_of(module: str) -> Path:
+    """The file of an importable module (``function_app``, ``tests.devhost.sample_app``)."""
     spec = importlib.util.find_spec(module)
     if spec is None or spec.origin is None:
         raise ModuleNotFoundError(module)
-    return index(Path(spec.origin).resolve())
+    return Path(spec.origin).resolve()
+
+
+def index_module(module: str) -> tuple[IndexedFunction, ...]:
+    """Index the app of an importable module (``function_app``, ``tests.devhost.sample_app``)."""
+    return index(script_of(module))

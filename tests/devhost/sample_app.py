@@ -49,6 +49,22 @@ def sample_open(req: func.HttpRequest) -> func.HttpResponse:
     return _echo(req)
 
 
+@app.route(route="v1/jobs/{endpointId}/{jobId}", methods=["GET"], auth_level=func.AuthLevel.ANONYMOUS)
+def sample_job(req: func.HttpRequest) -> func.HttpResponse:
+    return _echo(req)
+
+
+@app.route(route="v1/context", methods=["GET"], auth_level=func.AuthLevel.ANONYMOUS)
+def sample_context(req: func.HttpRequest, context: func.Context) -> func.HttpResponse:
+    document = {
+        "context": f"{type(context).__module__}.{type(context).__name__}",
+        "request": f"{type(req).__module__}.{type(req).__name__}",
+        "traceparent": context.trace_context.trace_parent,
+        "invocationId": context.invocation_id,
+    }
+    return func.HttpResponse(json.dumps(document), mimetype="application/json")
+
+
 @app.route(route="v1/boom", methods=["GET"], auth_level=func.AuthLevel.ANONYMOUS)
 def sample_boom(req: func.HttpRequest) -> func.HttpResponse:
     raise RuntimeError("the sample function failed on purpose")

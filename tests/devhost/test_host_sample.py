@@ -258,3 +258,63 @@ def test_a_burst_of_64_connections_at_once_is_served_without_a_reset(host: HostP
     listing = subprocess.run(["ss", "-ltnH", f"sport = :{address[1]}"], capture_output=True, text=True)
     [line] = listing.stdout.strip().splitlines()
     assert int(line.split()[2]) >= 64, line
+
+
+def raw_get(host: HostProcess, target: str) -> tuple[int, Any]:
+    """GET ``target`` exactly as written on the request line (no client normalising the escapes)."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    where = urlsplit(host.base_url)
+    connection = http.client.HTTPConnection(where.hostname or "127.0.0.1", where.port, timeout=30)
+    try:
+        connection.request("GET", target)
+        response = connection.getresponse()
+        body = response.read()
+        kind = response.getheader("Content-Type") or ""
+        return response.status, json.loads(body) if "json" in kind else body
+    finally:
+        connection.close()
+
+
+@pytest.mark.parametrize("escaped", ["JOB%2F2026", "JOB%2f2026%2F17", "a/b"])
+def test_an_id_with_a_slash_is_a_404_as_the_deployed_host_routes_it(host: HostProcess, escaped: str) -> None:
+    # Azure decodes %2F before it matches routes: the id spans two segments and no route matches.
+    status, body = raw_get(host, f"/api/v1/jobs/ep/{escaped}")
+    assert status == 404
+    assert body["status"] == 404
+
+
+@pytest.mark.parametrize(
+    ("escaped", "value"),
+    [
+        ("100%25", "100%"),
+        ("100%2525", "100%25"),  # decoded once: the function sees the escape the caller meant
+        ("a+b", "a+b"),
+        ("a%2Bb", "a+b"),
+        ("why%3F", "why?"),
+        ("hash%23tag", "hash#tag"),
+        ("two%20words", "two words"),
+        ("%C3%A9t%C3%A9-%E2%82%AC", "été-€"),
+    ],
+)
+def test_reserved_characters_in_an_id_reach_the_function_decoded_once(
+    host: HostProcess, escaped: str, value: str
+) -> None:
+    status, echo = raw_get(host, f"/api/v1/jobs/ep%20one/{escaped}?q=a%2Fb+c&q=%25")
+    assert status == 200, echo
+    assert echo["routeParams"] == {"endpointId": "ep one", "jobId": value}
+    assert echo["params"] == {"q": "a/b c,%"}  # the query string parses as usual
+    assert echo["url"].endswith(f"/api/v1/jobs/ep%20one/{escaped}?q=a%2Fb+c&q=%25")
+
+
+def test_functions_are_invoked_through_the_pinned_runtime_as_in_azure(host: HostProcess) -> None:
+    # The runtime (azure_functions_runtime) built the context and the request from the host's messages
+    caller = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    seen = httpx.get(f"{host.base_url}/api/v1/context", headers={"traceparent": caller}).json()
+    assert seen["context"].startswith("azure_functions_runtime.")
+    assert seen["request"] == "azure.functions.http.HttpRequest"
+    # ... with the host's own invocation span in the caller's trace
+    assert seen["traceparent"].split("-")[1] == caller.split("-")[1]
+    assert seen["traceparent"].split("-")[2] != caller.split("-")[2]
+    assert seen["invocationId"]

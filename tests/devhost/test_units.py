@@ -12,6 +12,7 @@ from devtools.host import (
     RouteTemplate,
     Schedule,
     apply_settings,
+    decode_path,
     read_settings,
     resolve_expression,
     route_prefix,
@@ -62,8 +63,14 @@ def test_setting_expressions_resolve_from_settings_and_a_missing_one_is_an_error
         ("v1/handoffs/{endpointId}/next", "/api/v1/handoffs/Billing/next", {"endpointId": "Billing"}),
         (
             "v1/events/{endpointId}/{eventId}",
-            "/api/v1/events/Bil%20ling/e-1",
+            "/api/v1/events/Bil ling/e-1",
             {"endpointId": "Bil ling", "eventId": "e-1"},
+        ),
+        # The path is decoded before matching: a value is taken as it stands, never decoded again.
+        (
+            "v1/events/{endpointId}/{eventId}",
+            "/api/v1/events/Bil%20ling/100%é",
+            {"endpointId": "Bil%20ling", "eventId": "100%é"},
         ),
         ("v1/x/{id:int}", "/api/v1/x/-12", {"id": "-12"}),
         ("v1/x/{id:int}", "/api/v1/x/12a", None),
@@ -104,3 +111,27 @@ def test_settings_never_override_the_environment(tmp_path: Path) -> None:
     assert environ == {"A": "from-env", "B": "from-file"}
     assert applied == ["B"]
     assert read_settings(tmp_path / "absent.json") == {}
+
+
+@pytest.mark.parametrize(
+    ("raw", "decoded"),
+    [
+        ("/api/v1/jobs/JOB%2F2026", "/api/v1/jobs/JOB/2026"),  # %2F is a separator once decoded
+        ("/api/v1/jobs/100%2525", "/api/v1/jobs/100%25"),  # decoded once, never twice
+        ("/api/v1/jobs/a%20b+c", "/api/v1/jobs/a b+c"),  # `+` is a space only in a query string
+        ("/api/v1/jobs/why%3F%23", "/api/v1/jobs/why?#"),
+        ("/api/v1/jobs/%C3%A9t%C3%A9", "/api/v1/jobs/été"),
+        ("/api/v1/jobs/%FF", "/api/v1/jobs/\ufffd"),  # not UTF-8: the replacement character
+    ],
+)
+def test_the_path_is_decoded_once_before_routing(raw: str, decoded: str) -> None:
+    assert decode_path(raw) == decoded
+
+
+def test_an_id_holding_a_slash_matches_no_single_segment_parameter() -> None:
+    route = RouteTemplate.compile("v1/handoffs/{endpointId}/jobs/{externalJobId}", "api")
+    assert route.match(decode_path("/api/v1/handoffs/ep/jobs/JOB%2F2026")) is None
+    assert route.match(decode_path("/api/v1/handoffs/ep/jobs/JOB%252F2026")) == {
+        "endpointId": "ep",
+        "externalJobId": "JOB%2F2026",
+    }
