@@ -15,6 +15,9 @@ A claim whose message was (or may have been) sent is never taken over: another s
 hand-off is a 409 ``settlement-in-flight`` however old the claim is. The same settlement retried (same
 kind, request and caller) is answered from its claim with the same ``controlMessageId``. Two settlements
 of one hand-off can never both be sent, on any number of instances: the claim is insert-only.
+
+The rules (when a claim is taken, replayed, moved, released) are :mod:`handoff.claims`; following up a claim
+(the reconciler, a retry, a refused send) is :mod:`handoff.follow_up`. This module reads, asks, submits.
 """
 
 from __future__ import annotations
