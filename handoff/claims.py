@@ -27,14 +27,9 @@ from common.errors import Conflict
 from common.transactions import Operation, Refusal
 from handoff import keys
 from handoff.contract import MessageType
-from handoff.leases import LeaseLost
+from handoff.leases import CLAIMED, UNCLAIMED, LeaseLost
 from handoff.outbox import CONFIRM_AFTER, ClaimState, OutboxMessage
 from handoff.records import AuditRow, ClaimRow, EventRow, QueueRow, ReconcileRow, UnconfirmedRow
-
-UNCLAIMED = "0"
-# ``ClaimedUntil`` of a hand-off whose settlement is in flight: claims do not expire, so neither does
-# the mark; it is cleared when a refused send releases the claim, or the row leaves the queue.
-CLAIMED = "9999-12-31T23:59:59.999Z"
 
 
 class SettlementInFlight(Conflict):

@@ -16,9 +16,12 @@ from common.errors import Conflict
 from common.transactions import Operation, Refusal
 from handoff.records import QueueRow
 
-UNLEASED = "0"
-# ``ClaimedUntil`` of a hand-off whose settlement is claimed starts so (never expires).
-_SETTLING = "9999"
+# ``ClaimedUntil`` of a hand-off no one holds: it sorts before every time, so the column always exists (a
+# filter on a missing property never matches).
+UNCLAIMED = "0"
+# ``ClaimedUntil`` of a hand-off whose settlement is in flight: claims do not expire, so neither does the
+# mark; it is cleared when a refused send releases the claim, or the row leaves the queue.
+CLAIMED = "9999-12-31T23:59:59.999Z"
 
 
 class LeaseLost(Conflict):
@@ -33,8 +36,8 @@ def held(entry: QueueRow | None, token: str) -> bool:
     return (
         entry is not None
         and entry.lease_token == token
-        and not entry.claimed_until.startswith(_SETTLING)
-        and entry.claimed_until != UNLEASED
+        and not entry.claimed_until.startswith(CLAIMED[:4])  # a settlement's mark, however written
+        and entry.claimed_until != UNCLAIMED
     )
 
 
@@ -57,7 +60,7 @@ def plan_lease(
 def plan_give_back(pk: str, entry: QueueRow) -> Operation:
     """Give the hand-off back at once (the next receive gets it): ``If-Match`` the queue row as read."""
     assert entry.row_key is not None and entry.etag is not None
-    return tx.merge({"PartitionKey": pk, "RowKey": entry.row_key, "ClaimedUntil": UNLEASED}, entry.etag)
+    return tx.merge({"PartitionKey": pk, "RowKey": entry.row_key, "ClaimedUntil": UNCLAIMED}, entry.etag)
 
 
 def lost(refused: Refusal | None) -> bool:

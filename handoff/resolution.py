@@ -18,7 +18,7 @@ from common.clock import iso
 from common.errors import Conflict, NotFound
 from common.transactions import Operation
 from handoff import keys
-from handoff.claims import UNCLAIMED
+from handoff.leases import UNCLAIMED
 from handoff.outbox import ClaimState
 from handoff.records import AuditRow, ClaimRow, EventRow
 

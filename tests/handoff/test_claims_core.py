@@ -46,7 +46,7 @@ def test_a_claim_inserts_claim_audit_and_reconcile_row_and_marks_the_queue_row_i
 
     assert [op[0] for op in plan.ops] == ["create", "create", "create", "update"]
     assert plan.ops[0][1]["RowKey"] == CLAIM_KEY
-    assert plan.ops[3][1] == {"PartitionKey": PK, "RowKey": QUEUE_KEY, "ClaimedUntil": claims.CLAIMED}
+    assert plan.ops[3][1] == {"PartitionKey": PK, "RowKey": QUEUE_KEY, "ClaimedUntil": leases.CLAIMED}
     assert "etag" not in plan.ops[3][2]  # If-Match *: only that the hand-off is still queued
     assert plan.fence is None and plan.pin is None
     assert plan.claim.state is ClaimState.sending and plan.claim.control_message_id == "ctl-1"
@@ -57,7 +57,7 @@ def test_a_leased_claim_is_fenced_by_the_queue_row_as_read_holding_the_lease() -
 
     assert plan.fence == 3
     fenced = plan.fenced('"q7"')
-    assert fenced[3][1]["ClaimedUntil"] == claims.CLAIMED and fenced[3][2]["etag"] == '"q7"'
+    assert fenced[3][1]["ClaimedUntil"] == leases.CLAIMED and fenced[3][2]["etag"] == '"q7"'
     assert fenced[:3] == plan.ops[:3]
 
 
@@ -232,7 +232,7 @@ def test_a_release_deletes_the_claim_as_its_sender_wrote_it_and_frees_the_queue_
         ("delete", str(claim.reconcile_key)),
         ("update", QUEUE_KEY),
     ]
-    assert release.ops[0][2]["etag"] == '"c1"' and release.ops[3][1]["ClaimedUntil"] == claims.UNCLAIMED
+    assert release.ops[0][2]["etag"] == '"c1"' and release.ops[3][1]["ClaimedUntil"] == leases.UNCLAIMED
     # The queue row is gone (projected away): the claim is released alone; nothing else is retried.
     assert release.again(Refusal(index=3, status=404, code="ResourceNotFound")) == release.ops[:3]
     assert release.again(Refusal(index=0, status=412, code="")) is None
@@ -249,8 +249,8 @@ def test_a_lease_holds_until_released_settled_or_taken() -> None:
     assert leases.held(entry, "tok")
     assert not leases.held(entry, "other")
     assert not leases.held(None, "tok")
-    assert not leases.held(entry.model_copy(update={"claimed_until": leases.UNLEASED}), "tok")
-    assert not leases.held(entry.model_copy(update={"claimed_until": claims.CLAIMED}), "tok")
+    assert not leases.held(entry.model_copy(update={"claimed_until": leases.UNCLAIMED}), "tok")
+    assert not leases.held(entry.model_copy(update={"claimed_until": leases.CLAIMED}), "tok")
 
 
 def test_a_lease_write_is_lost_when_the_queue_row_changed_or_left() -> None:
@@ -426,7 +426,7 @@ class Settlements(RuleBasedStateMachine):
             return  # a re-sender pinned it meanwhile: the claim stands
         event("released")
         assert self.table.get(PK, CLAIM_KEY) is None
-        assert self.queue().claimed_until == claims.UNCLAIMED
+        assert self.queue().claimed_until == leases.UNCLAIMED
 
     @rule(n=AGENTS)
     def read_claim_to_resend(self, n: int) -> None:
@@ -469,7 +469,7 @@ class Settlements(RuleBasedStateMachine):
     @invariant()
     def a_hand_off_without_a_claim_is_not_marked_claimed(self) -> None:
         if self.table.get(PK, CLAIM_KEY) is None:
-            assert self.queue().claimed_until != claims.CLAIMED
+            assert self.queue().claimed_until != leases.CLAIMED
 
     @invariant()
     def another_request_never_takes_a_standing_claim(self) -> None:

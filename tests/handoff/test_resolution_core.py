@@ -10,7 +10,7 @@ import pytest
 
 from common.errors import Conflict, NotFound
 from handoff import keys
-from handoff.claims import UNCLAIMED
+from handoff.leases import UNCLAIMED
 from handoff.outbox import ClaimState
 from handoff.records import AuditRow, ClaimRow
 from handoff.resolution import DELIVERED, RELEASED, ClaimResolution, decide, needs_history, plan_resolution
