@@ -18,11 +18,13 @@ from datetime import datetime
 from functools import partial
 from typing import Any
 
+from common import transactions as tx
 from common.beside import Beside
+from common.transactions import Operation
 from handoff import keys
 from handoff.contract import InboundMessage
 from handoff.records import ReconcileRow
-from handoff.store import HandoffStore, Operation
+from handoff.store import HandoffStore
 
 log = logging.getLogger("settle.handoff.ids")
 
@@ -127,9 +129,7 @@ class IdsIndex:
     def replay(self, endpoint_id: str, row: ReconcileRow) -> Operation:
         """Insert the rows a repair row carries (a row already there is success); the delete of the repair
         row (``If-Match`` its ETag) to submit once they are written."""
-        from handoff.store import delete
-
         for entity in json.loads(row.ids or "[]"):
             self._insert(entity)
         assert row.row_key is not None and row.etag is not None
-        return delete(self.store.event_partition(endpoint_id, row.event_id), row.row_key, row.etag)
+        return tx.delete(self.store.event_partition(endpoint_id, row.event_id), row.row_key, row.etag)

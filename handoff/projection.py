@@ -1,18 +1,37 @@
 """What one resolver message does to the event row: NimBus's ``UpdateState`` as a pure function.
 
 Given the typed message and the current event row (or none), decide: the new row (applied) or a refusal
-(Spec 030), and the bookkeeping the next projection needs. No I/O; :mod:`handoff.resolver` writes it.
+(Spec 030), and the bookkeeping the next projection needs (:func:`project`); then the one transaction
+that writes it (:func:`plan_projection`) and what a refusal of that transaction means
+(:func:`projection_refused`). No I/O; :mod:`handoff.resolver` reads, submits and decides again.
 """
 
 from __future__ import annotations
 
+import json
+import uuid
 from dataclasses import dataclass
 from datetime import datetime
+from enum import Enum
+from typing import Any
 
+from common import transactions as tx
 from common.errors import KeyTooLong
+from common.transactions import Operation, Refusal
 from handoff import counts, guard, keys
-from handoff.contract import InboundMessage, MessageType, ResolutionStatus
-from handoff.records import EventRow, HistoryRow
+from handoff.contract import MANAGER_ID, InboundMessage, MessageType, ResolutionStatus
+from handoff.records import (
+    AuditRow,
+    EventRow,
+    ExpiryRow,
+    HistoryRow,
+    JobRow,
+    ListingRow,
+    QueueRow,
+    SinceRow,
+    TableRecord,
+    int64,
+)
 from handoff.status_map import overrides_processing_time, pending_sub_status, status_for
 
 RESOLVER_AUDITOR = "Resolver"
@@ -194,3 +213,202 @@ def other_session_than_park(m: InboundMessage, current: EventRow) -> bool:
 def stale_comment(m: InboundMessage) -> str:
     """The Comment NimBus's Resolver audits when Spec 030 refuses a write."""
     return f"Ignored stale {m.message_type.name} {m.message_id}: the audit row already holds a later outcome."
+
+
+# -- the transaction ----------------------------------------------------------------------------------
+
+
+class ProjectionRefused(Enum):
+    """What a refused projection transaction means."""
+
+    DUPLICATE = "duplicate"  # the history row exists: the message was projected before, nothing changes
+    RACED = "raced"  # another writer changed the event's rows between our read and write: decide again
+    OTHER = "other"  # no refusal of a row (a fault, a bug): raise
+
+
+def projection_refused(refused: Refusal | None) -> ProjectionRefused:
+    """The history insert comes first and the transaction is atomic: a conflict on it is a duplicate;
+    any other refused row is a race with another writer of the event."""
+    if refused is None:
+        return ProjectionRefused.OTHER
+    if refused.at(0) and refused.status == 409:
+        return ProjectionRefused.DUPLICATE
+    return ProjectionRefused.RACED
+
+
+def plan_projection(
+    pk: str, m: InboundMessage, current: EventRow | None, decision: Projection, *, now: datetime
+) -> list[Operation]:
+    """The one transaction of a projection: the history row (insert-only, first), then the new event row
+    with its index, listing and count rows (applied) or the refusal's audit and bookkeeping (refused), and
+    a RetryRequest's audit. Every write is conditional on the event row as read (``current``)."""
+    sequence = (current.history_count if current else 0) + 1
+    history = history_row(m, now=now, sequence=sequence)
+    ops: list[Operation] = [tx.insert(history.to_entity(pk, keys.history_row(m.event_id, m.message_id)))]
+    if decision.applied:
+        assert decision.row is not None
+        ops += _applied_ops(pk, decision.row, current)
+    else:
+        ops += _refused_ops(pk, m, current, decision, sequence, now=now)
+    if m.message_type is MessageType.RetryRequest:
+        ops.append(_retry_audit(pk, m, now))
+    return ops
+
+
+def _applied_ops(pk: str, row: EventRow, current: EventRow | None) -> list[Operation]:
+    entity = row.to_entity(pk, keys.event_row(row.event_id))
+    ops = [tx.insert(entity) if current is None else tx.replace(entity, current.etag or "*")]
+    # Index rows change with the event row in the same transaction. The event row's ETag check makes
+    # the index keys read from it current, so deleting them by key (If-Match *) cannot miss.
+    wanted: list[tuple[str | None, str | None, TableRecord | None]] = [
+        (
+            current.queue_key if current else None,
+            row.queue_key,
+            QueueRow(
+                event_id=row.event_id,
+                event_type_id=row.event_type_id,
+                parked_message_id=row.last_message_id or "",
+            ),
+        ),
+        (
+            current.job_key if current else None,
+            row.job_key,
+            JobRow(event_id=row.event_id, external_job_id=row.external_job_id)
+            if row.external_job_id
+            else None,
+        ),
+        (
+            current.expiry_key if current else None,
+            row.expiry_key,
+            ExpiryRow(event_id=row.event_id, expected_by=row.expected_by) if row.expected_by else None,
+        ),
+    ]
+    for before, after, index_row in wanted:
+        if before == after:
+            continue  # same hand-off, same index row (it may carry a settlement's ClaimedUntil)
+        if before:
+            ops.append(tx.delete(pk, before))
+        if after and index_row is not None:
+            ops.append(tx.insert(index_row.to_entity(pk, after)))
+    if current is None and row.session_id:  # the session index (operators' find), insert-only
+        key = keys.session_row(row.session_id, row.event_id)
+        ops.append(tx.insert({"PartitionKey": pk, "RowKey": key, "EventId": row.event_id}))
+    return ops + _operator_ops(pk, row, current)
+
+
+def _operator_ops(pk: str, row: EventRow, current: EventRow | None) -> list[Operation]:
+    """Listing rows, the oldest-first row and the counts delta, in the event row's transaction."""
+    ops: list[Operation] = []
+    counted = current is not None and current.counted
+    old_keys = current.listing_keys if current and counted else []
+    summary = ListingRow(
+        event_id=row.event_id,
+        event_type_id=row.event_type_id,
+        resolution_status=row.resolution_status,
+        pending_sub_status=row.pending_sub_status,
+        message_type=row.message_type,
+        last_message_id=row.last_message_id,
+        session_id=row.session_id,
+        updated_at=row.updated_at,
+        enqueued_time_utc=row.enqueued_time_utc,
+        reason=_short(row.reason or _error_text(row.message_content)),
+        external_job_id=row.external_job_id,
+    )
+    for key in old_keys:
+        if key not in row.listing_keys:
+            ops.append(tx.delete(pk, key))
+    for key in row.listing_keys:
+        entity = summary.to_entity(pk, key)
+        ops.append(tx.replace(entity, "*") if key in old_keys else tx.insert(entity))
+    old_since = current.since_key if current and counted else None
+    if old_since != row.since_key:
+        if old_since:
+            ops.append(tx.delete(pk, old_since))
+        if row.since_key and row.since_at:
+            ops.append(
+                tx.insert(SinceRow(event_id=row.event_id, since_at=row.since_at).to_entity(pk, row.since_key))
+            )
+    before = (
+        counts.buckets_of(current.resolution_status, current.pending_sub_status)
+        if current and counted
+        else ()
+    )
+    change = counts.delta(before, counts.buckets_of(row.resolution_status, row.pending_sub_status))
+    if change:
+        ops.append(tx.insert(delta_entity(pk, row.updated_at, change)))
+    return ops
+
+
+def _retry_audit(pk: str, m: InboundMessage, now: datetime) -> Operation:
+    """NimBus audits a RetryRequest (Manager / Retry); in the transaction, so a copy cannot repeat it."""
+    audit = AuditRow(
+        auditor_name=MANAGER_ID,
+        audit_timestamp=now,
+        audit_type="Retry",
+        data=f"RetryRequest {m.message_id}",
+        event_id=m.event_id,
+        endpoint_id=m.endpoint_id,
+        event_type_id=m.event_type_id,
+    )
+    return tx.insert(audit.to_entity(pk, keys.audit_row(m.event_id, now, uuid.uuid4().hex)))
+
+
+def _refused_ops(
+    pk: str,
+    m: InboundMessage,
+    current: EventRow | None,
+    decision: Projection,
+    sequence: int,
+    *,
+    now: datetime,
+) -> list[Operation]:
+    assert current is not None  # only an existing row can refuse
+    audit = AuditRow(
+        auditor_name=RESOLVER_AUDITOR,
+        audit_timestamp=now,
+        audit_type="Comment",
+        data=decision.refusal or stale_comment(m),
+        event_id=m.event_id,
+        endpoint_id=m.endpoint_id,
+        event_type_id=m.event_type_id,
+    )
+    # The row's projection stays as it is; only the bookkeeping columns move (ETag-conditional, so a
+    # concurrent projection makes this transaction fail and re-decide).
+    bookkeeping: dict[str, Any] = {
+        "PartitionKey": pk,
+        "RowKey": keys.event_row(m.event_id),
+        "HandoffSeen": decision.handoff_seen,
+        "HistoryCount": int64(sequence),
+    }
+    if decision.request_enqueued_at is not None:
+        bookkeeping["RequestEnqueuedAt"] = decision.request_enqueued_at
+    return [
+        tx.insert(audit.to_entity(pk, keys.audit_row(m.event_id, now, uuid.uuid4().hex))),
+        tx.merge(bookkeeping, current.etag),
+    ]
+
+
+def delta_entity(pk: str, at: datetime, change: dict[str, int]) -> dict[str, Any]:
+    """A counts delta row (insert-only; see :mod:`handoff.counts`)."""
+    entity: dict[str, Any] = {"PartitionKey": pk, "RowKey": keys.delta_row(at, uuid.uuid4().hex)}
+    entity.update({counts.column(bucket): value for bucket, value in change.items()})
+    return entity
+
+
+def _error_text(message_content: str | None) -> str | None:
+    """``ErrorContent.ErrorText`` of a stored body, if it has one."""
+    if not message_content:
+        return None
+    try:
+        data = json.loads(message_content)
+    except ValueError:
+        return None
+    error = data.get("ErrorContent") if isinstance(data, dict) else None
+    text = error.get("ErrorText") if isinstance(error, dict) else None
+    return text if isinstance(text, str) else None
+
+
+def _short(text: str | None, limit: int = 300) -> str | None:
+    if text is None:
+        return None
+    return text if len(text) <= limit else text[: limit - 1] + "…"

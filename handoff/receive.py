@@ -1,10 +1,10 @@
 """Agent receive and the read lookups. Index reads only, never a scan.
 
 * ``next`` (NimBus-compatible): the oldest parked hand-off, non-claiming.
-* leased receive (issue 22): the oldest parked hand-off no one holds, claimed for a lease with one
+* leased receive: the oldest parked hand-off no one holds, claimed for a lease with one
   conditional write on its queue row (``ClaimedUntil`` = the lease's end, ``LeaseToken``); renewable,
   released on request, taken over by anyone once expired. A settlement carrying the token is fenced by it
-  (:mod:`handoff.settlement`).
+  (:mod:`handoff.settlement`). Its rules are :mod:`handoff.leases`.
 * Long-polls (``waitSeconds`` > 0) hold one of ``LONG_POLL_PERMITS`` per instance; beyond that, 429 with
   ``Retry-After`` (NimBus's ``nimbus-agent-receive`` concurrency limiter: PermitLimit 20).
 """
@@ -20,8 +20,10 @@ from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timedelta
 
 from common.clock import iso, utcnow
-from common.errors import Conflict, InvalidInput, NotFound, SettleError
-from handoff import store
+from common.errors import InvalidInput, NotFound, SettleError
+from common.transactions import refusal
+from handoff import leases
+from handoff.leases import LeaseLost
 from handoff.models import (
     EventView,
     LeasedHandoffView,
@@ -44,14 +46,6 @@ MAX_LEASE = timedelta(hours=1)
 # when every candidate of its last page was taken by faster agents meanwhile.
 _LEASE_CANDIDATES = 10
 _LEASE_CANDIDATES_MAX = 100
-_SETTLING = "9999"  # ``ClaimedUntil`` of a hand-off whose settlement is claimed starts so (never expires)
-
-
-class LeaseLost(Conflict):
-    """The lease token no longer holds the hand-off (expired and taken, released, or settled)."""
-
-    slug = "lease-lost"
-    title = "The lease on this hand-off was lost"
 
 
 class TooManyLongPolls(SettleError):
@@ -218,27 +212,11 @@ class ReceiveService:
         agent_id: str | None,
         now: datetime,
     ) -> bool:
-        from azure.data.tables import TableTransactionError
-
-        assert entry.row_key is not None and entry.etag is not None
+        pk = self.store.event_partition(endpoint_id, entry.event_id)
         try:
-            self.store.submit(
-                [
-                    store.merge(
-                        {
-                            "PartitionKey": self.store.event_partition(endpoint_id, entry.event_id),
-                            "RowKey": entry.row_key,
-                            "ClaimedUntil": iso(until),
-                            "LeaseToken": token,
-                            "LeasedBy": agent_id or "",
-                            "LeasedAt": now,
-                        },
-                        entry.etag,
-                    )
-                ]
-            )
-        except TableTransactionError as exc:
-            if exc.status_code in (404, 412):
+            self.store.submit([leases.plan_lease(pk, entry, token, until, agent_id, now)])
+        except Exception as exc:
+            if leases.lost(refusal(exc)):
                 return False
             raise
         return True
@@ -261,25 +239,12 @@ class ReceiveService:
 
     def release(self, endpoint_id: str, event_id: str, token: str) -> None:
         """Give the hand-off back at once (the next receive gets it)."""
-        from azure.data.tables import TableTransactionError
-
         entry = self._held(endpoint_id, event_id, token)
-        assert entry.row_key is not None and entry.etag is not None
+        pk = self.store.event_partition(endpoint_id, entry.event_id)
         try:
-            self.store.submit(
-                [
-                    store.merge(
-                        {
-                            "PartitionKey": self.store.event_partition(endpoint_id, entry.event_id),
-                            "RowKey": entry.row_key,
-                            "ClaimedUntil": "0",
-                        },
-                        entry.etag,
-                    )
-                ]
-            )
-        except TableTransactionError as exc:
-            if exc.status_code in (404, 412):
+            self.store.submit([leases.plan_give_back(pk, entry)])
+        except Exception as exc:
+            if leases.lost(refusal(exc)):
                 raise self._lost(event_id) from exc
             raise
 
@@ -289,12 +254,7 @@ class ReceiveService:
         if row is None:
             raise NotFound(f"Event {event_id!r} is unknown on endpoint {endpoint_id!r}.")
         entry = self.store.get_queue_row(endpoint_id, event_id, row.queue_key) if row.queue_key else None
-        if (
-            entry is None
-            or entry.lease_token != token
-            or entry.claimed_until.startswith(_SETTLING)
-            or entry.claimed_until == "0"
-        ):
+        if entry is None or not leases.held(entry, token):
             raise self._lost(event_id)
         return entry
 

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from common import telemetry
-from handoff import ids, store
+from common import transactions as tx
+from handoff import ids
 from handoff.outbox import RETRY_AFTER, ClaimState
 from handoff.records import ReconcileRow
 from handoff.settlement import SettlementService
@@ -128,7 +129,7 @@ class Reconciler:
     def _drop(self, endpoint_id: str, due: ReconcileRow) -> None:
         assert due.row_key is not None
         pk = self.store.event_partition(endpoint_id, due.event_id)
-        self.store.submit([store.delete(pk, due.row_key, due.etag)])
+        self.store.submit([tx.delete(pk, due.row_key, due.etag)])
 
     def _postpone(self, endpoint_id: str, due: ReconcileRow) -> None:
         """Move a row that could not be handled behind the others (best effort), so it blocks no one."""

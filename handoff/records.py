@@ -8,13 +8,13 @@ Table Storage limits (Azure's, enforced here because Azurite is looser): 64 KiB 
 1 MiB per entity (Azurite: counted in the request's escaped JSON), 4 MiB per entity-group transaction
 (the request body, JSON with non-ASCII escaped).
 A body that cannot fit is *stored truncated* (``ContentTruncated`` = true), never refused: the row must
-still be projected (issue 11, item 5). Each long text column is kept within ``MAX_CONTENT_BYTES`` as
-UTF-16 and ``MAX_CONTENT_WIRE`` as escaped JSON, so the two copies a projection writes (history row and
-event row) fit one transaction.
+still be projected (a message refused for its size would be missing from the history). Each long text
+column is kept within ``MAX_CONTENT_BYTES`` as UTF-16 and ``MAX_CONTENT_WIRE`` as escaped JSON, so the two
+copies a projection writes (history row and event row) fit one transaction.
 """
 
 # No ``from __future__ import annotations`` here: annotations evaluated as each class is made spare
-# pydantic compiling them from strings (this module's import ~20 % shorter; issue 21, cold start).
+# pydantic compiling them from strings (this module's import ~20 % shorter: it is on the cold start's path).
 
 import base64
 import binascii
@@ -348,7 +348,7 @@ class QueueRow(TableRecord):
     # ISO text compared server-side; "0" (sorts before every time) when unclaimed, so the column always
     # exists (a filter on a missing property never matches). A leased receive sets it to the lease's end.
     claimed_until: str = "0"
-    # Leased receive (issue 22): the current lease's token, holder and start (kept after it ends: a
+    # Leased receive: the current lease's token, holder and start (kept after it ends: a
     # settlement with that token is fenced by it until another agent leases the hand-off).
     lease_token: str | None = None
     leased_by: str | None = None

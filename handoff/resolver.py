@@ -12,19 +12,18 @@ from __future__ import annotations
 import json
 import logging
 import time
-import uuid
 from collections.abc import Callable
 from datetime import datetime
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Protocol
 
 from common import telemetry
+from common import transactions as tx
 from common.beside import Beside
 from common.clock import utcnow
 from common.errors import KeyTooLong, is_transient_storage_fault
-from handoff import counts, ids, keys, store
+from handoff import ids
 from handoff.contract import (
-    MANAGER_ID,
     InboundMessage,
     MessageType,
     PoisonMessage,
@@ -35,20 +34,13 @@ from handoff.contract import (
     parse_message,
     properties_of,
 )
-from handoff.projection import RESOLVER_AUDITOR, history_row, project, stale_comment
+from handoff.projection import ProjectionRefused, plan_projection, project, projection_refused
+from handoff.projection import delta_entity as delta_entity  # where the poison desk imports it from
 from handoff.records import (
-    AuditRow,
     EventRow,
-    ExpiryRow,
-    JobRow,
-    ListingRow,
     PoisonRow,
-    QueueRow,
-    SinceRow,
-    TableRecord,
-    int64,
 )
-from handoff.store import HandoffStore, Operation
+from handoff.store import HandoffStore
 
 if TYPE_CHECKING:
     import azure.functions as func
@@ -155,32 +147,6 @@ def poison_endpoint(props: dict[str, Any]) -> str | None:
     return from_ if (to is None or to == RESOLVER_ID) else to
 
 
-def delta_entity(pk: str, at: datetime, change: dict[str, int]) -> dict[str, Any]:
-    """A counts delta row (insert-only; see :mod:`handoff.counts`)."""
-    entity: dict[str, Any] = {"PartitionKey": pk, "RowKey": keys.delta_row(at, uuid.uuid4().hex)}
-    entity.update({counts.column(bucket): value for bucket, value in change.items()})
-    return entity
-
-
-def _error_text(message_content: str | None) -> str | None:
-    """``ErrorContent.ErrorText`` of a stored body, if it has one."""
-    if not message_content:
-        return None
-    try:
-        data = json.loads(message_content)
-    except ValueError:
-        return None
-    error = data.get("ErrorContent") if isinstance(data, dict) else None
-    text = error.get("ErrorText") if isinstance(error, dict) else None
-    return text if isinstance(text, str) else None
-
-
-def _short(text: str | None, limit: int = 300) -> str | None:
-    if text is None:
-        return None
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
 def retry_delay(attempt: int) -> float:
     """5 s, 10 s, 20 s, ... capped at 300 s, for logical attempt ``attempt`` (1-based)."""
     return float(min(_BASE_DELAY_S * 2 ** max(0, attempt - 1), _MAX_DELAY_S))
@@ -271,7 +237,7 @@ class ResolverService:
         pk = self.store.event_partition(endpoint, m.event_id)  # every row of the event: one EGT
         # The operator overview, the sweeper and the reconciler walk the listed endpoints: an endpoint new
         # to this process is listed beside the event's read, and the projection is written only once it
-        # is (issue 21: a cold instance's first message).
+        # is (a cold instance's first message must not leave its endpoint unlisted).
         listing: Beside[None] | None = None
         if endpoint not in self._registered:
             listing = Beside(lambda: self.store.register_endpoint(endpoint), name="settle-endpoint-listing")
@@ -292,46 +258,26 @@ class ResolverService:
         listing: Beside[None] | None,
         indexed: Callable[[], list[dict[str, Any]]],
     ) -> Outcome:
-        from azure.data.tables import TableTransactionError
-
         endpoint = m.endpoint_id
         for _ in range(_ETAG_ATTEMPTS):
             current = self.store.get_event(endpoint, m.event_id)
             now = self.clock()
             decision = project(m, current, now=now)
-            sequence = (current.history_count if current else 0) + 1
-            history = history_row(m, now=now, sequence=sequence)
-            ops: list[Operation] = [
-                store.insert(history.to_entity(pk, keys.history_row(m.event_id, m.message_id)))
-            ]
-            if decision.applied:
-                assert decision.row is not None
-                if listing is not None:
-                    listing.result()  # what it raised is raised: the event is not written unlisted
-                    self._registered.add(endpoint)
-                ops += self._applied_ops(pk, decision.row, current)
-            else:
-                ops += self._refused_ops(
-                    pk,
-                    m,
-                    current,
-                    decision.request_enqueued_at,
-                    decision.handoff_seen,
-                    sequence,
-                    comment=decision.refusal,
-                )
-            if m.message_type is MessageType.RetryRequest:
-                ops.append(self._retry_audit(pk, m, now))
+            if decision.applied and listing is not None:
+                listing.result()  # what it raised is raised: the event is not written unlisted
+                self._registered.add(endpoint)
+            ops = plan_projection(pk, m, current, decision, now=now)
             lost = indexed()
             if lost:
-                ops.append(store.insert(ids.repair_entity(pk, m, lost, now)))
+                ops.append(tx.insert(ids.repair_entity(pk, m, lost, now)))
             try:
                 self.store.submit(ops)
-            except TableTransactionError as exc:
-                if exc.index == 0 and exc.status_code == 409:
+            except Exception as exc:
+                verdict = projection_refused(tx.refusal(exc))
+                if verdict is ProjectionRefused.DUPLICATE:
                     log.info("duplicate %s %s ignored", m.message_type.name, m.message_id)
                     return Outcome.DUPLICATE
-                if exc.status_code in (404, 409, 412):
+                if verdict is ProjectionRefused.RACED:
                     continue  # another writer changed the row between our read and write: re-decide
                 raise
             telemetry.annotate(
@@ -355,141 +301,6 @@ class ResolverService:
             )
             return Outcome.REFUSED
         raise TransientProjectionError(f"event {m.event_id} kept changing during projection")
-
-    def _applied_ops(self, pk: str, row: EventRow, current: EventRow | None) -> list[Operation]:
-        entity = row.to_entity(pk, keys.event_row(row.event_id))
-        ops = [store.insert(entity) if current is None else store.replace(entity, current.etag or "*")]
-        # Index rows change with the event row in the same transaction. The event row's ETag check makes
-        # the index keys read from it current, so deleting them by key (If-Match *) cannot miss.
-        wanted: list[tuple[str | None, str | None, TableRecord | None]] = [
-            (
-                current.queue_key if current else None,
-                row.queue_key,
-                QueueRow(
-                    event_id=row.event_id,
-                    event_type_id=row.event_type_id,
-                    parked_message_id=row.last_message_id or "",
-                ),
-            ),
-            (
-                current.job_key if current else None,
-                row.job_key,
-                JobRow(event_id=row.event_id, external_job_id=row.external_job_id)
-                if row.external_job_id
-                else None,
-            ),
-            (
-                current.expiry_key if current else None,
-                row.expiry_key,
-                ExpiryRow(event_id=row.event_id, expected_by=row.expected_by) if row.expected_by else None,
-            ),
-        ]
-        for before, after, index_row in wanted:
-            if before == after:
-                continue  # same hand-off, same index row (it may carry a settlement's ClaimedUntil)
-            if before:
-                ops.append(store.delete(pk, before))
-            if after and index_row is not None:
-                ops.append(store.insert(index_row.to_entity(pk, after)))
-        if current is None and row.session_id:  # the session index (operators' find), insert-only
-            key = keys.session_row(row.session_id, row.event_id)
-            ops.append(store.insert({"PartitionKey": pk, "RowKey": key, "EventId": row.event_id}))
-        return ops + self._operator_ops(pk, row, current)
-
-    def _operator_ops(self, pk: str, row: EventRow, current: EventRow | None) -> list[Operation]:
-        """Listing rows, the oldest-first row and the counts delta, in the event row's transaction."""
-        ops: list[Operation] = []
-        counted = current is not None and current.counted
-        old_keys = current.listing_keys if current and counted else []
-        summary = ListingRow(
-            event_id=row.event_id,
-            event_type_id=row.event_type_id,
-            resolution_status=row.resolution_status,
-            pending_sub_status=row.pending_sub_status,
-            message_type=row.message_type,
-            last_message_id=row.last_message_id,
-            session_id=row.session_id,
-            updated_at=row.updated_at,
-            enqueued_time_utc=row.enqueued_time_utc,
-            reason=_short(row.reason or _error_text(row.message_content)),
-            external_job_id=row.external_job_id,
-        )
-        for key in old_keys:
-            if key not in row.listing_keys:
-                ops.append(store.delete(pk, key))
-        for key in row.listing_keys:
-            entity = summary.to_entity(pk, key)
-            ops.append(store.replace(entity, "*") if key in old_keys else store.insert(entity))
-        old_since = current.since_key if current and counted else None
-        if old_since != row.since_key:
-            if old_since:
-                ops.append(store.delete(pk, old_since))
-            if row.since_key and row.since_at:
-                ops.append(
-                    store.insert(
-                        SinceRow(event_id=row.event_id, since_at=row.since_at).to_entity(pk, row.since_key)
-                    )
-                )
-        before = (
-            counts.buckets_of(current.resolution_status, current.pending_sub_status)
-            if current and counted
-            else ()
-        )
-        change = counts.delta(before, counts.buckets_of(row.resolution_status, row.pending_sub_status))
-        if change:
-            ops.append(store.insert(delta_entity(pk, row.updated_at, change)))
-        return ops
-
-    @staticmethod
-    def _retry_audit(pk: str, m: InboundMessage, now: datetime) -> Operation:
-        """NimBus audits a RetryRequest (Manager / Retry); in the transaction, so a copy cannot repeat it."""
-        audit = AuditRow(
-            auditor_name=MANAGER_ID,
-            audit_timestamp=now,
-            audit_type="Retry",
-            data=f"RetryRequest {m.message_id}",
-            event_id=m.event_id,
-            endpoint_id=m.endpoint_id,
-            event_type_id=m.event_type_id,
-        )
-        return store.insert(audit.to_entity(pk, keys.audit_row(m.event_id, now, uuid.uuid4().hex)))
-
-    def _refused_ops(
-        self,
-        pk: str,
-        m: InboundMessage,
-        current: EventRow | None,
-        request_at: datetime | None,
-        seen: bool,
-        sequence: int,
-        *,
-        comment: str | None = None,
-    ) -> list[Operation]:
-        assert current is not None  # only an existing row can refuse
-        now = self.clock()
-        audit = AuditRow(
-            auditor_name=RESOLVER_AUDITOR,
-            audit_timestamp=now,
-            audit_type="Comment",
-            data=comment or stale_comment(m),
-            event_id=m.event_id,
-            endpoint_id=m.endpoint_id,
-            event_type_id=m.event_type_id,
-        )
-        # The row's projection stays as it is; only the bookkeeping columns move (ETag-conditional, so a
-        # concurrent projection makes this transaction fail and re-decide).
-        bookkeeping: dict[str, Any] = {
-            "PartitionKey": pk,
-            "RowKey": keys.event_row(m.event_id),
-            "HandoffSeen": seen,
-            "HistoryCount": int64(sequence),
-        }
-        if request_at is not None:
-            bookkeeping["RequestEnqueuedAt"] = request_at
-        return [
-            store.insert(audit.to_entity(pk, keys.audit_row(m.event_id, now, uuid.uuid4().hex))),
-            store.merge(bookkeeping, current.etag),
-        ]
 
     # -- failure paths -----------------------------------------------------------------------------
 

@@ -17,6 +17,14 @@ from typing import TYPE_CHECKING, Any
 from common.errors import KeyTooLong, is_transient_storage_fault
 from common.partition_meter import METER
 from common.tables import Tables, first_rows
+
+# The operation builders live in ``common.transactions``; the operator modules still import them from here.
+from common.transactions import MAX_TRANSACTION_OPS as MAX_TRANSACTION_OPS
+from common.transactions import Operation as Operation
+from common.transactions import delete as delete
+from common.transactions import insert as insert
+from common.transactions import merge as merge
+from common.transactions import replace as replace
 from handoff import keys
 from handoff.records import (
     AuditRow,
@@ -35,49 +43,6 @@ if TYPE_CHECKING:
     from azure.data.tables import TableClient
 
 log = logging.getLogger("settle.handoff.store")
-
-Operation = tuple[Any, ...]
-# Azure's limit; Azurite breaks the connection beyond it instead of answering.
-MAX_TRANSACTION_OPS = 100
-
-
-def insert(entity: dict[str, Any]) -> Operation:
-    return ("create", entity)
-
-
-def replace(entity: dict[str, Any], etag: str) -> Operation:
-    from azure.core import MatchConditions
-    from azure.data.tables import UpdateMode
-
-    return (
-        "update",
-        entity,
-        {"mode": UpdateMode.REPLACE, "etag": etag, "match_condition": MatchConditions.IfNotModified},
-    )
-
-
-def merge(entity: dict[str, Any], etag: str | None = None) -> Operation:
-    """Merge columns; with no ETag the row must exist (``If-Match: *``)."""
-    from azure.core import MatchConditions
-    from azure.data.tables import UpdateMode
-
-    if etag is None:
-        return ("update", entity, {"mode": UpdateMode.MERGE})
-    return (
-        "update",
-        entity,
-        {"mode": UpdateMode.MERGE, "etag": etag, "match_condition": MatchConditions.IfNotModified},
-    )
-
-
-def delete(partition_key: str, row_key: str, etag: str | None = None) -> Operation:
-    """Delete; with no ETag the row must exist (``If-Match: *``)."""
-    from azure.core import MatchConditions
-
-    entity = {"PartitionKey": partition_key, "RowKey": row_key}
-    if etag is None:
-        return ("delete", entity)
-    return ("delete", entity, {"etag": etag, "match_condition": MatchConditions.IfNotModified})
 
 
 def _quote(value: str) -> str:
