@@ -83,7 +83,7 @@ SECTIONS: dict[str, Callable[[Environment], list[Figure]]] = {
 
 # Sections bound by the wall clock and nearly idle (the keeper's simulated hour is two minutes of sleeping
 # between lock extensions) run in a process of their own, with their own Azurite, beside the others: two
-# minutes less of make bench (issue 21: under 10 minutes). Their figures are counts, not timings.
+# minutes less of make bench (make bench must stay under 10 minutes). Their figures are counts, not timings.
 BESIDE = ("keeper",)
 
 

@@ -31,7 +31,7 @@ from state.store import WriteContext, lock_fields
 
 BATCH = 100
 # Transactions sent at once while loading: Azurite and this process overlap (2 cores), and a busy machine
-# gives the load more of its time (issue 21: make bench must stay under 10 minutes).
+# gives the load more of its time (make bench must stay under 10 minutes).
 LOAD_WORKERS = 4
 
 

@@ -254,7 +254,7 @@ def _run(env: Environment, app: Path) -> list[Figure]:
     settle_total, floor_total = med("settle", "total"), med("floor", "total")
     value = settle_total / floor_total
     # The same ratio within each round (the two sides ran back to back, under the same load): its spread
-    # says how far a busy machine moves the figure (issue 21: report the spread).
+    # says how far a busy machine moves the figure (so the spread is reported).
     per_round = sorted(
         float(a["total"]) / float(b["total"]) for a, b in zip(runs["settle"], runs["floor"], strict=True)
     )
