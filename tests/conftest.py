@@ -161,6 +161,14 @@ def settle_tables(azurite_connection: str) -> Iterator[str]:
     _use_tables(NO_STORAGE, "settlenostorage")
 
 
+@pytest.fixture(autouse=True)
+def _storage_tests_find_the_session_tables(request: pytest.FixtureRequest) -> None:
+    """A test that asks for Azurite only (for a process of its own, a client of its own) still finds the
+    app pointed at it, as every test did before storage was opt-in. Nothing for a pure test."""
+    if STORAGE_FIXTURE in request.fixturenames:
+        request.getfixturevalue("settle_tables")
+
+
 @pytest.fixture
 def fresh_tables(azurite_connection: str, settle_tables: str) -> Iterator[str]:
     """Empty tables for one test (a new prefix); the session's prefix is restored afterwards."""
