@@ -2,8 +2,9 @@
 
 Storage is opt-in. A test that needs Table Storage requests ``settle_tables`` (a module says so once:
 ``pytestmark = pytest.mark.usefixtures("settle_tables")``), or a fixture that depends on it: ``call``,
-``fresh_tables``, and every fixture built on ``azurite_connection``. Such a test is marked ``storage``
-at collection, and ``make test-unit`` runs the others (``-m "not storage"``) with no Azurite at all.
+``resolve``, ``fresh_tables``, and every fixture built on ``azurite_connection``. Such a test is marked
+``storage`` at collection. ``make test-unit`` runs the others with no Azurite at all, except the few
+marked ``heavy`` (seconds a test: they run deploy scripts, pip, the CLI or the worker's indexer).
 
 Azurite is started once per session (in memory, on a free port), at the first test that needs it, unless
 ``SETTLE_TEST_AZURITE`` already holds a connection string (``.ci/run`` starts one for the whole run).
