@@ -6,7 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run demo test lint typecheck pytest bench bench-smoke bench-report reliability reliability-throttled infra-check infra-types azurite table-export table-restore reshard clean
+.PHONY: install run demo test test-unit lint typecheck pytest bench bench-smoke bench-report reliability reliability-throttled infra-check infra-types azurite table-export table-restore reshard clean
 
 $(STAMP): requirements.txt requirements-dev.txt client/pyproject.toml package.json package-lock.json
 	@test -n "$(PYTHON)" || { devtools/find-python.sh >/dev/null; exit 1; }
@@ -28,6 +28,9 @@ demo: $(STAMP) ## Realistic traffic through the resolver of a running `make run`
 	$(PY) -m devtools.demo $(DEMO_ARGS)
 
 test: $(STAMP) lint typecheck pytest ## Lint, type-check and run the whole test suite (starts Azurite itself).
+
+test-unit: $(STAMP) ## The fast loop: every test that needs no storage and starts no other program (no Azurite).
+	$(PY) -m pytest -q -m "not storage and not heavy and not slow and not live" $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -10,6 +10,10 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.storage  # starts an Azurite of its own
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -25,6 +25,8 @@ from tests.client.conftest import WAIT_S, park
 from tests.conftest import new_prefix
 from tests.devhost.conftest import HostProcess
 
+pytestmark = pytest.mark.heavy  # runs other programs: seconds a test
+
 SETTLE = Path(sys.executable).parent / "settle"
 COMMANDS = ("find", "show", "resubmit", "skip", "complete", "fail", "resolve", "poison", "state", "handoffs")
 LEAVES = (

@@ -14,8 +14,12 @@ import uuid
 import zipfile
 from pathlib import Path
 
+import pytest
+
 from tests.client.conftest import park, some
 from tests.devhost.conftest import HostProcess
+
+pytestmark = pytest.mark.heavy  # runs other programs: seconds a test
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 120

@@ -18,6 +18,8 @@ import pytest
 from settle_client import __version__
 from settle_client._version import VERSION
 
+pytestmark = pytest.mark.heavy  # runs other programs: seconds a test
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

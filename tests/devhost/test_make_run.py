@@ -15,8 +15,11 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from devtools.azurite import SERVICES, Azurite, free_port, port_open
+
+pytestmark = pytest.mark.storage  # starts an Azurite of its own
 
 ROOT = Path(__file__).resolve().parents[2]
 HEALTH_DEADLINE_SECONDS = 60.0

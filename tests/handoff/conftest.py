@@ -137,7 +137,7 @@ def flow() -> Flow:
 
 
 @pytest.fixture
-def resolve(functions: dict[str, Any]) -> Callable[[ServiceBusMessage], None]:
+def resolve(functions: dict[str, Any], settle_tables: str) -> Callable[[ServiceBusMessage], None]:
     """Run the ``resolver`` function exactly as the host would for one delivered message."""
     fn = functions["resolver"].get_user_function()
     return lambda msg: fn(msg)

@@ -20,6 +20,8 @@ from handoff.resolver import Outcome, TransientProjectionError
 
 from .conftest import Flow
 
+pytestmark = pytest.mark.usefixtures("settle_tables")
+
 
 @pytest.fixture(autouse=True)
 def new_instance():

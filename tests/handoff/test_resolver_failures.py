@@ -18,6 +18,8 @@ from handoff.resolver import RETRY_BUDGET, Outcome, TransientProjectionError, re
 
 from .conftest import Flow, event_of, nimbus
 
+pytestmark = pytest.mark.usefixtures("settle_tables")
+
 
 @pytest.fixture(autouse=True)
 def fresh_services():

@@ -65,6 +65,7 @@ def test_integer_properties_read_ascii_digits_only(raw: str) -> None:
     assert parse_int(raw) is None
 
 
+@pytest.mark.usefixtures("settle_tables")
 def test_a_delivery_count_or_trace_header_the_resolver_cannot_read_does_not_raise(flow: Flow) -> None:
     msg = flow.request(message_id=f"odd-{flow.event_id}", traceparent="00-" + "z" * 5_000, RetryCount="²")
     msg.__dict__["_delivery_count"] = "①"  # as a broken worker binding could hand it over

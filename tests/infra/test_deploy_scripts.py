@@ -23,6 +23,8 @@ import pytest
 
 from tests.infra.bicep import INFRA
 
+pytestmark = pytest.mark.heavy  # runs other programs: seconds a test
+
 FAKE_AZ = r"""#!{python}
 import json, os, shutil, sys
 args = sys.argv[1:]

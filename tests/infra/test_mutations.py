@@ -23,6 +23,8 @@ from tests.infra.bicep import INFRA
 from tests.infra.infracheck import CHECKS, check_infra
 from tests.infra.roles import role_table
 
+pytestmark = pytest.mark.heavy  # checks a whole copy of infra/ per test: seconds a test
+
 # Never typed here: read from the verified list, like the Bicep does.
 SENDER = role_table(INFRA)["Azure Service Bus Data Sender"]
 

@@ -19,6 +19,8 @@ import pytest
 
 from tests.infra.bicep import INFRA, REPO
 
+pytestmark = pytest.mark.heavy  # runs other programs: seconds a test
+
 
 def package_module() -> ModuleType:
     spec = importlib.util.spec_from_file_location("settle_package", INFRA / "package.py")

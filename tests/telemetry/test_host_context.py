@@ -12,10 +12,13 @@ import uuid
 from typing import Any
 
 import azure.functions as func
+import pytest
 
 from devtools import host, indexing
 from tests.handoff.conftest import Flow
 from tests.telemetry.conftest import Recorded, parent_of
+
+pytestmark = pytest.mark.usefixtures("settle_tables")
 
 HOST_TRACE = "0af7651916cd43dd8448eb211c80319c"
 HOST_SPAN = "b7ad6b7169203331"

@@ -20,6 +20,8 @@ import pytest
 
 from devtools import host, indexing
 
+pytestmark = pytest.mark.heavy  # runs other programs: seconds a test
+
 ROOT = Path(__file__).resolve().parents[2]
 EXPECTED = Path(__file__).with_name("host_bindings.json")
 # What the host reads from each trigger binding (the rest, such as "direction", is fixed by the SDK).
