@@ -251,7 +251,8 @@ def head_of_line(
 
 def run(env: Environment) -> list[Figure]:
     # 24 hand-offs: every N divides it, so all agents finish together and the relative throughput does not
-    # depend on M (200 took 12 minutes of make bench on a busy machine; make bench must stay under 10 minutes in all).
+    # depend on M (200 took 12 minutes of make bench on a busy machine; make bench must stay under 10
+    # minutes in all).
     m = 8 if env.smoke else 24
     # The external work: long enough that it, not the shared Azurite, bounds one agent (the issue's
     # "fixed work time"); the baseline is cut after ``cap_s`` (its agents work each hand-off together).

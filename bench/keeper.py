@@ -93,7 +93,7 @@ def run(env: Environment) -> list[Figure]:
             target="1 (the lock's start)",
             verdict=verdict_at_most(float(len(history)), 1),
             unit="rows",
-            note=f"{what}; {extensions} extensions; baseline: one row per extension as well (the design before the keeper rows)",
+            note=f"{what}; {extensions} extensions; baseline: one row per extension (the earlier design)",
         ),
         Figure(
             section=SECTION,

@@ -6,7 +6,7 @@ Pairs: ``get`` and ``exists`` ÷ one point read; ``lock`` on a new key ÷ one in
 writes the extension to the history), and for context ÷ one conditional update.
 The raw rows carry the same fields and data as Settle's (``bench.workload.raw_entity``).
 
-Verdict (an earlier design's "get" measured 1.31 / 1.31 / 1.13 and "set" 1.42 / 1.15 / 1.26 in three runs, so a
+Verdict (before: "get" measured 1.31 / 1.31 / 1.13 and "set" 1.42 / 1.15 / 1.26 in three runs, so a
 single median against 1.3 flipped): each round gives one ratio (both sides timed in that round), the
 figure is the median of the :data:`ROUNDS` ratios, and the verdict is taken on a distribution-free
 confidence interval of that median (order statistics of the ratios, :func:`median_interval`): ``met``
