@@ -1,4 +1,4 @@
-"""Serves the console's three files. Anonymous for the Functions host (see ``docs/adr/0013-console-auth.md``):
+"""Serves the console's four files. Anonymous for the Functions host (see ``docs/adr/0013-console-auth.md``):
 the page itself holds no data; every call it makes goes to the management API, which checks who asks."""
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ bp = func.Blueprint()
 _FILES = {
     "index.html": "text/html",
     "app.js": "text/javascript",
+    "oncall.js": "text/javascript",
     "app.css": "text/css",
 }
 _HEADERS = {
@@ -42,7 +43,7 @@ def _file(name: str) -> func.HttpResponse:
 
 for _path, _id, _summary in (
     ("/api/console", "console", "The operator console (HTML; its data comes from the management API)"),
-    ("/api/console/{file}", "console_asset", "The console's script and style sheet (app.js, app.css)"),
+    ("/api/console/{file}", "console_asset", "The console's scripts and style sheet (app.js, oncall.js, app.css)"),
 ):
     openapi.register(
         openapi.Operation(
