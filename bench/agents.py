@@ -23,8 +23,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 import azure.functions as func
+from azure.functions.servicebus import ServiceBusMessage
 
 from bench.harness import Environment, Figure, HttpAnswer, verdict_at_least, verdict_at_most, verdict_equal
+from handoff import service
+from handoff.transport import LoopbackTransport
 
 SECTION = "agents"
 AGENTS = (1, 2, 4, 8)
@@ -57,7 +60,6 @@ def _call(
 
 
 def _message(kind: str, endpoint: str, event_id: str, message_id: str, parent: str, **extra: Any) -> Any:
-    from azure.functions.servicebus import ServiceBusMessage
 
     request = kind.endswith("Request")
     props = {
@@ -117,8 +119,6 @@ def _park(env: Environment, endpoint: str, ids: list[str]) -> None:
 
 
 def _loopback(env: Environment) -> None:
-    from handoff import service
-    from handoff.transport import LoopbackTransport
 
     service.use_transport(LoopbackTransport(lambda msg: service.resolver_service().handle(msg)))
 
@@ -251,7 +251,8 @@ def head_of_line(
 
 def run(env: Environment) -> list[Figure]:
     # 24 hand-offs: every N divides it, so all agents finish together and the relative throughput does not
-    # depend on M (200 took 12 minutes of make bench on a busy machine; make bench must stay under 10 minutes in all).
+    # depend on M (200 took 12 minutes of make bench on a busy machine; make bench must stay under 10 minutes
+    # in all).
     m = 8 if env.smoke else 24
     # The external work: long enough that it, not the shared Azurite, bounds one agent (the issue's
     # "fixed work time"); the baseline is cut after ``cap_s`` (its agents work each hand-off together).

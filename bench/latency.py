@@ -6,8 +6,8 @@ Pairs: ``get`` and ``exists`` ÷ one point read; ``lock`` on a new key ÷ one in
 writes the extension to the history), and for context ÷ one conditional update.
 The raw rows carry the same fields and data as Settle's (``bench.workload.raw_entity``).
 
-Verdict (an earlier design's "get" measured 1.31 / 1.31 / 1.13 and "set" 1.42 / 1.15 / 1.26 in three runs, so a
-single median against 1.3 flipped): each round gives one ratio (both sides timed in that round), the
+Verdict (an earlier design's "get" measured 1.31 / 1.31 / 1.13 and "set" 1.42 / 1.15 / 1.26 in three runs, so
+a single median against 1.3 flipped): each round gives one ratio (both sides timed in that round), the
 figure is the median of the :data:`ROUNDS` ratios, and the verdict is taken on a distribution-free
 confidence interval of that median (order statistics of the ratios, :func:`median_interval`): ``met``
 when the whole interval is at most the target, ``missed`` when the whole interval is above it, ``within
@@ -18,7 +18,11 @@ interval, its confidence and the spread of every round.
 from __future__ import annotations
 
 from collections.abc import Callable
+from math import comb
 from typing import Any
+
+from azure.core import MatchConditions
+from azure.data.tables import UpdateMode
 
 from bench.harness import (
     Environment,
@@ -42,7 +46,6 @@ def median_interval(values: list[float], confidence: float = CONFIDENCE) -> tupl
     """(low, high, coverage): the order statistics x(k) and x(n+1-k) of ``values`` that bracket their
     population median with probability ``coverage`` >= ``confidence`` (for the largest such k; with too
     few values, the whole range and its own coverage). Assumes only independent rounds, no distribution."""
-    from math import comb
 
     ordered = sorted(values)
     n = len(ordered)
@@ -77,7 +80,6 @@ def _raw_ops(env: Environment) -> dict[str, Callable[[], Callable[[], Any]]]:
         return lambda: table.create_entity(entity)
 
     def transaction() -> Callable[[], Any]:
-        from azure.core import MatchConditions
 
         head_key = unique_row()
         head = raw_entity(partition, head_key)
@@ -97,7 +99,6 @@ def _raw_ops(env: Environment) -> dict[str, Callable[[], Callable[[], Any]]]:
     def lock_transaction() -> Callable[[], Any]:
         # What a lock on a new key writes (ADR-0011): the head, its level-2 index row beside it, and the
         # minute's marker merged If-Match * (the marker itself is prepared once per minute, untimed here).
-        from azure.core import MatchConditions
 
         marker = {"PartitionKey": partition, "RowKey": unique_row()}
         table.create_entity(marker)
@@ -111,8 +112,6 @@ def _raw_ops(env: Environment) -> dict[str, Callable[[], Callable[[], Any]]]:
         return lambda: table.submit_transaction(ops)
 
     def conditional_update() -> Callable[[], Any]:
-        from azure.core import MatchConditions
-        from azure.data.tables import UpdateMode
 
         entity = raw_entity(partition, unique_row())
         meta = table.create_entity(entity)

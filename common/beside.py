@@ -1,4 +1,5 @@
-"""Beside: one request sent on a thread of its own while the caller sends others (it shortens a cold instance's first call).
+"""Beside: one request sent on a thread of its own while the caller sends others (it shortens a cold
+instance's first call).
 
 A cold instance's first lock reads the signing key and prepares its expiry minute; its first message
 registers the endpoint and reads the event. Neither pair depends on the other's answer, only on both being

@@ -5,6 +5,9 @@ A decision core returns the operations it wants submitted (built here, as plain 
 which operation the service refused and why, or that the exception is no refusal at all (a transient fault,
 an unknown error: the store lets it propagate or reads back). The azure SDK is imported only when an
 operation is built or an exception is read, so importing this module costs nothing at cold start.
+
+Azure SDK imports are inside the functions that use them, so the worker's indexing of the app does not load
+them.
 """
 
 from __future__ import annotations

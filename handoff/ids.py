@@ -4,6 +4,9 @@ The layout is :mod:`handoff.keys`' (``hoids``). The resolver sends a message's i
 its event read (:meth:`IdsIndex.send`); an insert that fails does not hold the projection up: its rows go
 into the event's transaction as a reconcile row, which the reconciler replays (:meth:`IdsIndex.replay`).
 Every write is an insert; a row already there is success (the same row is written for the same id).
+
+Azure SDK imports are inside the functions that use them, so the worker's indexing of the app does not load
+them.
 """
 
 from __future__ import annotations

@@ -3,6 +3,9 @@
 Every write is insert-only or conditional (``If-Match`` an ETag, or ``*`` where the row must still exist
 and a concurrent change of it is harmless); rows of one endpoint partition that change together are
 submitted as one entity-group transaction (``submit``).
+
+Azure SDK imports are inside the functions that use them, so the worker's indexing of the app does not load
+them.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from common.transactions import insert as insert
 from common.transactions import merge as merge
 from common.transactions import replace as replace
 from handoff import keys
+from handoff.counts import POISON, column
 from handoff.records import (
     AuditRow,
     ClaimRow,
@@ -321,8 +325,6 @@ class HandoffStore:
         """
         from azure.core.exceptions import HttpResponseError, ResourceExistsError
         from azure.data.tables import TableTransactionError
-
-        from handoff.counts import POISON, column
 
         pk, rk = keys.poison_keys(row.enqueued_time_utc, message_id)
         with contextlib.suppress(ResourceExistsError):

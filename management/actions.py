@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from common.clock import iso, utcnow
-from common.errors import Conflict, InvalidInput, NotFound
+from common.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge
 from common.principal import Actor, allowed, denial
 from handoff import keys, store
-from handoff.claim_resolution import ClaimResolution
+from handoff.claim_resolution import RESOLVE_AUDIT, ClaimResolution, ClaimResolver
 from handoff.contract import (
     Coordinates,
     EventPart,
@@ -276,7 +276,6 @@ class OperatorActions:
 
         Answers the resolution with its audit: the one written, or for a repeat (``replayed``) the audit of
         the resolution it repeats (None only for a claim the reconciler confirmed delivered)."""
-        from handoff.claim_resolution import RESOLVE_AUDIT, ClaimResolver
 
         row = self.store.get_event(endpoint_id, event_id)
         if row is None:
@@ -428,8 +427,6 @@ class OperatorActions:
         message = control_message(kind, row.endpoint_id, coords, content, message_id=str(uuid.uuid4()))
         size = encoded_size(message)
         if size > MAX_SEND_BYTES:
-            from common.errors import PayloadTooLarge
-
             raise PayloadTooLarge(
                 f"The {kind.name} would be {size:,} bytes as sent; Service Bus Standard accepts 262,144.",
                 field="eventJson",

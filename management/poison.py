@@ -13,6 +13,9 @@ merged ``If-Match`` its ETag), and a projected replay removes the row's count (`
 could only be a duplicate. A row whose replay was poisoned again may be replayed again (after a fix).
 Two replays at once both reach the resolver, which projects the message once; the row keeps the record
 of the replay that wrote first, and the other answers with it.
+
+Azure SDK imports are inside the functions that use them, so the worker's indexing of the app does not load
+them.
 """
 
 from __future__ import annotations
@@ -25,10 +28,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from azure.functions.servicebus import ServiceBusMessage
+
 from common.clock import utcnow
 from common.errors import Conflict, InvalidInput, NotFound, Unavailable
 from common.principal import Actor, allowed, denial
 from handoff import counts, keys, store
+from handoff.contract import Prop
 from handoff.records import AuditRow, PoisonRow
 from handoff.resolver import Outcome, ResolverService, TransientProjectionError, delta_entity
 from handoff.store import HandoffStore
@@ -202,9 +208,6 @@ class PoisonDesk:
 
     def _project(self, row: PoisonRow, edits: Edits | None = None) -> tuple[str, str | None]:
         """The stored message through the resolver once (no rescheduling, no sleeping: 503 on a fault)."""
-        from azure.functions.servicebus import ServiceBusMessage
-
-        from handoff.contract import Prop
 
         try:
             props: dict[str, Any] = json.loads(row.application_properties or "{}")

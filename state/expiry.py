@@ -21,6 +21,9 @@ is in ADR-0011.
 
 The cost on the lock path: the marker merge rides in the lock's own transaction (still one round trip);
 preparing costs two requests once per partition, minute and process.
+
+Azure SDK imports are inside the functions that use them, so the worker's indexing of the app does not load
+them.
 """
 
 from __future__ import annotations
