@@ -26,8 +26,9 @@ from common.clock import iso
 from common.errors import Conflict, NotFound
 from handoff import keys
 from handoff.contract import Coordinates, MessageType
+from handoff.endpoint_pass import EndpointPass
 from handoff.records import EndpointRow
-from handoff.settlement import Settlement, SettlementService
+from handoff.settlement import Settlement
 from handoff.store import HandoffStore
 
 log = logging.getLogger("settle.sweeper")
@@ -71,18 +72,8 @@ def report_parked(store: HandoffStore, now: datetime, *, sweeping: bool) -> None
         )
 
 
-class Sweeper:
-    def __init__(
-        self,
-        settlement: SettlementService,
-        *,
-        clock: Callable[[], datetime] | None = None,
-        rows_per_endpoint: int = ROWS_PER_ENDPOINT,
-    ) -> None:
-        self.settlement = settlement
-        self.store = settlement.store
-        self._clock = clock
-        self.rows_per_endpoint = rows_per_endpoint
+class Sweeper(EndpointPass):
+    ROWS_PER_ENDPOINT = ROWS_PER_ENDPOINT
 
     @property
     def clock(self) -> Callable[[], datetime]:
