@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import TYPE_CHECKING, ClassVar
 
@@ -27,3 +28,22 @@ class EndpointPass:
         self.store = settlement.store
         self._clock = clock
         self.rows_per_endpoint = self.ROWS_PER_ENDPOINT if rows_per_endpoint is None else rows_per_endpoint
+
+    @staticmethod
+    def each_endpoint[T](
+        items: Iterable[T],
+        work: Callable[[T], None],
+        *,
+        endpoint_of: Callable[[T], str],
+        errors: dict[str, dict[str, str]],
+        log: logging.Logger,
+        doing: str,
+    ) -> None:
+        """``work`` on each endpoint; one that fails is logged and named in ``errors``, the others go on."""
+        for item in items:
+            try:
+                work(item)
+            except Exception as exc:
+                endpoint_id = endpoint_of(item)
+                log.exception("%s endpoint %s failed; the others go on", doing, endpoint_id)
+                errors.setdefault(endpoint_id, {})["*"] = f"{type(exc).__name__}: {exc}"

@@ -5,8 +5,7 @@ its event read (:meth:`IdsIndex.send`); an insert that fails does not hold the p
 into the event's transaction as a reconcile row, which the reconciler replays (:meth:`IdsIndex.replay`).
 Every write is an insert; a row already there is success (the same row is written for the same id).
 
-Azure SDK imports are inside the functions that use them, so the worker's indexing of the app does not load
-them.
+The Azure SDK is imported inside the functions that use it, so the worker's indexing does not load it.
 """
 
 from __future__ import annotations

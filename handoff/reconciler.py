@@ -62,12 +62,14 @@ class Reconciler(EndpointPass):
 
     def _run(self) -> ReconcileReport:
         report = ReconcileReport()
-        for endpoint_id in self.store.endpoints():
-            try:
-                self.reconcile_endpoint(endpoint_id, report)
-            except Exception as exc:
-                log.exception("reconciling endpoint %s failed; the others go on", endpoint_id)
-                report.errors.setdefault(endpoint_id, {})["*"] = f"{type(exc).__name__}: {exc}"
+        self.each_endpoint(
+            self.store.endpoints(),
+            lambda endpoint_id: self.reconcile_endpoint(endpoint_id, report),
+            endpoint_of=str,
+            errors=report.errors,
+            log=log,
+            doing="reconciling",
+        )
         if any(report.__dict__[k] for k in ("delivered", "resent", "unconfirmed", "superseded")):
             log.info(
                 "reconciler: %d delivered, %d re-sent, %d unconfirmed, %d superseded",

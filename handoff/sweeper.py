@@ -85,12 +85,14 @@ class Sweeper(EndpointPass):
 
     def sweep(self) -> SweepReport:
         report = SweepReport()
-        for endpoint in self.store.endpoint_rows():
-            try:
-                self._sweep_endpoint(endpoint, report)
-            except Exception as exc:
-                log.exception("sweeping endpoint %s failed; the others go on", endpoint.endpoint_id)
-                report.errors.setdefault(endpoint.endpoint_id, {})["*"] = f"{type(exc).__name__}: {exc}"
+        self.each_endpoint(
+            self.store.endpoint_rows(),
+            lambda endpoint: self._sweep_endpoint(endpoint, report),
+            endpoint_of=lambda endpoint: endpoint.endpoint_id,
+            errors=report.errors,
+            log=log,
+            doing="sweeping",
+        )
         log.info(
             "sweeper: %d timed out, %d skipped, %d endpoints with errors",
             len(report.failed),
