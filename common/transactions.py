@@ -144,3 +144,16 @@ def missing_table(exc: BaseException) -> bool:
         return False
     code = str(getattr(exc, "error_code", None) or "")
     return bool(code) and code not in _MISSING
+
+
+def merge_if_unchanged(table: Any, entity: dict[str, Any], etag: str) -> dict[str, Any]:
+    """Merge ``entity`` into its row ``If-Match`` ``etag`` (``*``: the row must still exist) and return the
+    service's answer (the new ETag). A row changed or gone raises ``ResourceModifiedError`` /
+    ``ResourceNotFoundError``, as the SDK does."""
+    from azure.core import MatchConditions
+    from azure.data.tables import UpdateMode
+
+    answer: dict[str, Any] = table.update_entity(
+        entity, mode=UpdateMode.MERGE, etag=etag, match_condition=MatchConditions.IfNotModified
+    )
+    return answer

@@ -27,6 +27,7 @@ from common.transactions import Operation as Operation
 from common.transactions import delete as delete
 from common.transactions import insert as insert
 from common.transactions import merge as merge
+from common.transactions import merge_if_unchanged
 from common.transactions import replace as replace
 from handoff import keys
 from handoff.counts import POISON, column
@@ -292,22 +293,15 @@ class HandoffStore:
 
     def save_sweep_cursor(self, row: EndpointRow, cursor: str | None) -> bool:
         """Merge ``SweepCursor``, ``If-Match`` the row's ETag; False when another run changed it first."""
-        from azure.core import MatchConditions
         from azure.core.exceptions import ResourceModifiedError, ResourceNotFoundError
-        from azure.data.tables import UpdateMode
 
-        entity = {
+        entity: dict[str, Any] = {
             "PartitionKey": keys.ENDPOINTS_PARTITION,
             "RowKey": keys.partition(row.endpoint_id),
             "SweepCursor": cursor or "",
         }
         try:
-            self._tables.table(keys.ENDPOINTS_TABLE).update_entity(
-                entity,
-                mode=UpdateMode.MERGE,
-                etag=row.etag or "*",
-                match_condition=MatchConditions.IfNotModified,
-            )
+            merge_if_unchanged(self._tables.table(keys.ENDPOINTS_TABLE), entity, row.etag or "*")
         except (ResourceModifiedError, ResourceNotFoundError):
             return False
         return True

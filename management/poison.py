@@ -33,6 +33,7 @@ from azure.functions.servicebus import ServiceBusMessage
 from common.clock import utcnow
 from common.errors import Conflict, InvalidInput, NotFound, Unavailable
 from common.principal import Actor, allowed, denial
+from common.transactions import merge_if_unchanged
 from handoff import counts, keys, store
 from handoff.contract import Prop
 from handoff.records import AuditRow, PoisonRow
@@ -157,9 +158,7 @@ class PoisonDesk:
         why (merged ``If-Match`` its ETag), its count goes (``pz|`` index row and a ``-1 Poison`` delta in
         one transaction), one ``DismissPoison`` audit in ``hoaudit`` with the reason. A second dismissal,
         or a dismissal of a projected replay, is 409; of two at once one records, the other is 409."""
-        from azure.core import MatchConditions
         from azure.core.exceptions import ResourceModifiedError
-        from azure.data.tables import UpdateMode
 
         day = check_day(day)
         row = self.store.get_poison(day, row_key)
@@ -182,18 +181,14 @@ class PoisonDesk:
             )
         now = self.clock()
         try:
-            self.store.table(keys.POISON_TABLE).update_entity(
-                {
-                    "PartitionKey": day,
-                    "RowKey": row_key,
-                    "DismissedAt": now,
-                    "DismissedBy": actor.by,
-                    "DismissReason": reason,
-                },
-                mode=UpdateMode.MERGE,
-                etag=row.etag or "*",
-                match_condition=MatchConditions.IfNotModified,
-            )
+            dismissal = {
+                "PartitionKey": day,
+                "RowKey": row_key,
+                "DismissedAt": now,
+                "DismissedBy": actor.by,
+                "DismissReason": reason,
+            }
+            merge_if_unchanged(self.store.table(keys.POISON_TABLE), dismissal, row.etag or "*")
         except ResourceModifiedError as exc:
             raise Conflict(
                 f"Poison message {row_key!r} changed while being dismissed (another operator?); reload it.",
@@ -244,12 +239,10 @@ class PoisonDesk:
     def _record(
         self, day: str, row_key: str, row: PoisonRow, actor: Actor, outcome: str, detail: str | None
     ) -> PoisonRow | None:
-        from azure.core import MatchConditions
         from azure.core.exceptions import ResourceModifiedError
-        from azure.data.tables import UpdateMode
 
         now = self.clock()
-        changes = {
+        changes: dict[str, Any] = {
             "PartitionKey": day,
             "RowKey": row_key,
             "ReplayedAt": now,
@@ -259,12 +252,7 @@ class PoisonDesk:
             "ReplayCount": row.replay_count + 1,
         }
         try:
-            self.store.table(keys.POISON_TABLE).update_entity(
-                changes,
-                mode=UpdateMode.MERGE,
-                etag=row.etag or "*",
-                match_condition=MatchConditions.IfNotModified,
-            )
+            merge_if_unchanged(self.store.table(keys.POISON_TABLE), changes, row.etag or "*")
         except ResourceModifiedError:
             return None
         return row.model_copy(
