@@ -23,8 +23,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 import azure.functions as func
+from azure.functions.servicebus import ServiceBusMessage
 
 from bench.harness import Environment, Figure, HttpAnswer, verdict_at_least, verdict_at_most, verdict_equal
+from handoff import service
+from handoff.transport import LoopbackTransport
 
 SECTION = "agents"
 AGENTS = (1, 2, 4, 8)
@@ -57,7 +60,6 @@ def _call(
 
 
 def _message(kind: str, endpoint: str, event_id: str, message_id: str, parent: str, **extra: Any) -> Any:
-    from azure.functions.servicebus import ServiceBusMessage
 
     request = kind.endswith("Request")
     props = {
@@ -117,8 +119,6 @@ def _park(env: Environment, endpoint: str, ids: list[str]) -> None:
 
 
 def _loopback(env: Environment) -> None:
-    from handoff import service
-    from handoff.transport import LoopbackTransport
 
     service.use_transport(LoopbackTransport(lambda msg: service.resolver_service().handle(msg)))
 

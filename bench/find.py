@@ -24,6 +24,7 @@ from typing import Any
 from bench.harness import Environment, Figure, missing, ratio, verdict_at_most
 from bench.proxy import CountingProxy
 from bench.workload import expect, nimbus_message
+from handoff import keys, service
 
 SECTION = "find"
 SHARDS = 4
@@ -59,7 +60,6 @@ def _park(env: Environment, endpoint: str, tag: str) -> dict[str, str]:
 def _per_endpoint(event_id: str) -> Callable[[], int]:
     """Today's find: the endpoint list, then the first page of ``ev|{id}``... in every endpoint and shard
     (sent from 8 threads to keep the section short: the proxy counts every request, whatever its thread)."""
-    from handoff import keys, service
 
     def run() -> int:
         store = service.store()
@@ -100,7 +100,6 @@ def run(env: Environment) -> list[Figure]:
         )
         try:
             tag = uuid.uuid4().hex[:6]
-            from handoff import service
 
             parked = [_park(env, f"Node{n:03d}", tag) for n in range(min(endpoints, PROJECTED))]
             with ThreadPoolExecutor(max_workers=8) as pool:

@@ -35,6 +35,7 @@ Run alone: ``.venv/bin/python -m bench.handoff_scaleout [--seconds N] [--session
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import math
@@ -51,9 +52,17 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from azure.functions.servicebus import ServiceBusMessage
+
 from bench.harness import Environment, Figure, log
 from bench.proxy import CountingProxy
 from bench.throttle import SCALE, Budget
+from common import runtime
+from devtools.azurite import Azurite
+from handoff import service
+from handoff.contract import Prop, properties_of
+from handoff.keys import EVENTS_TABLE
+from handoff.resolver import Outcome
 
 SECTION = "scaleout"
 SHARD_COUNTS = (1, 4, 16)
@@ -106,7 +115,6 @@ def judge(
 
 def message(kind: str, endpoint: str, event_id: str, message_id: str, parent: str, **props: Any) -> Any:
     """One resolver message as the Functions host hands it over."""
-    from azure.functions.servicebus import ServiceBusMessage
 
     request = kind in ("EventRequest", "HandoffCompletedRequest")
     application: dict[str, Any] = {
@@ -166,9 +174,6 @@ class _Broker:
         self._local = threading.local()
 
     def schedule_copy(self, msg: Any, *, delay_s: float, throttle_retry_count: int) -> None:
-        from azure.functions.servicebus import ServiceBusMessage
-
-        from handoff.contract import Prop, properties_of
 
         props = dict(properties_of(msg))
         props[Prop.THROTTLE_RETRY_COUNT] = throttle_retry_count
@@ -218,7 +223,6 @@ def _session(
     stop: threading.Event,
     fixed: tuple[float, float] | None,
 ) -> None:
-    from handoff.resolver import Outcome
 
     try:
         while not stop.is_set():
@@ -267,8 +271,6 @@ def _resolver(
 ) -> Iterator[tuple[Any, _Broker, str]]:
     """The app's resolver on fresh tables behind the throttle, with ``shards`` hand-off shards and the SDK's
     own retries off (every refusal reaches the resolver, which reschedules, as deployed)."""
-    from common import runtime
-    from handoff import service
 
     saved = {k: os.environ.get(k) for k in ("SETTLE_TABLES", "SETTLE_TABLE_PREFIX", "SETTLE_HANDOFF_SHARDS")}
     proxy = CountingProxy(table_endpoint, budget=budget).start()
@@ -296,7 +298,6 @@ def _resolver(
 
 def _events_entities(budget: Budget) -> Counter[str]:
     """Entities admitted so far per partition of the hand-off events table."""
-    from handoff.keys import EVENTS_TABLE
 
     with budget._lock:
         return Counter(
@@ -518,9 +519,6 @@ def run(env: Environment) -> list[Figure]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    import argparse
-
-    from devtools.azurite import Azurite
 
     parser = argparse.ArgumentParser(prog="python -m bench.handoff_scaleout", description=__doc__)
     parser.add_argument("--seconds", type=float, default=WINDOW_S, help="window per S (default %(default)s)")

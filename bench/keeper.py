@@ -11,6 +11,8 @@ Figures: history rows the job leaves (target: 1, the lock's start; before extens
 place there was one row per extension too: the baseline column, counted from the extensions the run
 made), and the keeper's requests per minute of the simulated job (3 with the default lock: one extension
 per 20 s).
+
+The client is imported inside the section, so the bench still runs where the client package is not installed.
 """
 
 from __future__ import annotations

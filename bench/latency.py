@@ -18,7 +18,11 @@ interval, its confidence and the spread of every round.
 from __future__ import annotations
 
 from collections.abc import Callable
+from math import comb
 from typing import Any
+
+from azure.core import MatchConditions
+from azure.data.tables import UpdateMode
 
 from bench.harness import (
     Environment,
@@ -42,7 +46,6 @@ def median_interval(values: list[float], confidence: float = CONFIDENCE) -> tupl
     """(low, high, coverage): the order statistics x(k) and x(n+1-k) of ``values`` that bracket their
     population median with probability ``coverage`` >= ``confidence`` (for the largest such k; with too
     few values, the whole range and its own coverage). Assumes only independent rounds, no distribution."""
-    from math import comb
 
     ordered = sorted(values)
     n = len(ordered)
@@ -77,7 +80,6 @@ def _raw_ops(env: Environment) -> dict[str, Callable[[], Callable[[], Any]]]:
         return lambda: table.create_entity(entity)
 
     def transaction() -> Callable[[], Any]:
-        from azure.core import MatchConditions
 
         head_key = unique_row()
         head = raw_entity(partition, head_key)
@@ -97,7 +99,6 @@ def _raw_ops(env: Environment) -> dict[str, Callable[[], Callable[[], Any]]]:
     def lock_transaction() -> Callable[[], Any]:
         # What a lock on a new key writes (ADR-0011): the head, its level-2 index row beside it, and the
         # minute's marker merged If-Match * (the marker itself is prepared once per minute, untimed here).
-        from azure.core import MatchConditions
 
         marker = {"PartitionKey": partition, "RowKey": unique_row()}
         table.create_entity(marker)
@@ -111,8 +112,6 @@ def _raw_ops(env: Environment) -> dict[str, Callable[[], Callable[[], Any]]]:
         return lambda: table.submit_transaction(ops)
 
     def conditional_update() -> Callable[[], Any]:
-        from azure.core import MatchConditions
-        from azure.data.tables import UpdateMode
 
         entity = raw_entity(partition, unique_row())
         meta = table.create_entity(entity)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import http.client
 import socket
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -30,7 +31,6 @@ class _QuietServer(ThreadingHTTPServer):
     """A client closing its kept-alive connection (a bench section closing its clients) is not an error."""
 
     def handle_error(self, request: Any, client_address: Any) -> None:
-        import sys
 
         if isinstance(sys.exc_info()[1], ConnectionError):
             return

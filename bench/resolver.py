@@ -31,9 +31,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from azure.data.tables import TableClient
+
 from bench.harness import Environment, Figure, median, missing, verdict_at_least
 from bench.workload import event_messages, raw_entity, unique_row
 from common import runtime
+from handoff.keys import IDS_TABLE
 
 SECTION = "resolver"
 TARGET = 0.8
@@ -96,7 +99,6 @@ class Recorder:
 
     @contextmanager
     def installed(self) -> Iterator[Recorder]:
-        from azure.data.tables import TableClient
 
         for name in (*RECORDED, *UNSUPPORTED):
             original = getattr(TableClient, name)
@@ -223,7 +225,6 @@ def documented_minimum(calls: list[Call]) -> list[Call]:
     (one; an ETag race would add read + transaction pairs, which the bench's sequential messages never
     meet) and the lookup index inserts (replayed one after another, where Settle sends them beside its
     read). Everything else Settle did is its own cost, never the floor's."""
-    from handoff.keys import IDS_TABLE
 
     first_read = next((c for c in calls if c.method == "get_entity"), None)
     return [

@@ -39,11 +39,15 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from azure.core.exceptions import HttpResponseError
+from azure.data.tables import TableServiceClient
+
 from bench.harness import Environment, Figure, log
 from bench.proxy import CountingProxy
 from bench.throttle import SCALE, Budget
 from common.settings import TableSettings
 from common.tables import Tables
+from state.catchup import Catchup, parallelism_from_env
 from state.keys import STATE_TABLE, Layout, is_marker, node_partition_range
 from state.model import RecordKey, Scope, Status
 from state.store import StateStore, WriteContext
@@ -85,7 +89,6 @@ def _key() -> RecordKey:
 
 
 def _throttled(exc: Exception) -> bool:
-    from azure.core.exceptions import HttpResponseError
 
     return isinstance(exc, HttpResponseError) and exc.status_code in (500, 503)
 
@@ -246,7 +249,6 @@ def _writes_per_op(env: Environment) -> list[Figure]:
 
 def _catchup(env: Environment, rate: float, smoke: bool) -> Figure:
     """A backlog of 5 s of ``rate`` expired locks on 16 shards, cleared under the budget."""
-    from state.catchup import Catchup, parallelism_from_env
 
     backlog = max(10, round(5 * rate)) if not smoke else 10
     budget = Budget.scaled()
@@ -302,7 +304,6 @@ def _catchup(env: Environment, rate: float, smoke: bool) -> Figure:
 
 def _left(env: Environment, prefix: str) -> tuple[int, int]:
     """(heads Failed, lock index rows left) of the hot node, read straight from Azurite (no throttle)."""
-    from azure.data.tables import TableServiceClient
 
     table = TableServiceClient.from_connection_string(env.connection).get_table_client(prefix + STATE_TABLE)
     low, high = node_partition_range(TENANT, SCOPE, ENTITY)

@@ -13,6 +13,8 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from azure.functions.servicebus import ServiceBusMessage
+
 from bench.harness import App, HttpAnswer
 
 _counter = itertools.count(1)
@@ -138,7 +140,6 @@ def nimbus_message(
     extra: dict[str, Any] | None = None,
 ) -> Any:
     """An ``azure.functions`` Service Bus message shaped as NimBus sends it to the Resolver topic."""
-    from azure.functions.servicebus import ServiceBusMessage
 
     is_request = message_type.endswith("Request")
     props: dict[str, Any] = {

@@ -2,6 +2,9 @@
 
 Inside the code they are exceptions; at the HTTP edge each becomes an ``application/problem+json``
 answer whose ``type`` is stable (``urn:settle:problem:<slug>``) and, for bad input, names the field.
+
+Azure SDK imports are inside the functions that use them, so the worker's indexing of the app does not load
+them.
 """
 
 from __future__ import annotations

@@ -22,6 +22,9 @@ an explicit step (``make reshard``, ``POST /api/v1/layout/{family}``: :func:`cha
 every ``2 * RefreshSeconds`` (in the background after ``RefreshSeconds``), so when the new era starts every
 process knows it, and during the ``GUARD_S`` before the start no process routes (503, retry): no two
 processes ever create one record in two layouts.
+
+Azure SDK imports and the partition meter are inside the functions that use them, so the worker's indexing of
+the app does not load them.
 """
 
 from __future__ import annotations

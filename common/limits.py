@@ -11,6 +11,9 @@ of these, so they are enforced here.
 Entity size follows the service's published estimate: 4 bytes + 2 per key character + for each property
 8 bytes + 2 per name character + the value (String 4 + 2 per UTF-16 unit, Binary 4 + its bytes, DateTime,
 Double and Int64 8, Int32 4, Bool 1, Guid 16).
+
+Azure SDK imports are inside the functions that use them, so the worker's indexing of the app does not load
+them.
 """
 
 from __future__ import annotations

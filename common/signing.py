@@ -11,6 +11,9 @@ the data account could forge a token, but could equally write the records themse
 
 A token is ``v2.<base64url(payload)>.<base64url(mac)>`` (no padding). The MAC covers a purpose label
 (``lock``, ``page``) and the payload, so a token made for one purpose never passes as another.
+
+Azure SDK imports are inside the functions that use them, so the worker's indexing of the app does not load
+them.
 """
 
 from __future__ import annotations

@@ -8,6 +8,9 @@ Every client carries the round-trip counter, the storage-retry counter (telemetr
 policy, plus any extra policies a test or the benchmark passes (fault injection), and its retry policy is
 ``common.table_retry.SettleRetryPolicy``: the SDK's own, except that a call passing
 :data:`RESEND_UNRECEIVED_ONLY` is sent again only when storage never received it.
+
+Azure SDK imports are inside the functions that use them, so the worker's indexing of the app does not load
+them.
 """
 
 from __future__ import annotations

@@ -5,6 +5,9 @@ A decision core returns the operations it wants submitted (built here, as plain 
 which operation the service refused and why, or that the exception is no refusal at all (a transient fault,
 an unknown error: the store lets it propagate or reads back). The azure SDK is imported only when an
 operation is built or an exception is read, so importing this module costs nothing at cold start.
+
+Azure SDK imports are inside the functions that use them, so the worker's indexing of the app does not load
+them.
 """
 
 from __future__ import annotations
@@ -141,3 +144,16 @@ def missing_table(exc: BaseException) -> bool:
         return False
     code = str(getattr(exc, "error_code", None) or "")
     return bool(code) and code not in _MISSING
+
+
+def merge_if_unchanged(table: Any, entity: dict[str, Any], etag: str) -> dict[str, Any]:
+    """Merge ``entity`` into its row ``If-Match`` ``etag`` (``*``: the row must still exist) and return the
+    service's answer (the new ETag). A row changed or gone raises ``ResourceModifiedError`` /
+    ``ResourceNotFoundError``, as the SDK does."""
+    from azure.core import MatchConditions
+    from azure.data.tables import UpdateMode
+
+    answer: dict[str, Any] = table.update_entity(
+        entity, mode=UpdateMode.MERGE, etag=etag, match_condition=MatchConditions.IfNotModified
+    )
+    return answer

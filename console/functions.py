@@ -43,7 +43,7 @@ def _file(name: str) -> func.HttpResponse:
 
 for _path, _id, _summary in (
     ("/api/console", "console", "The operator console (HTML; its data comes from the management API)"),
-    ("/api/console/{file}", "console_asset", "The console's scripts and style sheet (app.js, oncall.js, app.css)"),
+    ("/api/console/{file}", "console_asset", "The console's scripts and style sheet"),
 ):
     openapi.register(
         openapi.Operation(

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import argparse
+import http.client
 import os
 import shutil
 import signal
@@ -134,7 +135,6 @@ def port_open(port: int, host: str = "127.0.0.1") -> bool:
 
 def azurite_answers(port: int, host: str = "127.0.0.1") -> bool:
     """Whether the server on ``port`` is Azurite (its ``Server`` header names it)."""
-    import http.client
 
     connection = http.client.HTTPConnection(host, port, timeout=2)
     try:

@@ -16,6 +16,9 @@ way in Azure, and the principal needs Storage Table Data Reader (export) or Cont
 data account. An export of a running system is consistent per row, not across rows: stop the function
 app (or accept that rows written during the export may be missing) for a consistent copy. ``restore
 --prefix NEW`` restores into new tables; point ``SETTLE_TABLE_PREFIX`` at them to use them.
+
+Azure SDK imports are inside the functions that use them, so importing this module (the development tools, the
+tests) does not load them.
 """
 
 from __future__ import annotations

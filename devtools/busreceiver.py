@@ -2,6 +2,9 @@
 
 ``azure.servicebus`` and ``azure.identity`` are imported inside the receiver: the development host starts
 without them when no connection is configured.
+
+Service Bus and identity imports are inside the functions that use them, so the development host loads them
+only when it receives from a real namespace.
 """
 
 from __future__ import annotations

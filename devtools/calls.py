@@ -16,6 +16,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import azure.functions as func
+from azure.functions.timer import TimerRequest
+
 from devtools.functiontable import HttpFunction, ServiceBusFunction, TimerFunction
 from devtools.invocation import InvocationContext, TraceContext, host_trace, invoke, message_context
 from devtools.serving import Answer, from_function_response
@@ -59,7 +62,6 @@ class DirectCalls:
     """Call the user function in this thread with what the worker would build."""
 
     def http(self, fn: HttpFunction, call: HttpCall) -> Answer:
-        import azure.functions as func
 
         request = func.HttpRequest(
             call.method,
@@ -76,7 +78,6 @@ class DirectCalls:
         invoke(fn.user_function, fn.arg_name, message, message_context(fn.name, message))
 
     def timer(self, fn: TimerFunction, *, past_due: bool) -> None:
-        from azure.functions.timer import TimerRequest
 
         invoke(
             fn.user_function,

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import httpx
+
 ERRORS = (
     ("ERP timeout after 30 s (POST /ledger/invoices)", "TimeoutException"),
     ("Customer 10442 is blocked for invoicing", "BusinessRuleException"),
@@ -263,7 +265,6 @@ def send(demo: Demo, post: Callable[[dict[str, Any]], int]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import httpx
 
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter

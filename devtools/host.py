@@ -45,6 +45,7 @@ import argparse
 import contextlib
 import logging
 import os
+import signal
 import sys
 import threading
 import traceback
@@ -377,8 +378,6 @@ def main(argv: list[str] | None = None) -> int:
 
     def _stop(*_: object) -> None:
         threading.Thread(target=devhost.stop, daemon=True).start()
-
-    import signal
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)

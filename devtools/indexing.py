@@ -10,6 +10,9 @@ auth level, schedule, topic, subscription, connection), exactly as the worker se
 
 ``azure-functions-runtime`` is the runtime of Python 3.13 and later, pinned in ``requirements.txt``: Azure
 runs the app on exactly that runtime, and this module runs its code.
+
+The runtime is imported inside the function that runs it, so importing this module (the development host, the
+tests) does not load it.
 """
 
 from __future__ import annotations
@@ -23,6 +26,9 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
+
+from azure.functions import FunctionRegister
+from azure.functions.decorators.core import BindingDirection, DataType
 
 ROOT = Path(__file__).resolve().parent.parent
 APP_SCRIPT = ROOT / "function_app.py"
@@ -63,7 +69,6 @@ def _protos() -> Any:
     values are the SDK's own (``BindingDirection``, ``DataType``: the numbers the contract defines); the
     messages are plain records, since nothing here serialises them.
     """
-    from azure.functions.decorators.core import BindingDirection, DataType
 
     class Message:
         def __init__(self, **fields: Any) -> None:
@@ -107,7 +112,6 @@ def forget_indexing(script: Path = APP_SCRIPT) -> None:
     every function as a duplicate. A worker process indexes once; forgetting the record makes the next
     indexing see the app as that process would. Nothing else of the app changes.
     """
-    from azure.functions import FunctionRegister
 
     module = sys.modules.get(script.stem)
     for value in vars(module).values() if module is not None else ():

@@ -19,6 +19,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from azure.functions.servicebus import ServiceBusMessage
 from pydantic import BaseModel, ConfigDict, Field
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -122,7 +123,6 @@ _sequence_lock = threading.Lock()
 
 def build_service_bus_message(payload: AdminMessage) -> Any:
     """An ``azure.functions.servicebus.ServiceBusMessage`` as the worker would build it."""
-    from azure.functions.servicebus import ServiceBusMessage
 
     raw = payload.body if payload.body is not None else payload.input
     body = body_bytes(raw)

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import azure.functions as func
+
 from devtools.invocation import body_bytes
 
 PROBLEM = "application/problem+json"
@@ -39,7 +41,6 @@ def problem(status: int, title: str, detail: str, **extra: Any) -> Answer:
 
 
 def from_function_response(response: Any, name: str) -> Answer:
-    import azure.functions as func
 
     if response is None:
         return Answer(204, [], b"", name)

@@ -18,6 +18,9 @@ messages shaped as the host shapes them:
 * Timers as the host's JSON (``Schedule``, ``ScheduleStatus``, ``IsPastDue``).
 
 Every invocation carries the host's W3C context in ``trace_context``.
+
+grpcio-tools (a development dependency) and the worker runtime are imported inside the functions that use
+them, so importing this module does not load them.
 """
 
 from __future__ import annotations

@@ -3,6 +3,9 @@
 Names are NimBus's own (``reference/nimbus-contract.md`` §1): enum members are sent and stored by name,
 application properties are PascalCase, and the body is the Newtonsoft-default ``MessageContent`` JSON
 (PascalCase, nulls included, ``EventJson`` a JSON *string*). Pure: no I/O here.
+
+The outbox is imported inside the function that builds a control message, so the worker's indexing of the app
+does not load it.
 """
 
 from __future__ import annotations

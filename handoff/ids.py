@@ -4,6 +4,8 @@ The layout is :mod:`handoff.keys`' (``hoids``). The resolver sends a message's i
 its event read (:meth:`IdsIndex.send`); an insert that fails does not hold the projection up: its rows go
 into the event's transaction as a reconcile row, which the reconciler replays (:meth:`IdsIndex.replay`).
 Every write is an insert; a row already there is success (the same row is written for the same id).
+
+The Azure SDK is imported inside the functions that use it, so the worker's indexing does not load it.
 """
 
 from __future__ import annotations

@@ -14,6 +14,9 @@ A claim whose message was (or may have been) sent is never taken over, and never
 send that certainly reached nothing. A re-send is the identical message (same MessageId, body and
 properties) and happens only when the endpoint topic's duplicate detection will drop it if the first copy
 arrived: inside the detection window, measured from the claim.
+
+Azure SDK imports are inside the functions that use them, so the worker's indexing of the app does not load
+them.
 """
 
 from __future__ import annotations

@@ -14,6 +14,9 @@ Round trips: counts 2 (+1 per fold); oldest ages 1 per group (the first row of `
 the oldest poison day 1, only where poison is counted (the first ``pz|`` row); the overview 1 (the
 endpoint list) + 4 per endpoint (+1 with poison) + 2 for unattributed poison (+1 with any); a listing
 page 1.
+
+Azure SDK imports are inside the functions that use them, so the worker's indexing of the app does not load
+them.
 """
 
 from __future__ import annotations

@@ -14,16 +14,16 @@ reported and the next one goes on.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import cached_property
 
 from common import telemetry
 from common import transactions as tx
 from handoff import ids
+from handoff.endpoint_pass import EndpointPass
 from handoff.outbox import RETRY_AFTER, ClaimState
 from handoff.records import ReconcileRow
-from handoff.settlement import SettlementService
 
 log = logging.getLogger("settle.reconciler")
 
@@ -43,19 +43,12 @@ class ReconcileReport:
     errors: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
-class Reconciler:
-    def __init__(
-        self,
-        settlement: SettlementService,
-        *,
-        clock: Callable[[], datetime] | None = None,
-        rows_per_endpoint: int = ROWS_PER_ENDPOINT,
-    ) -> None:
-        self.settlement = settlement
-        self.store = settlement.store
-        self._clock = clock
-        self.rows_per_endpoint = rows_per_endpoint
-        self.ids = ids.IdsIndex(self.store)
+class Reconciler(EndpointPass):
+    ROWS_PER_ENDPOINT = ROWS_PER_ENDPOINT
+
+    @cached_property
+    def ids(self) -> ids.IdsIndex:
+        return ids.IdsIndex(self.store)
 
     def clock(self) -> datetime:
         return self._clock() if self._clock else self.settlement.clock()
@@ -69,12 +62,14 @@ class Reconciler:
 
     def _run(self) -> ReconcileReport:
         report = ReconcileReport()
-        for endpoint_id in self.store.endpoints():
-            try:
-                self.reconcile_endpoint(endpoint_id, report)
-            except Exception as exc:
-                log.exception("reconciling endpoint %s failed; the others go on", endpoint_id)
-                report.errors.setdefault(endpoint_id, {})["*"] = f"{type(exc).__name__}: {exc}"
+        self.each_endpoint(
+            self.store.endpoints(),
+            lambda endpoint_id: self.reconcile_endpoint(endpoint_id, report),
+            endpoint_of=str,
+            errors=report.errors,
+            log=log,
+            doing="reconciling",
+        )
         if any(report.__dict__[k] for k in ("delivered", "resent", "unconfirmed", "superseded")):
             log.info(
                 "reconciler: %d delivered, %d re-sent, %d unconfirmed, %d superseded",

@@ -11,6 +11,9 @@ A body that cannot fit is *stored truncated* (``ContentTruncated`` = true), neve
 still be projected (a message refused for its size would be missing from the history). Each long text
 column is kept within ``MAX_CONTENT_BYTES`` as UTF-16 and ``MAX_CONTENT_WIRE`` as escaped JSON, so the two
 copies a projection writes (history row and event row) fit one transaction.
+
+Azure SDK imports are inside the functions that use them, so the worker's indexing of the app does not load
+them.
 """
 
 # No ``from __future__ import annotations`` here: annotations evaluated as each class is made spare

@@ -24,6 +24,7 @@ from common.clock import utcnow
 from common.errors import KeyTooLong, is_transient_storage_fault
 from handoff import ids
 from handoff.contract import (
+    RESOLVER_ID,
     InboundMessage,
     MessageType,
     PoisonMessage,
@@ -135,7 +136,6 @@ def _span_attributes(msg: func.ServiceBusMessage, props: dict[str, Any]) -> tupl
 
 def poison_endpoint(props: dict[str, Any]) -> str | None:
     """The endpoint a poison message names, by NimBus's attribution where its type is known."""
-    from handoff.contract import RESOLVER_ID
 
     kind = MessageType.parse(props.get(Prop.MESSAGE_TYPE))
     to = str(props.get(Prop.TO) or "") or None

@@ -5,6 +5,8 @@ one store, one transport (one Service Bus client) and one resolver per process (
 its own on these, a layer above: ``management/services.py``). The transport is looked up at each use by
 settlement, the reconciler and the resolver's redelivery alike, so :func:`use_transport` changes it for
 all of them at once.
+
+Each service's module is imported inside its accessor, so the worker's indexing of the app loads none of them.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import threading
 from typing import TYPE_CHECKING
 
 from common import runtime
+from handoff import keys
+from handoff.layout import recorded_counts
 
 if TYPE_CHECKING:
     from handoff.overview import Overview
@@ -130,8 +134,6 @@ runtime.on_reset(reset)
 
 def _follow_the_recorded_layout() -> None:
     """Every hand-off key routes by the layout recorded in storage (common/layouts.py), not the setting."""
-    from handoff import keys
-    from handoff.layout import recorded_counts
 
     keys.follow(recorded_counts)
 

@@ -3,6 +3,9 @@
 Every write is insert-only or conditional (``If-Match`` an ETag, or ``*`` where the row must still exist
 and a concurrent change of it is harmless); rows of one endpoint partition that change together are
 submitted as one entity-group transaction (``submit``).
+
+Azure SDK imports are inside the functions that use them, so the worker's indexing of the app does not load
+them.
 """
 
 from __future__ import annotations
@@ -24,8 +27,10 @@ from common.transactions import Operation as Operation
 from common.transactions import delete as delete
 from common.transactions import insert as insert
 from common.transactions import merge as merge
+from common.transactions import merge_if_unchanged
 from common.transactions import replace as replace
 from handoff import keys
+from handoff.counts import POISON, column
 from handoff.records import (
     AuditRow,
     ClaimRow,
@@ -288,22 +293,15 @@ class HandoffStore:
 
     def save_sweep_cursor(self, row: EndpointRow, cursor: str | None) -> bool:
         """Merge ``SweepCursor``, ``If-Match`` the row's ETag; False when another run changed it first."""
-        from azure.core import MatchConditions
         from azure.core.exceptions import ResourceModifiedError, ResourceNotFoundError
-        from azure.data.tables import UpdateMode
 
-        entity = {
+        entity: dict[str, Any] = {
             "PartitionKey": keys.ENDPOINTS_PARTITION,
             "RowKey": keys.partition(row.endpoint_id),
             "SweepCursor": cursor or "",
         }
         try:
-            self._tables.table(keys.ENDPOINTS_TABLE).update_entity(
-                entity,
-                mode=UpdateMode.MERGE,
-                etag=row.etag or "*",
-                match_condition=MatchConditions.IfNotModified,
-            )
+            merge_if_unchanged(self._tables.table(keys.ENDPOINTS_TABLE), entity, row.etag or "*")
         except (ResourceModifiedError, ResourceNotFoundError):
             return False
         return True
@@ -321,8 +319,6 @@ class HandoffStore:
         """
         from azure.core.exceptions import HttpResponseError, ResourceExistsError
         from azure.data.tables import TableTransactionError
-
-        from handoff.counts import POISON, column
 
         pk, rk = keys.poison_keys(row.enqueued_time_utc, message_id)
         with contextlib.suppress(ResourceExistsError):

@@ -26,8 +26,9 @@ from common.clock import iso
 from common.errors import Conflict, NotFound
 from handoff import keys
 from handoff.contract import Coordinates, MessageType
+from handoff.endpoint_pass import EndpointPass
 from handoff.records import EndpointRow
-from handoff.settlement import Settlement, SettlementService
+from handoff.settlement import Settlement
 from handoff.store import HandoffStore
 
 log = logging.getLogger("settle.sweeper")
@@ -71,18 +72,8 @@ def report_parked(store: HandoffStore, now: datetime, *, sweeping: bool) -> None
         )
 
 
-class Sweeper:
-    def __init__(
-        self,
-        settlement: SettlementService,
-        *,
-        clock: Callable[[], datetime] | None = None,
-        rows_per_endpoint: int = ROWS_PER_ENDPOINT,
-    ) -> None:
-        self.settlement = settlement
-        self.store = settlement.store
-        self._clock = clock
-        self.rows_per_endpoint = rows_per_endpoint
+class Sweeper(EndpointPass):
+    ROWS_PER_ENDPOINT = ROWS_PER_ENDPOINT
 
     @property
     def clock(self) -> Callable[[], datetime]:
@@ -94,12 +85,14 @@ class Sweeper:
 
     def sweep(self) -> SweepReport:
         report = SweepReport()
-        for endpoint in self.store.endpoint_rows():
-            try:
-                self._sweep_endpoint(endpoint, report)
-            except Exception as exc:
-                log.exception("sweeping endpoint %s failed; the others go on", endpoint.endpoint_id)
-                report.errors.setdefault(endpoint.endpoint_id, {})["*"] = f"{type(exc).__name__}: {exc}"
+        self.each_endpoint(
+            self.store.endpoint_rows(),
+            lambda endpoint: self._sweep_endpoint(endpoint, report),
+            endpoint_of=lambda endpoint: endpoint.endpoint_id,
+            errors=report.errors,
+            log=log,
+            doing="sweeping",
+        )
         log.info(
             "sweeper: %d timed out, %d skipped, %d endpoints with errors",
             len(report.failed),

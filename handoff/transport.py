@@ -16,6 +16,9 @@ message may or may not have been accepted (a timeout or a lost link during the s
 treats it as possibly sent. ``duplicate_window`` is how long the endpoint topics drop a repeated
 MessageId (``HANDOFF_DUPLICATE_DETECTION``), or None when they do not: it decides whether an identical
 re-send is safe.
+
+Azure SDK imports are inside the functions that use them, so the worker's indexing of the app does not load
+them.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from common.clock import utcnow
 from common.errors import Unavailable
 from common.settings import env, env_flag
+from handoff.contract import Prop, properties_of
 
 if TYPE_CHECKING:
     import azure.functions as func
@@ -284,8 +288,6 @@ class ServiceBusTransport:
     ) -> None:
         """NimBus ``ScheduleRedelivery``: same body, MessageId, session, properties + ThrottleRetryCount."""
         from azure.servicebus import ServiceBusMessage
-
-        from handoff.contract import Prop, properties_of
 
         props: dict[str | bytes, Any] = {str(k): v for k, v in properties_of(msg).items()}
         props[Prop.THROTTLE_RETRY_COUNT] = throttle_retry_count

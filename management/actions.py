@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from common.clock import iso, utcnow
-from common.errors import Conflict, InvalidInput, NotFound
+from common.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge
 from common.principal import Actor, allowed, denial
 from handoff import keys, store
-from handoff.claim_resolution import ClaimResolution
+from handoff.claim_resolution import RESOLVE_AUDIT, ClaimResolution, ClaimResolver
 from handoff.contract import (
     Coordinates,
     EventPart,
@@ -69,6 +69,13 @@ _PAYLOAD_SOURCES = frozenset(
         MessageType.ContinuationRequest,
     }
 )
+
+# What each action on an event sends, and the statuses that allow it.
+_ASKS = {
+    RESUBMIT: (MessageType.ResubmissionRequest, RESUBMITTABLE),
+    RESUBMIT_WITH_CHANGES: (MessageType.ResubmissionRequest, RESUBMITTABLE),
+    SKIP: (MessageType.SkipRequest, SKIPPABLE),
+}
 
 
 def allows(row: EventRow, states: frozenset[ResolutionStatus]) -> bool:
@@ -177,17 +184,11 @@ class OperatorActions:
                     f"eventJson nests deeper than {MAX_EVENT_JSON_DEPTH} levels; Settle does not send it.",
                     field="eventJson",
                 )
-        row, history = self._load(endpoint_id, event_id)
-        self._authorise(row, actor, action)
-        digest = self._digest(MessageType.ResubmissionRequest, row, actor, event_json, reason, message_id)
-        replay = self._addressed(row, message_id, digest, action)
-        if replay is not None:
-            return replay
-        if not allows(row, RESUBMITTABLE):
-            refusal = self._refusal(row, action, RESUBMITTABLE)
-            return self._answer(
-                self.settlement.replay_or_refuse(endpoint_id, event_id, digest, refusal), action
-            )
+        row, history, digest, answered = self._open(
+            endpoint_id, event_id, actor, action, event_json, reason, message_id
+        )
+        if answered is not None:
+            return answered
         event_type_id, original = payload_of(history, row)
         payload = event_json if event_json is not None else original
         if payload is None:
@@ -209,18 +210,34 @@ class OperatorActions:
         reason: str | None,
         message_id: str | None = None,
     ) -> ActionResult:
-        row, _ = self._load(endpoint_id, event_id)
-        self._authorise(row, actor, SKIP)
-        digest = self._digest(MessageType.SkipRequest, row, actor, None, reason, message_id)
-        replay = self._addressed(row, message_id, digest, SKIP)
-        if replay is not None:
-            return replay
-        if not allows(row, SKIPPABLE):
-            refusal = self._refusal(row, SKIP, SKIPPABLE)
-            return self._answer(
-                self.settlement.replay_or_refuse(endpoint_id, event_id, digest, refusal), SKIP
-            )
+        row, _, digest, answered = self._open(endpoint_id, event_id, actor, SKIP, None, reason, message_id)
+        if answered is not None:
+            return answered
         return self._send(MessageType.SkipRequest, row, actor, SKIP, MessageContent(), digest, reason)
+
+    def _open(
+        self,
+        endpoint_id: str,
+        event_id: str,
+        actor: Actor,
+        action: str,
+        event_json: str | None,
+        reason: str | None,
+        message_id: str | None,
+    ) -> tuple[EventRow, list[HistoryRow], str, ActionResult | None]:
+        """What resubmit and skip do first: load and authorise, then answer a retry from its claim, or
+        refuse an event whose status does not allow the action (the last item; None: go on and send)."""
+        kind, allowed_states = _ASKS[action]
+        row, history = self._load(endpoint_id, event_id)
+        self._authorise(row, actor, action)
+        digest = self._digest(kind, row, actor, event_json, reason, message_id)
+        answered = self._addressed(row, message_id, digest, action)
+        if answered is None and not allows(row, allowed_states):
+            refusal = self._refusal(row, action, allowed_states)
+            answered = self._answer(
+                self.settlement.replay_or_refuse(endpoint_id, event_id, digest, refusal), action
+            )
+        return row, history, digest, answered
 
     # -- settle a parked hand-off (the console's complete / fail) -----------------------------------
 
@@ -276,7 +293,6 @@ class OperatorActions:
 
         Answers the resolution with its audit: the one written, or for a repeat (``replayed``) the audit of
         the resolution it repeats (None only for a claim the reconciler confirmed delivered)."""
-        from handoff.claim_resolution import RESOLVE_AUDIT, ClaimResolver
 
         row = self.store.get_event(endpoint_id, event_id)
         if row is None:
@@ -428,8 +444,6 @@ class OperatorActions:
         message = control_message(kind, row.endpoint_id, coords, content, message_id=str(uuid.uuid4()))
         size = encoded_size(message)
         if size > MAX_SEND_BYTES:
-            from common.errors import PayloadTooLarge
-
             raise PayloadTooLarge(
                 f"The {kind.name} would be {size:,} bytes as sent; Service Bus Standard accepts 262,144.",
                 field="eventJson",

@@ -14,6 +14,9 @@ A search reads the day partitions of ``[from, to]`` (both ends included, to the 
 first, each one range of its RowKey (``{stamp}|…``: the time), with ``EndpointId`` / ``AuditType`` /
 ``AuditorName`` filtered by the service: never the whole table. A page ends at ``pageSize`` rows; its
 continuation token is the last RowKey, whose first eight characters are its day.
+
+Azure SDK imports are inside the functions that use them, so the worker's indexing of the app does not load
+them.
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from typing import Annotated, Any, Literal, Self
 
@@ -284,7 +285,6 @@ class PoisonEntry(ApiModel):
 
     @classmethod
     def of(cls, day: str, row: PoisonRow) -> PoisonEntry:
-        import json
 
         try:
             props: Any = json.loads(row.application_properties)

@@ -13,6 +13,9 @@ merged ``If-Match`` its ETag), and a projected replay removes the row's count (`
 could only be a duplicate. A row whose replay was poisoned again may be replayed again (after a fix).
 Two replays at once both reach the resolver, which projects the message once; the row keeps the record
 of the replay that wrote first, and the other answers with it.
+
+Azure SDK imports are inside the functions that use them, so the worker's indexing of the app does not load
+them.
 """
 
 from __future__ import annotations
@@ -25,10 +28,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from azure.functions.servicebus import ServiceBusMessage
+
 from common.clock import utcnow
 from common.errors import Conflict, InvalidInput, NotFound, Unavailable
 from common.principal import Actor, allowed, denial
+from common.transactions import merge_if_unchanged
 from handoff import counts, keys, store
+from handoff.contract import Prop
 from handoff.records import AuditRow, PoisonRow
 from handoff.resolver import Outcome, ResolverService, TransientProjectionError, delta_entity
 from handoff.store import HandoffStore
@@ -151,9 +158,7 @@ class PoisonDesk:
         why (merged ``If-Match`` its ETag), its count goes (``pz|`` index row and a ``-1 Poison`` delta in
         one transaction), one ``DismissPoison`` audit in ``hoaudit`` with the reason. A second dismissal,
         or a dismissal of a projected replay, is 409; of two at once one records, the other is 409."""
-        from azure.core import MatchConditions
         from azure.core.exceptions import ResourceModifiedError
-        from azure.data.tables import UpdateMode
 
         day = check_day(day)
         row = self.store.get_poison(day, row_key)
@@ -176,18 +181,14 @@ class PoisonDesk:
             )
         now = self.clock()
         try:
-            self.store.table(keys.POISON_TABLE).update_entity(
-                {
-                    "PartitionKey": day,
-                    "RowKey": row_key,
-                    "DismissedAt": now,
-                    "DismissedBy": actor.by,
-                    "DismissReason": reason,
-                },
-                mode=UpdateMode.MERGE,
-                etag=row.etag or "*",
-                match_condition=MatchConditions.IfNotModified,
-            )
+            dismissal = {
+                "PartitionKey": day,
+                "RowKey": row_key,
+                "DismissedAt": now,
+                "DismissedBy": actor.by,
+                "DismissReason": reason,
+            }
+            merge_if_unchanged(self.store.table(keys.POISON_TABLE), dismissal, row.etag or "*")
         except ResourceModifiedError as exc:
             raise Conflict(
                 f"Poison message {row_key!r} changed while being dismissed (another operator?); reload it.",
@@ -202,9 +203,6 @@ class PoisonDesk:
 
     def _project(self, row: PoisonRow, edits: Edits | None = None) -> tuple[str, str | None]:
         """The stored message through the resolver once (no rescheduling, no sleeping: 503 on a fault)."""
-        from azure.functions.servicebus import ServiceBusMessage
-
-        from handoff.contract import Prop
 
         try:
             props: dict[str, Any] = json.loads(row.application_properties or "{}")
@@ -241,12 +239,10 @@ class PoisonDesk:
     def _record(
         self, day: str, row_key: str, row: PoisonRow, actor: Actor, outcome: str, detail: str | None
     ) -> PoisonRow | None:
-        from azure.core import MatchConditions
         from azure.core.exceptions import ResourceModifiedError
-        from azure.data.tables import UpdateMode
 
         now = self.clock()
-        changes = {
+        changes: dict[str, Any] = {
             "PartitionKey": day,
             "RowKey": row_key,
             "ReplayedAt": now,
@@ -256,12 +252,7 @@ class PoisonDesk:
             "ReplayCount": row.replay_count + 1,
         }
         try:
-            self.store.table(keys.POISON_TABLE).update_entity(
-                changes,
-                mode=UpdateMode.MERGE,
-                etag=row.etag or "*",
-                match_condition=MatchConditions.IfNotModified,
-            )
+            merge_if_unchanged(self.store.table(keys.POISON_TABLE), changes, row.etag or "*")
         except ResourceModifiedError:
             return None
         return row.model_copy(

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from common.clock import epoch_ms
+from common.errors import NotFound
 from state import service as state_service
 from state.handlers import to_record
 from state.keys import LOCK_KIND, due_range, is_marker
@@ -26,7 +28,6 @@ _LOCK_COLUMN = next(column for column, kind in INDEX_COLUMNS.items() if kind == 
 
 def lookup(req: HistoryRequest) -> tuple[Record | None, RecordPage]:
     """The record (None when the key has none) and the first page of its history."""
-    from common.errors import NotFound
 
     handler = state_service.handler(req.handler)
     try:
@@ -38,7 +39,6 @@ def lookup(req: HistoryRequest) -> tuple[Record | None, RecordPage]:
 
 def stuck(*, limit: int = MAX_STUCK, now: datetime | None = None) -> list[Record]:
     """Records whose lock expired while Processing, oldest expiry minute first (index rows only)."""
-    from common.clock import epoch_ms
 
     store = state_service.store()
     moment = now or store.now()

@@ -12,6 +12,7 @@ import sys
 
 from common import layouts
 from common.errors import SettleError
+from management.layout_functions import all_views, change
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -22,7 +23,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reason", default=None)
     parser.add_argument("--show", action="store_true", help="print the recorded layouts and change nothing")
     args = parser.parse_args(argv)
-    from management.layout_functions import all_views, change
 
     try:
         if args.show or args.shards is None:

@@ -4,6 +4,9 @@ Operator actions and the poison desk join hand-off's settlement and resolver to 
 may act, what is audited), so they are built here, above both: ``handoff`` imports nothing from
 ``management``. They hold no state of their own; each call builds one on the shared store and transport
 (:mod:`handoff.service`), so a reset or a replaced transport reaches them at once.
+
+The actions and the poison desk are imported inside their accessors, so the worker's indexing of the app loads
+neither.
 """
 
 from __future__ import annotations

@@ -35,6 +35,9 @@ Work per run is bounded by ``max_rows`` (index rows handled plus partitions visi
 larger than one run (a fleet of workers killed at once) is still caught up within one timer period; only
 what is left after that waits for the next timer. A drain's later runs pass by the pointers its earlier
 runs left with no due row, so each run starts where work is left.
+
+Azure SDK imports are inside the functions that use them, so the worker's indexing of the app does not load
+them.
 """
 
 from __future__ import annotations

@@ -21,6 +21,9 @@ is in ADR-0011.
 
 The cost on the lock path: the marker merge rides in the lock's own transaction (still one round trip);
 preparing costs two requests once per partition, minute and process.
+
+Azure SDK imports are inside the functions that use them, so the worker's indexing of the app does not load
+them.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from typing import Any
 
 from common.clock import epoch_ms
 from common.tables import Tables
+from common.transactions import merge_if_unchanged
 from state.keys import (
     EXPIRY_TABLE,
     STATE_TABLE,
@@ -162,9 +166,7 @@ class ExpiryIndex:
         instances' runs one works on it; None when another owner's lease is still running at ``now`` or
         the row is gone. The returned pointer carries the ETag after the lease, which is the one catch-up
         must delete with (ADR-0011's proof: the lease is the read it orders markers after)."""
-        from azure.core import MatchConditions
         from azure.core.exceptions import ResourceModifiedError, ResourceNotFoundError
-        from azure.data.tables import UpdateMode
 
         table = self._tables.table(EXPIRY_TABLE)
         for _ in range(_TOUCH_ATTEMPTS):
@@ -174,12 +176,7 @@ class ExpiryIndex:
             row = level1_entity(pointer.kind, pointer.bucket, pointer.partition)
             row.update(LeasedBy=owner, LeasedUntil=until)
             try:
-                answer = table.update_entity(
-                    row,
-                    mode=UpdateMode.MERGE,
-                    etag=pointer.etag,
-                    match_condition=MatchConditions.IfNotModified,
-                )
+                answer = merge_if_unchanged(table, row, pointer.etag)
                 return replace(pointer, etag=str(answer["etag"]), leased_by=owner, leased_until=until)
             except ResourceModifiedError:
                 pass  # leased by another run, or touched by a preparation: read it again

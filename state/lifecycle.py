@@ -161,6 +161,21 @@ class LockOutcome:
 
 
 # -- building heads ------------------------------------------------------------------------------------
+def head_columns(key: RecordKey, partition: str, status: Status, handler_key: str) -> dict[str, Any]:
+    """The columns every head starts with: its keys, the record's key fields, its status and handler."""
+    return {
+        "PartitionKey": partition,
+        "RowKey": head_row_key(key),
+        "TenantId": key.tenant_id,
+        "ScopeId": int(key.scope),
+        "EntityId": key.entity_id,
+        "ItemEntityKey": escape(key.item_entity_key),
+        "Status": int(status),
+        "HandlerKey": handler_key,
+        "RetainUntil": NEVER,
+    }
+
+
 def new_head(
     key: RecordKey,
     ctx: WriteContext,
@@ -172,17 +187,7 @@ def new_head(
     created_at: datetime | None = None,
 ) -> dict[str, Any]:
     """A head in ``status`` written at ``now`` (the first version unless ``version`` says otherwise)."""
-    entity: dict[str, Any] = {
-        "PartitionKey": partition,
-        "RowKey": head_row_key(key),
-        "TenantId": key.tenant_id,
-        "ScopeId": int(key.scope),
-        "EntityId": key.entity_id,
-        "ItemEntityKey": escape(key.item_entity_key),
-        "Status": int(status),
-        "HandlerKey": ctx.handler_key,
-        "RetainUntil": NEVER,
-    }
+    entity = head_columns(key, partition, status, ctx.handler_key)
     execution = key.entity_execution_id if key.entity_execution_id is not None else ctx.entity_execution_id
     if execution is not None:
         entity["EntityExecutionId"] = execution
@@ -466,21 +471,10 @@ def claims_of(key: RecordKey, head: Head) -> LockClaims:
 
 def entity_of(key: RecordKey, claims: LockClaims, partition: str) -> dict[str, Any]:
     """The Processing head a token was issued for, column for column (its history row copies it)."""
-    entity: dict[str, Any] = {
-        "PartitionKey": partition,
-        "RowKey": head_row_key(key),
-        "TenantId": key.tenant_id,
-        "ScopeId": int(key.scope),
-        "EntityId": key.entity_id,
-        "ItemEntityKey": escape(key.item_entity_key),
-        "Status": int(Status.PROCESSING),
-        "HandlerKey": claims.h,
-        "RetainUntil": NEVER,
-        "Version": claims.n,
-        "CreatedAt": from_epoch_ms(claims.c),
-        "UpdatedAt": from_epoch_ms(claims.w),
-        "DataChunks": 0,
-    }
+    entity = head_columns(key, partition, Status.PROCESSING, claims.h)
+    entity.update(
+        Version=claims.n, CreatedAt=from_epoch_ms(claims.c), UpdatedAt=from_epoch_ms(claims.w), DataChunks=0
+    )
     optional = {
         "EntityExecutionId": claims.x,
         "SourceAppId": claims.s,

@@ -2,6 +2,8 @@
 
 Each command prints a table (``--json``: the API's JSON) and exits 0 when it found or did what was asked;
 otherwise it prints one line on stderr and exits with a code a script can branch on (:data:`EXIT_CODES`).
+
+azure-identity is an optional extra, so it is imported inside the function that makes a credential.
 """
 
 from __future__ import annotations
