@@ -1,9 +1,9 @@
 """The table clients' retry policy: the SDK's own, and for a write that must not be sent twice, a resend only
 of what storage never received.
 
-A call passes :data:`common.tables.RESEND_UNRECEIVED_ONLY` when sending it again after it was applied would
-write twice or meet its own write (the state store's head writes settle such an answer by reading the head
-back). Such a call is sent again only when the failure proves the request was not received:
+A call passes :data:`common.table_options.RESEND_UNRECEIVED_ONLY` when sending it again after it was
+applied would write twice or meet its own write (the state store's head writes settle such an answer by
+reading the head back). Such a call is sent again only when the failure proves the request was not received:
 
 * 503 ``ServerBusy``: "The server is currently unable to receive requests. Please retry your request."
   (Azure Storage's common REST API error codes; ``common.errors.is_refused_unreceived`` says more);
@@ -27,7 +27,7 @@ from typing import Any
 from azure.data.tables._policies import TablesRetryPolicy
 
 from common.errors import SERVER_BUSY
-from common.tables import RESEND_UNRECEIVED_ONLY, response_body
+from common.table_options import RESEND_UNRECEIVED_ONLY, response_body
 
 # How often a write refused unreceived is sent again, and the back-off before the n-th resend: between half
 # and all of UNRECEIVED_BACKOFF_S * 2**(n-1) seconds.
@@ -38,8 +38,8 @@ _OPTION = next(iter(RESEND_UNRECEIVED_ONLY))
 
 
 class SettleRetryPolicy(TablesRetryPolicy):
-    """``TablesRetryPolicy``, but a call marked :data:`~common.tables.RESEND_UNRECEIVED_ONLY` is sent again
-    only when storage never received it (see the module docstring)."""
+    """``TablesRetryPolicy``, but a call marked :data:`~common.table_options.RESEND_UNRECEIVED_ONLY` is sent
+    again only when storage never received it (see the module docstring)."""
 
     def configure_retries(self, options: dict[str, Any]) -> dict[str, Any]:
         settings: dict[str, Any] = super().configure_retries(options)

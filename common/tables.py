@@ -7,7 +7,7 @@ lacks is created (so a process's first requests do not include a create per tabl
 Every client carries the round-trip counter, the storage-retry counter (telemetry) and the server-clock
 policy, plus any extra policies a test or the benchmark passes (fault injection), and its retry policy is
 ``common.table_retry.SettleRetryPolicy``: the SDK's own, except that a call passing
-:data:`RESEND_UNRECEIVED_ONLY` is sent again only when storage never received it.
+:data:`~common.table_options.RESEND_UNRECEIVED_ONLY` is sent again only when storage never received it.
 
 Azure SDK imports are inside the functions that use them, so the worker's indexing of the app does not load
 them.
@@ -25,6 +25,7 @@ from common.clock import SERVER_CLOCK, ServerClockPolicy
 from common.errors import StorageAnswerUnreadable, StorageTableMissing
 from common.roundtrips import ROUND_TRIPS
 from common.settings import TableSettings
+from common.table_options import response_body
 from common.telemetry import STORAGE_RETRIES
 
 if TYPE_CHECKING:
@@ -56,26 +57,12 @@ class StorageAnswerCheck(SansIOHTTPPolicy[Any, Any]):
                 ) from exc
 
 
-def response_body(http: Any) -> bytes:
-    """An answer's body as read (empty when it is streamed and not read yet, or unreadable)."""
-    try:
-        body = http.body()
-    except Exception:  # a streamed answer: nothing to check here
-        return b""
-    return body if isinstance(body, bytes) else b""
-
-
 def _table_of(url: str) -> str:
     path = url.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
     return path.split("(", 1)[0] or "?"
 
 
 STORAGE_ANSWER_CHECK = StorageAnswerCheck()
-
-# Passed to a write that must not be sent twice (``table.submit_transaction(ops, **RESEND_UNRECEIVED_ONLY)``):
-# the retry policy sends it again only when storage refused it before receiving it (503 ServerBusy, a
-# connection that never carried it); any other failure reaches the caller (``common/table_retry.py``).
-RESEND_UNRECEIVED_ONLY: Mapping[str, Any] = {"resend_unreceived_only": True}
 
 # A storage call that hangs must not hold a Function invocation for minutes.
 _TIMEOUTS = {"connection_timeout": 10, "read_timeout": 30}

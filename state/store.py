@@ -42,7 +42,8 @@ from common.errors import (
 from common.layouts import LayoutBook
 from common.partition_meter import METER
 from common.signing import Signer, load_signer
-from common.tables import RESEND_UNRECEIVED_ONLY, Tables
+from common.table_options import RESEND_UNRECEIVED_ONLY
+from common.tables import Tables
 from common.transactions import missing_table, refusal
 from state.accounts import RoutedTable, extra_accounts
 from state.expiry import ExpiryIndex

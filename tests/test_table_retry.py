@@ -15,8 +15,8 @@ from azure.core.exceptions import AzureError, HttpResponseError, ServiceRequestE
 from azure.core.pipeline import Pipeline
 from azure.core.pipeline.transport import HttpRequest, HttpTransport, RequestsTransportResponse
 
+from common.table_options import RESEND_UNRECEIVED_ONLY
 from common.table_retry import UNRECEIVED_BACKOFF_S, UNRECEIVED_RESENDS, SettleRetryPolicy
-from common.tables import RESEND_UNRECEIVED_ONLY
 
 URL = "http://127.0.0.1:1/devstoreaccount1/$batch"
 Script = Sequence[tuple[int, str | None] | Exception]
