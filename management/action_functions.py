@@ -5,12 +5,14 @@ form of resubmit and skip. Each is audited (a refused one too) and counted in
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import azure.functions as func
 
 from common import telemetry
-from common.http import operation, parse_body
+from common.http import Handler, operation, parse_body
+from common.openapi import resolve
 from common.principal import actor_of, allowed, denial
 from handoff import service
 from handoff.contract import MessageType
@@ -32,10 +34,7 @@ if TYPE_CHECKING:
         ActionAccepted,
         BulkAnswer,
         BulkRequest,
-        CompleteRequest,
-        ResubmitRequest,
         SettlementResolved,
-        SkipRequest,
     )
 
 bp = func.Blueprint()
@@ -59,148 +58,95 @@ def _accepted(result: Any) -> ActionAccepted:
     return ActionAccepted.of(result.action, accepted, audit)
 
 
-@operation(
-    bp,
-    route="v1/events/{endpointId}/{eventId}/resubmit",
-    query_route="v1/events/resubmit",
-    method="POST",
-    span="settle.operator.resubmit",
-    summary="Resubmit an event (optionally with an edited EventJson): one ResubmissionRequest, audited",
-    request=MODELS + "ResubmitRequest",
-    response=MODELS + "ActionAccepted",
-    responses=ACTION,
-    parameters=(ENDPOINT, EVENT),
-    anonymous=True,
-    ok_status=202,
-    tag=TAG,
+def _on_event(
+    action: str,
+    summary: str,
+    request: str,
+    response: str = "ActionAccepted",
+    responses: dict[int, str] = ACTION,
+    ok_status: int = 202,
+    span: str | None = None,
+) -> Callable[[Handler], Any]:
+    """Registers ``POST v1/events/{endpointId}/{eventId}/<action>`` (and its query twin) with the span
+    ``settle.operator.<span or action>``."""
+    return operation(
+        bp,
+        route=f"v1/events/{{endpointId}}/{{eventId}}/{action}",
+        query_route=f"v1/events/{action}",
+        method="POST",
+        span=f"settle.operator.{span or action}",
+        summary=summary,
+        request=MODELS + request,
+        response=MODELS + response,
+        responses=responses,
+        parameters=(ENDPOINT, EVENT),
+        anonymous=True,
+        ok_status=ok_status,
+        tag=TAG,
+    )
+
+
+def _event_action(
+    action: str, summary: str, request: str, call: str, *, kind: MessageType | None = None, needs_body: bool
+) -> None:
+    """Registers ``event_<action>``: the body (or, when ``needs_body`` is false, its defaults) gives the
+    arguments of ``OperatorActions.<call>`` (each field but ``by``, which names the actor when no principal
+    is signed in), with the settlement ``kind`` when there is one; the answer is the accepted action."""
+
+    def act(req: func.HttpRequest) -> ActionAccepted:
+        model = resolve(MODELS + request)
+        with counted(action, req, "endpointId", "eventId"):
+            body: Any = parse_body(req, model) if needs_body else body_or_defaults(req, model)
+            actor = actor_of(req, body.by)
+            given = {name: getattr(body, name) for name in type(body).model_fields if name != "by"}
+            result = getattr(services.operator_actions(), call)(
+                route_value(req, "endpointId"),
+                route_value(req, "eventId"),
+                actor,
+                **({"kind": kind} if kind is not None else {}),
+                **given,
+            )
+            return _accepted(result)
+
+    act.__name__ = act.__qualname__ = f"event_{action}"
+    _on_event(action, summary, request)(act)
+
+
+_event_action(
+    "resubmit",
+    "Resubmit an event (optionally with an edited EventJson): one ResubmissionRequest, audited",
+    "ResubmitRequest",
+    "resubmit",
+    needs_body=False,
 )
-def event_resubmit(req: func.HttpRequest) -> ActionAccepted:
-    from management.models import ResubmitRequest
-
-    with counted("resubmit", req, "endpointId", "eventId"):
-        body: ResubmitRequest = body_or_defaults(req, ResubmitRequest)
-        actor = actor_of(req, body.by)
-        result = services.operator_actions().resubmit(
-            route_value(req, "endpointId"),
-            route_value(req, "eventId"),
-            actor,
-            event_json=body.event_json,
-            reason=body.reason,
-            message_id=body.message_id,
-        )
-        return _accepted(result)
-
-
-@operation(
-    bp,
-    route="v1/events/{endpointId}/{eventId}/skip",
-    query_route="v1/events/skip",
-    method="POST",
-    span="settle.operator.skip",
-    summary="Skip an event: one SkipRequest, audited",
-    request=MODELS + "SkipRequest",
-    response=MODELS + "ActionAccepted",
-    responses=ACTION,
-    parameters=(ENDPOINT, EVENT),
-    anonymous=True,
-    ok_status=202,
-    tag=TAG,
+_event_action("skip", "Skip an event: one SkipRequest, audited", "SkipRequest", "skip", needs_body=False)
+_event_action(
+    "complete",
+    "Complete the event's parked hand-off as an operator (one HandoffCompletedRequest, audited)",
+    "CompleteRequest",
+    "settle",
+    kind=MessageType.HandoffCompletedRequest,
+    needs_body=False,
 )
-def event_skip(req: func.HttpRequest) -> ActionAccepted:
-    from management.models import SkipRequest
-
-    with counted("skip", req, "endpointId", "eventId"):
-        body: SkipRequest = body_or_defaults(req, SkipRequest)
-        actor = actor_of(req, body.by)
-        result = services.operator_actions().skip(
-            route_value(req, "endpointId"),
-            route_value(req, "eventId"),
-            actor,
-            reason=body.reason,
-            message_id=body.message_id,
-        )
-        return _accepted(result)
-
-
-@operation(
-    bp,
-    route="v1/events/{endpointId}/{eventId}/complete",
-    query_route="v1/events/complete",
-    method="POST",
-    span="settle.operator.complete",
-    summary="Complete the event's parked hand-off as an operator (one HandoffCompletedRequest, audited)",
-    request=MODELS + "CompleteRequest",
-    response=MODELS + "ActionAccepted",
-    responses=ACTION,
-    parameters=(ENDPOINT, EVENT),
-    anonymous=True,
-    ok_status=202,
-    tag=TAG,
+_event_action(
+    "fail",
+    "Fail the event's parked hand-off as an operator (one HandoffFailedRequest, audited)",
+    "FailRequest",
+    "settle",
+    kind=MessageType.HandoffFailedRequest,
+    needs_body=True,
 )
-def event_complete(req: func.HttpRequest) -> ActionAccepted:
-    from management.models import CompleteRequest
-
-    with counted("complete", req, "endpointId", "eventId"):
-        body: CompleteRequest = body_or_defaults(req, CompleteRequest)
-        actor = actor_of(req, body.by)
-        result = services.operator_actions().settle(
-            route_value(req, "endpointId"),
-            route_value(req, "eventId"),
-            actor,
-            kind=MessageType.HandoffCompletedRequest,
-            result=body.result,
-            message_id=body.message_id,
-        )
-        return _accepted(result)
 
 
-@operation(
-    bp,
-    route="v1/events/{endpointId}/{eventId}/fail",
-    query_route="v1/events/fail",
-    method="POST",
-    span="settle.operator.fail",
-    summary="Fail the event's parked hand-off as an operator (one HandoffFailedRequest, audited)",
-    request=MODELS + "FailRequest",
-    response=MODELS + "ActionAccepted",
-    responses=ACTION,
-    parameters=(ENDPOINT, EVENT),
-    anonymous=True,
-    ok_status=202,
-    tag=TAG,
-)
-def event_fail(req: func.HttpRequest) -> ActionAccepted:
-    from management.models import FailRequest
-
-    with counted("fail", req, "endpointId", "eventId"):
-        body = parse_body(req, FailRequest)
-        actor = actor_of(req, body.by)
-        result = services.operator_actions().settle(
-            route_value(req, "endpointId"),
-            route_value(req, "eventId"),
-            actor,
-            kind=MessageType.HandoffFailedRequest,
-            error_text=body.error_text,
-            error_type=body.error_type,
-            message_id=body.message_id,
-        )
-        return _accepted(result)
-
-
-@operation(
-    bp,
-    route="v1/events/{endpointId}/{eventId}/settlement/resolve",
-    query_route="v1/events/settlement/resolve",
-    method="POST",
-    span="settle.operator.resolve",
-    summary="Resolve an unconfirmed settlement: mark it delivered (checked at the endpoint) or release it "
+@_on_event(
+    "settlement/resolve",
+    "Resolve an unconfirmed settlement: mark it delivered (checked at the endpoint) or release it "
     "(the hand-off can be settled again); audited ResolveSettlement with who and why",
-    request=MODELS + "ResolveSettlementRequest",
-    response=MODELS + "SettlementResolved",
-    responses={**ACTION, 404: "Unknown event, or no settlement of that message is claimed"},
-    parameters=(ENDPOINT, EVENT),
-    anonymous=True,
-    tag=TAG,
+    "ResolveSettlementRequest",
+    "SettlementResolved",
+    {**ACTION, 404: "Unknown event, or no settlement of that message is claimed"},
+    ok_status=200,
+    span="resolve",
 )
 def event_settlement_resolve(req: func.HttpRequest) -> SettlementResolved:
     from management.models import ResolveSettlementRequest, SettlementResolved
