@@ -8,20 +8,18 @@ the operator in and the code checks the principal and its app role (:mod:`common
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import azure.functions as func
 
-from common import telemetry
+from common import openapi, telemetry
 from common.clock import storable_utc
 from common.errors import InvalidInput, SettleError
-from common.http import dependency_problem, parse_body
-
-if TYPE_CHECKING:
-    pass
+from common.http import Handler, dependency_problem, operation, parse_body
+from common.principal import require_operator
 
 # The API's models are imported by the handler that needs them, never at indexing: the OpenAPI document
 # names them as "module:Name" (a cold start pays for none of them).
@@ -37,8 +35,14 @@ ACTION = {
     413: "The control message would exceed 256 KB",
     503: "Service Bus or storage unavailable and nothing was sent (retry)",
 }
+INVALID = {**AUTH, 400: "Invalid parameter"}
 ENDPOINT = {"name": "endpointId", "in": "path", "required": True, "schema": {"type": "string"}}
 EVENT = {"name": "eventId", "in": "path", "required": True, "schema": {"type": "string"}}
+# The query parameters of the listings: a time window, a page size and where the last page ended.
+FROM = {"name": "from", "in": "query", "schema": {"type": "string", "format": "date-time"}}
+TO = {"name": "to", "in": "query", "schema": {"type": "string", "format": "date-time"}}
+PAGE_SIZE = {"name": "pageSize", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 200}}
+CONTINUATION = {"name": "continuationToken", "in": "query", "schema": {"type": "string"}}
 BUCKET_NAMES = (
     "Pending",
     "PendingHandoff",
@@ -104,3 +108,42 @@ def counted(action: str, req: func.HttpRequest, *ids: str) -> Iterator[None]:
         telemetry.add("settle.operator.actions", action=action, outcome=mapped.slug if mapped else "error")
         raise
     telemetry.add("settle.operator.actions", action=action, outcome=telemetry.current().outcome or "ok")
+
+
+def operator_read(
+    bp: func.Blueprint,
+    route: str,
+    summary: str,
+    response: openapi.ModelRef,
+    *,
+    method: str = "GET",
+    request: openapi.ModelRef | None = None,
+    responses: dict[int, str] = AUTH,
+    parameters: tuple[dict[str, Any], ...] = (),
+    query_route: str | None = None,
+) -> Callable[[Handler], Any]:
+    """Registers a read for operators: the principal is checked (:func:`common.principal.require_operator`)
+    before the handler runs."""
+
+    def decorate(handler: Handler) -> Any:
+        def checked(req: func.HttpRequest) -> Any:
+            require_operator(req)
+            return handler(req)
+
+        checked.__name__ = checked.__qualname__ = handler.__name__
+        checked.__doc__ = handler.__doc__
+        return operation(
+            bp,
+            route=route,
+            query_route=query_route,
+            method=method,
+            summary=summary,
+            request=request,
+            response=response,
+            responses=responses,
+            parameters=parameters,
+            anonymous=True,
+            tag=TAG,
+        )(checked)
+
+    return decorate

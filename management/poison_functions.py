@@ -1,25 +1,31 @@
 """The poison desk's functions: a day's poison messages, replay one through the resolver, dismiss one.
-Thin: parse, check who, call :class:`management.poison.PoisonDesk`.
+Thin: parse, check who, call :class:`management.poison.PoisonDesk`. The models and the desk are imported by
+the handler that needs them: indexing and a cold start load none of them.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import azure.functions as func
 
 from common import telemetry
 from common.errors import InvalidInput
-from common.http import operation, parse_body
-from common.principal import actor_of, require_operator
+from common.http import Handler, operation, parse_body
+from common.principal import actor_of
 from handoff.limits import route_value
 from management import services
 from management.api import (
     AUTH,
+    CONTINUATION,
+    INVALID,
     MODELS,
+    PAGE_SIZE,
     TAG,
     body_or_defaults,
     counted,
+    operator_read,
     page_size,
 )
 
@@ -38,26 +44,21 @@ bp = func.Blueprint()
 # -- poison ---------------------------------------------------------------------------------------
 
 
-@operation(
+@operator_read(
     bp,
-    route="v1/poison",
-    method="GET",
-    summary="Poison messages of one UTC day (reason, whole body, replay record), in enqueue order",
-    response=MODELS + "PoisonPage",
-    responses={**AUTH, 400: "Invalid parameter"},
+    "v1/poison",
+    "Poison messages of one UTC day (reason, whole body, replay record), in enqueue order",
+    MODELS + "PoisonPage",
+    responses=INVALID,
     parameters=(
         {"name": "day", "in": "query", "required": True, "schema": {"type": "string", "pattern": "^\\d{8}$"}},
-        {"name": "pageSize", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 200}},
-        {"name": "continuationToken", "in": "query", "schema": {"type": "string"}},
+        PAGE_SIZE,
+        CONTINUATION,
     ),
-    anonymous=True,
-    tag=TAG,
 )
 def poison_list(req: func.HttpRequest) -> PoisonPage:
-    from management.models import PoisonEntry, PoisonPage
-
-    require_operator(req)
     from handoff.overview import decode_continuation, encode_continuation
+    from management.models import PoisonEntry, PoisonPage
 
     day = req.params.get("day") or ""
     if not day:
@@ -73,31 +74,44 @@ def poison_list(req: func.HttpRequest) -> PoisonPage:
     )
 
 
-@operation(
-    bp,
-    route="v1/poison/{day}/{id}/replay",
-    query_route="v1/poison/replay",
-    method="POST",
-    span="settle.operator.replay",
-    summary="Replay a poison message through the resolver; answers the outcome (409 if replayed before)",
-    request=MODELS + "ReplayRequest",
-    response=MODELS + "ReplayAnswer",
-    responses={**AUTH, 404: "Unknown poison message", 409: "Replayed before", 503: "Storage unavailable"},
-    parameters=(
-        {"name": "day", "in": "path", "required": True, "schema": {"type": "string"}},
-        {"name": "id", "in": "path", "required": True, "schema": {"type": "string"}},
-    ),
-    anonymous=True,
-    tag=TAG,
+def _on_poison(
+    action: str, summary: str, request: str, response: str, refusals: dict[int, str]
+) -> Callable[[Handler], Any]:
+    """Registers ``POST v1/poison/{day}/{id}/<action>`` (and its query twin) with the span
+    ``settle.operator.<action>``."""
+    return operation(
+        bp,
+        route=f"v1/poison/{{day}}/{{id}}/{action}",
+        query_route=f"v1/poison/{action}",
+        method="POST",
+        span=f"settle.operator.{action}",
+        summary=summary,
+        request=MODELS + request,
+        response=MODELS + response,
+        responses={**AUTH, **refusals},
+        parameters=tuple(
+            {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+            for name in ("day", "id")
+        ),
+        anonymous=True,
+        tag=TAG,
+    )
+
+
+@_on_poison(
+    "replay",
+    "Replay a poison message through the resolver; answers the outcome (409 if replayed before)",
+    "ReplayRequest",
+    "ReplayAnswer",
+    {404: "Unknown poison message", 409: "Replayed before", 503: "Storage unavailable"},
 )
 def poison_replay(req: func.HttpRequest) -> ReplayAnswer:
     from management.models import PoisonEntry, ReplayAnswer, ReplayRequest
+    from management.poison import Edits
 
     with counted("replay", req, "day", "id"):
         body: ReplayRequest = body_or_defaults(req, ReplayRequest)
         actor = actor_of(req, body.by)
-        from management.poison import Edits
-
         edits = Edits(
             message_content=body.message_content, application_properties=body.application_properties
         )
@@ -111,27 +125,12 @@ def poison_replay(req: func.HttpRequest) -> ReplayAnswer:
         )
 
 
-@operation(
-    bp,
-    route="v1/poison/{day}/{id}/dismiss",
-    query_route="v1/poison/dismiss",
-    method="POST",
-    span="settle.operator.dismiss",
-    summary="Dismiss (archive) a poison message no fix will project: recorded with its reason, audited",
-    request=MODELS + "DismissRequest",
-    response=MODELS + "PoisonEntry",
-    responses={
-        **AUTH,
-        400: "No reason",
-        404: "Unknown poison message",
-        409: "Dismissed or projected before",
-    },
-    parameters=(
-        {"name": "day", "in": "path", "required": True, "schema": {"type": "string"}},
-        {"name": "id", "in": "path", "required": True, "schema": {"type": "string"}},
-    ),
-    anonymous=True,
-    tag=TAG,
+@_on_poison(
+    "dismiss",
+    "Dismiss (archive) a poison message no fix will project: recorded with its reason, audited",
+    "DismissRequest",
+    "PoisonEntry",
+    {400: "No reason", 404: "Unknown poison message", 409: "Dismissed or projected before"},
 )
 def poison_dismiss(req: func.HttpRequest) -> PoisonEntry:
     from management.models import DismissRequest, PoisonEntry
