@@ -466,6 +466,11 @@ def _ids_from_query(handler: Handler, ids: tuple[str, ...]) -> Handler:
     return by_query
 
 
+def path_parameter(name: str) -> dict[str, Any]:
+    """The OpenAPI description of the route id ``name`` (a string)."""
+    return {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+
+
 def _in_query(parameters: tuple[dict[str, Any], ...], ids: tuple[str, ...]) -> tuple[dict[str, Any], ...]:
     """The twin's OpenAPI parameters: the path's ids as required query parameters, the rest as they are."""
     described = {p["name"]: p for p in parameters if p.get("in") == "path"}

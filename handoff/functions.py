@@ -1,15 +1,19 @@
-"""The handoff blueprint: its Functions (HTTP, timer, resolver). Thin: parse, call a service, answer."""
+"""The handoff blueprint: its Functions (HTTP, timer, resolver). Thin: parse, call a service, answer.
+
+The API's models, the settlement and the receive modules are imported by the handler that needs them:
+indexing and a cold start load none of them."""
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import azure.functions as func
 
 from common import telemetry
 from common.errors import InvalidInput
-from common.http import operation, parse_body
+from common.http import operation, parse_body, path_parameter
+from common.openapi import resolve
 from common.principal import headers_vouched
 from common.settings import env_flag
 from handoff import limits, service
@@ -26,8 +30,7 @@ if TYPE_CHECKING:
         UnconfirmedList,
     )
 
-# The API's models (handoff.models) are imported by the handler that needs them, never at indexing:
-# the OpenAPI document names them as "module:Name" (a cold start does not pay for them).
+# The OpenAPI document names the API's models as "module:Name".
 _MODELS = "handoff.models:"
 
 # ``next`` long-polls at most this long: far below the 230 s HTTP limit of the Functions front end.
@@ -47,6 +50,7 @@ _SETTLE_RESPONSES = {
     503: "Service Bus or storage unavailable and nothing was sent (no audit written; retry)",
 }
 _DEFAULT_SETTLER = "api"
+_ENDPOINT = path_parameter("endpointId")
 
 
 @bp.function_name("resolver")
@@ -96,63 +100,53 @@ def _header(req: func.HttpRequest, name: str) -> str | None:
     return value[:256] or None
 
 
-@operation(
-    bp,
-    route="v1/handoffs/complete",
-    method="POST",
-    summary="Complete a parked hand-off (sends one HandoffCompletedRequest)",
-    request=_MODELS + "CompleteHandoffRequest",
-    response=_MODELS + "SettlementAccepted",
-    responses=_SETTLE_RESPONSES,
-    ok_status=202,
-)
-def handoff_complete(req: func.HttpRequest) -> SettlementAccepted:
-    from handoff.models import CompleteHandoffRequest
+def _settles(action: str, kind: MessageType, request: str, outcome: tuple[str, ...], summary: str) -> None:
+    """Registers ``handoff_<action>``: ``POST v1/handoffs/<action>`` settles the parked hand-off the body
+    names with one ``kind`` message, carrying the body's ``outcome`` fields."""
 
-    body = parse_body(req, CompleteHandoffRequest)
-    from handoff.settlement import Settlement  # on first use, not at indexing (cold start)
+    def settle(req: func.HttpRequest) -> SettlementAccepted:
+        from handoff.settlement import Settlement
 
-    return service.settlement_service().settle(
-        Settlement(
-            kind=MessageType.HandoffCompletedRequest,
-            endpoint_id=body.endpoint_id,
-            coordinates=body.coordinates.to_contract(),
-            settled_by=_settled_by(req, body.settled_by),
-            result=body.result,
-            lease_token=body.lease_token,
-            **_who(req),
+        body: Any = parse_body(req, resolve(_MODELS + request))
+        return service.settlement_service().settle(
+            Settlement(
+                kind=kind,
+                endpoint_id=body.endpoint_id,
+                coordinates=body.coordinates.to_contract(),
+                settled_by=_settled_by(req, body.settled_by),
+                lease_token=body.lease_token,
+                **{name: getattr(body, name) for name in outcome},
+                **_who(req),
+            )
         )
-    )
+
+    settle.__name__ = settle.__qualname__ = f"handoff_{action}"
+    operation(
+        bp,
+        route=f"v1/handoffs/{action}",
+        method="POST",
+        summary=summary,
+        request=_MODELS + request,
+        response=_MODELS + "SettlementAccepted",
+        responses=_SETTLE_RESPONSES,
+        ok_status=202,
+    )(settle)
 
 
-@operation(
-    bp,
-    route="v1/handoffs/fail",
-    method="POST",
-    summary="Fail a parked hand-off (sends one HandoffFailedRequest)",
-    request=_MODELS + "FailHandoffRequest",
-    response=_MODELS + "SettlementAccepted",
-    responses=_SETTLE_RESPONSES,
-    ok_status=202,
+_settles(
+    "complete",
+    MessageType.HandoffCompletedRequest,
+    "CompleteHandoffRequest",
+    ("result",),
+    "Complete a parked hand-off (sends one HandoffCompletedRequest)",
 )
-def handoff_fail(req: func.HttpRequest) -> SettlementAccepted:
-    from handoff.models import FailHandoffRequest
-
-    body = parse_body(req, FailHandoffRequest)
-    from handoff.settlement import Settlement  # on first use, not at indexing (cold start)
-
-    return service.settlement_service().settle(
-        Settlement(
-            kind=MessageType.HandoffFailedRequest,
-            endpoint_id=body.endpoint_id,
-            coordinates=body.coordinates.to_contract(),
-            settled_by=_settled_by(req, body.settled_by),
-            error_text=body.error_text,
-            error_type=body.error_type,
-            lease_token=body.lease_token,
-            **_who(req),
-        )
-    )
+_settles(
+    "fail",
+    MessageType.HandoffFailedRequest,
+    "FailHandoffRequest",
+    ("error_text", "error_type"),
+    "Fail a parked hand-off (sends one HandoffFailedRequest)",
+)
 
 
 def _wait_seconds(req: func.HttpRequest) -> float:
@@ -193,7 +187,7 @@ def _route(req: func.HttpRequest, name: str) -> str:
     response=_MODELS + "PendingHandoffView",
     responses={204: "No parked hand-off within the wait", 400: "Invalid parameter"},
     parameters=(
-        {"name": "endpointId", "in": "path", "required": True, "schema": {"type": "string"}},
+        _ENDPOINT,
         {
             "name": "eventTypeId",
             "in": "query",
@@ -240,7 +234,7 @@ _LEASE_RESPONSES = {
         429: "This instance serves 20 long-polls already (Retry-After)",
     },
     parameters=(
-        {"name": "endpointId", "in": "path", "required": True, "schema": {"type": "string"}},
+        _ENDPOINT,
         {"name": "eventTypeId", "in": "query", "required": False, "schema": {"type": "string"}},
         {
             "name": "waitSeconds",
@@ -278,7 +272,7 @@ def handoff_receive(req: func.HttpRequest) -> LeasedHandoffView | None:
     request=_MODELS + "LeaseRequest",
     response=_MODELS + "LeaseView",
     responses=_LEASE_RESPONSES,
-    parameters=({"name": "endpointId", "in": "path", "required": True, "schema": {"type": "string"}},),
+    parameters=(_ENDPOINT,),
     span="settle.handoff.lease.renew",
 )
 def handoff_lease_renew(req: func.HttpRequest) -> LeaseView:
@@ -301,7 +295,7 @@ def handoff_lease_renew(req: func.HttpRequest) -> LeaseView:
     request=_MODELS + "LeaseRequest",
     response=_MODELS + "LeaseReleased",
     responses=_LEASE_RESPONSES,
-    parameters=({"name": "endpointId", "in": "path", "required": True, "schema": {"type": "string"}},),
+    parameters=(_ENDPOINT,),
     span="settle.handoff.lease.release",
 )
 def handoff_lease_release(req: func.HttpRequest) -> LeaseReleased:
@@ -321,8 +315,8 @@ def handoff_lease_release(req: func.HttpRequest) -> LeaseReleased:
     response=_MODELS + "PendingHandoffView",
     responses={404: "No parked hand-off with that job id"},
     parameters=(
-        {"name": "endpointId", "in": "path", "required": True, "schema": {"type": "string"}},
-        {"name": "externalJobId", "in": "path", "required": True, "schema": {"type": "string"}},
+        _ENDPOINT,
+        path_parameter("externalJobId"),
     ),
     span="settle.handoff.job",
 )
@@ -337,7 +331,7 @@ def handoff_job(req: func.HttpRequest) -> PendingHandoffView:
     method="GET",
     summary="Settlements Settle could neither confirm nor safely re-send (an operator must check them)",
     response=_MODELS + "UnconfirmedList",
-    parameters=({"name": "endpointId", "in": "path", "required": True, "schema": {"type": "string"}},),
+    parameters=(_ENDPOINT,),
     span="settle.handoff.unconfirmed",
 )
 def handoff_unconfirmed(req: func.HttpRequest) -> UnconfirmedList:
@@ -353,8 +347,8 @@ def handoff_unconfirmed(req: func.HttpRequest) -> UnconfirmedList:
     response=_MODELS + "EventView",
     responses={404: "Unknown event"},
     parameters=(
-        {"name": "endpointId", "in": "path", "required": True, "schema": {"type": "string"}},
-        {"name": "eventId", "in": "path", "required": True, "schema": {"type": "string"}},
+        _ENDPOINT,
+        path_parameter("eventId"),
     ),
     span="settle.events.get",
 )

@@ -18,7 +18,7 @@ import azure.functions as func
 from common import openapi, telemetry
 from common.clock import storable_utc
 from common.errors import InvalidInput, SettleError
-from common.http import Handler, dependency_problem, operation, parse_body
+from common.http import Handler, dependency_problem, operation, parse_body, path_parameter
 from common.principal import require_operator
 
 # The API's models are imported by the handler that needs them, never at indexing: the OpenAPI document
@@ -36,8 +36,8 @@ ACTION = {
     503: "Service Bus or storage unavailable and nothing was sent (retry)",
 }
 INVALID = {**AUTH, 400: "Invalid parameter"}
-ENDPOINT = {"name": "endpointId", "in": "path", "required": True, "schema": {"type": "string"}}
-EVENT = {"name": "eventId", "in": "path", "required": True, "schema": {"type": "string"}}
+ENDPOINT = path_parameter("endpointId")
+EVENT = path_parameter("eventId")
 # The query parameters of the listings: a time window, a page size and where the last page ended.
 FROM = {"name": "from", "in": "query", "schema": {"type": "string", "format": "date-time"}}
 TO = {"name": "to", "in": "query", "schema": {"type": "string", "format": "date-time"}}

@@ -12,7 +12,7 @@ import azure.functions as func
 
 from common import telemetry
 from common.errors import InvalidInput
-from common.http import Handler, operation, parse_body
+from common.http import Handler, operation, parse_body, path_parameter
 from common.principal import actor_of
 from handoff.limits import route_value
 from management import services
@@ -89,10 +89,7 @@ def _on_poison(
         request=MODELS + request,
         response=MODELS + response,
         responses={**AUTH, **refusals},
-        parameters=tuple(
-            {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
-            for name in ("day", "id")
-        ),
+        parameters=(path_parameter("day"), path_parameter("id")),
         anonymous=True,
         tag=TAG,
     )
