@@ -6,13 +6,14 @@ indexing and a cold start load none of them."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import azure.functions as func
 
 from common import telemetry
 from common.errors import InvalidInput
-from common.http import operation, parse_body, path_parameter
+from common.http import Handler, operation, parse_body, path_parameter
 from common.openapi import resolve
 from common.principal import headers_vouched
 from common.settings import env_flag
@@ -149,6 +150,34 @@ _settles(
 )
 
 
+def _per_endpoint(
+    what: str,
+    method: str,
+    *,
+    summary: str,
+    response: str,
+    span: str | None = None,
+    request: str | None = None,
+    responses: dict[int, str] | None = None,
+    more: tuple[dict[str, Any], ...] = (),
+    query: str | None = None,
+) -> Callable[[Handler], Any]:
+    """Registers ``<method> v1/handoffs/{endpointId}/<what>`` and its query twin ``v1/handoffs/<query or
+    what>``, with the span ``settle.handoff.<span or what>``; ``more``: the parameters after the endpoint."""
+    return operation(
+        bp,
+        route=f"v1/handoffs/{{endpointId}}/{what}",
+        query_route=f"v1/handoffs/{query or what}",
+        method=method,
+        summary=summary,
+        request=None if request is None else _MODELS + request,
+        response=_MODELS + response,
+        responses=responses,
+        parameters=(_ENDPOINT, *more),
+        span=f"settle.handoff.{span or what}",
+    )
+
+
 def _wait_seconds(req: func.HttpRequest) -> float:
     raw = req.params.get("waitSeconds")
     if raw is None or raw == "":
@@ -178,16 +207,13 @@ def _route(req: func.HttpRequest, name: str) -> str:
     return value
 
 
-@operation(
-    bp,
-    route="v1/handoffs/{endpointId}/next",
-    query_route="v1/handoffs/next",
-    method="GET",
+@_per_endpoint(
+    "next",
+    "GET",
     summary=f"Oldest parked hand-off of an endpoint (non-claiming; waits up to {MAX_WAIT_SECONDS} s), or 204",
-    response=_MODELS + "PendingHandoffView",
+    response="PendingHandoffView",
     responses={204: "No parked hand-off within the wait", 400: "Invalid parameter"},
-    parameters=(
-        _ENDPOINT,
+    more=(
         {
             "name": "eventTypeId",
             "in": "query",
@@ -203,7 +229,6 @@ def _route(req: func.HttpRequest, name: str) -> str:
             "description": f"Long-poll up to this many seconds (clamped to {MAX_WAIT_SECONDS}).",
         },
     ),
-    span="settle.handoff.next",
 )
 def handoff_next(req: func.HttpRequest) -> PendingHandoffView | None:
     from handoff.receive import long_poll
@@ -220,21 +245,18 @@ _LEASE_RESPONSES = {
 }
 
 
-@operation(
-    bp,
-    route="v1/handoffs/{endpointId}/receive",
-    query_route="v1/handoffs/receive",
-    method="POST",
+@_per_endpoint(
+    "receive",
+    "POST",
     summary="Lease the oldest parked hand-off no one holds (leased receive; waits up to "
     f"{MAX_WAIT_SECONDS} s), or 204",
-    response=_MODELS + "LeasedHandoffView",
+    response="LeasedHandoffView",
     responses={
         204: "No parked hand-off free within the wait",
         400: "Invalid parameter",
         429: "This instance serves 20 long-polls already (Retry-After)",
     },
-    parameters=(
-        _ENDPOINT,
+    more=(
         {"name": "eventTypeId", "in": "query", "required": False, "schema": {"type": "string"}},
         {
             "name": "waitSeconds",
@@ -250,7 +272,6 @@ _LEASE_RESPONSES = {
             "description": "How long the hand-off is held (default 300 s); renew while the work runs.",
         },
     ),
-    span="settle.handoff.receive",
 )
 def handoff_receive(req: func.HttpRequest) -> LeasedHandoffView | None:
     from handoff.receive import lease_length, long_poll
@@ -263,17 +284,14 @@ def handoff_receive(req: func.HttpRequest) -> LeasedHandoffView | None:
         )
 
 
-@operation(
-    bp,
-    route="v1/handoffs/{endpointId}/leases/renew",
-    query_route="v1/handoffs/leases/renew",
-    method="POST",
+@_per_endpoint(
+    "leases/renew",
+    "POST",
     summary="Renew a lease while its token still holds the hand-off",
-    request=_MODELS + "LeaseRequest",
-    response=_MODELS + "LeaseView",
+    request="LeaseRequest",
+    response="LeaseView",
     responses=_LEASE_RESPONSES,
-    parameters=(_ENDPOINT,),
-    span="settle.handoff.lease.renew",
+    span="lease.renew",
 )
 def handoff_lease_renew(req: func.HttpRequest) -> LeaseView:
     from handoff.models import LeaseRequest
@@ -286,17 +304,14 @@ def handoff_lease_renew(req: func.HttpRequest) -> LeaseView:
     )
 
 
-@operation(
-    bp,
-    route="v1/handoffs/{endpointId}/leases/release",
-    query_route="v1/handoffs/leases/release",
-    method="POST",
+@_per_endpoint(
+    "leases/release",
+    "POST",
     summary="Release a lease: the hand-off is offered to the next receive at once",
-    request=_MODELS + "LeaseRequest",
-    response=_MODELS + "LeaseReleased",
+    request="LeaseRequest",
+    response="LeaseReleased",
     responses=_LEASE_RESPONSES,
-    parameters=(_ENDPOINT,),
-    span="settle.handoff.lease.release",
+    span="lease.release",
 )
 def handoff_lease_release(req: func.HttpRequest) -> LeaseReleased:
     from handoff.models import LeaseReleased, LeaseRequest
@@ -306,33 +321,25 @@ def handoff_lease_release(req: func.HttpRequest) -> LeaseReleased:
     return LeaseReleased(event_id=body.event_id, released=True)
 
 
-@operation(
-    bp,
-    route="v1/handoffs/{endpointId}/jobs/{externalJobId}",
-    query_route="v1/handoffs/jobs",
-    method="GET",
+@_per_endpoint(
+    "jobs/{externalJobId}",
+    "GET",
     summary="The parked hand-off carrying an external job id",
-    response=_MODELS + "PendingHandoffView",
+    response="PendingHandoffView",
     responses={404: "No parked hand-off with that job id"},
-    parameters=(
-        _ENDPOINT,
-        path_parameter("externalJobId"),
-    ),
-    span="settle.handoff.job",
+    more=(path_parameter("externalJobId"),),
+    span="job",
+    query="jobs",
 )
 def handoff_job(req: func.HttpRequest) -> PendingHandoffView:
     return service.receive_service().job(_route(req, "endpointId"), _route(req, "externalJobId"))
 
 
-@operation(
-    bp,
-    route="v1/handoffs/{endpointId}/unconfirmed",
-    query_route="v1/handoffs/unconfirmed",
-    method="GET",
+@_per_endpoint(
+    "unconfirmed",
+    "GET",
     summary="Settlements Settle could neither confirm nor safely re-send (an operator must check them)",
-    response=_MODELS + "UnconfirmedList",
-    parameters=(_ENDPOINT,),
-    span="settle.handoff.unconfirmed",
+    response="UnconfirmedList",
 )
 def handoff_unconfirmed(req: func.HttpRequest) -> UnconfirmedList:
     return service.receive_service().unconfirmed(_route(req, "endpointId"))

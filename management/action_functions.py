@@ -11,23 +11,14 @@ from typing import TYPE_CHECKING, Any
 import azure.functions as func
 
 from common import telemetry
-from common.http import Handler, operation, parse_body
+from common.http import Handler, parse_body
 from common.openapi import resolve
 from common.principal import actor_of, allowed, denial
 from handoff import service
 from handoff.contract import MessageType
 from handoff.limits import route_value
 from management import services
-from management.api import (
-    ACTION,
-    AUTH,
-    ENDPOINT,
-    EVENT,
-    MODELS,
-    TAG,
-    body_or_defaults,
-    counted,
-)
+from management.api import ACTION, AUTH, MODELS, acting, on_item
 
 if TYPE_CHECKING:
     from management.models import (
@@ -38,6 +29,7 @@ if TYPE_CHECKING:
     )
 
 bp = func.Blueprint()
+_EVENT = "events/{endpointId}/{eventId}"
 
 
 # -- actions ------------------------------------------------------------------------------------------
@@ -67,23 +59,8 @@ def _on_event(
     ok_status: int = 202,
     span: str | None = None,
 ) -> Callable[[Handler], Any]:
-    """Registers ``POST v1/events/{endpointId}/{eventId}/<action>`` (and its query twin) with the span
-    ``settle.operator.<span or action>``."""
-    return operation(
-        bp,
-        route=f"v1/events/{{endpointId}}/{{eventId}}/{action}",
-        query_route=f"v1/events/{action}",
-        method="POST",
-        span=f"settle.operator.{span or action}",
-        summary=summary,
-        request=MODELS + request,
-        response=MODELS + response,
-        responses=responses,
-        parameters=(ENDPOINT, EVENT),
-        anonymous=True,
-        ok_status=ok_status,
-        tag=TAG,
-    )
+    """Registers ``POST v1/events/{endpointId}/{eventId}/<action>`` and its query twin."""
+    return on_item(bp, _EVENT, action, summary, request, response, responses, ok_status=ok_status, span=span)
 
 
 def _event_action(
@@ -95,9 +72,7 @@ def _event_action(
 
     def act(req: func.HttpRequest) -> ActionAccepted:
         model = resolve(MODELS + request)
-        with counted(action, req, "endpointId", "eventId"):
-            body: Any = parse_body(req, model) if needs_body else body_or_defaults(req, model)
-            actor = actor_of(req, body.by)
+        with acting(action, req, model, "endpointId", "eventId", needs_body=needs_body) as (body, actor):
             given = {name: getattr(body, name) for name in type(body).model_fields if name != "by"}
             result = getattr(services.operator_actions(), call)(
                 route_value(req, "endpointId"),
@@ -149,14 +124,11 @@ _event_action(
     span="resolve",
 )
 def event_settlement_resolve(req: func.HttpRequest) -> SettlementResolved:
+    from handoff.models import AuditEntry
+    from management.audits import mirror
     from management.models import ResolveSettlementRequest, SettlementResolved
 
-    with counted("resolve", req, "endpointId", "eventId"):
-        from handoff.models import AuditEntry
-        from management.audits import mirror
-
-        body = parse_body(req, ResolveSettlementRequest)
-        actor = actor_of(req, body.by)
+    with acting("resolve", req, ResolveSettlementRequest, "endpointId", "eventId") as (body, actor):
         endpoint_id, event_id = route_value(req, "endpointId"), route_value(req, "eventId")
         done = services.operator_actions().resolve_settlement(
             endpoint_id,
@@ -183,19 +155,14 @@ def event_settlement_resolve(req: func.HttpRequest) -> SettlementResolved:
         )
 
 
-@operation(
+@on_item(
     bp,
-    route="v1/endpoints/{endpointId}/bulk",
-    query_route="v1/endpoints/bulk",
-    method="POST",
-    span="settle.operator.bulk",
-    summary="Resubmit or skip up to 50 events: the single action once per event, a result per event",
-    request=MODELS + "BulkRequest",
-    response=MODELS + "BulkAnswer",
-    responses={**AUTH, 400: "Invalid input (the problem names the field)"},
-    parameters=(ENDPOINT,),
-    anonymous=True,
-    tag=TAG,
+    "endpoints/{endpointId}",
+    "bulk",
+    "Resubmit or skip up to 50 events: the single action once per event, a result per event",
+    "BulkRequest",
+    "BulkAnswer",
+    {**AUTH, 400: "Invalid input (the problem names the field)"},
 )
 def endpoint_bulk(req: func.HttpRequest) -> BulkAnswer:
     from management import bulk

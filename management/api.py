@@ -8,6 +8,7 @@ the operator in and the code checks the principal and its app role (:mod:`common
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
@@ -19,7 +20,7 @@ from common import openapi, telemetry
 from common.clock import storable_utc
 from common.errors import InvalidInput, SettleError
 from common.http import Handler, dependency_problem, operation, parse_body, path_parameter
-from common.principal import require_operator
+from common.principal import Actor, actor_of, require_operator
 
 # The API's models are imported by the handler that needs them, never at indexing: the OpenAPI document
 # names them as "module:Name" (a cold start pays for none of them).
@@ -147,3 +148,48 @@ def operator_read(
         )(checked)
 
     return decorate
+
+
+def on_item(
+    bp: func.Blueprint,
+    route: str,
+    action: str,
+    summary: str,
+    request: str,
+    response: str,
+    responses: dict[int, str],
+    *,
+    ok_status: int = 200,
+    span: str | None = None,
+) -> Callable[[Handler], Any]:
+    """Registers an operator action, ``POST v1/<route>/<action>`` where ``route`` holds the item's ids
+    (``events/{endpointId}/{eventId}``), and its query twin (the ids left out of the route), with the span
+    ``settle.operator.<span or action>``."""
+    ids = re.findall(r"\{(\w+)\}", route)
+    return operation(
+        bp,
+        route=f"v1/{route}/{action}",
+        query_route="/".join(("v1", *(part for part in route.split("/") if "{" not in part), action)),
+        method="POST",
+        span=f"settle.operator.{span or action}",
+        summary=summary,
+        request=MODELS + request,
+        response=MODELS + response,
+        responses=responses,
+        parameters=tuple(path_parameter(name) for name in ids),
+        anonymous=True,
+        ok_status=ok_status,
+        tag=TAG,
+    )
+
+
+@contextmanager
+def acting(
+    action: str, req: func.HttpRequest, model: type[Any], *ids: str, needs_body: bool = True
+) -> Iterator[tuple[Any, Actor]]:
+    """An operator action on the item ``ids`` name, :func:`counted`: its body (or, when ``needs_body`` is
+    false and none is sent, the model's defaults) and who acts (``by`` names them when no principal is
+    signed in)."""
+    with counted(action, req, *ids):
+        body = parse_body(req, model) if needs_body else body_or_defaults(req, model)
+        yield body, actor_of(req, body.by)

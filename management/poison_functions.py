@@ -12,8 +12,7 @@ import azure.functions as func
 
 from common import telemetry
 from common.errors import InvalidInput
-from common.http import Handler, operation, parse_body, path_parameter
-from common.principal import actor_of
+from common.http import Handler
 from handoff.limits import route_value
 from management import services
 from management.api import (
@@ -22,20 +21,17 @@ from management.api import (
     INVALID,
     MODELS,
     PAGE_SIZE,
-    TAG,
-    body_or_defaults,
-    counted,
+    acting,
+    on_item,
     operator_read,
     page_size,
 )
 
 if TYPE_CHECKING:
     from management.models import (
-        DismissRequest,
         PoisonEntry,
         PoisonPage,
         ReplayAnswer,
-        ReplayRequest,
     )
 
 bp = func.Blueprint()
@@ -77,22 +73,8 @@ def poison_list(req: func.HttpRequest) -> PoisonPage:
 def _on_poison(
     action: str, summary: str, request: str, response: str, refusals: dict[int, str]
 ) -> Callable[[Handler], Any]:
-    """Registers ``POST v1/poison/{day}/{id}/<action>`` (and its query twin) with the span
-    ``settle.operator.<action>``."""
-    return operation(
-        bp,
-        route=f"v1/poison/{{day}}/{{id}}/{action}",
-        query_route=f"v1/poison/{action}",
-        method="POST",
-        span=f"settle.operator.{action}",
-        summary=summary,
-        request=MODELS + request,
-        response=MODELS + response,
-        responses={**AUTH, **refusals},
-        parameters=(path_parameter("day"), path_parameter("id")),
-        anonymous=True,
-        tag=TAG,
-    )
+    """Registers ``POST v1/poison/{day}/{id}/<action>`` and its query twin."""
+    return on_item(bp, "poison/{day}/{id}", action, summary, request, response, {**AUTH, **refusals})
 
 
 @_on_poison(
@@ -106,9 +88,7 @@ def poison_replay(req: func.HttpRequest) -> ReplayAnswer:
     from management.models import PoisonEntry, ReplayAnswer, ReplayRequest
     from management.poison import Edits
 
-    with counted("replay", req, "day", "id"):
-        body: ReplayRequest = body_or_defaults(req, ReplayRequest)
-        actor = actor_of(req, body.by)
+    with acting("replay", req, ReplayRequest, "day", "id", needs_body=False) as (body, actor):
         edits = Edits(
             message_content=body.message_content, application_properties=body.application_properties
         )
@@ -132,9 +112,7 @@ def poison_replay(req: func.HttpRequest) -> ReplayAnswer:
 def poison_dismiss(req: func.HttpRequest) -> PoisonEntry:
     from management.models import DismissRequest, PoisonEntry
 
-    with counted("dismiss", req, "day", "id"):
-        body: DismissRequest = parse_body(req, DismissRequest)
-        actor = actor_of(req, body.by)
+    with acting("dismiss", req, DismissRequest, "day", "id") as (body, actor):
         day = route_value(req, "day")
         row = services.poison_desk().dismiss(day, route_value(req, "id"), actor, body.reason)
         return PoisonEntry.of(day, row)
