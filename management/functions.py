@@ -8,6 +8,7 @@ none of them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -15,6 +16,7 @@ import azure.functions as func
 
 from common.clock import utcnow
 from common.errors import InvalidInput, NotFound
+from common.http import Handler
 from common.layouts import operator_warnings
 from handoff import keys, service
 from handoff.limits import query_value, route_value
@@ -47,6 +49,27 @@ if TYPE_CHECKING:
     )
 
 bp = func.Blueprint()
+
+
+def _per_endpoint(
+    what: str,
+    summary: str,
+    response: str,
+    *,
+    responses: dict[int, str] = AUTH,
+    more: tuple[dict[str, Any], ...] = (),
+) -> Callable[[Handler], Any]:
+    """Registers ``GET v1/endpoints/{endpointId}/<what>`` and its query twin ``v1/endpoints/<what>``, an
+    operator read; ``more``: the parameters after the endpoint."""
+    return operator_read(
+        bp,
+        f"v1/endpoints/{{endpointId}}/{what}",
+        summary,
+        response,
+        query_route=f"v1/endpoints/{what}",
+        responses=responses,
+        parameters=(ENDPOINT, *more),
+    )
 
 
 # -- overview and listings ------------------------------------------------------------------------
@@ -95,15 +118,12 @@ def endpoints_overview(req: func.HttpRequest) -> EndpointsOverview:
     )
 
 
-@operator_read(
-    bp,
-    "v1/endpoints/{endpointId}/events",
+@_per_endpoint(
+    "events",
     "A page of an endpoint's events, newest change first (status, type and time filters)",
     MODELS + "EventPage",
-    query_route="v1/endpoints/events",
     responses=INVALID,
-    parameters=(
-        ENDPOINT,
+    more=(
         {"name": "status", "in": "query", "schema": {"type": "string", "enum": list(BUCKET_NAMES)}},
         {"name": "eventTypeId", "in": "query", "schema": {"type": "string"}, "description": "Repeatable."},
         FROM,
@@ -187,7 +207,8 @@ def _stuck_counts(endpoint_id: str) -> dict[str, int]:
     }
 
 
-def _settlement_view(claim: Any) -> SettlementView:
+def _settlement_view(claim: Any, state: str | None = None) -> SettlementView:
+    """A settlement claim (or an unconfirmed index row, its ``state`` given) as operators see it."""
     from management.models import SettlementView
 
     return SettlementView(
@@ -195,46 +216,30 @@ def _settlement_view(claim: Any) -> SettlementView:
         addressed_message_id=claim.parked_message_id,
         control_message_id=claim.control_message_id,
         message_type=claim.message_type.name,
-        state=claim.state.name,
+        state=state or claim.state.name,
         settled_by=claim.settled_by,
         claimed_at=claim.claimed_at,
     )
 
 
-@operator_read(
-    bp,
-    "v1/endpoints/{endpointId}/unconfirmed",
+@_per_endpoint(
+    "unconfirmed",
     "Settlements Settle could neither confirm nor safely re-send: an operator resolves each",
     MODELS + "UnconfirmedSettlements",
-    query_route="v1/endpoints/unconfirmed",
-    parameters=(ENDPOINT,),
 )
 def endpoint_unconfirmed(req: func.HttpRequest) -> UnconfirmedSettlements:
-    from management.models import SettlementView, UnconfirmedSettlements
+    from management.models import UnconfirmedSettlements
 
     endpoint_id = route_value(req, "endpointId")
-    items = [
-        SettlementView(
-            event_id=r.event_id,
-            addressed_message_id=r.parked_message_id,
-            control_message_id=r.control_message_id,
-            message_type=r.message_type.name,
-            state="unconfirmed",
-            settled_by=r.settled_by,
-            claimed_at=r.claimed_at,
-        )
-        for r in service.store().unconfirmed(endpoint_id, limit=_STUCK_CAP)
-    ]
+    rows = service.store().unconfirmed(endpoint_id, limit=_STUCK_CAP)
+    items = [_settlement_view(r, "unconfirmed") for r in rows]
     return UnconfirmedSettlements(endpoint_id=endpoint_id, count=len(items), items=items)
 
 
-@operator_read(
-    bp,
-    "v1/endpoints/{endpointId}/overdue",
+@_per_endpoint(
+    "overdue",
     "Parked hand-offs past their ExpectedBy, most overdue first (the expiry index, no scan)",
     MODELS + "OverdueHandoffs",
-    query_route="v1/endpoints/overdue",
-    parameters=(ENDPOINT,),
 )
 def endpoint_overdue(req: func.HttpRequest) -> OverdueHandoffs:
     from handoff.records import ExpiryRow
