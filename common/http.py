@@ -440,6 +440,21 @@ def operation(
     return decorate
 
 
+def anonymous_get(
+    bp: func.Blueprint,
+    route: str,
+    summary: str,
+    *,
+    tag: str,
+    response: openapi.ModelRef | None = None,
+    span: str | None = None,
+) -> Callable[[Handler], Any]:
+    """Registers a ``GET`` anyone may call (no key): for answers that read nothing private."""
+    return operation(
+        bp, route=route, method="GET", summary=summary, response=response, anonymous=True, tag=tag, span=span
+    )
+
+
 _ROUTE_PARAMETER = re.compile(r"\{(\w+)\}")
 
 

@@ -15,25 +15,9 @@ from pydantic import BaseModel
 
 from common import telemetry
 from common.clock import utcnow
-from common.http import json_response, operation, parse_body
-from state import service
+from common.http import anonymous_get, json_response, operation, parse_body
+from state import schemas, service
 from state.model import Scope, retry_after_seconds
-from state.schemas import (
-    ExistsResponse,
-    ExtendRequest,
-    ExtendResponse,
-    HistoryRequest,
-    KeyRequest,
-    LockRequest,
-    LockResponse,
-    QueryRequest,
-    Record,
-    RecordPage,
-    ReleaseRequest,
-    SetRequest,
-    StateMeta,
-    UpsertRequest,
-)
 
 if TYPE_CHECKING:
     from state.handlers import StateHandler
@@ -42,9 +26,9 @@ bp = func.Blueprint()
 log = logging.getLogger("settle.state")
 
 
-def _handler(body: KeyRequest | QueryRequest) -> StateHandler:
+def _handler(body: schemas.KeyRequest | schemas.QueryRequest) -> StateHandler:
     """The handler the body selects; the request's ids go on the operation's span first."""
-    if isinstance(body, KeyRequest):
+    if isinstance(body, schemas.KeyRequest):
         key = body.key
         telemetry.annotate(
             {
@@ -76,7 +60,7 @@ _FENCED = {**_BAD, 409: "The lock token no longer holds the lock"}
 _WRITES = {**_FENCED, 204: "Null handler: nothing written"}
 
 
-def _held_elsewhere(answer: LockResponse) -> LockResponse | func.HttpResponse:
+def _held_elsewhere(answer: schemas.LockResponse) -> schemas.LockResponse | func.HttpResponse:
     """A lock held by another caller also says when it may be taken over, as the header a client's retry
     policy reads."""
     if answer.acquired or answer.locked_until is None:
@@ -91,7 +75,7 @@ def _as_is(answer: Any) -> Any:
 
 def _serve(
     path: str,
-    request: type[KeyRequest] | type[QueryRequest],
+    request: type[schemas.KeyRequest] | type[schemas.QueryRequest],
     response: type[BaseModel],
     responses: dict[int, str],
     summary: str,
@@ -121,28 +105,35 @@ def _serve(
 
 
 # In the order the OpenAPI document lists them. A write answers 204 for the null handler (nothing written).
-_serve("exists", KeyRequest, ExistsResponse, _BAD, "Is the item Processed or Skipped?")
-_serve("lock", LockRequest, LockResponse, _BAD, "Try to acquire the processing lock.", _held_elsewhere)
-_serve("lock/extend", ExtendRequest, ExtendResponse, _FENCED, "Extend a held lock (fenced).")
-_serve("set", SetRequest, Record, _WRITES, "Record Processed, Skipped or Failed.")
-_serve("upsert", UpsertRequest, Record, _WRITES, "Record Processed with new data.")
-_serve("release", ReleaseRequest, Record, _WRITES, "Release the lock as Failed.")
-_serve("get", KeyRequest, Record, {**_BAD, 404: "No record"}, "The current record.")
-_serve("query", QueryRequest, RecordPage, _BAD, "Records of a tenant, filtered and paged.")
-_serve("history", HistoryRequest, RecordPage, _BAD, "Every version of a record, newest first.")
+_serve("exists", schemas.KeyRequest, schemas.ExistsResponse, _BAD, "Is the item Processed or Skipped?")
+_serve(
+    "lock",
+    schemas.LockRequest,
+    schemas.LockResponse,
+    _BAD,
+    "Try to acquire the processing lock.",
+    _held_elsewhere,
+)
+_serve("lock/extend", schemas.ExtendRequest, schemas.ExtendResponse, _FENCED, "Extend a held lock (fenced).")
+_serve("set", schemas.SetRequest, schemas.Record, _WRITES, "Record Processed, Skipped or Failed.")
+_serve("upsert", schemas.UpsertRequest, schemas.Record, _WRITES, "Record Processed with new data.")
+_serve("release", schemas.ReleaseRequest, schemas.Record, _WRITES, "Release the lock as Failed.")
+_serve("get", schemas.KeyRequest, schemas.Record, {**_BAD, 404: "No record"}, "The current record.")
+_serve("query", schemas.QueryRequest, schemas.RecordPage, _BAD, "Records of a tenant, filtered and paged.")
+_serve(
+    "history", schemas.HistoryRequest, schemas.RecordPage, _BAD, "Every version of a record, newest first."
+)
 
 
-@operation(
+@anonymous_get(
     bp,
-    route="v1/state/meta",
-    method="GET",
-    summary="Codes and names of scopes and statuses, and the handler names (no I/O).",
-    response=StateMeta,
-    anonymous=True,
+    "v1/state/meta",
+    "Codes and names of scopes and statuses, and the handler names (no I/O).",
+    response=schemas.StateMeta,
     tag="state",
     span="settle.state.meta",
 )
-def state_meta(req: func.HttpRequest) -> StateMeta:
+def state_meta(req: func.HttpRequest) -> schemas.StateMeta:
     from state.handlers import meta
 
     return meta()
