@@ -5,7 +5,8 @@ document. The wrapped function receives the ``func.HttpRequest`` and returns a p
 the status given), ``None`` (204) or a ready ``func.HttpResponse``. Errors become problem+json:
 :class:`~common.errors.SettleError` with its own status, pydantic validation errors 400 naming the
 field, storage/network faults 503 with ``Retry-After`` (see :func:`dependency_problem`);
-anything else is logged and answered 500 without internals.
+anything else is logged and answered 500 without internals. The Azure SDK's exception types are imported
+when a fault is mapped, not at indexing.
 """
 
 from __future__ import annotations

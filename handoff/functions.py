@@ -1,7 +1,7 @@
 """The handoff blueprint: its Functions (HTTP, timer, resolver). Thin: parse, call a service, answer.
 
-The API's models, the settlement and the receive modules are imported by the handler that needs them:
-indexing and a cold start load none of them."""
+The API's models and the settlement, receive and sweeper modules are imported by the function that needs
+them: indexing and a cold start load none of them."""
 
 from __future__ import annotations
 

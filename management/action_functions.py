@@ -1,6 +1,8 @@
 """The operator's actions on events: resubmit, skip, complete, fail, resolve a settlement, and the bulk
 form of resubmit and skip. Each is audited (a refused one too) and counted in
 ``settle.operator.actions``. Thin: parse, check who, call :class:`management.actions.OperatorActions`.
+The models, the audit copies and the bulk runner are imported by the handler that needs them: indexing and
+a cold start load none of them.
 """
 
 from __future__ import annotations
@@ -165,6 +167,7 @@ def event_settlement_resolve(req: func.HttpRequest) -> SettlementResolved:
     {**AUTH, 400: "Invalid input (the problem names the field)"},
 )
 def endpoint_bulk(req: func.HttpRequest) -> BulkAnswer:
+    from handoff.models import AuditEntry
     from management import bulk
     from management.audits import mirror
     from management.models import ActionAccepted, BulkAnswer, BulkItemAnswer, BulkRequest
@@ -194,8 +197,6 @@ def endpoint_bulk(req: func.HttpRequest) -> BulkAnswer:
     for item in items:
         accepted = None
         if item.result is not None:
-            from handoff.models import AuditEntry
-
             audit = AuditEntry.of(item.result.audit) if item.result.audit is not None else None
             accepted = ActionAccepted.of(item.result.action, item.result.accepted, audit)
         answers.append(

@@ -1,6 +1,5 @@
-"""State records for operators: look one up with its history, the stuck ones, a tenant's query. The models,
-the record reads and the state service are imported by the handler that needs them: indexing and a cold
-start load none of them."""
+"""State records for operators: look one up with its history, the stuck ones, a tenant's query. The models
+and the record reads are imported by the handler that needs them: indexing and a cold start load neither."""
 
 from __future__ import annotations
 
@@ -10,6 +9,7 @@ import azure.functions as func
 
 from common.http import parse_body
 from management.api import AUTH, MODELS, operator_read
+from state import service as state_service
 from state.schemas import HistoryRequest, QueryRequest, RecordPage
 
 if TYPE_CHECKING:
@@ -65,7 +65,5 @@ def records_stuck(req: func.HttpRequest) -> StuckRecords:
     responses={**AUTH, 400: "Invalid filter (the problem names the field)"},
 )
 def records_query(req: func.HttpRequest) -> RecordPage:
-    from state import service as state_service
-
     body: QueryRequest = parse_body(req, QueryRequest)
     return state_service.handler(body.handler).query(body)

@@ -1,7 +1,8 @@
 """The state blueprint: HTTP functions under ``/api/v1/state/`` and the catch-up timer.
 
 Each function parses its body into a model, calls one handler method, and answers; errors become
-problem+json (see ``common/http.py``).
+problem+json (see ``common/http.py``). ``state.handlers`` (the storage layer behind them) is imported on
+first use, not at indexing.
 """
 
 from __future__ import annotations
