@@ -25,6 +25,7 @@ if TYPE_CHECKING:
         EventView,
         LeasedHandoffView,
         LeaseReleased,
+        LeaseRequest,
         LeaseView,
         PendingHandoffView,
         SettlementAccepted,
@@ -284,40 +285,43 @@ def handoff_receive(req: func.HttpRequest) -> LeasedHandoffView | None:
         )
 
 
-@_per_endpoint(
-    "leases/renew",
-    "POST",
-    summary="Renew a lease while its token still holds the hand-off",
-    request="LeaseRequest",
-    response="LeaseView",
-    responses=_LEASE_RESPONSES,
-    span="lease.renew",
-)
-def handoff_lease_renew(req: func.HttpRequest) -> LeaseView:
-    from handoff.models import LeaseRequest
-    from handoff.receive import lease_length
-
-    body = parse_body(req, LeaseRequest)
-    lease_for = lease_length(body.lease_seconds)
-    return service.receive_service().renew(
-        _route(req, "endpointId"), body.event_id, body.lease_token, lease_for=lease_for
+def _lease(action: str, summary: str, response: str) -> Callable[[Handler], Any]:
+    """Registers ``POST v1/handoffs/{endpointId}/leases/<action>`` (a ``LeaseRequest`` body), with its
+    query twin and the span ``settle.handoff.lease.<action>``."""
+    return _per_endpoint(
+        f"leases/{action}",
+        "POST",
+        summary=summary,
+        request="LeaseRequest",
+        response=response,
+        responses=_LEASE_RESPONSES,
+        span=f"lease.{action}",
     )
 
 
-@_per_endpoint(
-    "leases/release",
-    "POST",
-    summary="Release a lease: the hand-off is offered to the next receive at once",
-    request="LeaseRequest",
-    response="LeaseReleased",
-    responses=_LEASE_RESPONSES,
-    span="lease.release",
-)
-def handoff_lease_release(req: func.HttpRequest) -> LeaseReleased:
-    from handoff.models import LeaseReleased, LeaseRequest
+def _lease_request(req: func.HttpRequest) -> tuple[str, LeaseRequest]:
+    """The endpoint a lease call names, and its body."""
+    from handoff.models import LeaseRequest
 
-    body = parse_body(req, LeaseRequest)
-    service.receive_service().release(_route(req, "endpointId"), body.event_id, body.lease_token)
+    body = parse_body(req, LeaseRequest)  # first: a request wrong in both still names its body
+    return _route(req, "endpointId"), body
+
+
+@_lease("renew", "Renew a lease while its token still holds the hand-off", "LeaseView")
+def handoff_lease_renew(req: func.HttpRequest) -> LeaseView:
+    from handoff.receive import lease_length
+
+    endpoint_id, body = _lease_request(req)
+    lease_for = lease_length(body.lease_seconds)
+    return service.receive_service().renew(endpoint_id, body.event_id, body.lease_token, lease_for=lease_for)
+
+
+@_lease("release", "Release a lease: the hand-off is offered to the next receive at once", "LeaseReleased")
+def handoff_lease_release(req: func.HttpRequest) -> LeaseReleased:
+    from handoff.models import LeaseReleased
+
+    endpoint_id, body = _lease_request(req)
+    service.receive_service().release(endpoint_id, body.event_id, body.lease_token)
     return LeaseReleased(event_id=body.event_id, released=True)
 
 

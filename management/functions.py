@@ -18,6 +18,7 @@ from common.clock import utcnow
 from common.errors import InvalidInput, NotFound
 from common.http import Handler
 from common.layouts import operator_warnings
+from common.openapi import resolve
 from handoff import keys, service
 from handoff.limits import query_value, route_value
 from management.api import (
@@ -43,9 +44,8 @@ if TYPE_CHECKING:
         EventPage,
         FindAnswer,
         OperatorEventView,
-        OverdueHandoffs,
+        OverdueHandoff,
         SettlementView,
-        UnconfirmedSettlements,
     )
 
 bp = func.Blueprint()
@@ -222,35 +222,48 @@ def _settlement_view(claim: Any, state: str | None = None) -> SettlementView:
     )
 
 
-@_per_endpoint(
+def _stuck(what: str, summary: str, model: str, items: Callable[[str], list[Any]]) -> None:
+    """Registers ``endpoint_<what>``: the endpoint's ``items`` (at most ``_STUCK_CAP``), counted, as
+    ``model``."""
+
+    def read(req: func.HttpRequest) -> Any:
+        endpoint_id = route_value(req, "endpointId")
+        found = items(endpoint_id)
+        return resolve(MODELS + model)(endpoint_id=endpoint_id, count=len(found), items=found)
+
+    read.__name__ = read.__qualname__ = f"endpoint_{what}"
+    _per_endpoint(what, summary, MODELS + model)(read)
+
+
+def _unconfirmed(endpoint_id: str) -> list[SettlementView]:
+    return [
+        _settlement_view(r, "unconfirmed") for r in service.store().unconfirmed(endpoint_id, limit=_STUCK_CAP)
+    ]
+
+
+def _overdue(endpoint_id: str) -> list[OverdueHandoff]:
+    from handoff.records import ExpiryRow
+    from management.models import OverdueHandoff
+
+    rows = service.store().expired(endpoint_id, utcnow(), limit=_STUCK_CAP)
+    return [
+        OverdueHandoff(event_id=r.event_id, expected_by=r.expected_by)
+        for r in map(ExpiryRow.from_entity, rows)
+    ]
+
+
+_stuck(
     "unconfirmed",
     "Settlements Settle could neither confirm nor safely re-send: an operator resolves each",
-    MODELS + "UnconfirmedSettlements",
+    "UnconfirmedSettlements",
+    _unconfirmed,
 )
-def endpoint_unconfirmed(req: func.HttpRequest) -> UnconfirmedSettlements:
-    from management.models import UnconfirmedSettlements
-
-    endpoint_id = route_value(req, "endpointId")
-    rows = service.store().unconfirmed(endpoint_id, limit=_STUCK_CAP)
-    items = [_settlement_view(r, "unconfirmed") for r in rows]
-    return UnconfirmedSettlements(endpoint_id=endpoint_id, count=len(items), items=items)
-
-
-@_per_endpoint(
+_stuck(
     "overdue",
     "Parked hand-offs past their ExpectedBy, most overdue first (the expiry index, no scan)",
-    MODELS + "OverdueHandoffs",
+    "OverdueHandoffs",
+    _overdue,
 )
-def endpoint_overdue(req: func.HttpRequest) -> OverdueHandoffs:
-    from handoff.records import ExpiryRow
-    from management.models import OverdueHandoff, OverdueHandoffs
-
-    endpoint_id = route_value(req, "endpointId")
-    rows = [
-        ExpiryRow.from_entity(e) for e in service.store().expired(endpoint_id, utcnow(), limit=_STUCK_CAP)
-    ]
-    items = [OverdueHandoff(event_id=r.event_id, expected_by=r.expected_by) for r in rows]
-    return OverdueHandoffs(endpoint_id=endpoint_id, count=len(items), items=items)
 
 
 @operator_read(
