@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
 bp = func.Blueprint()
 _EVENT = "events/{endpointId}/{eventId}"
+_IDS = ("endpointId", "eventId")
 
 
 # -- actions ------------------------------------------------------------------------------------------
@@ -74,11 +75,10 @@ def _event_action(
 
     def act(req: func.HttpRequest) -> ActionAccepted:
         model = resolve(MODELS + request)
-        with acting(action, req, model, "endpointId", "eventId", needs_body=needs_body) as (body, actor):
+        with acting(action, req, model, *_IDS, needs_body=needs_body) as (body, actor, ids):
             given = {name: getattr(body, name) for name in type(body).model_fields if name != "by"}
             result = getattr(services.operator_actions(), call)(
-                route_value(req, "endpointId"),
-                route_value(req, "eventId"),
+                *ids,
                 actor,
                 **({"kind": kind} if kind is not None else {}),
                 **given,
@@ -130,8 +130,7 @@ def event_settlement_resolve(req: func.HttpRequest) -> SettlementResolved:
     from management.audits import mirror
     from management.models import ResolveSettlementRequest, SettlementResolved
 
-    with acting("resolve", req, ResolveSettlementRequest, "endpointId", "eventId") as (body, actor):
-        endpoint_id, event_id = route_value(req, "endpointId"), route_value(req, "eventId")
+    with acting("resolve", req, ResolveSettlementRequest, *_IDS) as (body, actor, (endpoint_id, event_id)):
         done = services.operator_actions().resolve_settlement(
             endpoint_id,
             event_id,

@@ -21,6 +21,7 @@ from common.clock import storable_utc
 from common.errors import InvalidInput, SettleError
 from common.http import Handler, dependency_problem, operation, parse_body, path_parameter
 from common.principal import Actor, actor_of, require_operator
+from handoff.limits import route_value
 
 # The API's models are imported by the handler that needs them, never at indexing: the OpenAPI document
 # names them as "module:Name" (a cold start pays for none of them).
@@ -186,10 +187,11 @@ def on_item(
 @contextmanager
 def acting(
     action: str, req: func.HttpRequest, model: type[Any], *ids: str, needs_body: bool = True
-) -> Iterator[tuple[Any, Actor]]:
-    """An operator action on the item ``ids`` name, :func:`counted`: its body (or, when ``needs_body`` is
-    false and none is sent, the model's defaults) and who acts (``by`` names them when no principal is
-    signed in)."""
+) -> Iterator[tuple[Any, Actor, list[str]]]:
+    """An operator action on the item the route values ``ids`` name, :func:`counted`: its body (or, when
+    ``needs_body`` is false and none is sent, the model's defaults), who acts (``by`` names them when no
+    principal is signed in) and the ids' values, checked in that order."""
     with counted(action, req, *ids):
         body = parse_body(req, model) if needs_body else body_or_defaults(req, model)
-        yield body, actor_of(req, body.by)
+        actor = actor_of(req, body.by)
+        yield body, actor, [route_value(req, name) for name in ids]

@@ -13,7 +13,6 @@ import azure.functions as func
 from common import telemetry
 from common.errors import InvalidInput
 from common.http import Handler
-from handoff.limits import route_value
 from management import services
 from management.api import (
     AUTH,
@@ -71,16 +70,17 @@ def poison_list(req: func.HttpRequest) -> PoisonPage:
 
 
 def _on_poison(
-    action: str, summary: str, request: str, response: str, refusals: dict[int, str]
+    action: str, summary: str, response: str, refusals: dict[int, str]
 ) -> Callable[[Handler], Any]:
-    """Registers ``POST v1/poison/{day}/{id}/<action>`` and its query twin."""
+    """Registers ``POST v1/poison/{day}/{id}/<action>`` (its body a ``<Action>Request``) and its query
+    twin."""
+    request = f"{action.capitalize()}Request"
     return on_item(bp, "poison/{day}/{id}", action, summary, request, response, {**AUTH, **refusals})
 
 
 @_on_poison(
     "replay",
     "Replay a poison message through the resolver; answers the outcome (409 if replayed before)",
-    "ReplayRequest",
     "ReplayAnswer",
     {404: "Unknown poison message", 409: "Replayed before", 503: "Storage unavailable"},
 )
@@ -88,11 +88,11 @@ def poison_replay(req: func.HttpRequest) -> ReplayAnswer:
     from management.models import PoisonEntry, ReplayAnswer, ReplayRequest
     from management.poison import Edits
 
-    with acting("replay", req, ReplayRequest, "day", "id", needs_body=False) as (body, actor):
+    with acting("replay", req, ReplayRequest, "day", "id", needs_body=False) as (body, actor, (day, item)):
         edits = Edits(
             message_content=body.message_content, application_properties=body.application_properties
         )
-        result = services.poison_desk().replay(route_value(req, "day"), route_value(req, "id"), actor, edits)
+        result = services.poison_desk().replay(day, item, actor, edits)
         telemetry.current().set_outcome(result.outcome)
         return ReplayAnswer(
             outcome=result.outcome,
@@ -105,14 +105,12 @@ def poison_replay(req: func.HttpRequest) -> ReplayAnswer:
 @_on_poison(
     "dismiss",
     "Dismiss (archive) a poison message no fix will project: recorded with its reason, audited",
-    "DismissRequest",
     "PoisonEntry",
     {400: "No reason", 404: "Unknown poison message", 409: "Dismissed or projected before"},
 )
 def poison_dismiss(req: func.HttpRequest) -> PoisonEntry:
     from management.models import DismissRequest, PoisonEntry
 
-    with acting("dismiss", req, DismissRequest, "day", "id") as (body, actor):
-        day = route_value(req, "day")
-        row = services.poison_desk().dismiss(day, route_value(req, "id"), actor, body.reason)
+    with acting("dismiss", req, DismissRequest, "day", "id") as (body, actor, (day, item)):
+        row = services.poison_desk().dismiss(day, item, actor, body.reason)
         return PoisonEntry.of(day, row)
