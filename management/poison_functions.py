@@ -69,6 +69,9 @@ def poison_list(req: func.HttpRequest) -> PoisonPage:
     )
 
 
+_UNKNOWN = {404: "Unknown poison message"}
+
+
 def _on_poison(
     action: str, summary: str, response: str, refusals: dict[int, str]
 ) -> Callable[[Handler], Any]:
@@ -82,7 +85,7 @@ def _on_poison(
     "replay",
     "Replay a poison message through the resolver; answers the outcome (409 if replayed before)",
     "ReplayAnswer",
-    {404: "Unknown poison message", 409: "Replayed before", 503: "Storage unavailable"},
+    {**_UNKNOWN, 409: "Replayed before", 503: "Storage unavailable"},
 )
 def poison_replay(req: func.HttpRequest) -> ReplayAnswer:
     from management.models import PoisonEntry, ReplayAnswer, ReplayRequest
@@ -106,7 +109,7 @@ def poison_replay(req: func.HttpRequest) -> ReplayAnswer:
     "dismiss",
     "Dismiss (archive) a poison message no fix will project: recorded with its reason, audited",
     "PoisonEntry",
-    {400: "No reason", 404: "Unknown poison message", 409: "Dismissed or projected before"},
+    {400: "No reason", **_UNKNOWN, 409: "Dismissed or projected before"},
 )
 def poison_dismiss(req: func.HttpRequest) -> PoisonEntry:
     from management.models import DismissRequest, PoisonEntry
