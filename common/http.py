@@ -5,7 +5,8 @@ document. The wrapped function receives the ``func.HttpRequest`` and returns a p
 the status given), ``None`` (204) or a ready ``func.HttpResponse``. Errors become problem+json:
 :class:`~common.errors.SettleError` with its own status, pydantic validation errors 400 naming the
 field, storage/network faults 503 with ``Retry-After`` (see :func:`dependency_problem`);
-anything else is logged and answered 500 without internals.
+anything else is logged and answered 500 without internals. The Azure SDK's exception types are imported
+when a fault is mapped, not at indexing.
 """
 
 from __future__ import annotations
@@ -440,6 +441,21 @@ def operation(
     return decorate
 
 
+def anonymous_get(
+    bp: func.Blueprint,
+    route: str,
+    summary: str,
+    *,
+    tag: str,
+    response: openapi.ModelRef | None = None,
+    span: str | None = None,
+) -> Callable[[Handler], Any]:
+    """Registers a ``GET`` anyone may call (no key): for answers that read nothing private."""
+    return operation(
+        bp, route=route, method="GET", summary=summary, response=response, anonymous=True, tag=tag, span=span
+    )
+
+
 _ROUTE_PARAMETER = re.compile(r"\{(\w+)\}")
 
 
@@ -464,6 +480,11 @@ def _ids_from_query(handler: Handler, ids: tuple[str, ...]) -> Handler:
     by_query.__name__ = by_query.__qualname__ = f"{handler.__name__}_by_query"
     by_query.__doc__ = handler.__doc__
     return by_query
+
+
+def path_parameter(name: str) -> dict[str, Any]:
+    """The OpenAPI description of the route id ``name`` (a string)."""
+    return {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
 
 
 def _in_query(parameters: tuple[dict[str, Any], ...], ids: tuple[str, ...]) -> tuple[dict[str, Any], ...]:

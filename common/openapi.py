@@ -3,7 +3,7 @@
 Each HTTP operation registers itself (at import, no I/O) through :func:`register`; ``document()``
 builds the OpenAPI 3.1 document once and caches it. An operation may name its models lazily
 (``"management.models:EventPage"``): they are imported when the document is built, so an API that a cold
-start does not call costs it nothing.
+start does not call costs it nothing; so is pydantic's JSON schema generator.
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ def operations() -> list[Operation]:
 
 @lru_cache(maxsize=1)
 def document() -> dict[str, Any]:
-    from pydantic.json_schema import models_json_schema  # only when the document is asked for
+    from pydantic.json_schema import models_json_schema
 
     models: list[type[BaseModel]] = []
     for op in _OPERATIONS:

@@ -1,15 +1,20 @@
-"""The handoff blueprint: its Functions (HTTP, timer, resolver). Thin: parse, call a service, answer."""
+"""The handoff blueprint: its Functions (HTTP, timer, resolver). Thin: parse, call a service, answer.
+
+The API's models and the settlement, receive and sweeper modules are imported by the function that needs
+them: indexing and a cold start load none of them."""
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import azure.functions as func
 
 from common import telemetry
 from common.errors import InvalidInput
-from common.http import operation, parse_body
+from common.http import Handler, operation, parse_body, path_parameter
+from common.openapi import resolve
 from common.principal import headers_vouched
 from common.settings import env_flag
 from handoff import limits, service
@@ -20,14 +25,14 @@ if TYPE_CHECKING:
         EventView,
         LeasedHandoffView,
         LeaseReleased,
+        LeaseRequest,
         LeaseView,
         PendingHandoffView,
         SettlementAccepted,
         UnconfirmedList,
     )
 
-# The API's models (handoff.models) are imported by the handler that needs them, never at indexing:
-# the OpenAPI document names them as "module:Name" (a cold start does not pay for them).
+# The OpenAPI document names the API's models as "module:Name".
 _MODELS = "handoff.models:"
 
 # ``next`` long-polls at most this long: far below the 230 s HTTP limit of the Functions front end.
@@ -47,6 +52,7 @@ _SETTLE_RESPONSES = {
     503: "Service Bus or storage unavailable and nothing was sent (no audit written; retry)",
 }
 _DEFAULT_SETTLER = "api"
+_ENDPOINT = path_parameter("endpointId")
 
 
 @bp.function_name("resolver")
@@ -96,62 +102,80 @@ def _header(req: func.HttpRequest, name: str) -> str | None:
     return value[:256] or None
 
 
-@operation(
-    bp,
-    route="v1/handoffs/complete",
-    method="POST",
-    summary="Complete a parked hand-off (sends one HandoffCompletedRequest)",
-    request=_MODELS + "CompleteHandoffRequest",
-    response=_MODELS + "SettlementAccepted",
-    responses=_SETTLE_RESPONSES,
-    ok_status=202,
-)
-def handoff_complete(req: func.HttpRequest) -> SettlementAccepted:
-    from handoff.models import CompleteHandoffRequest
+def _settles(action: str, kind: MessageType, request: str, outcome: tuple[str, ...], summary: str) -> None:
+    """Registers ``handoff_<action>``: ``POST v1/handoffs/<action>`` settles the parked hand-off the body
+    names with one ``kind`` message, carrying the body's ``outcome`` fields."""
 
-    body = parse_body(req, CompleteHandoffRequest)
-    from handoff.settlement import Settlement  # on first use, not at indexing (cold start)
+    def settle(req: func.HttpRequest) -> SettlementAccepted:
+        from handoff.settlement import Settlement
 
-    return service.settlement_service().settle(
-        Settlement(
-            kind=MessageType.HandoffCompletedRequest,
-            endpoint_id=body.endpoint_id,
-            coordinates=body.coordinates.to_contract(),
-            settled_by=_settled_by(req, body.settled_by),
-            result=body.result,
-            lease_token=body.lease_token,
-            **_who(req),
+        body: Any = parse_body(req, resolve(_MODELS + request))
+        return service.settlement_service().settle(
+            Settlement(
+                kind=kind,
+                endpoint_id=body.endpoint_id,
+                coordinates=body.coordinates.to_contract(),
+                settled_by=_settled_by(req, body.settled_by),
+                lease_token=body.lease_token,
+                **{name: getattr(body, name) for name in outcome},
+                **_who(req),
+            )
         )
-    )
+
+    settle.__name__ = settle.__qualname__ = f"handoff_{action}"
+    operation(
+        bp,
+        route=f"v1/handoffs/{action}",
+        method="POST",
+        summary=summary,
+        request=_MODELS + request,
+        response=_MODELS + "SettlementAccepted",
+        responses=_SETTLE_RESPONSES,
+        ok_status=202,
+    )(settle)
 
 
-@operation(
-    bp,
-    route="v1/handoffs/fail",
-    method="POST",
-    summary="Fail a parked hand-off (sends one HandoffFailedRequest)",
-    request=_MODELS + "FailHandoffRequest",
-    response=_MODELS + "SettlementAccepted",
-    responses=_SETTLE_RESPONSES,
-    ok_status=202,
+_settles(
+    "complete",
+    MessageType.HandoffCompletedRequest,
+    "CompleteHandoffRequest",
+    ("result",),
+    "Complete a parked hand-off (sends one HandoffCompletedRequest)",
 )
-def handoff_fail(req: func.HttpRequest) -> SettlementAccepted:
-    from handoff.models import FailHandoffRequest
+_settles(
+    "fail",
+    MessageType.HandoffFailedRequest,
+    "FailHandoffRequest",
+    ("error_text", "error_type"),
+    "Fail a parked hand-off (sends one HandoffFailedRequest)",
+)
 
-    body = parse_body(req, FailHandoffRequest)
-    from handoff.settlement import Settlement  # on first use, not at indexing (cold start)
 
-    return service.settlement_service().settle(
-        Settlement(
-            kind=MessageType.HandoffFailedRequest,
-            endpoint_id=body.endpoint_id,
-            coordinates=body.coordinates.to_contract(),
-            settled_by=_settled_by(req, body.settled_by),
-            error_text=body.error_text,
-            error_type=body.error_type,
-            lease_token=body.lease_token,
-            **_who(req),
-        )
+def _per_endpoint(
+    what: str,
+    method: str,
+    *,
+    summary: str,
+    response: str,
+    span: str | None = None,
+    request: str | None = None,
+    responses: dict[int, str] | None = None,
+    more: tuple[dict[str, Any], ...] = (),
+    query: str | None = None,
+) -> Callable[[Handler], Any]:
+    """Registers ``<method> v1/handoffs/{endpointId}/<what>`` and its query twin ``v1/handoffs/<query or
+    what>``, with the span ``settle.handoff.<span or what>``; ``more``: the parameters after the endpoint."""
+    return operation(
+        bp,
+        route=f"v1/handoffs/{{endpointId}}/{what}",
+        query_route=f"v1/handoffs/{query or what}",
+        method=method,
+        summary=summary,
+        request=None if request is None else _MODELS + request,
+        response=_MODELS + response,
+        responses=responses,
+        parameters=(_ENDPOINT, *more),
+        span=f"settle.handoff.{span or what}",
     )
 
 
@@ -184,16 +208,13 @@ def _route(req: func.HttpRequest, name: str) -> str:
     return value
 
 
-@operation(
-    bp,
-    route="v1/handoffs/{endpointId}/next",
-    query_route="v1/handoffs/next",
-    method="GET",
+@_per_endpoint(
+    "next",
+    "GET",
     summary=f"Oldest parked hand-off of an endpoint (non-claiming; waits up to {MAX_WAIT_SECONDS} s), or 204",
-    response=_MODELS + "PendingHandoffView",
+    response="PendingHandoffView",
     responses={204: "No parked hand-off within the wait", 400: "Invalid parameter"},
-    parameters=(
-        {"name": "endpointId", "in": "path", "required": True, "schema": {"type": "string"}},
+    more=(
         {
             "name": "eventTypeId",
             "in": "query",
@@ -209,7 +230,6 @@ def _route(req: func.HttpRequest, name: str) -> str:
             "description": f"Long-poll up to this many seconds (clamped to {MAX_WAIT_SECONDS}).",
         },
     ),
-    span="settle.handoff.next",
 )
 def handoff_next(req: func.HttpRequest) -> PendingHandoffView | None:
     from handoff.receive import long_poll
@@ -226,21 +246,18 @@ _LEASE_RESPONSES = {
 }
 
 
-@operation(
-    bp,
-    route="v1/handoffs/{endpointId}/receive",
-    query_route="v1/handoffs/receive",
-    method="POST",
+@_per_endpoint(
+    "receive",
+    "POST",
     summary="Lease the oldest parked hand-off no one holds (leased receive; waits up to "
     f"{MAX_WAIT_SECONDS} s), or 204",
-    response=_MODELS + "LeasedHandoffView",
+    response="LeasedHandoffView",
     responses={
         204: "No parked hand-off free within the wait",
         400: "Invalid parameter",
         429: "This instance serves 20 long-polls already (Retry-After)",
     },
-    parameters=(
-        {"name": "endpointId", "in": "path", "required": True, "schema": {"type": "string"}},
+    more=(
         {"name": "eventTypeId", "in": "query", "required": False, "schema": {"type": "string"}},
         {
             "name": "waitSeconds",
@@ -256,7 +273,6 @@ _LEASE_RESPONSES = {
             "description": "How long the hand-off is held (default 300 s); renew while the work runs.",
         },
     ),
-    span="settle.handoff.receive",
 )
 def handoff_receive(req: func.HttpRequest) -> LeasedHandoffView | None:
     from handoff.receive import lease_length, long_poll
@@ -269,76 +285,65 @@ def handoff_receive(req: func.HttpRequest) -> LeasedHandoffView | None:
         )
 
 
-@operation(
-    bp,
-    route="v1/handoffs/{endpointId}/leases/renew",
-    query_route="v1/handoffs/leases/renew",
-    method="POST",
-    summary="Renew a lease while its token still holds the hand-off",
-    request=_MODELS + "LeaseRequest",
-    response=_MODELS + "LeaseView",
-    responses=_LEASE_RESPONSES,
-    parameters=({"name": "endpointId", "in": "path", "required": True, "schema": {"type": "string"}},),
-    span="settle.handoff.lease.renew",
-)
-def handoff_lease_renew(req: func.HttpRequest) -> LeaseView:
-    from handoff.models import LeaseRequest
-    from handoff.receive import lease_length
-
-    body = parse_body(req, LeaseRequest)
-    lease_for = lease_length(body.lease_seconds)
-    return service.receive_service().renew(
-        _route(req, "endpointId"), body.event_id, body.lease_token, lease_for=lease_for
+def _lease(action: str, summary: str, response: str) -> Callable[[Handler], Any]:
+    """Registers ``POST v1/handoffs/{endpointId}/leases/<action>`` (a ``LeaseRequest`` body), with its
+    query twin and the span ``settle.handoff.lease.<action>``."""
+    return _per_endpoint(
+        f"leases/{action}",
+        "POST",
+        summary=summary,
+        request="LeaseRequest",
+        response=response,
+        responses=_LEASE_RESPONSES,
+        span=f"lease.{action}",
     )
 
 
-@operation(
-    bp,
-    route="v1/handoffs/{endpointId}/leases/release",
-    query_route="v1/handoffs/leases/release",
-    method="POST",
-    summary="Release a lease: the hand-off is offered to the next receive at once",
-    request=_MODELS + "LeaseRequest",
-    response=_MODELS + "LeaseReleased",
-    responses=_LEASE_RESPONSES,
-    parameters=({"name": "endpointId", "in": "path", "required": True, "schema": {"type": "string"}},),
-    span="settle.handoff.lease.release",
-)
-def handoff_lease_release(req: func.HttpRequest) -> LeaseReleased:
-    from handoff.models import LeaseReleased, LeaseRequest
+def _lease_request(req: func.HttpRequest) -> tuple[str, LeaseRequest]:
+    """The endpoint a lease call names, and its body."""
+    from handoff.models import LeaseRequest
 
-    body = parse_body(req, LeaseRequest)
-    service.receive_service().release(_route(req, "endpointId"), body.event_id, body.lease_token)
+    body = parse_body(req, LeaseRequest)  # first: a request wrong in both still names its body
+    return _route(req, "endpointId"), body
+
+
+@_lease("renew", "Renew a lease while its token still holds the hand-off", "LeaseView")
+def handoff_lease_renew(req: func.HttpRequest) -> LeaseView:
+    from handoff.receive import lease_length
+
+    endpoint_id, body = _lease_request(req)
+    lease_for = lease_length(body.lease_seconds)
+    return service.receive_service().renew(endpoint_id, body.event_id, body.lease_token, lease_for=lease_for)
+
+
+@_lease("release", "Release a lease: the hand-off is offered to the next receive at once", "LeaseReleased")
+def handoff_lease_release(req: func.HttpRequest) -> LeaseReleased:
+    from handoff.models import LeaseReleased
+
+    endpoint_id, body = _lease_request(req)
+    service.receive_service().release(endpoint_id, body.event_id, body.lease_token)
     return LeaseReleased(event_id=body.event_id, released=True)
 
 
-@operation(
-    bp,
-    route="v1/handoffs/{endpointId}/jobs/{externalJobId}",
-    query_route="v1/handoffs/jobs",
-    method="GET",
+@_per_endpoint(
+    "jobs/{externalJobId}",
+    "GET",
     summary="The parked hand-off carrying an external job id",
-    response=_MODELS + "PendingHandoffView",
+    response="PendingHandoffView",
     responses={404: "No parked hand-off with that job id"},
-    parameters=(
-        {"name": "endpointId", "in": "path", "required": True, "schema": {"type": "string"}},
-        {"name": "externalJobId", "in": "path", "required": True, "schema": {"type": "string"}},
-    ),
-    span="settle.handoff.job",
+    more=(path_parameter("externalJobId"),),
+    span="job",
+    query="jobs",
 )
 def handoff_job(req: func.HttpRequest) -> PendingHandoffView:
     return service.receive_service().job(_route(req, "endpointId"), _route(req, "externalJobId"))
 
 
-@operation(
-    bp,
-    route="v1/handoffs/{endpointId}/unconfirmed",
-    query_route="v1/handoffs/unconfirmed",
-    method="GET",
+@_per_endpoint(
+    "unconfirmed",
+    "GET",
     summary="Settlements Settle could neither confirm nor safely re-send (an operator must check them)",
-    response=_MODELS + "UnconfirmedList",
-    parameters=({"name": "endpointId", "in": "path", "required": True, "schema": {"type": "string"}},),
-    span="settle.handoff.unconfirmed",
+    response="UnconfirmedList",
 )
 def handoff_unconfirmed(req: func.HttpRequest) -> UnconfirmedList:
     return service.receive_service().unconfirmed(_route(req, "endpointId"))
@@ -353,8 +358,8 @@ def handoff_unconfirmed(req: func.HttpRequest) -> UnconfirmedList:
     response=_MODELS + "EventView",
     responses={404: "Unknown event"},
     parameters=(
-        {"name": "endpointId", "in": "path", "required": True, "schema": {"type": "string"}},
-        {"name": "eventId", "in": "path", "required": True, "schema": {"type": "string"}},
+        _ENDPOINT,
+        path_parameter("eventId"),
     ),
     span="settle.events.get",
 )

@@ -1,44 +1,38 @@
 """The operator's actions on events: resubmit, skip, complete, fail, resolve a settlement, and the bulk
 form of resubmit and skip. Each is audited (a refused one too) and counted in
 ``settle.operator.actions``. Thin: parse, check who, call :class:`management.actions.OperatorActions`.
+The models, the audit copies and the bulk runner are imported by the handler that needs them: indexing and
+a cold start load none of them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import azure.functions as func
 
 from common import telemetry
-from common.http import operation, parse_body
+from common.http import Handler, parse_body
+from common.openapi import resolve
 from common.principal import actor_of, allowed, denial
 from handoff import service
 from handoff.contract import MessageType
 from handoff.limits import route_value
 from management import services
-from management.api import (
-    ACTION,
-    AUTH,
-    ENDPOINT,
-    EVENT,
-    MODELS,
-    TAG,
-    body_or_defaults,
-    counted,
-)
+from management.api import ACTION, AUTH, MODELS, acting, on_item
 
 if TYPE_CHECKING:
     from management.models import (
         ActionAccepted,
         BulkAnswer,
         BulkRequest,
-        CompleteRequest,
-        ResubmitRequest,
         SettlementResolved,
-        SkipRequest,
     )
 
 bp = func.Blueprint()
+_EVENT = "events/{endpointId}/{eventId}"
+_IDS = ("endpointId", "eventId")
 
 
 # -- actions ------------------------------------------------------------------------------------------
@@ -59,159 +53,84 @@ def _accepted(result: Any) -> ActionAccepted:
     return ActionAccepted.of(result.action, accepted, audit)
 
 
-@operation(
-    bp,
-    route="v1/events/{endpointId}/{eventId}/resubmit",
-    query_route="v1/events/resubmit",
-    method="POST",
-    span="settle.operator.resubmit",
-    summary="Resubmit an event (optionally with an edited EventJson): one ResubmissionRequest, audited",
-    request=MODELS + "ResubmitRequest",
-    response=MODELS + "ActionAccepted",
-    responses=ACTION,
-    parameters=(ENDPOINT, EVENT),
-    anonymous=True,
-    ok_status=202,
-    tag=TAG,
+def _on_event(
+    action: str,
+    summary: str,
+    request: str,
+    response: str = "ActionAccepted",
+    responses: dict[int, str] = ACTION,
+    ok_status: int = 202,
+    span: str | None = None,
+) -> Callable[[Handler], Any]:
+    """Registers ``POST v1/events/{endpointId}/{eventId}/<action>`` and its query twin."""
+    return on_item(bp, _EVENT, action, summary, request, response, responses, ok_status=ok_status, span=span)
+
+
+def _event_action(
+    action: str, summary: str, request: str, call: str, *, kind: MessageType | None = None, needs_body: bool
+) -> None:
+    """Registers ``event_<action>``: the body (or, when ``needs_body`` is false, its defaults) gives the
+    arguments of ``OperatorActions.<call>`` (each field but ``by``, which names the actor when no principal
+    is signed in), with the settlement ``kind`` when there is one; the answer is the accepted action."""
+
+    def act(req: func.HttpRequest) -> ActionAccepted:
+        model = resolve(MODELS + request)
+        with acting(action, req, model, *_IDS, needs_body=needs_body) as (body, actor, ids):
+            given = {name: getattr(body, name) for name in type(body).model_fields if name != "by"}
+            result = getattr(services.operator_actions(), call)(
+                *ids,
+                actor,
+                **({"kind": kind} if kind is not None else {}),
+                **given,
+            )
+            return _accepted(result)
+
+    act.__name__ = act.__qualname__ = f"event_{action}"
+    _on_event(action, summary, request)(act)
+
+
+_event_action(
+    "resubmit",
+    "Resubmit an event (optionally with an edited EventJson): one ResubmissionRequest, audited",
+    "ResubmitRequest",
+    "resubmit",
+    needs_body=False,
 )
-def event_resubmit(req: func.HttpRequest) -> ActionAccepted:
-    from management.models import ResubmitRequest
-
-    with counted("resubmit", req, "endpointId", "eventId"):
-        body: ResubmitRequest = body_or_defaults(req, ResubmitRequest)
-        actor = actor_of(req, body.by)
-        result = services.operator_actions().resubmit(
-            route_value(req, "endpointId"),
-            route_value(req, "eventId"),
-            actor,
-            event_json=body.event_json,
-            reason=body.reason,
-            message_id=body.message_id,
-        )
-        return _accepted(result)
-
-
-@operation(
-    bp,
-    route="v1/events/{endpointId}/{eventId}/skip",
-    query_route="v1/events/skip",
-    method="POST",
-    span="settle.operator.skip",
-    summary="Skip an event: one SkipRequest, audited",
-    request=MODELS + "SkipRequest",
-    response=MODELS + "ActionAccepted",
-    responses=ACTION,
-    parameters=(ENDPOINT, EVENT),
-    anonymous=True,
-    ok_status=202,
-    tag=TAG,
+_event_action("skip", "Skip an event: one SkipRequest, audited", "SkipRequest", "skip", needs_body=False)
+_event_action(
+    "complete",
+    "Complete the event's parked hand-off as an operator (one HandoffCompletedRequest, audited)",
+    "CompleteRequest",
+    "settle",
+    kind=MessageType.HandoffCompletedRequest,
+    needs_body=False,
 )
-def event_skip(req: func.HttpRequest) -> ActionAccepted:
-    from management.models import SkipRequest
-
-    with counted("skip", req, "endpointId", "eventId"):
-        body: SkipRequest = body_or_defaults(req, SkipRequest)
-        actor = actor_of(req, body.by)
-        result = services.operator_actions().skip(
-            route_value(req, "endpointId"),
-            route_value(req, "eventId"),
-            actor,
-            reason=body.reason,
-            message_id=body.message_id,
-        )
-        return _accepted(result)
-
-
-@operation(
-    bp,
-    route="v1/events/{endpointId}/{eventId}/complete",
-    query_route="v1/events/complete",
-    method="POST",
-    span="settle.operator.complete",
-    summary="Complete the event's parked hand-off as an operator (one HandoffCompletedRequest, audited)",
-    request=MODELS + "CompleteRequest",
-    response=MODELS + "ActionAccepted",
-    responses=ACTION,
-    parameters=(ENDPOINT, EVENT),
-    anonymous=True,
-    ok_status=202,
-    tag=TAG,
+_event_action(
+    "fail",
+    "Fail the event's parked hand-off as an operator (one HandoffFailedRequest, audited)",
+    "FailRequest",
+    "settle",
+    kind=MessageType.HandoffFailedRequest,
+    needs_body=True,
 )
-def event_complete(req: func.HttpRequest) -> ActionAccepted:
-    from management.models import CompleteRequest
-
-    with counted("complete", req, "endpointId", "eventId"):
-        body: CompleteRequest = body_or_defaults(req, CompleteRequest)
-        actor = actor_of(req, body.by)
-        result = services.operator_actions().settle(
-            route_value(req, "endpointId"),
-            route_value(req, "eventId"),
-            actor,
-            kind=MessageType.HandoffCompletedRequest,
-            result=body.result,
-            message_id=body.message_id,
-        )
-        return _accepted(result)
 
 
-@operation(
-    bp,
-    route="v1/events/{endpointId}/{eventId}/fail",
-    query_route="v1/events/fail",
-    method="POST",
-    span="settle.operator.fail",
-    summary="Fail the event's parked hand-off as an operator (one HandoffFailedRequest, audited)",
-    request=MODELS + "FailRequest",
-    response=MODELS + "ActionAccepted",
-    responses=ACTION,
-    parameters=(ENDPOINT, EVENT),
-    anonymous=True,
-    ok_status=202,
-    tag=TAG,
-)
-def event_fail(req: func.HttpRequest) -> ActionAccepted:
-    from management.models import FailRequest
-
-    with counted("fail", req, "endpointId", "eventId"):
-        body = parse_body(req, FailRequest)
-        actor = actor_of(req, body.by)
-        result = services.operator_actions().settle(
-            route_value(req, "endpointId"),
-            route_value(req, "eventId"),
-            actor,
-            kind=MessageType.HandoffFailedRequest,
-            error_text=body.error_text,
-            error_type=body.error_type,
-            message_id=body.message_id,
-        )
-        return _accepted(result)
-
-
-@operation(
-    bp,
-    route="v1/events/{endpointId}/{eventId}/settlement/resolve",
-    query_route="v1/events/settlement/resolve",
-    method="POST",
-    span="settle.operator.resolve",
-    summary="Resolve an unconfirmed settlement: mark it delivered (checked at the endpoint) or release it "
+@_on_event(
+    "settlement/resolve",
+    "Resolve an unconfirmed settlement: mark it delivered (checked at the endpoint) or release it "
     "(the hand-off can be settled again); audited ResolveSettlement with who and why",
-    request=MODELS + "ResolveSettlementRequest",
-    response=MODELS + "SettlementResolved",
-    responses={**ACTION, 404: "Unknown event, or no settlement of that message is claimed"},
-    parameters=(ENDPOINT, EVENT),
-    anonymous=True,
-    tag=TAG,
+    "ResolveSettlementRequest",
+    "SettlementResolved",
+    {**ACTION, 404: "Unknown event, or no settlement of that message is claimed"},
+    ok_status=200,
+    span="resolve",
 )
 def event_settlement_resolve(req: func.HttpRequest) -> SettlementResolved:
+    from handoff.models import AuditEntry
+    from management.audits import mirror
     from management.models import ResolveSettlementRequest, SettlementResolved
 
-    with counted("resolve", req, "endpointId", "eventId"):
-        from handoff.models import AuditEntry
-        from management.audits import mirror
-
-        body = parse_body(req, ResolveSettlementRequest)
-        actor = actor_of(req, body.by)
-        endpoint_id, event_id = route_value(req, "endpointId"), route_value(req, "eventId")
+    with acting("resolve", req, ResolveSettlementRequest, *_IDS) as (body, actor, (endpoint_id, event_id)):
         done = services.operator_actions().resolve_settlement(
             endpoint_id,
             event_id,
@@ -237,21 +156,17 @@ def event_settlement_resolve(req: func.HttpRequest) -> SettlementResolved:
         )
 
 
-@operation(
+@on_item(
     bp,
-    route="v1/endpoints/{endpointId}/bulk",
-    query_route="v1/endpoints/bulk",
-    method="POST",
-    span="settle.operator.bulk",
-    summary="Resubmit or skip up to 50 events: the single action once per event, a result per event",
-    request=MODELS + "BulkRequest",
-    response=MODELS + "BulkAnswer",
-    responses={**AUTH, 400: "Invalid input (the problem names the field)"},
-    parameters=(ENDPOINT,),
-    anonymous=True,
-    tag=TAG,
+    "endpoints/{endpointId}",
+    "bulk",
+    "Resubmit or skip up to 50 events: the single action once per event, a result per event",
+    "BulkRequest",
+    "BulkAnswer",
+    {**AUTH, 400: "Invalid input (the problem names the field)"},
 )
 def endpoint_bulk(req: func.HttpRequest) -> BulkAnswer:
+    from handoff.models import AuditEntry
     from management import bulk
     from management.audits import mirror
     from management.models import ActionAccepted, BulkAnswer, BulkItemAnswer, BulkRequest
@@ -281,8 +196,6 @@ def endpoint_bulk(req: func.HttpRequest) -> BulkAnswer:
     for item in items:
         accepted = None
         if item.result is not None:
-            from handoff.models import AuditEntry
-
             audit = AuditEntry.of(item.result.audit) if item.result.audit is not None else None
             accepted = ActionAccepted.of(item.result.action, item.result.accepted, audit)
         answers.append(

@@ -8,20 +8,20 @@ the operator in and the code checks the principal and its app role (:mod:`common
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import re
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import azure.functions as func
 
-from common import telemetry
+from common import openapi, telemetry
 from common.clock import storable_utc
 from common.errors import InvalidInput, SettleError
-from common.http import dependency_problem, parse_body
-
-if TYPE_CHECKING:
-    pass
+from common.http import Handler, dependency_problem, operation, parse_body, path_parameter
+from common.principal import Actor, actor_of, require_operator
+from handoff.limits import route_value
 
 # The API's models are imported by the handler that needs them, never at indexing: the OpenAPI document
 # names them as "module:Name" (a cold start pays for none of them).
@@ -37,8 +37,14 @@ ACTION = {
     413: "The control message would exceed 256 KB",
     503: "Service Bus or storage unavailable and nothing was sent (retry)",
 }
-ENDPOINT = {"name": "endpointId", "in": "path", "required": True, "schema": {"type": "string"}}
-EVENT = {"name": "eventId", "in": "path", "required": True, "schema": {"type": "string"}}
+INVALID = {**AUTH, 400: "Invalid parameter"}
+ENDPOINT = path_parameter("endpointId")
+EVENT = path_parameter("eventId")
+# The query parameters of the listings: a time window, a page size and where the last page ended.
+FROM = {"name": "from", "in": "query", "schema": {"type": "string", "format": "date-time"}}
+TO = {"name": "to", "in": "query", "schema": {"type": "string", "format": "date-time"}}
+PAGE_SIZE = {"name": "pageSize", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 200}}
+CONTINUATION = {"name": "continuationToken", "in": "query", "schema": {"type": "string"}}
 BUCKET_NAMES = (
     "Pending",
     "PendingHandoff",
@@ -104,3 +110,88 @@ def counted(action: str, req: func.HttpRequest, *ids: str) -> Iterator[None]:
         telemetry.add("settle.operator.actions", action=action, outcome=mapped.slug if mapped else "error")
         raise
     telemetry.add("settle.operator.actions", action=action, outcome=telemetry.current().outcome or "ok")
+
+
+def operator_read(
+    bp: func.Blueprint,
+    route: str,
+    summary: str,
+    response: openapi.ModelRef,
+    *,
+    method: str = "GET",
+    request: openapi.ModelRef | None = None,
+    responses: dict[int, str] = AUTH,
+    parameters: tuple[dict[str, Any], ...] = (),
+    query_route: str | None = None,
+) -> Callable[[Handler], Any]:
+    """Registers a read for operators: the principal is checked (:func:`common.principal.require_operator`)
+    before the handler runs."""
+
+    def decorate(handler: Handler) -> Any:
+        def checked(req: func.HttpRequest) -> Any:
+            require_operator(req)
+            return handler(req)
+
+        checked.__name__ = checked.__qualname__ = handler.__name__
+        checked.__doc__ = handler.__doc__
+        return operation(
+            bp,
+            route=route,
+            query_route=query_route,
+            method=method,
+            summary=summary,
+            request=request,
+            response=response,
+            responses=responses,
+            parameters=parameters,
+            anonymous=True,
+            tag=TAG,
+        )(checked)
+
+    return decorate
+
+
+def on_item(
+    bp: func.Blueprint,
+    route: str,
+    action: str,
+    summary: str,
+    request: str,
+    response: str,
+    responses: dict[int, str],
+    *,
+    ok_status: int = 200,
+    span: str | None = None,
+) -> Callable[[Handler], Any]:
+    """Registers an operator action, ``POST v1/<route>/<action>`` where ``route`` holds the item's ids
+    (``events/{endpointId}/{eventId}``), and its query twin (the ids left out of the route), with the span
+    ``settle.operator.<span or action>``."""
+    ids = re.findall(r"\{(\w+)\}", route)
+    return operation(
+        bp,
+        route=f"v1/{route}/{action}",
+        query_route="/".join(("v1", *(part for part in route.split("/") if "{" not in part), action)),
+        method="POST",
+        span=f"settle.operator.{span or action}",
+        summary=summary,
+        request=MODELS + request,
+        response=MODELS + response,
+        responses=responses,
+        parameters=tuple(path_parameter(name) for name in ids),
+        anonymous=True,
+        ok_status=ok_status,
+        tag=TAG,
+    )
+
+
+@contextmanager
+def acting(
+    action: str, req: func.HttpRequest, model: type[Any], *ids: str, needs_body: bool = True
+) -> Iterator[tuple[Any, Actor, list[str]]]:
+    """An operator action on the item the route values ``ids`` name, :func:`counted`: its body (or, when
+    ``needs_body`` is false and none is sent, the model's defaults), who acts (``by`` names them when no
+    principal is signed in) and the ids' values, checked in that order."""
+    with counted(action, req, *ids):
+        body = parse_body(req, model) if needs_body else body_or_defaults(req, model)
+        actor = actor_of(req, body.by)
+        yield body, actor, [route_value(req, name) for name in ids]

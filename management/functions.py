@@ -1,28 +1,38 @@
 """The management API's reads: the endpoints' counts, an endpoint's events, one event with what it
 allows, stuck settlements and overdue hand-offs, find, failed events and the audit search.
 
-Thin: parse, check who (:func:`common.principal.require_operator`), read, answer.
+Thin: parse, check who (:func:`management.api.operator_read`), read, answer. The models, the storage
+rows and the operator modules are imported by the handler that needs them: indexing and a cold start load
+none of them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import azure.functions as func
 
-from common.errors import InvalidInput
-from common.http import operation
+from common.clock import utcnow
+from common.errors import InvalidInput, NotFound
+from common.http import Handler
 from common.layouts import operator_warnings
-from common.principal import require_operator
-from handoff import service
+from common.openapi import resolve
+from handoff import keys, service
 from handoff.limits import query_value, route_value
 from management.api import (
     AUTH,
     BUCKET_NAMES,
+    CONTINUATION,
     ENDPOINT,
     EVENT,
+    FROM,
+    INVALID,
     MODELS,
-    TAG,
+    PAGE_SIZE,
+    TO,
+    operator_read,
     page_size,
     time_param,
 )
@@ -34,32 +44,46 @@ if TYPE_CHECKING:
         EventPage,
         FindAnswer,
         OperatorEventView,
-        OverdueHandoffs,
+        OverdueHandoff,
         SettlementView,
-        UnconfirmedSettlements,
     )
 
 bp = func.Blueprint()
 
 
+def _per_endpoint(
+    what: str,
+    summary: str,
+    response: str,
+    *,
+    responses: dict[int, str] = AUTH,
+    more: tuple[dict[str, Any], ...] = (),
+) -> Callable[[Handler], Any]:
+    """Registers ``GET v1/endpoints/{endpointId}/<what>`` and its query twin ``v1/endpoints/<what>``, an
+    operator read; ``more``: the parameters after the endpoint."""
+    return operator_read(
+        bp,
+        f"v1/endpoints/{{endpointId}}/{what}",
+        summary,
+        response,
+        query_route=f"v1/endpoints/{what}",
+        responses=responses,
+        parameters=(ENDPOINT, *more),
+    )
+
+
 # -- overview and listings ------------------------------------------------------------------------
 
 
-@operation(
+@operator_read(
     bp,
-    route="v1/endpoints",
-    method="GET",
-    summary="Every endpoint with exact counts by status, oldest ages and poison (no scan)",
-    response=MODELS + "EndpointsOverview",
-    responses=AUTH,
-    anonymous=True,
-    tag=TAG,
+    "v1/endpoints",
+    "Every endpoint with exact counts by status, oldest ages and poison (no scan)",
+    MODELS + "EndpointsOverview",
 )
 def endpoints_overview(req: func.HttpRequest) -> EndpointsOverview:
-    from management.models import Counts, EndpointsOverview, EndpointSummary
-
-    require_operator(req)
     from handoff.counts import FAILED_GROUP, PENDING_GROUP, POISON
+    from management.models import Counts, EndpointsOverview, EndpointSummary
 
     overview = service.overview()
     items = []
@@ -94,30 +118,23 @@ def endpoints_overview(req: func.HttpRequest) -> EndpointsOverview:
     )
 
 
-@operation(
-    bp,
-    route="v1/endpoints/{endpointId}/events",
-    query_route="v1/endpoints/events",
-    method="GET",
-    summary="A page of an endpoint's events, newest change first (status, type and time filters)",
-    response=MODELS + "EventPage",
-    responses={**AUTH, 400: "Invalid parameter"},
-    parameters=(
-        ENDPOINT,
+@_per_endpoint(
+    "events",
+    "A page of an endpoint's events, newest change first (status, type and time filters)",
+    MODELS + "EventPage",
+    responses=INVALID,
+    more=(
         {"name": "status", "in": "query", "schema": {"type": "string", "enum": list(BUCKET_NAMES)}},
         {"name": "eventTypeId", "in": "query", "schema": {"type": "string"}, "description": "Repeatable."},
-        {"name": "from", "in": "query", "schema": {"type": "string", "format": "date-time"}},
-        {"name": "to", "in": "query", "schema": {"type": "string", "format": "date-time"}},
-        {"name": "pageSize", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 200}},
-        {"name": "continuationToken", "in": "query", "schema": {"type": "string"}},
+        FROM,
+        TO,
+        PAGE_SIZE,
+        CONTINUATION,
     ),
-    anonymous=True,
-    tag=TAG,
 )
 def endpoint_events(req: func.HttpRequest) -> EventPage:
     from management.models import EventPage, EventSummary
 
-    require_operator(req)
     endpoint_id = route_value(req, "endpointId")
     status = req.params.get("status") or None
     if status is not None and status not in BUCKET_NAMES:
@@ -142,28 +159,21 @@ def endpoint_events(req: func.HttpRequest) -> EventPage:
     )
 
 
-@operation(
+@operator_read(
     bp,
-    route="v1/endpoints/{endpointId}/events/{eventId}",
+    "v1/endpoints/{endpointId}/events/{eventId}",
+    "One event with its history, audits, the actions it allows and the payload to resubmit",
+    MODELS + "OperatorEventView",
     query_route="v1/endpoints/event",
-    method="GET",
-    summary="One event with its history, audits, the actions it allows and the payload to resubmit",
-    response=MODELS + "OperatorEventView",
     responses={**AUTH, 404: "Unknown event"},
     parameters=(ENDPOINT, EVENT),
-    anonymous=True,
-    tag=TAG,
 )
 def endpoint_event(req: func.HttpRequest) -> OperatorEventView:
-    from management.models import OperatorEventView
-
-    require_operator(req)
-    from common.errors import NotFound
-    from handoff import keys
     from handoff.models import EventView
     from handoff.records import ClaimRow
     from handoff.store import classify_event_rows
     from management.actions import offered_actions, payload_of
+    from management.models import OperatorEventView
 
     endpoint_id, event_id = route_value(req, "endpointId"), route_value(req, "eventId")
     rows = list(service.store().event_rows(endpoint_id, event_id))  # one range read, claims included
@@ -188,9 +198,6 @@ _STUCK_CAP = 1000
 
 def _stuck_counts(endpoint_id: str) -> dict[str, int]:
     """Unconfirmed settlements and overdue hand-offs of an endpoint, counted on their index rows."""
-    from common.clock import utcnow
-    from handoff import keys
-
     store = service.store()
     return {
         "unconfirmed": store.count_range(endpoint_id, *keys.UNCONFIRMED_RANGE, cap=_STUCK_CAP),
@@ -200,7 +207,8 @@ def _stuck_counts(endpoint_id: str) -> dict[str, int]:
     }
 
 
-def _settlement_view(claim: Any) -> SettlementView:
+def _settlement_view(claim: Any, state: str | None = None) -> SettlementView:
+    """A settlement claim (or an unconfirmed index row, its ``state`` given) as operators see it."""
     from management.models import SettlementView
 
     return SettlementView(
@@ -208,99 +216,78 @@ def _settlement_view(claim: Any) -> SettlementView:
         addressed_message_id=claim.parked_message_id,
         control_message_id=claim.control_message_id,
         message_type=claim.message_type.name,
-        state=claim.state.name,
+        state=state or claim.state.name,
         settled_by=claim.settled_by,
         claimed_at=claim.claimed_at,
     )
 
 
-@operation(
-    bp,
-    route="v1/endpoints/{endpointId}/unconfirmed",
-    query_route="v1/endpoints/unconfirmed",
-    method="GET",
-    summary="Settlements Settle could neither confirm nor safely re-send: an operator resolves each",
-    response=MODELS + "UnconfirmedSettlements",
-    responses=AUTH,
-    parameters=(ENDPOINT,),
-    anonymous=True,
-    tag=TAG,
-)
-def endpoint_unconfirmed(req: func.HttpRequest) -> UnconfirmedSettlements:
-    from management.models import SettlementView, UnconfirmedSettlements
+def _stuck(what: str, summary: str, model: str, items: Callable[[str], list[Any]]) -> None:
+    """Registers ``endpoint_<what>``: the endpoint's ``items`` (at most ``_STUCK_CAP``), counted, as
+    ``model``."""
 
-    require_operator(req)
-    endpoint_id = route_value(req, "endpointId")
-    items = [
-        SettlementView(
-            event_id=r.event_id,
-            addressed_message_id=r.parked_message_id,
-            control_message_id=r.control_message_id,
-            message_type=r.message_type.name,
-            state="unconfirmed",
-            settled_by=r.settled_by,
-            claimed_at=r.claimed_at,
-        )
-        for r in service.store().unconfirmed(endpoint_id, limit=_STUCK_CAP)
+    def read(req: func.HttpRequest) -> Any:
+        endpoint_id = route_value(req, "endpointId")
+        found = items(endpoint_id)
+        return resolve(MODELS + model)(endpoint_id=endpoint_id, count=len(found), items=found)
+
+    read.__name__ = read.__qualname__ = f"endpoint_{what}"
+    _per_endpoint(what, summary, MODELS + model)(read)
+
+
+def _unconfirmed(endpoint_id: str) -> list[SettlementView]:
+    return [
+        _settlement_view(r, "unconfirmed") for r in service.store().unconfirmed(endpoint_id, limit=_STUCK_CAP)
     ]
-    return UnconfirmedSettlements(endpoint_id=endpoint_id, count=len(items), items=items)
 
 
-@operation(
-    bp,
-    route="v1/endpoints/{endpointId}/overdue",
-    query_route="v1/endpoints/overdue",
-    method="GET",
-    summary="Parked hand-offs past their ExpectedBy, most overdue first (the expiry index, no scan)",
-    response=MODELS + "OverdueHandoffs",
-    responses=AUTH,
-    parameters=(ENDPOINT,),
-    anonymous=True,
-    tag=TAG,
-)
-def endpoint_overdue(req: func.HttpRequest) -> OverdueHandoffs:
-    from management.models import OverdueHandoff, OverdueHandoffs
-
-    require_operator(req)
-    from common.clock import utcnow
+def _overdue(endpoint_id: str) -> list[OverdueHandoff]:
     from handoff.records import ExpiryRow
+    from management.models import OverdueHandoff
 
-    endpoint_id = route_value(req, "endpointId")
-    rows = [
-        ExpiryRow.from_entity(e) for e in service.store().expired(endpoint_id, utcnow(), limit=_STUCK_CAP)
+    rows = service.store().expired(endpoint_id, utcnow(), limit=_STUCK_CAP)
+    return [
+        OverdueHandoff(event_id=r.event_id, expected_by=r.expected_by)
+        for r in map(ExpiryRow.from_entity, rows)
     ]
-    items = [OverdueHandoff(event_id=r.event_id, expected_by=r.expected_by) for r in rows]
-    return OverdueHandoffs(endpoint_id=endpoint_id, count=len(items), items=items)
 
 
-@operation(
+_stuck(
+    "unconfirmed",
+    "Settlements Settle could neither confirm nor safely re-send: an operator resolves each",
+    "UnconfirmedSettlements",
+    _unconfirmed,
+)
+_stuck(
+    "overdue",
+    "Parked hand-offs past their ExpectedBy, most overdue first (the expiry index, no scan)",
+    "OverdueHandoffs",
+    _overdue,
+)
+
+
+@operator_read(
     bp,
-    route="v1/audits",
-    method="GET",
-    summary="Operator audits by endpoint, type, operator and time (hoaudit by day; oldest first)",
-    response=MODELS + "AuditSearchPage",
-    responses={**AUTH, 400: "Invalid parameter"},
+    "v1/audits",
+    "Operator audits by endpoint, type, operator and time (hoaudit by day; oldest first)",
+    MODELS + "AuditSearchPage",
+    responses=INVALID,
     parameters=(
-        {"name": "from", "in": "query", "schema": {"type": "string", "format": "date-time"}},
-        {"name": "to", "in": "query", "schema": {"type": "string", "format": "date-time"}},
-        {"name": "endpointId", "in": "query", "schema": {"type": "string"}},
-        {"name": "auditType", "in": "query", "schema": {"type": "string"}},
-        {"name": "by", "in": "query", "schema": {"type": "string"}},
-        {"name": "pageSize", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 200}},
-        {"name": "continuationToken", "in": "query", "schema": {"type": "string"}},
+        FROM,
+        TO,
+        *(
+            {"name": name, "in": "query", "schema": {"type": "string"}}
+            for name in ("endpointId", "auditType", "by")
+        ),
+        PAGE_SIZE,
+        CONTINUATION,
     ),
-    anonymous=True,
-    tag=TAG,
 )
 def audits_search(req: func.HttpRequest) -> AuditSearchPage:
-    from management.models import AuditSearchEntry, AuditSearchPage
-
-    require_operator(req)
-    from datetime import timedelta
-
-    from common.clock import utcnow
+    from handoff.models import AuditEntry
     from handoff.overview import decode_continuation, encode_continuation
     from management.audits import search
+    from management.models import AuditSearchEntry, AuditSearchPage
 
     # No "to": up to now, plus the skew Settle's clock may move by (it follows storage's clock), so an
     # audit written a moment ago is never outside the default window.
@@ -317,8 +304,6 @@ def audits_search(req: func.HttpRequest) -> AuditSearchPage:
         page_size=page_size(req, 50, 200),
         after=decode_continuation(token) if token else None,
     )
-    from handoff.models import AuditEntry
-
     return AuditSearchPage(
         items=[
             AuditSearchEntry(
@@ -332,46 +317,35 @@ def audits_search(req: func.HttpRequest) -> AuditSearchPage:
     )
 
 
-@operation(
+@operator_read(
     bp,
-    route="v1/find",
-    method="GET",
-    summary="Hand-offs across endpoints by any id: event id (or its first 3+ characters), session, message "
+    "v1/find",
+    "Hand-offs across endpoints by any id: event id (or its first 3+ characters), session, message "
     "or external job id, any case, with what matched (hoids: a few reads at any number of endpoints)",
-    response=MODELS + "FindAnswer",
+    MODELS + "FindAnswer",
     responses={**AUTH, 400: "No id, or an eventId prefix shorter than 3 characters (the problem names it)"},
     parameters=tuple(
         {"name": name, "in": "query", "schema": {"type": "string"}}
         for name in ("q", "eventId", "sessionId", "messageId", "externalJobId")
     ),
-    anonymous=True,
-    tag=TAG,
 )
 def find_events(req: func.HttpRequest) -> FindAnswer:
-    require_operator(req)
     from management import find
 
     return find.answer(service.store(), req.params)
 
 
-@operation(
+@operator_read(
     bp,
-    route="v1/failed",
-    method="GET",
-    summary="Failed and dead-lettered events across endpoints, newest change first",
-    response=MODELS + "FindAnswer",
-    responses={**AUTH, 400: "Invalid parameter"},
-    parameters=(
-        {"name": "pageSize", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 200}},
-    ),
-    anonymous=True,
-    tag=TAG,
+    "v1/failed",
+    "Failed and dead-lettered events across endpoints, newest change first",
+    MODELS + "FindAnswer",
+    responses=INVALID,
+    parameters=(PAGE_SIZE,),
 )
 def failed_events(req: func.HttpRequest) -> FindAnswer:
-    from management.models import FindAnswer
-
-    require_operator(req)
     from management import find
+    from management.models import FindAnswer
 
     return FindAnswer(
         items=find.failed(service.store(), service.overview(), per_endpoint=page_size(req, 50, 200))

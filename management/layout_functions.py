@@ -20,12 +20,12 @@ from common.clock import utcnow
 from common.errors import InvalidInput
 from common.http import operation, parse_body
 from common.models import ApiModel, RequestModel
-from common.principal import actor_of, allowed, denial, require_operator
+from common.partition_meter import METER
+from common.principal import actor_of, allowed, denial
+from management.api import AUTH, TAG, operator_read
 
 bp = func.Blueprint()
 
-_TAG = "management"
-_AUTH = {401: "No signed-in principal (in Azure)", 403: "The principal lacks the app role Settle.Operator"}
 _FAMILY = {
     "name": "family",
     "in": "path",
@@ -123,26 +123,19 @@ def view(recorded: layouts.Recorded, changes: list[dict[str, Any]]) -> LayoutVie
 def all_views() -> Layouts:
     tables = runtime.tables()
     recorded = layouts.read_all(tables)
-    from common.partition_meter import METER
-
     return Layouts(
         layouts=[view(recorded[f], layouts.audits(tables, f)) for f in layouts.FAMILIES if f in recorded],
         hot_partitions={pk: round(rate) for pk, rate in METER.near_budget().items()},
     )
 
 
-@operation(
+@operator_read(
     bp,
-    route="v1/layout",
-    method="GET",
-    summary="The recorded shard layouts (state, hand-off), pending changes and their audit",
-    response=_MODELS + "Layouts",
-    responses=_AUTH,
-    anonymous=True,
-    tag=_TAG,
+    "v1/layout",
+    "The recorded shard layouts (state, hand-off), pending changes and their audit",
+    _MODELS + "Layouts",
 )
 def layout_show(req: func.HttpRequest) -> Layouts:
-    require_operator(req)
     return all_views()
 
 
@@ -154,14 +147,14 @@ def layout_show(req: func.HttpRequest) -> Layouts:
     request=_MODELS + "LayoutChangeRequest",
     response=_MODELS + "LayoutView",
     responses={
-        **_AUTH,
+        **AUTH,
         400: "Invalid input (the problem names the field)",
         409: "Nothing recorded yet, a change pending, nothing to change, or the layout changed meanwhile",
     },
     parameters=(_FAMILY,),
     anonymous=True,
     ok_status=202,
-    tag=_TAG,
+    tag=TAG,
 )
 def layout_change(req: func.HttpRequest) -> LayoutView:
     body = parse_body(req, LayoutChangeRequest)

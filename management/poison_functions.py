@@ -1,35 +1,36 @@
 """The poison desk's functions: a day's poison messages, replay one through the resolver, dismiss one.
-Thin: parse, check who, call :class:`management.poison.PoisonDesk`.
+Thin: parse, check who, call :class:`management.poison.PoisonDesk`. The models and the desk are imported by
+the handler that needs them: indexing and a cold start load none of them.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import azure.functions as func
 
 from common import telemetry
 from common.errors import InvalidInput
-from common.http import operation, parse_body
-from common.principal import actor_of, require_operator
-from handoff.limits import route_value
+from common.http import Handler
 from management import services
 from management.api import (
     AUTH,
+    CONTINUATION,
+    INVALID,
     MODELS,
-    TAG,
-    body_or_defaults,
-    counted,
+    PAGE_SIZE,
+    acting,
+    on_item,
+    operator_read,
     page_size,
 )
 
 if TYPE_CHECKING:
     from management.models import (
-        DismissRequest,
         PoisonEntry,
         PoisonPage,
         ReplayAnswer,
-        ReplayRequest,
     )
 
 bp = func.Blueprint()
@@ -38,26 +39,21 @@ bp = func.Blueprint()
 # -- poison ---------------------------------------------------------------------------------------
 
 
-@operation(
+@operator_read(
     bp,
-    route="v1/poison",
-    method="GET",
-    summary="Poison messages of one UTC day (reason, whole body, replay record), in enqueue order",
-    response=MODELS + "PoisonPage",
-    responses={**AUTH, 400: "Invalid parameter"},
+    "v1/poison",
+    "Poison messages of one UTC day (reason, whole body, replay record), in enqueue order",
+    MODELS + "PoisonPage",
+    responses=INVALID,
     parameters=(
         {"name": "day", "in": "query", "required": True, "schema": {"type": "string", "pattern": "^\\d{8}$"}},
-        {"name": "pageSize", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 200}},
-        {"name": "continuationToken", "in": "query", "schema": {"type": "string"}},
+        PAGE_SIZE,
+        CONTINUATION,
     ),
-    anonymous=True,
-    tag=TAG,
 )
 def poison_list(req: func.HttpRequest) -> PoisonPage:
-    from management.models import PoisonEntry, PoisonPage
-
-    require_operator(req)
     from handoff.overview import decode_continuation, encode_continuation
+    from management.models import PoisonEntry, PoisonPage
 
     day = req.params.get("day") or ""
     if not day:
@@ -73,35 +69,33 @@ def poison_list(req: func.HttpRequest) -> PoisonPage:
     )
 
 
-@operation(
-    bp,
-    route="v1/poison/{day}/{id}/replay",
-    query_route="v1/poison/replay",
-    method="POST",
-    span="settle.operator.replay",
-    summary="Replay a poison message through the resolver; answers the outcome (409 if replayed before)",
-    request=MODELS + "ReplayRequest",
-    response=MODELS + "ReplayAnswer",
-    responses={**AUTH, 404: "Unknown poison message", 409: "Replayed before", 503: "Storage unavailable"},
-    parameters=(
-        {"name": "day", "in": "path", "required": True, "schema": {"type": "string"}},
-        {"name": "id", "in": "path", "required": True, "schema": {"type": "string"}},
-    ),
-    anonymous=True,
-    tag=TAG,
+_UNKNOWN = {404: "Unknown poison message"}
+
+
+def _on_poison(
+    action: str, summary: str, response: str, refusals: dict[int, str]
+) -> Callable[[Handler], Any]:
+    """Registers ``POST v1/poison/{day}/{id}/<action>`` (its body a ``<Action>Request``) and its query
+    twin."""
+    request = f"{action.capitalize()}Request"
+    return on_item(bp, "poison/{day}/{id}", action, summary, request, response, {**AUTH, **refusals})
+
+
+@_on_poison(
+    "replay",
+    "Replay a poison message through the resolver; answers the outcome (409 if replayed before)",
+    "ReplayAnswer",
+    {**_UNKNOWN, 409: "Replayed before", 503: "Storage unavailable"},
 )
 def poison_replay(req: func.HttpRequest) -> ReplayAnswer:
     from management.models import PoisonEntry, ReplayAnswer, ReplayRequest
+    from management.poison import Edits
 
-    with counted("replay", req, "day", "id"):
-        body: ReplayRequest = body_or_defaults(req, ReplayRequest)
-        actor = actor_of(req, body.by)
-        from management.poison import Edits
-
+    with acting("replay", req, ReplayRequest, "day", "id", needs_body=False) as (body, actor, (day, item)):
         edits = Edits(
             message_content=body.message_content, application_properties=body.application_properties
         )
-        result = services.poison_desk().replay(route_value(req, "day"), route_value(req, "id"), actor, edits)
+        result = services.poison_desk().replay(day, item, actor, edits)
         telemetry.current().set_outcome(result.outcome)
         return ReplayAnswer(
             outcome=result.outcome,
@@ -111,34 +105,15 @@ def poison_replay(req: func.HttpRequest) -> ReplayAnswer:
         )
 
 
-@operation(
-    bp,
-    route="v1/poison/{day}/{id}/dismiss",
-    query_route="v1/poison/dismiss",
-    method="POST",
-    span="settle.operator.dismiss",
-    summary="Dismiss (archive) a poison message no fix will project: recorded with its reason, audited",
-    request=MODELS + "DismissRequest",
-    response=MODELS + "PoisonEntry",
-    responses={
-        **AUTH,
-        400: "No reason",
-        404: "Unknown poison message",
-        409: "Dismissed or projected before",
-    },
-    parameters=(
-        {"name": "day", "in": "path", "required": True, "schema": {"type": "string"}},
-        {"name": "id", "in": "path", "required": True, "schema": {"type": "string"}},
-    ),
-    anonymous=True,
-    tag=TAG,
+@_on_poison(
+    "dismiss",
+    "Dismiss (archive) a poison message no fix will project: recorded with its reason, audited",
+    "PoisonEntry",
+    {400: "No reason", **_UNKNOWN, 409: "Dismissed or projected before"},
 )
 def poison_dismiss(req: func.HttpRequest) -> PoisonEntry:
     from management.models import DismissRequest, PoisonEntry
 
-    with counted("dismiss", req, "day", "id"):
-        body: DismissRequest = parse_body(req, DismissRequest)
-        actor = actor_of(req, body.by)
-        day = route_value(req, "day")
-        row = services.poison_desk().dismiss(day, route_value(req, "id"), actor, body.reason)
+    with acting("dismiss", req, DismissRequest, "day", "id") as (body, actor, (day, item)):
+        row = services.poison_desk().dismiss(day, item, actor, body.reason)
         return PoisonEntry.of(day, row)

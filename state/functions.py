@@ -1,37 +1,24 @@
 """The state blueprint: HTTP functions under ``/api/v1/state/`` and the catch-up timer.
 
 Each function parses its body into a model, calls one handler method, and answers; errors become
-problem+json (see ``common/http.py``).
+problem+json (see ``common/http.py``). ``state.handlers`` (the storage layer behind them) is imported on
+first use, not at indexing.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import azure.functions as func
+from pydantic import BaseModel
 
 from common import telemetry
 from common.clock import utcnow
-from common.http import json_response, operation, parse_body
-from state import service
+from common.http import anonymous_get, json_response, operation, parse_body
+from state import schemas, service
 from state.model import Scope, retry_after_seconds
-from state.schemas import (
-    ExistsResponse,
-    ExtendRequest,
-    ExtendResponse,
-    HistoryRequest,
-    KeyRequest,
-    LockRequest,
-    LockResponse,
-    QueryRequest,
-    Record,
-    RecordPage,
-    ReleaseRequest,
-    SetRequest,
-    StateMeta,
-    UpsertRequest,
-)
 
 if TYPE_CHECKING:
     from state.handlers import StateHandler
@@ -40,9 +27,9 @@ bp = func.Blueprint()
 log = logging.getLogger("settle.state")
 
 
-def _handler(body: KeyRequest | QueryRequest) -> StateHandler:
+def _handler(body: schemas.KeyRequest | schemas.QueryRequest) -> StateHandler:
     """The handler the body selects; the request's ids go on the operation's span first."""
-    if isinstance(body, KeyRequest):
+    if isinstance(body, schemas.KeyRequest):
         key = body.key
         telemetry.annotate(
             {
@@ -71,168 +58,83 @@ def _handler(body: KeyRequest | QueryRequest) -> StateHandler:
 
 _BAD = {400: "Invalid input (problem+json names the field)", 413: "Data too large"}
 _FENCED = {**_BAD, 409: "The lock token no longer holds the lock"}
+_WRITES = {**_FENCED, 204: "Null handler: nothing written"}
 
 
-@operation(
-    bp,
-    route="v1/state/exists",
-    method="POST",
-    summary="Is the item Processed or Skipped?",
-    request=KeyRequest,
-    response=ExistsResponse,
-    responses=_BAD,
-    tag="state",
-    span="settle.state.exists",
-)
-def state_exists(req: func.HttpRequest) -> ExistsResponse:
-    body = parse_body(req, KeyRequest)
-    return _handler(body).exists(body)
-
-
-@operation(
-    bp,
-    route="v1/state/lock",
-    method="POST",
-    summary="Try to acquire the processing lock.",
-    request=LockRequest,
-    response=LockResponse,
-    responses=_BAD,
-    tag="state",
-    span="settle.state.lock",
-)
-def state_lock(req: func.HttpRequest) -> LockResponse | func.HttpResponse:
-    body = parse_body(req, LockRequest)
-    answer = _handler(body).lock(body)
+def _held_elsewhere(answer: schemas.LockResponse) -> schemas.LockResponse | func.HttpResponse:
+    """A lock held by another caller also says when it may be taken over, as the header a client's retry
+    policy reads."""
     if answer.acquired or answer.locked_until is None:
         return answer
-    # Held by another caller: when it may be taken over, as the header a client's retry policy reads.
     wait = retry_after_seconds(answer.locked_until, utcnow())
     return json_response(answer, headers={"Retry-After": str(wait)})
 
 
-@operation(
-    bp,
-    route="v1/state/lock/extend",
-    method="POST",
-    summary="Extend a held lock (fenced).",
-    request=ExtendRequest,
-    response=ExtendResponse,
-    responses=_FENCED,
-    tag="state",
-    span="settle.state.extend",
+def _as_is(answer: Any) -> Any:
+    return answer
+
+
+def _serve(
+    path: str,
+    request: type[schemas.KeyRequest] | type[schemas.QueryRequest],
+    response: type[BaseModel],
+    responses: dict[int, str],
+    summary: str,
+    answer: Callable[[Any], Any] = _as_is,
+) -> None:
+    """Register ``POST v1/state/<path>`` as ``state_<path>``: parse the body into ``request``, call the
+    handler method the path ends with, answer (``answer`` may add headers). The span is
+    ``settle.state.<method>``."""
+    method = path.rpartition("/")[2]
+
+    def serve(req: func.HttpRequest) -> Any:
+        body = parse_body(req, request)
+        return answer(getattr(_handler(body), method)(body))
+
+    serve.__name__ = serve.__qualname__ = "state_" + path.replace("/", "_")
+    operation(
+        bp,
+        route=f"v1/state/{path}",
+        method="POST",
+        summary=summary,
+        request=request,
+        response=response,
+        responses=responses,
+        tag="state",
+        span=f"settle.state.{method}",
+    )(serve)
+
+
+# In the order the OpenAPI document lists them. A write answers 204 for the null handler (nothing written).
+_serve("exists", schemas.KeyRequest, schemas.ExistsResponse, _BAD, "Is the item Processed or Skipped?")
+_serve(
+    "lock",
+    schemas.LockRequest,
+    schemas.LockResponse,
+    _BAD,
+    "Try to acquire the processing lock.",
+    _held_elsewhere,
 )
-def state_lock_extend(req: func.HttpRequest) -> ExtendResponse:
-    body = parse_body(req, ExtendRequest)
-    return _handler(body).extend(body)
-
-
-@operation(
-    bp,
-    route="v1/state/set",
-    method="POST",
-    summary="Record Processed, Skipped or Failed.",
-    request=SetRequest,
-    response=Record,
-    responses={**_FENCED, 204: "Null handler: nothing written"},
-    tag="state",
-    span="settle.state.set",
+_serve("lock/extend", schemas.ExtendRequest, schemas.ExtendResponse, _FENCED, "Extend a held lock (fenced).")
+_serve("set", schemas.SetRequest, schemas.Record, _WRITES, "Record Processed, Skipped or Failed.")
+_serve("upsert", schemas.UpsertRequest, schemas.Record, _WRITES, "Record Processed with new data.")
+_serve("release", schemas.ReleaseRequest, schemas.Record, _WRITES, "Release the lock as Failed.")
+_serve("get", schemas.KeyRequest, schemas.Record, {**_BAD, 404: "No record"}, "The current record.")
+_serve("query", schemas.QueryRequest, schemas.RecordPage, _BAD, "Records of a tenant, filtered and paged.")
+_serve(
+    "history", schemas.HistoryRequest, schemas.RecordPage, _BAD, "Every version of a record, newest first."
 )
-def state_set(req: func.HttpRequest) -> Record | None:
-    body = parse_body(req, SetRequest)
-    return _handler(body).set(body)
 
 
-@operation(
+@anonymous_get(
     bp,
-    route="v1/state/upsert",
-    method="POST",
-    summary="Record Processed with new data.",
-    request=UpsertRequest,
-    response=Record,
-    responses={**_FENCED, 204: "Null handler: nothing written"},
-    tag="state",
-    span="settle.state.upsert",
-)
-def state_upsert(req: func.HttpRequest) -> Record | None:
-    body = parse_body(req, UpsertRequest)
-    return _handler(body).upsert(body)
-
-
-@operation(
-    bp,
-    route="v1/state/release",
-    method="POST",
-    summary="Release the lock as Failed.",
-    request=ReleaseRequest,
-    response=Record,
-    responses={**_FENCED, 204: "Null handler: nothing written"},
-    tag="state",
-    span="settle.state.release",
-)
-def state_release(req: func.HttpRequest) -> Record | None:
-    body = parse_body(req, ReleaseRequest)
-    return _handler(body).release(body)
-
-
-@operation(
-    bp,
-    route="v1/state/get",
-    method="POST",
-    summary="The current record.",
-    request=KeyRequest,
-    response=Record,
-    responses={**_BAD, 404: "No record"},
-    tag="state",
-    span="settle.state.get",
-)
-def state_get(req: func.HttpRequest) -> Record:
-    body = parse_body(req, KeyRequest)
-    return _handler(body).get(body)
-
-
-@operation(
-    bp,
-    route="v1/state/query",
-    method="POST",
-    summary="Records of a tenant, filtered and paged.",
-    request=QueryRequest,
-    response=RecordPage,
-    responses=_BAD,
-    tag="state",
-    span="settle.state.query",
-)
-def state_query(req: func.HttpRequest) -> RecordPage:
-    body = parse_body(req, QueryRequest)
-    return _handler(body).query(body)
-
-
-@operation(
-    bp,
-    route="v1/state/history",
-    method="POST",
-    summary="Every version of a record, newest first.",
-    request=HistoryRequest,
-    response=RecordPage,
-    responses=_BAD,
-    tag="state",
-    span="settle.state.history",
-)
-def state_history(req: func.HttpRequest) -> RecordPage:
-    body = parse_body(req, HistoryRequest)
-    return _handler(body).history(body)
-
-
-@operation(
-    bp,
-    route="v1/state/meta",
-    method="GET",
-    summary="Codes and names of scopes and statuses, and the handler names (no I/O).",
-    response=StateMeta,
-    anonymous=True,
+    "v1/state/meta",
+    "Codes and names of scopes and statuses, and the handler names (no I/O).",
+    response=schemas.StateMeta,
     tag="state",
     span="settle.state.meta",
 )
-def state_meta(req: func.HttpRequest) -> StateMeta:
+def state_meta(req: func.HttpRequest) -> schemas.StateMeta:
     from state.handlers import meta
 
     return meta()

@@ -349,6 +349,13 @@ class BuiltInHandler:
         now = self._store.now()  # one instant for the filter and the labels, so they agree
         filters = ["Status ne 5", "TenantId eq @tenant", "( RowKey lt @index or RowKey ge @indexend )"]
         params: dict[str, Any] = {"tenant": req.tenant_id, "index": INDEX_MARK, "indexend": INDEX_END}
+
+        def where(clause: str, name: str, value: object) -> None:
+            """``clause`` (on the parameter ``@name``) when the request gives ``value``."""
+            if value is not None:
+                filters.append(clause)
+                params[name] = value
+
         if req.scope_id is not None and req.entity_id is not None and self._store.layout.single:
             filters.insert(0, "PartitionKey eq @pk")
             params["pk"] = partition_key(req.tenant_id, req.scope_id, req.entity_id)
@@ -361,12 +368,8 @@ class BuiltInHandler:
             prefix = tenant_prefix(req.tenant_id, req.scope_id)
             filters.insert(0, "PartitionKey ge @low and PartitionKey lt @high")
             params.update(low=prefix, high=prefix[:-1] + chr(ord(prefix[-1]) + 1))
-            if req.entity_id is not None:
-                filters.append("EntityId eq @entity")
-                params["entity"] = req.entity_id
-        if req.entity_execution_id is not None:
-            filters.append("EntityExecutionId eq @execution")
-            params["execution"] = req.entity_execution_id
+            where("EntityId eq @entity", "entity", req.entity_id)
+        where("EntityExecutionId eq @execution", "execution", req.entity_execution_id)
         if req.item_entity_key is not None:
             if req.scope_id is not None and not Scope(req.scope_id).is_execution:
                 low, high = item_entity_range(req.item_entity_key)
@@ -377,12 +380,8 @@ class BuiltInHandler:
         if req.status is not None:
             filters.append(status_filter(queryable_status(req.status)))
             params["now"] = now
-        if req.updated_from is not None:
-            filters.append("UpdatedAt ge @from")
-            params["from"] = req.updated_from
-        if req.updated_to is not None:
-            filters.append("UpdatedAt lt @to")
-            params["to"] = req.updated_to
+        where("UpdatedAt ge @from", "from", req.updated_from)
+        where("UpdatedAt lt @to", "to", req.updated_to)
         binding = query_binding(req)
         entities, token = self._store.query_page(
             " and ".join(filters),
