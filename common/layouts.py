@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from common import runtime
+from common import runtime, telemetry
 from common.clock import earliest_now, latest_now, to_ms, utcnow
 from common.errors import Conflict, InvalidInput, LayoutNotReady
 from common.settings import env
@@ -237,16 +237,19 @@ class LayoutBook:
         return {str(e["RowKey"]): _row_of(e) for e in entities}
 
     def _refresh_beside(self) -> None:
-        """Re-read on a thread of its own (its request belongs to no call, no tally, no fault plan)."""
+        """Re-read on a thread of its own (its request belongs to no call, no tally, no fault plan). Its span
+        is a child of the caller's, so the read stays in the trace of the invocation that prompted it."""
         with self._lock:
             if self._refreshing:
                 return
             self._refreshing = True
+        caller = telemetry.trace_properties()
 
         def run() -> None:
             try:
                 started = self._clock()
-                rows = self._read()
+                with telemetry.span("settle.layout.refresh", carrier=caller):
+                    rows = self._read()
                 with self._lock:
                     self._rows.update(rows)
                     self._read_at = started
