@@ -67,6 +67,14 @@ json_values = st.recursive(
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(text, inner, max_size=3),
     max_leaves=8,
 )
+# What a valid-shaped body may carry where its schema allows any JSON: the same, with text in Unicode (a lone
+# surrogate, in a key or a value, makes the whole body invalid JSON, refused before storage).
+unicode_text = st.text(st.characters(exclude_categories=["Cs"]), max_size=30)
+valid_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**63) | st.floats(allow_nan=False) | unicode_text,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(unicode_text, inner, max_size=3),
+    max_leaves=8,
+)
 
 
 def _resolve(schema: dict[str, Any], components: dict[str, Any]) -> dict[str, Any]:
@@ -185,7 +193,7 @@ def conforming(
         return st.booleans()
     if kind == "array":
         return st.lists(conforming(schema.get("items", {}), components, overrides, depth + 1), max_size=3)
-    return json_values
+    return valid_json_values
 
 
 # Hostile text that still makes a valid key: not empty, not too long for a Table key, and Unicode (a lone
