@@ -34,3 +34,18 @@ class RequestModel(ApiModel):
     """A request body: strict types (``"5"`` is not an int) and unknown fields rejected."""
 
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", strict=True)
+
+
+def from_fields[M: BaseModel](model: type[M], source: BaseModel, /, **overrides: Any) -> M:
+    """``model`` built from the fields of ``source`` that it shares by name, then ``overrides``.
+
+    For views of a stored row (and rows of a parsed message): a field added to both is carried without
+    a third edit. An override must name a field of ``model`` (a misspelt one is a ``TypeError``, as a
+    keyword argument would be); whatever ``model`` requires and neither side gives fails validation."""
+    unknown = sorted(set(overrides) - set(model.model_fields))
+    if unknown:
+        raise TypeError(f"{model.__name__} has no field {', '.join(unknown)}")
+    shared = type(source).model_fields.keys() & model.model_fields.keys()
+    values = {name: getattr(source, name) for name in shared}
+    values.update(overrides)
+    return model.model_validate(values)
