@@ -168,6 +168,11 @@ def _existing_tables(service: TableServiceClient, prefix: str) -> frozenset[str]
         return frozenset()
 
 
+def quoted(value: str) -> str:
+    """``value`` as a string literal in a Table query filter (OData doubles a quote inside it)."""
+    return "'" + value.replace("'", "''") + "'"
+
+
 # Pages a first-rows read follows when storage answers a page short with a continuation token.
 SHORT_PAGES = 8
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from common.errors import InvalidInput
+from common.tables import quoted
 from handoff import keys
 from handoff.records import AuditRow
 from handoff.store import HandoffStore
@@ -41,10 +42,6 @@ MAX_DAYS = 31
 class AuditSearch:
     items: list[AuditRow]
     last_key: str | None
-
-
-def _quote(value: str) -> str:
-    return "'" + value.replace("'", "''") + "'"
 
 
 def mirror_key(audit: AuditRow) -> tuple[str, str]:
@@ -102,16 +99,16 @@ def search(
     day = after[:8] if after else oldest.astimezone(UTC).strftime("%Y%m%d")
     last_day = newest.astimezone(UTC).strftime("%Y%m%d")
     while day <= last_day:
-        clauses = [f"PartitionKey eq {_quote(day)}", f"RowKey lt {_quote(high_key)}"]
+        clauses = [f"PartitionKey eq {quoted(day)}", f"RowKey lt {quoted(high_key)}"]
         clauses.append(
-            f"RowKey gt {_quote(after)}" if after and after[:8] == day else f"RowKey ge {_quote(low_key)}"
+            f"RowKey gt {quoted(after)}" if after and after[:8] == day else f"RowKey ge {quoted(low_key)}"
         )
         if endpoint_id:
-            clauses.append(f"EndpointId eq {_quote(endpoint_id)}")
+            clauses.append(f"EndpointId eq {quoted(endpoint_id)}")
         if audit_type:
-            clauses.append(f"AuditType eq {_quote(audit_type)}")
+            clauses.append(f"AuditType eq {quoted(audit_type)}")
         if by:
-            clauses.append(f"AuditorName eq {_quote(by)}")
+            clauses.append(f"AuditorName eq {quoted(by)}")
         for entity in table.query_entities(" and ".join(clauses), results_per_page=page_size + 1):
             if len(rows) == page_size:
                 return AuditSearch(rows, rows[-1].row_key)

@@ -22,7 +22,7 @@ from typing import Any
 
 from common.beside import Beside
 from common.errors import InvalidInput
-from common.tables import first_rows
+from common.tables import first_rows, quoted
 from handoff import keys
 from handoff.overview import Overview
 from handoff.records import EventRow, ListingRow
@@ -36,10 +36,6 @@ MAX_QUERY_CHARS = 1024
 # The order matches are named in: the hand-off's own id first.
 _KIND_ORDER = {kind: n for n, kind in enumerate(keys.ID_KINDS)}
 _PARAMS = ("q", *keys.ID_KINDS)
-
-
-def _quote(value: str) -> str:
-    return "'" + value.replace("'", "''") + "'"
 
 
 def _error_text(content: str | None) -> str | None:
@@ -81,7 +77,7 @@ def _event_ids(store: HandoffStore, text: str) -> list[Any]:
     """Event id rows whose id starts with ``text`` (equals it, when shorter than the prefix)."""
     low, high = keys.event_id_range(text) if len(text) >= MIN_PREFIX else keys.event_id_exact_range(text)
     pk = keys.event_id_partition(text)
-    query = f"PartitionKey eq {_quote(pk)} and RowKey ge {_quote(low)} and RowKey lt {_quote(high)}"
+    query = f"PartitionKey eq {quoted(pk)} and RowKey ge {quoted(low)} and RowKey lt {quoted(high)}"
     rows = first_rows(store.table(keys.IDS_TABLE).query_entities(query, results_per_page=MAX_HITS), MAX_HITS)
     folded = keys.fold(text)
     # The key holds a long id cut: the whole id decides.
@@ -90,10 +86,10 @@ def _event_ids(store: HandoffStore, text: str) -> list[Any]:
 
 def _exact_ids(store: HandoffStore, text: str, kinds: tuple[str, ...]) -> list[Any]:
     """Session, message and external job id rows equal to ``text`` (of ``kinds``)."""
-    query = f"PartitionKey eq {_quote(keys.exact_id_partition(text))}"
+    query = f"PartitionKey eq {quoted(keys.exact_id_partition(text))}"
     if len(kinds) == 1:
         low, high = keys.exact_kind_range(kinds[0])
-        query += f" and RowKey ge {_quote(low)} and RowKey lt {_quote(high)}"
+        query += f" and RowKey ge {quoted(low)} and RowKey lt {quoted(high)}"
     rows = first_rows(store.table(keys.IDS_TABLE).query_entities(query, results_per_page=MAX_HITS), MAX_HITS)
     folded = keys.fold(text)
     return [r for r in rows if r["Kind"] in kinds and keys.fold(str(r["Value"])) == folded]

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import Field, StringConstraints
 
-from common.models import ApiModel, RequestModel
+from common.models import ApiModel, RequestModel, from_fields
 from handoff.limits import MAX_ID
 from handoff.models import AuditEntry, EventView, SettlementAccepted
 from handoff.records import EventRow, ListingRow, PoisonRow
@@ -82,19 +82,13 @@ class EventSummary(ApiModel):
     def of(cls, endpoint_id: str, row: ListingRow | EventRow, *, reason: str | None = None) -> Self:
         """An event's summary from its listing row or its event row (the columns they share); ``reason``
         overrides the row's when given (find names the error text of a row without a reason)."""
-        return cls(
+        return from_fields(
+            cls,
+            row,
             endpoint_id=endpoint_id,
-            event_id=row.event_id,
-            event_type_id=row.event_type_id,
             resolution_status=row.resolution_status.name,
-            pending_sub_status=row.pending_sub_status,
             message_type=row.message_type.name,
-            last_message_id=row.last_message_id,
-            session_id=row.session_id,
-            updated_at=row.updated_at,
-            enqueued_time_utc=row.enqueued_time_utc,
             reason=reason if reason is not None else row.reason,
-            external_job_id=row.external_job_id,
         )
 
 
@@ -242,19 +236,12 @@ class ActionAccepted(ApiModel):
 
     @classmethod
     def of(cls, action: str, accepted: SettlementAccepted, audit: AuditEntry | None) -> ActionAccepted:
-        return cls(
+        return from_fields(
+            cls,
+            accepted,
             action=action,
-            endpoint_id=accepted.endpoint_id,
-            event_id=accepted.event_id,
-            message_type=accepted.message_type,
-            control_message_id=accepted.control_message_id,
             addressed_message_id=accepted.parked_message_id,
             by=accepted.settled_by,
-            transport=accepted.transport,
-            confirmed=accepted.confirmed,
-            state=accepted.state,
-            replayed=accepted.replayed,
-            claimed_at=accepted.claimed_at,
             audit=audit,
         )
 
@@ -290,29 +277,13 @@ class PoisonEntry(ApiModel):
             props: Any = json.loads(row.application_properties)
         except ValueError:
             props = row.application_properties
-        return cls(
+        return from_fields(
+            cls,
+            row,
             day=day,
             id=row.row_key or "",
-            reason=row.reason,
-            endpoint_id=row.endpoint_id,
-            message_id=row.message_id,
-            session_id=row.session_id,
-            correlation_id=row.correlation_id,
-            delivery_count=row.delivery_count,
-            enqueued_time_utc=row.enqueued_time_utc,
-            recorded_at=row.recorded_at,
             application_properties=props,
-            message_content=row.message_content,
-            message_content_base64=row.message_content_base64,
-            content_truncated=row.content_truncated,
-            replayed_at=row.replayed_at,
-            replayed_by=row.replayed_by,
-            replay_outcome=row.replay_outcome,
             replay_detail=row.replay_detail or None,
-            replay_count=row.replay_count,
-            dismissed_at=row.dismissed_at,
-            dismissed_by=row.dismissed_by,
-            dismiss_reason=row.dismiss_reason,
         )
 
 
