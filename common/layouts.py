@@ -413,7 +413,7 @@ def operator_warnings() -> list[str]:
     partition's budget (common/partition_meter.py) and settings that disagree with a recorded layout."""
     from common.partition_meter import warnings
 
-    current = _book
+    current = book.built()
     return [*warnings(), *(current.disagreements.values() if current is not None else ())]
 
 
@@ -436,24 +436,10 @@ def audits(tables: Tables, family: str) -> list[dict[str, Any]]:
 
 # -- the process's book, shared by the state and hand-off stores (one read for both families) -----------
 
-_book_lock = threading.Lock()
-_book: LayoutBook | None = None
+
+def _new_book() -> LayoutBook:
+    return LayoutBook(runtime.tables())
 
 
-def book() -> LayoutBook:
-    """This process's :class:`LayoutBook` over ``runtime.tables()`` (rebuilt on ``runtime.reset``)."""
-    global _book
-    if _book is None:
-        with _book_lock:
-            if _book is None:
-                _book = LayoutBook(runtime.tables())
-    return _book
-
-
-def _reset() -> None:
-    global _book
-    with _book_lock:
-        _book = None
-
-
-runtime.on_reset(_reset)
+# This process's LayoutBook over ``runtime.tables()``: ``book()`` (rebuilt after ``runtime.reset``).
+book = runtime.Lazy(_new_book)

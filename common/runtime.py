@@ -7,7 +7,7 @@ extra azure-core policies (fault injection).
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from common.settings import TableSettings
@@ -51,3 +51,31 @@ _reset_hooks: list[Any] = []
 def on_reset(hook: Any) -> None:
     """Let a package drop its own cached services when :func:`reset` runs."""
     _reset_hooks.append(hook)
+
+
+class Lazy[T]:
+    """A process-wide object ``build()`` makes on first use; :func:`reset` drops it, and the next use
+    builds it again (from the changed environment)."""
+
+    def __init__(self, build: Callable[[], T]) -> None:
+        self._build = build
+        self._lock = threading.Lock()
+        self._value: T | None = None
+        on_reset(self._drop)
+
+    def __call__(self) -> T:
+        value = self._value
+        if value is None:
+            with self._lock:
+                if self._value is None:
+                    self._value = self._build()
+                value = self._value
+        return value
+
+    def built(self) -> T | None:
+        """The object when it has been built, else None (never builds it)."""
+        return self._value
+
+    def _drop(self) -> None:
+        with self._lock:
+            self._value = None

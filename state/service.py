@@ -6,7 +6,6 @@ The store, its handlers and catch-up are imported on first use, not when the fun
 
 from __future__ import annotations
 
-import threading
 from typing import TYPE_CHECKING
 
 from common import runtime
@@ -17,20 +16,15 @@ if TYPE_CHECKING:
     from state.schemas import HandlerIn
     from state.store import StateStore
 
-_lock = threading.Lock()
-_store: StateStore | None = None
+
+def _new_store() -> StateStore:
+    from common import layouts
+    from state.store import StateStore
+
+    return StateStore(runtime.tables(), layouts=layouts.book())
 
 
-def store() -> StateStore:
-    global _store
-    if _store is None:
-        with _lock:
-            if _store is None:
-                from common import layouts
-                from state.store import StateStore
-
-                _store = StateStore(runtime.tables(), layouts=layouts.book())
-    return _store
+store = runtime.Lazy(_new_store)
 
 
 def handler(config: HandlerIn) -> StateHandler:
@@ -46,12 +40,3 @@ def catchup() -> Catchup:
     from state.catchup import Catchup
 
     return Catchup(store())
-
-
-def _reset() -> None:
-    global _store
-    with _lock:
-        _store = None
-
-
-runtime.on_reset(_reset)

@@ -13,7 +13,7 @@ def test_the_head_cache_never_holds_more_bytes_than_its_budget(state, monkeypatc
     # given a store whose cache may hold 4 MiB (a head larger than 1/64 of it is never kept)
     budget = 4 * 1024 * 1024
     store = StateStore(runtime.tables(), hint_bytes=budget)
-    monkeypatch.setattr(service, "_store", store)
+    monkeypatch.setattr(service.store, "_value", store)
     # when 80 records of ~60 KB each (about 5 MB) are written and read through it
     keys = [new_key() for _ in range(80)]
     for k in keys:
