@@ -24,7 +24,7 @@ import importlib
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -35,6 +35,7 @@ from azure.data.tables import TableServiceClient
 from bench.harness import (
     Environment,
     Figure,
+    Verdict,
     log,
     median,
     missing,
@@ -188,7 +189,6 @@ def run(env: Environment) -> list[Figure]:
         ]
     counter = EntityCounter()
     probe = Loader(env)
-    expired = env.sizes.catchup_expired
     if probe.bulk:
         sizes = env.sizes.catchup_sizes
         fallback_note = ""
@@ -199,35 +199,22 @@ def run(env: Environment) -> list[Figure]:
             f"{sizes[0]:,} / {sizes[1]:,} records instead of the full sizes"
         )
     figures: list[Figure] = []
-    if probe.bulk:
-        # What could grow catch-up's cost is the index itself: live locks that are not due yet. The same
-        # 100 due locks per run beside 10k and then 100k live ones, spread over the same partitions.
+    # What could grow catch-up's cost is the index itself: live locks that are not due yet. The same due
+    # locks per run beside the smaller and then the larger count of live ones, spread over the same
+    # partitions. Context: finished records do not reach catch-up at all (they have no index rows).
+    for kind, load, unit_label, context, note in (
+        ("index", Loader.live, "live index rows", False, ""),
+        ("records", Loader.records, "records", True, fallback_note),
+    ):
+        if kind == "index" and not probe.bulk:
+            figures += [
+                missing(SECTION, n, "", "bench.bench_support.bulk_records is missing: no bulk live locks")
+                for n in INDEX_NAMES
+            ]
+            continue
         figures += _compare(
-            env,
-            counter,
-            kind="index",
-            sizes=sizes,
-            load=lambda size: Loader(env).live(size, expired_locks=expired),
-            unit_label="live index rows",
-            context=False,
-            note="",
+            env, counter, kind=kind, sizes=sizes, load=load, unit_label=unit_label, context=context, note=note
         )
-    else:
-        figures += [
-            missing(SECTION, n, "", "bench.bench_support.bulk_records is missing: no bulk live locks")
-            for n in INDEX_NAMES
-        ]
-    # Context: finished records do not reach catch-up at all (they have no index rows).
-    figures += _compare(
-        env,
-        counter,
-        kind="records",
-        sizes=sizes,
-        load=lambda size: Loader(env).records(size, expired_locks=expired),
-        unit_label="records",
-        context=True,
-        note=fallback_note,
-    )
     return figures
 
 
@@ -237,19 +224,20 @@ def _compare(
     *,
     kind: str,
     sizes: tuple[int, int],
-    load: Callable[[int], None],
+    load: Callable[..., None],
     unit_label: str,
     context: bool,
     note: str,
 ) -> list[Figure]:
-    """Two tables (``sizes``), each loaded by ``load`` with ``catchup_expired`` due locks; the timer runs
-    on each in turn (order alternating), with fresh due locks before every run after the first."""
+    """Two tables (``sizes``), each loaded by the :class:`Loader` method ``load`` with ``catchup_expired``
+    due locks; the timer runs on each in turn (order alternating), with fresh due locks before every run
+    after the first."""
     expired = env.sizes.catchup_expired
     prefixes: list[str] = []
     for size in sizes:
         prefix = env.use_fresh_prefix(policies=[counter])
         start = time.perf_counter()
-        load(size)
+        load(Loader(env), size, expired_locks=expired)
         log(f"catch-up ({kind}): loaded {size:,} {unit_label} in {time.perf_counter() - start:.1f} s")
         prefixes.append(prefix)
     timings: dict[int, list[float]] = {s: [] for s in sizes}
@@ -297,14 +285,36 @@ def _compare(
     if not complete:
         read_verdict = "missed"
     suffix = " (context)" if context else ""
-    return [
-        Figure(
+
+    def larger_beside_smaller(
+        what: str,
+        values: Mapping[int, Sequence[float]],
+        value_ratio: float | None,
+        target: str,
+        *,
+        verdict: Verdict,
+        unit: str,
+        note: str = "",
+    ) -> Figure:
+        """A figure of the larger table's median beside the smaller one's."""
+        return Figure(
             section=SECTION,
-            name=f"{kind}: entities read, {label} {unit_label}",
-            settle=median(reads[large]),
-            baseline=median(reads[small]),
-            ratio=read_ratio,
-            target="identical (1.00), every due lock failed" + suffix,
+            name=f"{kind}: {what}, {label} {unit_label}",
+            settle=median(values[large]),
+            baseline=median(values[small]),
+            ratio=value_ratio,
+            target=target + suffix,
+            verdict=verdict,
+            unit=unit,
+            note=note,
+        )
+
+    return [
+        larger_beside_smaller(
+            "entities read",
+            reads,
+            read_ratio,
+            "identical (1.00), every due lock failed",
             verdict=read_verdict,
             unit="entities",
             note="; ".join(
@@ -318,13 +328,11 @@ def _compare(
                 if x
             ),
         ),
-        Figure(
-            section=SECTION,
-            name=f"{kind}: time per run, {label} {unit_label}",
-            settle=median(timings[large]),
-            baseline=median(timings[small]),
-            ratio=time_ratio,
-            target=f"<= {TIME_TARGET}x" + suffix,
+        larger_beside_smaller(
+            "time per run",
+            timings,
+            time_ratio,
+            f"<= {TIME_TARGET}x",
             verdict=verdict_at_most(time_ratio, TIME_TARGET),
             unit="s",
         ),

@@ -40,47 +40,30 @@ Verdict = Literal["met", "missed", "info", "missing", "within noise"]
 
 @dataclass(frozen=True)
 class Sizes:
-    """How much work each section does (the full run and a seconds-long smoke run)."""
+    """How much work each section does: the defaults are the full run's, :meth:`smoke` a seconds-long one."""
 
-    rounds: int  # medians are taken over this many rounds
-    roundtrip_rounds: int
-    roundtrip_ops: int  # operations counted together per round (batched work is amortised over them)
-    roundtrip_quiet_s: float  # no storage request for this long: background work has drained
-    roundtrip_paced_cycles: int  # lock + set cycles at one call per 0.3 s (context; 0: skipped)
-    latency_reps: int  # calls per operation per round
-    contention_ks: tuple[int, ...]
-    contention_repeats: int
-    catchup_sizes: tuple[int, int]
-    catchup_fallback_sizes: tuple[int, int]  # through HTTP, when the bulk loader is missing
-    catchup_expired: int
-    catchup_runs: int
-    resolver_events: int  # four messages per event
-    resolver_blocks: int
-    coldstart_processes: int
-    find_endpoints: int  # endpoints (x 4 shards) a find by each kind of id runs over
+    rounds: int = 7  # medians are taken over this many rounds
+    roundtrip_rounds: int = 3
+    roundtrip_ops: int = 10  # operations counted together per round (batched work is amortised over them)
+    roundtrip_quiet_s: float = 0.5  # no storage request for this long: background work has drained
+    roundtrip_paced_cycles: int = 10  # lock + set cycles at one call per 0.3 s (context; 0: skipped)
+    latency_reps: int = 40  # calls per operation per round
+    contention_ks: tuple[int, ...] = (2, 8, 32)
+    contention_repeats: int = 10
+    # 100k took 452 s to load on a busy machine, 25k 197 s: make bench must stay under 10 min
+    catchup_sizes: tuple[int, int] = (2_000, 10_000)
+    catchup_fallback_sizes: tuple[int, int] = (1_000, 5_000)  # through HTTP, when the bulk loader is missing
+    # 50 due locks per run (was 100): the size-dependent part of a run weighs more in its time
+    catchup_expired: int = 50
+    catchup_runs: int = 5
+    resolver_events: int = 150  # four messages per event; a throughput ratio: 600 messages over 10 blocks
+    resolver_blocks: int = 10
+    coldstart_processes: int = 11
+    find_endpoints: int = 500  # endpoints (x 4 shards) a find by each kind of id runs over
 
     @classmethod
     def full(cls) -> Sizes:
-        return cls(
-            rounds=7,
-            roundtrip_rounds=3,
-            roundtrip_ops=10,
-            roundtrip_quiet_s=0.5,
-            roundtrip_paced_cycles=10,
-            latency_reps=40,
-            contention_ks=(2, 8, 32),
-            contention_repeats=10,
-            # 100k took 452 s to load on a busy machine, 25k 197 s: make bench must stay under 10 min
-            catchup_sizes=(2_000, 10_000),
-            catchup_fallback_sizes=(1_000, 5_000),
-            # 50 due locks per run (was 100): the size-dependent part of a run weighs more in its time
-            catchup_expired=50,
-            catchup_runs=5,
-            resolver_events=150,  # a throughput ratio: 600 messages over 10 blocks (was 1,200)
-            resolver_blocks=10,
-            coldstart_processes=11,
-            find_endpoints=500,
-        )
+        return cls()
 
     @classmethod
     def smoke(cls) -> Sizes:
@@ -161,6 +144,23 @@ def verdict_equal(value: float | None, expected: float) -> Verdict:
     if value is None:
         return "missing"
     return "met" if abs(value - expected) < 1e-9 else "missed"
+
+
+def at_most(
+    section: str, name: str, value: float, limit: float, *, target: str, unit: str, note: str = ""
+) -> Figure:
+    """A figure without a baseline: ``value`` (shown to two decimals) must stay at or below ``limit``."""
+    return Figure(
+        section=section,
+        name=name,
+        settle=round(value, 2),
+        baseline=None,
+        ratio=None,
+        target=target,
+        verdict=verdict_at_most(value, limit),
+        unit=unit,
+        note=note,
+    )
 
 
 def missing(section: str, name: str, target: str, why: str, unit: str = "") -> Figure:

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from bench.harness import Environment, Figure, median, missing, ratio, verdict_at_most
+from bench.harness import Environment, Figure, Verdict, median, missing, ratio, verdict_at_most
 from bench.proxy import CountingProxy
 from bench.workload import State, Unexpected, event_messages, expect, new_key
 from common import runtime
@@ -229,18 +229,29 @@ def _table_of(path: str) -> str:
     return name.split("(", 1)[0]
 
 
-def _figure(name: str, per_round: list[float], minimum: int, note: str = "") -> Figure:
-    settle = median(per_round)
+def _requests(
+    name: str, settle: float, minimum: int | None, *, target: str, verdict: Verdict, note: str = ""
+) -> Figure:
+    """Storage requests per operation beside the operation's minimum (``None``: no minimum set)."""
     return Figure(
         section=SECTION,
         name=name,
         settle=settle,
-        baseline=float(minimum),
+        baseline=None if minimum is None else float(minimum),
         ratio=ratio(settle, minimum),
-        target=f"<= {minimum} requests",
-        verdict=verdict_at_most(settle, minimum),
+        target=target,
+        verdict=verdict,
         unit="requests",
-        note=note or f"per round: {', '.join(f'{v:.2f}' for v in per_round)}",
+        note=note,
+    )
+
+
+def _figure(name: str, per_round: list[float], minimum: int) -> Figure:
+    settle = median(per_round)
+    per_round_note = f"per round: {', '.join(f'{v:.2f}' for v in per_round)}"
+    target = f"<= {minimum} requests"
+    return _requests(
+        name, settle, minimum, target=target, verdict=verdict_at_most(settle, minimum), note=per_round_note
     )
 
 
@@ -259,17 +270,8 @@ def _paced(env: Environment, state: State, proxy: CountingProxy, cycles: int) ->
         time.sleep(PACED_INTERVAL_S)
     proxy.wait_quiet(env.sizes.roundtrip_quiet_s)
     per_cycle = len(proxy.since(start)) / cycles
-    return Figure(
-        section=SECTION,
-        name=name,
-        settle=per_cycle,
-        baseline=float(minimum),
-        ratio=ratio(per_cycle, minimum),
-        target="(context)",
-        verdict="info",
-        unit="requests",
-        note=f"{cycles} cycles; requests per cycle (lock + set) against the two operations' minimum",
-    )
+    note = f"{cycles} cycles; requests per cycle (lock + set) against the two operations' minimum"
+    return _requests(name, per_cycle, minimum, target="(context)", verdict="info", note=note)
 
 
 def run(env: Environment) -> list[Figure]:
@@ -303,18 +305,7 @@ def run(env: Environment) -> list[Figure]:
             if env.app.has(function):
                 info = Case(name, function, lambda call=call: call)  # type: ignore[misc]
                 value = counter.per_operation(info, n)
-                figures.append(
-                    Figure(
-                        section=SECTION,
-                        name=name,
-                        settle=value,
-                        baseline=None,
-                        ratio=None,
-                        target="(no minimum set)",
-                        verdict="info",
-                        unit="requests",
-                    )
-                )
+                figures.append(_requests(name, value, None, target="(no minimum set)", verdict="info"))
         if env.sizes.roundtrip_paced_cycles and env.app.has("state_set"):
             figures.append(_paced(env, state, proxy, env.sizes.roundtrip_paced_cycles))
         env.details["round_trips"] = {

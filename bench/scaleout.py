@@ -93,6 +93,22 @@ def _throttled(exc: Exception) -> bool:
     return isinstance(exc, HttpResponseError) and exc.status_code in (500, 503)
 
 
+def _set_processed(
+    store: StateStore, key: RecordKey, ctx: WriteContext, token: str, *, digest: str | None = None
+) -> None:
+    """The lock holder's fenced set: Processed, no envelope, sub-status or error."""
+    store.record(
+        key,
+        ctx,
+        status=Status.PROCESSED,
+        envelope_props=None,
+        substatus=None,
+        error=None,
+        token_text=token,
+        digest=digest,
+    )
+
+
 def _patiently(run: _Run, call: Any) -> Any:
     """Call until storage admits it (a refused request changed nothing: the throttle never forwarded it)."""
     for attempt in range(200):
@@ -154,17 +170,7 @@ def _sustain(
             started = time.perf_counter()
             token = _patiently(run, lambda key=key: store.lock(key, ctx, 120).token)
             _patiently(
-                run,
-                lambda key=key, token=token: store.record(
-                    key,
-                    ctx,
-                    status=Status.PROCESSED,
-                    envelope_props=None,
-                    substatus=None,
-                    error=None,
-                    token_text=token,
-                    digest="bench",
-                ),
+                run, lambda key=key, token=token: _set_processed(store, key, ctx, token, digest="bench")
             )
             with run.lock:
                 run.items += 1
@@ -193,30 +199,15 @@ def _writes_per_op(env: Environment) -> list[Figure]:
     try:
         ctx = WriteContext()
         warm = _key()
-        store.record(
-            warm,
-            ctx,
-            status=Status.PROCESSED,
-            envelope_props=None,
-            substatus=None,
-            error=None,
-            token_text=store.lock(warm, ctx, 120).token,
-        )  # tables, signing key, this minute's marker and level-1 row: paid once per instance
+        # tables, signing key, this minute's marker and level-1 row: paid once per instance
+        _set_processed(store, warm, ctx, store.lock(warm, ctx, 120).token)
         keys = [_key() for _ in range(20)]
         before = budget.writes()
         tokens = [store.lock(k, ctx, 120).token for k in keys]
         per_lock = (budget.writes() - before) / len(keys)
         before = budget.writes()
         for k, token in zip(keys, tokens, strict=True):
-            store.record(
-                k,
-                ctx,
-                status=Status.PROCESSED,
-                envelope_props=None,
-                substatus=None,
-                error=None,
-                token_text=token,
-            )
+            _set_processed(store, k, ctx, token)
         per_set = (budget.writes() - before) / len(keys)
     finally:
         tables.close()

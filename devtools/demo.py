@@ -187,26 +187,20 @@ def build(tag: str, *, now: datetime | None = None) -> Demo:
         )
     demo.event("Billing", "inv-3001", "InvoiceCreated", _invoice(31), None, session=customer)
     demo.event("Billing", "inv-3002", "InvoiceCreated", _invoice(32), None)
-    demo.event(
-        "Billing",
-        "inv-4001",
-        "InvoicePosted",
-        _invoice(41),
-        "PendingHandoffResponse",
-        HandoffReason="Posting in the ledger",
-        ExternalJobId=demo.ident("job-7781"),
-        ExpectedBy=soon,
-    )
-    demo.event(
-        "Billing",
-        "inv-4002",
-        "InvoicePosted",
-        _invoice(42),
-        "PendingHandoffResponse",
-        HandoffReason="Waiting for the bank's settlement file",
-        ExternalJobId=demo.ident("job-7790"),
-        ExpectedBy=overdue,
-    )
+    for n, reason, job, expected_by in (
+        (1, "Posting in the ledger", "job-7781", soon),
+        (2, "Waiting for the bank's settlement file", "job-7790", overdue),
+    ):
+        demo.event(
+            "Billing",
+            f"inv-{4000 + n}",
+            "InvoicePosted",
+            _invoice(40 + n),
+            "PendingHandoffResponse",
+            HandoffReason=reason,
+            ExternalJobId=demo.ident(job),
+            ExpectedBy=expected_by,
+        )
     for n in range(1, 4):
         demo.event(
             "Shipping",
