@@ -17,6 +17,7 @@ from typing import Any
 
 from common import transactions as tx
 from common.errors import KeyTooLong
+from common.models import from_fields
 from common.transactions import Operation, Refusal
 from handoff import counts, guard, keys
 from handoff.contract import MANAGER_ID, InboundMessage, MessageType, ResolutionStatus
@@ -52,30 +53,12 @@ class Projection:
 
 def history_row(m: InboundMessage, *, now: datetime, sequence: int) -> HistoryRow:
     """The per-message history row (``MessageEntity``), as received."""
-    return HistoryRow(
-        event_id=m.event_id,
-        message_id=m.message_id,
-        message_type=m.message_type,
+    return from_fields(
+        HistoryRow,
+        m,
         endpoint_id=m.endpoint_id,
-        event_type_id=m.event_type_id,
-        originating_message_id=m.originating_message_id,
-        parent_message_id=m.parent_message_id,
-        from_=m.from_,
-        to=m.to,
-        originating_from=m.originating_from,
-        session_id=m.session_id,
-        correlation_id=m.correlation_id,
-        enqueued_time_utc=m.enqueued_time_utc,
         message_content=m.body_text or None,
-        dead_letter_reason=m.dead_letter_reason,
-        dead_letter_error_description=m.dead_letter_error_description,
-        queue_time_ms=m.queue_time_ms,
-        processing_time_ms=m.processing_time_ms,
         pending_sub_status=pending_sub_status(m.message_type),
-        handoff_reason=m.handoff_reason,
-        external_job_id=m.external_job_id,
-        expected_by=m.expected_by,
-        delivery_count=m.delivery_count,
         throttle_retry_count=m.throttle_retry_count or None,
         recorded_at=now,
         input_notes="\n".join(m.input_notes) or None,
@@ -152,36 +135,19 @@ def project(m: InboundMessage, current: EventRow | None, *, now: datetime) -> Pr
                 "ExternalJobId is too long for the job index (a Table Storage key holds 1 KiB): "
                 "kept on the row, but the job lookup cannot find this park."
             )
-    row = EventRow(
+    row = from_fields(
+        EventRow,
+        m,
         updated_at=now,
-        enqueued_time_utc=m.enqueued_time_utc,
-        event_id=m.event_id,
-        session_id=m.session_id,
-        correlation_id=m.correlation_id,
         resolution_status=status,
         endpoint_id=m.endpoint_id,
-        retry_count=m.retry_count,
-        retry_limit=m.retry_limit,
-        message_type=m.message_type,
-        dead_letter_reason=m.dead_letter_reason,
-        dead_letter_error_description=m.dead_letter_error_description,
         last_message_id=m.message_id,
-        originating_message_id=m.originating_message_id,
-        parent_message_id=m.parent_message_id,
         reason=(error.ErrorText if error else None)
         if m.message_type is MessageType.SkipResponse
         else m.dead_letter_error_description,
-        originating_from=m.originating_from,
-        event_type_id=m.event_type_id,
-        to=m.to,
-        from_=m.from_,
         message_content=m.body_text or None,
-        queue_time_ms=m.queue_time_ms,
         processing_time_ms=processing_time,
         pending_sub_status=sub_status,
-        handoff_reason=m.handoff_reason,
-        external_job_id=m.external_job_id,
-        expected_by=m.expected_by,
         input_notes="\n".join(notes) or None,
         request_enqueued_at=request_at,
         handoff_seen=handoff_seen,
