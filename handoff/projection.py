@@ -31,6 +31,7 @@ from handoff.records import (
     QueueRow,
     SinceRow,
     TableRecord,
+    columns_of,
     int64,
 )
 from handoff.status_map import overrides_processing_time, pending_sub_status, status_for
@@ -267,19 +268,7 @@ def _operator_ops(pk: str, row: EventRow, current: EventRow | None) -> list[Oper
     ops: list[Operation] = []
     counted = current is not None and current.counted
     old_keys = current.listing_keys if current and counted else []
-    summary = ListingRow(
-        event_id=row.event_id,
-        event_type_id=row.event_type_id,
-        resolution_status=row.resolution_status,
-        pending_sub_status=row.pending_sub_status,
-        message_type=row.message_type,
-        last_message_id=row.last_message_id,
-        session_id=row.session_id,
-        updated_at=row.updated_at,
-        enqueued_time_utc=row.enqueued_time_utc,
-        reason=_short(row.reason or _error_text(row.message_content)),
-        external_job_id=row.external_job_id,
-    )
+    summary = columns_of(ListingRow, row, reason=_short(row.reason or _error_text(row.message_content)))
     for key in old_keys:
         if key not in row.listing_keys:
             ops.append(tx.delete(pk, key))
@@ -307,11 +296,18 @@ def _operator_ops(pk: str, row: EventRow, current: EventRow | None) -> list[Oper
 
 def _retry_audit(pk: str, m: InboundMessage, now: datetime) -> Operation:
     """NimBus audits a RetryRequest (Manager / Retry); in the transaction, so a copy cannot repeat it."""
+    return _audit_insert(pk, m, now, MANAGER_ID, "Retry", f"RetryRequest {m.message_id}")
+
+
+def _audit_insert(
+    pk: str, m: InboundMessage, now: datetime, auditor: str, audit_type: str, data: str
+) -> Operation:
+    """The insert of an audit row of ``m``'s event (``auditor`` / ``audit_type``, saying ``data``)."""
     audit = AuditRow(
-        auditor_name=MANAGER_ID,
+        auditor_name=auditor,
         audit_timestamp=now,
-        audit_type="Retry",
-        data=f"RetryRequest {m.message_id}",
+        audit_type=audit_type,
+        data=data,
         event_id=m.event_id,
         endpoint_id=m.endpoint_id,
         event_type_id=m.event_type_id,
@@ -329,15 +325,6 @@ def _refused_ops(
     now: datetime,
 ) -> list[Operation]:
     assert current is not None  # only an existing row can refuse
-    audit = AuditRow(
-        auditor_name=RESOLVER_AUDITOR,
-        audit_timestamp=now,
-        audit_type="Comment",
-        data=decision.refusal or stale_comment(m),
-        event_id=m.event_id,
-        endpoint_id=m.endpoint_id,
-        event_type_id=m.event_type_id,
-    )
     # The row's projection stays as it is; only the bookkeeping columns move (ETag-conditional, so a
     # concurrent projection makes this transaction fail and re-decide).
     bookkeeping: dict[str, Any] = {
@@ -348,8 +335,9 @@ def _refused_ops(
     }
     if decision.request_enqueued_at is not None:
         bookkeeping["RequestEnqueuedAt"] = decision.request_enqueued_at
+    comment = decision.refusal or stale_comment(m)
     return [
-        tx.insert(audit.to_entity(pk, keys.audit_row(m.event_id, now, uuid.uuid4().hex))),
+        _audit_insert(pk, m, now, RESOLVER_AUDITOR, "Comment", comment),
         tx.merge(bookkeeping, current.etag),
     ]
 

@@ -29,6 +29,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_pascal
 
+from common.models import from_fields
 from handoff.contract import HANDOFF_SUB_STATUS, MessageType, ResolutionStatus
 from handoff.outbox import ClaimState, OutboxMessage
 
@@ -146,6 +147,12 @@ class TableRecord(BaseModel):
         record.etag = entity.metadata.get("etag") if hasattr(entity, "metadata") else None
         record.row_key = str(entity["RowKey"]) if "RowKey" in entity else None
         return record
+
+
+def columns_of[R: TableRecord](model: type[R], row: TableRecord, /, **overrides: Any) -> R:
+    """An index row: ``model`` built from the same-named columns of ``row``, then ``overrides``. Only the
+    columns are carried: ``row``'s ETag, RowKey and truncation mark are its own, not the new row's."""
+    return from_fields(model, row, etag=None, row_key=None, content_truncated=False, **overrides)
 
 
 def int64(value: int) -> Any:
