@@ -29,7 +29,15 @@ from handoff import keys
 from handoff.contract import MessageType
 from handoff.leases import CLAIMED, UNCLAIMED, LeaseLost
 from handoff.outbox import CONFIRM_AFTER, ClaimState, OutboxMessage
-from handoff.records import AuditRow, ClaimRow, EventRow, QueueRow, ReconcileRow, UnconfirmedRow
+from handoff.records import (
+    AuditRow,
+    ClaimRow,
+    EventRow,
+    QueueRow,
+    ReconcileRow,
+    UnconfirmedRow,
+    columns_of,
+)
 
 
 class SettlementInFlight(Conflict):
@@ -266,15 +274,7 @@ def plan_transition(
         row = ReconcileRow(event_id=claim.event_id, parked_message_id=claim.parked_message_id, due_at=due)
         ops.append(tx.insert(row.to_entity(pk, new_reconcile)))
     if state is ClaimState.unconfirmed and not claim.unconfirmed_key:
-        shown = UnconfirmedRow(
-            event_id=claim.event_id,
-            parked_message_id=claim.parked_message_id,
-            control_message_id=claim.control_message_id,
-            message_type=claim.message_type,
-            settled_by=claim.settled_by,
-            claimed_at=claim.claimed_at,
-            since=now,
-        )
+        shown = columns_of(UnconfirmedRow, claim, since=now)
         ops.append(tx.insert(shown.to_entity(pk, unconfirmed_key)))
     if claim.unconfirmed_key and state is not ClaimState.unconfirmed:
         ops.append(tx.delete(pk, claim.unconfirmed_key))

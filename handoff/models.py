@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 from pydantic import Field, StringConstraints
 
-from common.models import ApiModel, RequestModel
+from common.models import ApiModel, RequestModel, from_fields
 from handoff.contract import Coordinates
 from handoff.limits import MAX_ENDPOINT_ID, MAX_ID
 from handoff.records import AuditRow, EventRow, HistoryRow
@@ -48,25 +48,26 @@ _LEASE_TOKEN = (
 )
 
 
-class CompleteHandoffRequest(RequestModel):
+class SettleRequest(RequestModel):
+    """What every settlement of a parked hand-off names: the hand-off, who settles it, under which lease."""
+
+    endpoint_id: EndpointId
+    coordinates: HandoffCoordinates
+    settled_by: Name | None = None
+    lease_token: LeaseToken | None = Field(default=None, description=_LEASE_TOKEN)
+
+
+class CompleteHandoffRequest(SettleRequest):
     """Complete a parked hand-off: exactly one ``HandoffCompletedRequest`` is sent."""
 
-    endpoint_id: EndpointId
-    coordinates: HandoffCoordinates
     result: Any = Field(default=None, description="Any JSON; a string is sent verbatim as EventJson.")
-    settled_by: Name | None = None
-    lease_token: LeaseToken | None = Field(default=None, description=_LEASE_TOKEN)
 
 
-class FailHandoffRequest(RequestModel):
+class FailHandoffRequest(SettleRequest):
     """Fail a parked hand-off: exactly one ``HandoffFailedRequest`` is sent."""
 
-    endpoint_id: EndpointId
-    coordinates: HandoffCoordinates
     error_text: NonBlank
     error_type: Text | None = None
-    settled_by: Name | None = None
-    lease_token: LeaseToken | None = Field(default=None, description=_LEASE_TOKEN)
 
 
 class CoordinatesView(ApiModel):
@@ -79,14 +80,7 @@ class CoordinatesView(ApiModel):
 
     @classmethod
     def of(cls, row: EventRow) -> CoordinatesView:
-        return cls(
-            event_id=row.event_id,
-            session_id=row.session_id,
-            message_id=row.last_message_id,
-            event_type_id=row.event_type_id,
-            correlation_id=row.correlation_id,
-            originating_message_id=row.originating_message_id,
-        )
+        return from_fields(cls, row, message_id=row.last_message_id)
 
 
 class SettlementAccepted(ApiModel):
@@ -173,16 +167,12 @@ class PendingHandoffView(ApiModel):
 
     @classmethod
     def of(cls, row: EventRow) -> PendingHandoffView:
-        return cls(
-            endpoint_id=row.endpoint_id,
-            event_type_id=row.event_type_id,
+        return from_fields(
+            cls,
+            row,
             payload=event_json(row.message_content),
             coordinates=CoordinatesView.of(row),
-            handoff_reason=row.handoff_reason,
-            external_job_id=row.external_job_id,
-            expected_by=row.expected_by,
             parked_at=row.enqueued_time_utc,
-            content_truncated=row.content_truncated,
         )
 
 
@@ -236,30 +226,8 @@ class HistoryEntry(ApiModel):
 
     @classmethod
     def of(cls, row: HistoryRow) -> HistoryEntry:
-        return cls(
-            message_id=row.message_id,
-            message_type=row.message_type.name,
-            event_type_id=row.event_type_id,
-            from_=row.from_,
-            to=row.to,
-            session_id=row.session_id,
-            correlation_id=row.correlation_id,
-            parent_message_id=row.parent_message_id,
-            originating_message_id=row.originating_message_id,
-            enqueued_time_utc=row.enqueued_time_utc,
-            recorded_at=row.recorded_at,
-            sequence=row.sequence,
-            message_content=_json(row.message_content),
-            dead_letter_reason=row.dead_letter_reason,
-            dead_letter_error_description=row.dead_letter_error_description,
-            queue_time_ms=row.queue_time_ms,
-            processing_time_ms=row.processing_time_ms,
-            pending_sub_status=row.pending_sub_status,
-            handoff_reason=row.handoff_reason,
-            external_job_id=row.external_job_id,
-            expected_by=row.expected_by,
-            content_truncated=row.content_truncated,
-            input_notes=row.input_notes,
+        return from_fields(
+            cls, row, message_type=row.message_type.name, message_content=_json(row.message_content)
         )
 
 
@@ -277,16 +245,7 @@ class AuditEntry(ApiModel):
 
     @classmethod
     def of(cls, row: AuditRow) -> AuditEntry:
-        return cls(
-            auditor_name=row.auditor_name,
-            audit_timestamp=row.audit_timestamp,
-            audit_type=row.audit_type,
-            comment=row.comment,
-            data=row.data,
-            principal_name=row.principal_name,
-            principal_id=row.principal_id,
-            access_denied=row.access_denied,
-        )
+        return from_fields(cls, row)
 
 
 class EventView(ApiModel):
@@ -329,37 +288,12 @@ class EventView(ApiModel):
 
     @classmethod
     def of(cls, row: EventRow, history: list[HistoryRow], audits: list[AuditRow]) -> EventView:
-        return cls(
-            endpoint_id=row.endpoint_id,
-            event_id=row.event_id,
-            session_id=row.session_id,
-            correlation_id=row.correlation_id,
+        return from_fields(
+            cls,
+            row,
             resolution_status=row.resolution_status.name,
-            pending_sub_status=row.pending_sub_status,
             message_type=row.message_type.name,
-            last_message_id=row.last_message_id,
-            parent_message_id=row.parent_message_id,
-            originating_message_id=row.originating_message_id,
-            originating_from=row.originating_from,
-            event_type_id=row.event_type_id,
-            to=row.to,
-            from_=row.from_,
-            endpoint_role=row.endpoint_role,
-            reason=row.reason,
-            dead_letter_reason=row.dead_letter_reason,
-            dead_letter_error_description=row.dead_letter_error_description,
-            handoff_reason=row.handoff_reason,
-            external_job_id=row.external_job_id,
-            expected_by=row.expected_by,
-            retry_count=row.retry_count,
-            retry_limit=row.retry_limit,
-            queue_time_ms=row.queue_time_ms,
-            processing_time_ms=row.processing_time_ms,
-            enqueued_time_utc=row.enqueued_time_utc,
-            updated_at=row.updated_at,
             message_content=_json(row.message_content),
-            content_truncated=row.content_truncated,
-            input_notes=row.input_notes,
             history=[HistoryEntry.of(h) for h in history],
             audits=[AuditEntry.of(a) for a in audits],
         )

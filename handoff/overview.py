@@ -35,7 +35,7 @@ from common.errors import Conflict, InvalidInput
 from common.tables import first_rows
 from handoff import counts, keys, store
 from handoff.records import ListingRow, SinceRow
-from handoff.store import HandoffStore, Operation
+from handoff.store import HandoffStore, Operation, quote
 
 log = logging.getLogger("settle.management")
 
@@ -58,10 +58,6 @@ class Listing:
     continuation: str | None
 
 
-def _quote(value: str) -> str:
-    return "'" + value.replace("'", "''") + "'"
-
-
 class Overview:
     def __init__(self, store_: HandoffStore, *, clock: Callable[[], datetime] = utcnow) -> None:
         self.store = store_
@@ -71,7 +67,7 @@ class Overview:
         return self.store.table(keys.EVENTS_TABLE)
 
     def _range(self, pk: str, low: str, high: str, **kw: Any) -> Any:
-        query = f"PartitionKey eq {_quote(pk)} and RowKey ge {_quote(low)} and RowKey lt {_quote(high)}"
+        query = f"PartitionKey eq {quote(pk)} and RowKey ge {quote(low)} and RowKey lt {quote(high)}"
         return self._table().query_entities(query, **kw)
 
     # -- counts -------------------------------------------------------------------------------------
@@ -212,12 +208,12 @@ class Overview:
         for pk in partitions:
             after = positions.get(pk)
             clauses = [
-                f"PartitionKey eq {_quote(pk)}",
-                f"RowKey {'gt' if after else 'ge'} {_quote(after or low)}",
-                f"RowKey lt {_quote(high)}",
+                f"PartitionKey eq {quote(pk)}",
+                f"RowKey {'gt' if after else 'ge'} {quote(after or low)}",
+                f"RowKey lt {quote(high)}",
             ]
             if event_type_ids:
-                clauses.append("(" + " or ".join(f"EventTypeId eq {_quote(t)}" for t in event_type_ids) + ")")
+                clauses.append("(" + " or ".join(f"EventTypeId eq {quote(t)}" for t in event_type_ids) + ")")
             entities = self._table().query_entities(" and ".join(clauses), results_per_page=page_size + 1)
             for n, entity in enumerate(entities, 1):
                 merged.append((str(entity["RowKey"]), pk, entity))

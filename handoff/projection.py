@@ -17,6 +17,7 @@ from typing import Any
 
 from common import transactions as tx
 from common.errors import KeyTooLong
+from common.models import from_fields
 from common.transactions import Operation, Refusal
 from handoff import counts, guard, keys
 from handoff.contract import MANAGER_ID, InboundMessage, MessageType, ResolutionStatus
@@ -30,6 +31,7 @@ from handoff.records import (
     QueueRow,
     SinceRow,
     TableRecord,
+    columns_of,
     int64,
 )
 from handoff.status_map import overrides_processing_time, pending_sub_status, status_for
@@ -52,30 +54,12 @@ class Projection:
 
 def history_row(m: InboundMessage, *, now: datetime, sequence: int) -> HistoryRow:
     """The per-message history row (``MessageEntity``), as received."""
-    return HistoryRow(
-        event_id=m.event_id,
-        message_id=m.message_id,
-        message_type=m.message_type,
+    return from_fields(
+        HistoryRow,
+        m,
         endpoint_id=m.endpoint_id,
-        event_type_id=m.event_type_id,
-        originating_message_id=m.originating_message_id,
-        parent_message_id=m.parent_message_id,
-        from_=m.from_,
-        to=m.to,
-        originating_from=m.originating_from,
-        session_id=m.session_id,
-        correlation_id=m.correlation_id,
-        enqueued_time_utc=m.enqueued_time_utc,
         message_content=m.body_text or None,
-        dead_letter_reason=m.dead_letter_reason,
-        dead_letter_error_description=m.dead_letter_error_description,
-        queue_time_ms=m.queue_time_ms,
-        processing_time_ms=m.processing_time_ms,
         pending_sub_status=pending_sub_status(m.message_type),
-        handoff_reason=m.handoff_reason,
-        external_job_id=m.external_job_id,
-        expected_by=m.expected_by,
-        delivery_count=m.delivery_count,
         throttle_retry_count=m.throttle_retry_count or None,
         recorded_at=now,
         input_notes="\n".join(m.input_notes) or None,
@@ -152,36 +136,19 @@ def project(m: InboundMessage, current: EventRow | None, *, now: datetime) -> Pr
                 "ExternalJobId is too long for the job index (a Table Storage key holds 1 KiB): "
                 "kept on the row, but the job lookup cannot find this park."
             )
-    row = EventRow(
+    row = from_fields(
+        EventRow,
+        m,
         updated_at=now,
-        enqueued_time_utc=m.enqueued_time_utc,
-        event_id=m.event_id,
-        session_id=m.session_id,
-        correlation_id=m.correlation_id,
         resolution_status=status,
         endpoint_id=m.endpoint_id,
-        retry_count=m.retry_count,
-        retry_limit=m.retry_limit,
-        message_type=m.message_type,
-        dead_letter_reason=m.dead_letter_reason,
-        dead_letter_error_description=m.dead_letter_error_description,
         last_message_id=m.message_id,
-        originating_message_id=m.originating_message_id,
-        parent_message_id=m.parent_message_id,
         reason=(error.ErrorText if error else None)
         if m.message_type is MessageType.SkipResponse
         else m.dead_letter_error_description,
-        originating_from=m.originating_from,
-        event_type_id=m.event_type_id,
-        to=m.to,
-        from_=m.from_,
         message_content=m.body_text or None,
-        queue_time_ms=m.queue_time_ms,
         processing_time_ms=processing_time,
         pending_sub_status=sub_status,
-        handoff_reason=m.handoff_reason,
-        external_job_id=m.external_job_id,
-        expected_by=m.expected_by,
         input_notes="\n".join(notes) or None,
         request_enqueued_at=request_at,
         handoff_seen=handoff_seen,
@@ -301,19 +268,7 @@ def _operator_ops(pk: str, row: EventRow, current: EventRow | None) -> list[Oper
     ops: list[Operation] = []
     counted = current is not None and current.counted
     old_keys = current.listing_keys if current and counted else []
-    summary = ListingRow(
-        event_id=row.event_id,
-        event_type_id=row.event_type_id,
-        resolution_status=row.resolution_status,
-        pending_sub_status=row.pending_sub_status,
-        message_type=row.message_type,
-        last_message_id=row.last_message_id,
-        session_id=row.session_id,
-        updated_at=row.updated_at,
-        enqueued_time_utc=row.enqueued_time_utc,
-        reason=_short(row.reason or _error_text(row.message_content)),
-        external_job_id=row.external_job_id,
-    )
+    summary = columns_of(ListingRow, row, reason=_short(row.reason or _error_text(row.message_content)))
     for key in old_keys:
         if key not in row.listing_keys:
             ops.append(tx.delete(pk, key))
@@ -341,11 +296,18 @@ def _operator_ops(pk: str, row: EventRow, current: EventRow | None) -> list[Oper
 
 def _retry_audit(pk: str, m: InboundMessage, now: datetime) -> Operation:
     """NimBus audits a RetryRequest (Manager / Retry); in the transaction, so a copy cannot repeat it."""
+    return _audit_insert(pk, m, now, MANAGER_ID, "Retry", f"RetryRequest {m.message_id}")
+
+
+def _audit_insert(
+    pk: str, m: InboundMessage, now: datetime, auditor: str, audit_type: str, data: str
+) -> Operation:
+    """The insert of an audit row of ``m``'s event (``auditor`` / ``audit_type``, saying ``data``)."""
     audit = AuditRow(
-        auditor_name=MANAGER_ID,
+        auditor_name=auditor,
         audit_timestamp=now,
-        audit_type="Retry",
-        data=f"RetryRequest {m.message_id}",
+        audit_type=audit_type,
+        data=data,
         event_id=m.event_id,
         endpoint_id=m.endpoint_id,
         event_type_id=m.event_type_id,
@@ -363,15 +325,6 @@ def _refused_ops(
     now: datetime,
 ) -> list[Operation]:
     assert current is not None  # only an existing row can refuse
-    audit = AuditRow(
-        auditor_name=RESOLVER_AUDITOR,
-        audit_timestamp=now,
-        audit_type="Comment",
-        data=decision.refusal or stale_comment(m),
-        event_id=m.event_id,
-        endpoint_id=m.endpoint_id,
-        event_type_id=m.event_type_id,
-    )
     # The row's projection stays as it is; only the bookkeeping columns move (ETag-conditional, so a
     # concurrent projection makes this transaction fail and re-decide).
     bookkeeping: dict[str, Any] = {
@@ -382,8 +335,9 @@ def _refused_ops(
     }
     if decision.request_enqueued_at is not None:
         bookkeeping["RequestEnqueuedAt"] = decision.request_enqueued_at
+    comment = decision.refusal or stale_comment(m)
     return [
-        tx.insert(audit.to_entity(pk, keys.audit_row(m.event_id, now, uuid.uuid4().hex))),
+        _audit_insert(pk, m, now, RESOLVER_AUDITOR, "Comment", comment),
         tx.merge(bookkeeping, current.etag),
     ]
 

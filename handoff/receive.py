@@ -21,6 +21,7 @@ from datetime import datetime, timedelta
 
 from common.clock import iso, utcnow
 from common.errors import InvalidInput, NotFound, SettleError
+from common.models import from_fields
 from common.transactions import refusal
 from handoff import leases
 from handoff.leases import LeaseLost
@@ -284,16 +285,5 @@ class ReceiveService:
     def unconfirmed(self, endpoint_id: str) -> UnconfirmedList:
         """Settlements that could neither be confirmed nor safely re-sent (one range read)."""
         rows = self.store.unconfirmed(endpoint_id)
-        items = [
-            UnconfirmedClaim(
-                event_id=r.event_id,
-                parked_message_id=r.parked_message_id,
-                control_message_id=r.control_message_id,
-                message_type=r.message_type.name,
-                settled_by=r.settled_by,
-                claimed_at=r.claimed_at,
-                since=r.since,
-            )
-            for r in rows
-        ]
+        items = [from_fields(UnconfirmedClaim, r, message_type=r.message_type.name) for r in rows]
         return UnconfirmedList(endpoint_id=endpoint_id, count=len(items), items=items)

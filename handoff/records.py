@@ -29,6 +29,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_pascal
 
+from common.models import from_fields
 from handoff.contract import HANDOFF_SUB_STATUS, MessageType, ResolutionStatus
 from handoff.outbox import ClaimState, OutboxMessage
 
@@ -148,6 +149,12 @@ class TableRecord(BaseModel):
         return record
 
 
+def columns_of[R: TableRecord](model: type[R], row: TableRecord, /, **overrides: Any) -> R:
+    """An index row: ``model`` built from the same-named columns of ``row``, then ``overrides``. Only the
+    columns are carried: ``row``'s ETag, RowKey and truncation mark are its own, not the new row's."""
+    return from_fields(model, row, etag=None, row_key=None, content_truncated=False, **overrides)
+
+
 def int64(value: int) -> Any:
     """An Int64 column value (the SDK sends a plain int as Int32 and refuses larger ones)."""
     from azure.data.tables import EdmType, EntityProperty
@@ -169,31 +176,26 @@ def _join(name: str, entity: Any) -> str:
     return "".join(parts)
 
 
-class EventRow(TableRecord):
-    """NimBus ``UnresolvedEvent`` plus the keys of this row's index rows (kept in the same partition)."""
+class MessageColumns(TableRecord):
+    """The columns an event row (``UnresolvedEvent``) and a history row (``MessageEntity``) both copy from
+    a message: its headers, its body, and the NimBus hand-off marks."""
 
-    updated_at: datetime
-    enqueued_time_utc: datetime
     event_id: str
-    session_id: str | None = None
-    correlation_id: str | None = None
-    resolution_status: ResolutionStatus
-    endpoint_role: str = "Subscriber"
-    endpoint_id: str
-    retry_count: int | None = None
-    retry_limit: int | None = None
     message_type: MessageType
-    dead_letter_reason: str | None = None
-    dead_letter_error_description: str | None = None
-    last_message_id: str | None = None
+    endpoint_id: str
+    endpoint_role: str = "Subscriber"
+    event_type_id: str | None = None
     originating_message_id: str | None = None
     parent_message_id: str | None = None
-    reason: str | None = None
-    originating_from: str | None = None
-    event_type_id: str | None = None
-    to: str | None = None
     from_: str | None = Field(default=None, alias="From")
+    to: str | None = None
+    originating_from: str | None = None
+    session_id: str | None = None
+    correlation_id: str | None = None
+    enqueued_time_utc: datetime
     message_content: str | None = None
+    dead_letter_reason: str | None = None
+    dead_letter_error_description: str | None = None
     queue_time_ms: int | None = None
     processing_time_ms: int | None = None
     pending_sub_status: str | None = None
@@ -203,6 +205,17 @@ class EventRow(TableRecord):
     # What Settle changed to store this message's headers (ExpectedBy out of range, a job id too long for
     # the job index), one note a line; the park is kept either way.
     input_notes: str | None = None
+
+
+class EventRow(MessageColumns):
+    """NimBus ``UnresolvedEvent`` plus the keys of this row's index rows (kept in the same partition)."""
+
+    updated_at: datetime
+    resolution_status: ResolutionStatus
+    retry_count: int | None = None
+    retry_limit: int | None = None
+    last_message_id: str | None = None
+    reason: str | None = None
     # Bookkeeping, so a projection needs no history read: when the (first) EventRequest was enqueued and
     # whether a PendingHandoffResponse was ever seen (the processing-time override), and the index keys.
     request_enqueued_at: datetime | None = None
@@ -233,37 +246,13 @@ class EventRow(TableRecord):
         )
 
 
-class HistoryRow(TableRecord):
+class HistoryRow(MessageColumns):
     """NimBus ``MessageEntity``: one projected message, as received (raw hop timings kept)."""
 
-    event_id: str
     message_id: str
-    message_type: MessageType
-    endpoint_id: str
-    endpoint_role: str = "Subscriber"
-    event_type_id: str | None = None
-    originating_message_id: str | None = None
-    parent_message_id: str | None = None
-    from_: str | None = Field(default=None, alias="From")
-    to: str | None = None
-    originating_from: str | None = None
-    session_id: str | None = None
-    correlation_id: str | None = None
-    enqueued_time_utc: datetime
-    message_content: str | None = None
-    dead_letter_reason: str | None = None
-    dead_letter_error_description: str | None = None
-    queue_time_ms: int | None = None
-    processing_time_ms: int | None = None
-    pending_sub_status: str | None = None
-    handoff_reason: str | None = None
-    external_job_id: str | None = None
-    expected_by: datetime | None = None
     delivery_count: int | None = None
     throttle_retry_count: int | None = None
     recorded_at: datetime | None = None
-    # As on the event row: what Settle changed to store this message's headers.
-    input_notes: str | None = None
     # 1, 2, 3, ... per event: the order the resolver projected them in (enqueue times come from different
     # topics, and clocks can step back, so neither orders the history reliably).
     sequence: int | None = None

@@ -6,12 +6,13 @@ its own on these, a layer above: ``management/services.py``). The transport is l
 settlement, the reconciler and the resolver's redelivery alike, so :func:`use_transport` changes it for
 all of them at once.
 
-Each service's module is imported inside its accessor, so the worker's indexing of the app loads none of them.
+Each service's module is imported inside its builder, so the worker's indexing of the app loads none of them.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from common import runtime
@@ -29,32 +30,32 @@ if TYPE_CHECKING:
     from handoff.transport import Transport
 
 _lock = threading.RLock()
-_store: HandoffStore | None = None
-_transport: Transport | None = None
-_resolver: ResolverService | None = None
-_settlement: SettlementService | None = None
-_receive: ReceiveService | None = None
 
 
-def store() -> HandoffStore:
-    global _store
-    with _lock:
-        if _store is None:
-            from handoff.store import HandoffStore
+class _Built[T]:
+    """One service per process: built by ``build`` on first use (under the lock), dropped by :func:`reset`."""
 
-            _store = HandoffStore(runtime.tables())
-        return _store
+    def __init__(self, build: Callable[[], T]) -> None:
+        self.build = build
+        self.value: T | None = None
+
+    def __call__(self) -> T:
+        with _lock:
+            if self.value is None:
+                self.value = self.build()
+            return self.value
 
 
-def transport() -> Transport:
-    """The control-message transport chosen from the environment (see :mod:`handoff.transport`)."""
-    global _transport
-    with _lock:
-        if _transport is None:
-            from handoff.transport import transport_from_env
+def _new_store() -> HandoffStore:
+    from handoff.store import HandoffStore
 
-            _transport = transport_from_env(lambda msg: resolver_service().handle(msg))
-        return _transport
+    return HandoffStore(runtime.tables())
+
+
+def _new_transport() -> Transport:
+    from handoff.transport import transport_from_env
+
+    return transport_from_env(lambda msg: resolver_service().handle(msg))
 
 
 def _redelivery() -> Redelivery | None:
@@ -63,34 +64,31 @@ def _redelivery() -> Redelivery | None:
     return current if hasattr(current, "schedule_copy") else None  # type: ignore[return-value]
 
 
-def settlement_service() -> SettlementService:
-    global _settlement
-    with _lock:
-        if _settlement is None:
-            from handoff.settlement import SettlementService
+def _new_settlement() -> SettlementService:
+    from handoff.settlement import SettlementService
 
-            _settlement = SettlementService(store(), transport)
-        return _settlement
+    return SettlementService(store(), transport)
 
 
-def resolver_service() -> ResolverService:
-    global _resolver
-    with _lock:
-        if _resolver is None:
-            from handoff.resolver import ResolverService
+def _new_resolver() -> ResolverService:
+    from handoff.resolver import ResolverService
 
-            _resolver = ResolverService(store(), redelivery=_redelivery)
-        return _resolver
+    return ResolverService(store(), redelivery=_redelivery)
 
 
-def receive_service() -> ReceiveService:
-    global _receive
-    with _lock:
-        if _receive is None:
-            from handoff.receive import ReceiveService
+def _new_receive() -> ReceiveService:
+    from handoff.receive import ReceiveService
 
-            _receive = ReceiveService(store())
-        return _receive
+    return ReceiveService(store())
+
+
+store = _Built(_new_store)
+# The control-message transport chosen from the environment (see :mod:`handoff.transport`).
+transport = _Built(_new_transport)
+settlement_service = _Built(_new_settlement)
+resolver_service = _Built(_new_resolver)
+receive_service = _Built(_new_receive)
+_SERVICES = (store, transport, settlement_service, resolver_service, receive_service)
 
 
 def sweeper() -> Sweeper:
@@ -113,20 +111,19 @@ def overview() -> Overview:
 
 def use_transport(replacement: Transport) -> None:
     """Replace the transport (tests capture sent messages; the benchmark injects faults)."""
-    global _transport
     with _lock:
-        _transport = replacement
+        transport.value = replacement
 
 
 def reset() -> None:
     """Forget every service (their clients are rebuilt from the environment on next use)."""
-    global _store, _transport, _resolver, _settlement, _receive
     with _lock:
-        if _transport is not None:
-            close = getattr(_transport, "close", None)
+        if transport.value is not None:
+            close = getattr(transport.value, "close", None)
             if close is not None:
                 close()
-        _store = _transport = _resolver = _settlement = _receive = None
+        for built in _SERVICES:
+            built.value = None
 
 
 runtime.on_reset(reset)

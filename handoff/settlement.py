@@ -36,6 +36,7 @@ from common import transactions as tx
 from common.clock import utcnow
 from common.errors import Conflict, NotFound, PayloadTooLarge, SettleError
 from common.http import dependency_problem
+from common.models import from_fields
 from handoff import claims
 from handoff.claims import ClaimOrder as ClaimOrder  # where the operator actions import it from
 from handoff.claims import ClaimRefused, SettlementInFlight
@@ -446,18 +447,15 @@ class SettlementService(ClaimFollowUp):
                 field="coordinates.eventId",
             )
         transport = self.transport()
-        return SettlementAccepted(
+        return from_fields(
+            SettlementAccepted,
+            claim,
             endpoint_id=endpoint_id,
-            event_id=claim.event_id,
             message_type=claim.message_type.name,
-            control_message_id=claim.control_message_id,
-            parked_message_id=claim.parked_message_id,
-            settled_by=claim.settled_by,
             transport=transport.name,
             confirmed=confirmed,
             state=claim.state.name,
             replayed=replayed,
-            claimed_at=claim.claimed_at,
             follow_up=follow_up_note(
                 claim.state,
                 confirmed=confirmed,

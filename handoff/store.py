@@ -50,7 +50,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("settle.handoff.store")
 
 
-def _quote(value: str) -> str:
+def quote(value: str) -> str:
+    """``value`` as an OData string literal (a filter's quotes doubled)."""
     return "'" + value.replace("'", "''") + "'"
 
 
@@ -117,7 +118,7 @@ class HandoffStore:
         low, high = keys.event_range(event_id)
         pk = self.event_partition(endpoint_id, event_id)
         keys.checked(high, field="eventId")
-        query = f"PartitionKey eq {_quote(pk)} and RowKey ge {_quote(low)} and RowKey lt {_quote(high)}"
+        query = f"PartitionKey eq {quote(pk)} and RowKey ge {quote(low)} and RowKey lt {quote(high)}"
         return iter(self._events().query_entities(query))
 
     def point_rows(self, endpoint_id: str, event_id: str, row_keys: list[str]) -> list[Any]:
@@ -184,7 +185,7 @@ class HandoffStore:
         """Rows of ``[low, high)`` (``(low, high)`` with ``after``) of one partition in key order, following
         continuations."""
         op = "gt" if after else "ge"
-        query = f"PartitionKey eq {_quote(pk)} and RowKey {op} {_quote(low)} and RowKey lt {_quote(high)}"
+        query = f"PartitionKey eq {quote(pk)} and RowKey {op} {quote(low)} and RowKey lt {quote(high)}"
         page = min(limit, 1000) if limit else None
         for count, entity in enumerate(self._events().query_entities(query, results_per_page=page), 1):
             yield entity
@@ -209,13 +210,13 @@ class HandoffStore:
         found: list[Any] = []
         for pk in self.endpoint_partitions(endpoint_id):  # each shard's first page, merged oldest first
             clauses = [
-                f"PartitionKey eq {_quote(pk)}",
-                f"RowKey ge {_quote(low)}",
-                f"RowKey lt {_quote(high)}",
-                f"ClaimedUntil lt {_quote(claimed_before)}",
+                f"PartitionKey eq {quote(pk)}",
+                f"RowKey ge {quote(low)}",
+                f"RowKey lt {quote(high)}",
+                f"ClaimedUntil lt {quote(claimed_before)}",
             ]
             if event_type_ids:
-                clauses.append("(" + " or ".join(f"EventTypeId eq {_quote(t)}" for t in event_type_ids) + ")")
+                clauses.append("(" + " or ".join(f"EventTypeId eq {quote(t)}" for t in event_type_ids) + ")")
             found.extend(
                 first_rows(
                     self._events().query_entities(" and ".join(clauses), results_per_page=limit), limit
@@ -233,7 +234,7 @@ class HandoffStore:
         low, high = keys.job_range(external_job_id)
         found: list[Any] = []
         for pk in self.endpoint_partitions(endpoint_id):  # the job's rows may be in any shard
-            query = f"PartitionKey eq {_quote(pk)} and RowKey ge {_quote(low)} and RowKey lt {_quote(high)}"
+            query = f"PartitionKey eq {quote(pk)} and RowKey ge {quote(low)} and RowKey lt {quote(high)}"
             found.extend(first_rows(self._events().query_entities(query, results_per_page=limit), limit))
         found.sort(key=lambda e: str(e["RowKey"]))
         return [JobRow.from_entity(e) for e in found[:limit]]
@@ -254,7 +255,7 @@ class HandoffStore:
         """Rows of ``[low, high)`` in the endpoint's partition, counted up to ``cap`` (keys only)."""
         count = 0
         for pk in self.endpoint_partitions(endpoint_id):  # summed over the shards
-            query = f"PartitionKey eq {_quote(pk)} and RowKey ge {_quote(low)} and RowKey lt {_quote(high)}"
+            query = f"PartitionKey eq {quote(pk)} and RowKey ge {quote(low)} and RowKey lt {quote(high)}"
             for _ in self._events().query_entities(query, select=["RowKey"], results_per_page=1000):
                 count += 1
                 if count >= cap:
@@ -287,7 +288,7 @@ class HandoffStore:
         return [row.endpoint_id for row in self.endpoint_rows()]
 
     def endpoint_rows(self) -> list[EndpointRow]:
-        query = f"PartitionKey eq {_quote(keys.ENDPOINTS_PARTITION)}"
+        query = f"PartitionKey eq {quote(keys.ENDPOINTS_PARTITION)}"
         table = self._tables.table(keys.ENDPOINTS_TABLE)
         return [EndpointRow.from_entity(e) for e in table.query_entities(query)]
 
@@ -365,9 +366,9 @@ class HandoffStore:
 
     def poison_page(self, day: str, *, after: str | None, limit: int) -> tuple[list[PoisonRow], str | None]:
         """One day's poison rows in key order (enqueue time), at most ``limit`` after the key ``after``."""
-        query = f"PartitionKey eq {_quote(day)}"
+        query = f"PartitionKey eq {quote(day)}"
         if after:
-            query += f" and RowKey gt {_quote(after)}"
+            query += f" and RowKey gt {quote(after)}"
         rows: list[PoisonRow] = []
         table = self._tables.table(keys.POISON_TABLE)
         for entity in table.query_entities(query, results_per_page=min(limit + 1, 1000)):
