@@ -54,14 +54,15 @@ def on_reset(hook: Any) -> None:
 
 
 class Lazy[T]:
-    """A process-wide object ``build()`` makes on first use; :func:`reset` drops it, and the next use
-    builds it again (from the changed environment)."""
+    """A process-wide object ``build()`` makes on first use; :func:`reset` drops it (``close`` is called
+    on it first, when given), and the next use builds it again (from the changed environment)."""
 
-    def __init__(self, build: Callable[[], T]) -> None:
+    def __init__(self, build: Callable[[], T], *, close: Callable[[T], None] | None = None) -> None:
         self._build = build
+        self._close = close
         self._lock = threading.Lock()
         self._value: T | None = None
-        on_reset(self._drop)
+        on_reset(self.drop)
 
     def __call__(self) -> T:
         value = self._value
@@ -76,6 +77,13 @@ class Lazy[T]:
         """The object when it has been built, else None (never builds it)."""
         return self._value
 
-    def _drop(self) -> None:
+    def replace(self, value: T) -> None:
+        """Use ``value`` from now on, until the next drop (tests and the benchmark inject one)."""
         with self._lock:
-            self._value = None
+            self._value = value
+
+    def drop(self) -> None:
+        with self._lock:
+            value, self._value = self._value, None
+        if value is not None and self._close is not None:
+            self._close(value)

@@ -32,10 +32,10 @@ from typing import Any
 
 from common.clock import utcnow
 from common.errors import Conflict, InvalidInput
-from common.tables import first_rows
+from common.tables import first_rows, quoted
 from handoff import counts, keys, store
 from handoff.records import ListingRow, SinceRow
-from handoff.store import HandoffStore, Operation, quote
+from handoff.store import HandoffStore, Operation
 
 log = logging.getLogger("settle.management")
 
@@ -67,7 +67,7 @@ class Overview:
         return self.store.table(keys.EVENTS_TABLE)
 
     def _range(self, pk: str, low: str, high: str, **kw: Any) -> Any:
-        query = f"PartitionKey eq {quote(pk)} and RowKey ge {quote(low)} and RowKey lt {quote(high)}"
+        query = f"PartitionKey eq {quoted(pk)} and RowKey ge {quoted(low)} and RowKey lt {quoted(high)}"
         return self._table().query_entities(query, **kw)
 
     # -- counts -------------------------------------------------------------------------------------
@@ -208,12 +208,12 @@ class Overview:
         for pk in partitions:
             after = positions.get(pk)
             clauses = [
-                f"PartitionKey eq {quote(pk)}",
-                f"RowKey {'gt' if after else 'ge'} {quote(after or low)}",
-                f"RowKey lt {quote(high)}",
+                f"PartitionKey eq {quoted(pk)}",
+                f"RowKey {'gt' if after else 'ge'} {quoted(after or low)}",
+                f"RowKey lt {quoted(high)}",
             ]
             if event_type_ids:
-                clauses.append("(" + " or ".join(f"EventTypeId eq {quote(t)}" for t in event_type_ids) + ")")
+                clauses.append("(" + " or ".join(f"EventTypeId eq {quoted(t)}" for t in event_type_ids) + ")")
             entities = self._table().query_entities(" and ".join(clauses), results_per_page=page_size + 1)
             for n, entity in enumerate(entities, 1):
                 merged.append((str(entity["RowKey"]), pk, entity))

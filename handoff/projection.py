@@ -268,7 +268,7 @@ def _operator_ops(pk: str, row: EventRow, current: EventRow | None) -> list[Oper
     ops: list[Operation] = []
     counted = current is not None and current.counted
     old_keys = current.listing_keys if current and counted else []
-    summary = columns_of(ListingRow, row, reason=_short(row.reason or _error_text(row.message_content)))
+    summary = columns_of(ListingRow, row, reason=_short(row.reason or error_text(row.message_content)))
     for key in old_keys:
         if key not in row.listing_keys:
             ops.append(tx.delete(pk, key))
@@ -349,7 +349,7 @@ def delta_entity(pk: str, at: datetime, change: dict[str, int]) -> dict[str, Any
     return entity
 
 
-def _error_text(message_content: str | None) -> str | None:
+def error_text(message_content: str | None) -> str | None:
     """``ErrorContent.ErrorText`` of a stored body, if it has one."""
     if not message_content:
         return None

@@ -11,8 +11,6 @@ Each service's module is imported inside its builder, so the worker's indexing o
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from common import runtime
@@ -28,22 +26,6 @@ if TYPE_CHECKING:
     from handoff.store import HandoffStore
     from handoff.sweeper import Sweeper
     from handoff.transport import Transport
-
-_lock = threading.RLock()
-
-
-class _Built[T]:
-    """One service per process: built by ``build`` on first use (under the lock), dropped by :func:`reset`."""
-
-    def __init__(self, build: Callable[[], T]) -> None:
-        self.build = build
-        self.value: T | None = None
-
-    def __call__(self) -> T:
-        with _lock:
-            if self.value is None:
-                self.value = self.build()
-            return self.value
 
 
 def _new_store() -> HandoffStore:
@@ -82,12 +64,18 @@ def _new_receive() -> ReceiveService:
     return ReceiveService(store())
 
 
-store = _Built(_new_store)
+def _close(transport: Transport) -> None:
+    close = getattr(transport, "close", None)
+    if close is not None:
+        close()
+
+
+store = runtime.Lazy(_new_store)
 # The control-message transport chosen from the environment (see :mod:`handoff.transport`).
-transport = _Built(_new_transport)
-settlement_service = _Built(_new_settlement)
-resolver_service = _Built(_new_resolver)
-receive_service = _Built(_new_receive)
+transport = runtime.Lazy(_new_transport, close=_close)
+settlement_service = runtime.Lazy(_new_settlement)
+resolver_service = runtime.Lazy(_new_resolver)
+receive_service = runtime.Lazy(_new_receive)
 _SERVICES = (store, transport, settlement_service, resolver_service, receive_service)
 
 
@@ -111,22 +99,14 @@ def overview() -> Overview:
 
 def use_transport(replacement: Transport) -> None:
     """Replace the transport (tests capture sent messages; the benchmark injects faults)."""
-    with _lock:
-        transport.value = replacement
+    transport.replace(replacement)
 
 
 def reset() -> None:
-    """Forget every service (their clients are rebuilt from the environment on next use)."""
-    with _lock:
-        if transport.value is not None:
-            close = getattr(transport.value, "close", None)
-            if close is not None:
-                close()
-        for built in _SERVICES:
-            built.value = None
-
-
-runtime.on_reset(reset)
+    """Forget every hand-off service (their clients are rebuilt from the environment on next use); the
+    transport is closed first. :func:`common.runtime.reset` drops them too."""
+    for built in _SERVICES:
+        built.drop()
 
 
 def _follow_the_recorded_layout() -> None:

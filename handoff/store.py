@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from common.errors import KeyTooLong, is_transient_storage_fault
 from common.partition_meter import METER
-from common.tables import Tables, first_rows
+from common.tables import Tables, first_rows, quoted
 
 # The operation builders live in ``common.transactions``; the operator modules still import them from here.
 from common.transactions import MAX_TRANSACTION_OPS as MAX_TRANSACTION_OPS
@@ -48,11 +48,6 @@ if TYPE_CHECKING:
     from azure.data.tables import TableClient
 
 log = logging.getLogger("settle.handoff.store")
-
-
-def quote(value: str) -> str:
-    """``value`` as an OData string literal (a filter's quotes doubled)."""
-    return "'" + value.replace("'", "''") + "'"
 
 
 class HandoffStore:
@@ -118,7 +113,7 @@ class HandoffStore:
         low, high = keys.event_range(event_id)
         pk = self.event_partition(endpoint_id, event_id)
         keys.checked(high, field="eventId")
-        query = f"PartitionKey eq {quote(pk)} and RowKey ge {quote(low)} and RowKey lt {quote(high)}"
+        query = f"PartitionKey eq {quoted(pk)} and RowKey ge {quoted(low)} and RowKey lt {quoted(high)}"
         return iter(self._events().query_entities(query))
 
     def point_rows(self, endpoint_id: str, event_id: str, row_keys: list[str]) -> list[Any]:
@@ -185,7 +180,7 @@ class HandoffStore:
         """Rows of ``[low, high)`` (``(low, high)`` with ``after``) of one partition in key order, following
         continuations."""
         op = "gt" if after else "ge"
-        query = f"PartitionKey eq {quote(pk)} and RowKey {op} {quote(low)} and RowKey lt {quote(high)}"
+        query = f"PartitionKey eq {quoted(pk)} and RowKey {op} {quoted(low)} and RowKey lt {quoted(high)}"
         page = min(limit, 1000) if limit else None
         for count, entity in enumerate(self._events().query_entities(query, results_per_page=page), 1):
             yield entity
@@ -210,13 +205,13 @@ class HandoffStore:
         found: list[Any] = []
         for pk in self.endpoint_partitions(endpoint_id):  # each shard's first page, merged oldest first
             clauses = [
-                f"PartitionKey eq {quote(pk)}",
-                f"RowKey ge {quote(low)}",
-                f"RowKey lt {quote(high)}",
-                f"ClaimedUntil lt {quote(claimed_before)}",
+                f"PartitionKey eq {quoted(pk)}",
+                f"RowKey ge {quoted(low)}",
+                f"RowKey lt {quoted(high)}",
+                f"ClaimedUntil lt {quoted(claimed_before)}",
             ]
             if event_type_ids:
-                clauses.append("(" + " or ".join(f"EventTypeId eq {quote(t)}" for t in event_type_ids) + ")")
+                clauses.append("(" + " or ".join(f"EventTypeId eq {quoted(t)}" for t in event_type_ids) + ")")
             found.extend(
                 first_rows(
                     self._events().query_entities(" and ".join(clauses), results_per_page=limit), limit
@@ -234,7 +229,7 @@ class HandoffStore:
         low, high = keys.job_range(external_job_id)
         found: list[Any] = []
         for pk in self.endpoint_partitions(endpoint_id):  # the job's rows may be in any shard
-            query = f"PartitionKey eq {quote(pk)} and RowKey ge {quote(low)} and RowKey lt {quote(high)}"
+            query = f"PartitionKey eq {quoted(pk)} and RowKey ge {quoted(low)} and RowKey lt {quoted(high)}"
             found.extend(first_rows(self._events().query_entities(query, results_per_page=limit), limit))
         found.sort(key=lambda e: str(e["RowKey"]))
         return [JobRow.from_entity(e) for e in found[:limit]]
@@ -255,7 +250,7 @@ class HandoffStore:
         """Rows of ``[low, high)`` in the endpoint's partition, counted up to ``cap`` (keys only)."""
         count = 0
         for pk in self.endpoint_partitions(endpoint_id):  # summed over the shards
-            query = f"PartitionKey eq {quote(pk)} and RowKey ge {quote(low)} and RowKey lt {quote(high)}"
+            query = f"PartitionKey eq {quoted(pk)} and RowKey ge {quoted(low)} and RowKey lt {quoted(high)}"
             for _ in self._events().query_entities(query, select=["RowKey"], results_per_page=1000):
                 count += 1
                 if count >= cap:
@@ -288,7 +283,7 @@ class HandoffStore:
         return [row.endpoint_id for row in self.endpoint_rows()]
 
     def endpoint_rows(self) -> list[EndpointRow]:
-        query = f"PartitionKey eq {quote(keys.ENDPOINTS_PARTITION)}"
+        query = f"PartitionKey eq {quoted(keys.ENDPOINTS_PARTITION)}"
         table = self._tables.table(keys.ENDPOINTS_TABLE)
         return [EndpointRow.from_entity(e) for e in table.query_entities(query)]
 
@@ -366,9 +361,9 @@ class HandoffStore:
 
     def poison_page(self, day: str, *, after: str | None, limit: int) -> tuple[list[PoisonRow], str | None]:
         """One day's poison rows in key order (enqueue time), at most ``limit`` after the key ``after``."""
-        query = f"PartitionKey eq {quote(day)}"
+        query = f"PartitionKey eq {quoted(day)}"
         if after:
-            query += f" and RowKey gt {quote(after)}"
+            query += f" and RowKey gt {quoted(after)}"
         rows: list[PoisonRow] = []
         table = self._tables.table(keys.POISON_TABLE)
         for entity in table.query_entities(query, results_per_page=min(limit + 1, 1000)):

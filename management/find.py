@@ -16,7 +16,6 @@ lookup index ``hoids`` (layout: :mod:`handoff.keys`, docs/tables.md), written wi
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -25,6 +24,7 @@ from common.errors import InvalidInput
 from common.tables import first_rows, quoted
 from handoff import keys
 from handoff.overview import Overview
+from handoff.projection import error_text
 from handoff.records import EventRow, ListingRow
 from handoff.store import HandoffStore
 from management.models import FindAnswer, FoundEvent, IdMatch
@@ -38,20 +38,12 @@ _KIND_ORDER = {kind: n for n, kind in enumerate(keys.ID_KINDS)}
 _PARAMS = ("q", *keys.ID_KINDS)
 
 
-def _error_text(content: str | None) -> str | None:
-    if not content:
-        return None
-    try:
-        data: Any = json.loads(content)
-    except ValueError:
-        return None
-    error = data.get("ErrorContent") if isinstance(data, dict) else None
-    text = error.get("ErrorText") if isinstance(error, dict) else None
-    return text[:300] if isinstance(text, str) else None
-
-
 def summary(endpoint_id: str, row: EventRow) -> FoundEvent:
-    return FoundEvent.of(endpoint_id, row, reason=row.reason or _error_text(row.message_content))
+    return FoundEvent.of(endpoint_id, row, reason=row.reason or _cut(error_text(row.message_content)))
+
+
+def _cut(text: str | None) -> str | None:
+    return text[:300] if text is not None else None
 
 
 def answer(store: HandoffStore, params: Mapping[str, str]) -> FindAnswer:
