@@ -19,6 +19,19 @@ class SettleError(Exception):
     slug: ClassVar[str] = "internal-error"
     title: ClassVar[str] = "Internal error"
 
+    def __init_subclass__(
+        cls, *, status: int | None = None, slug: str | None = None, title: str | None = None, **kw: Any
+    ) -> None:
+        """A subclass names its problem type in its class line: ``class Gone(SettleError, status=410,
+        slug="gone", title="Gone")``; what it leaves out it inherits."""
+        super().__init_subclass__(**kw)
+        if status is not None:
+            cls.status = status
+        if slug is not None:
+            cls.slug = slug
+        if title is not None:
+            cls.title = title
+
     def __init__(self, detail: str, *, field: str | None = None, **extra: Any) -> None:
         super().__init__(detail)
         self.detail = detail
@@ -47,67 +60,44 @@ class SettleError(Exception):
         return body
 
 
-class InvalidInput(SettleError):
+class InvalidInput(SettleError, status=400, slug="invalid-input", title="Invalid input"):
     """The request is not what the operation accepts (400)."""
 
-    status = 400
-    slug = "invalid-input"
-    title = "Invalid input"
+
+class InvalidJson(InvalidInput, slug="invalid-json", title="The body is not valid JSON"):
+    pass
 
 
-class InvalidJson(InvalidInput):
-    slug = "invalid-json"
-    title = "The body is not valid JSON"
+class KeyTooLong(InvalidInput, slug="key-too-long", title="Key too long for Table Storage"):
+    pass
 
 
-class KeyTooLong(InvalidInput):
-    slug = "key-too-long"
-    title = "Key too long for Table Storage"
+class NotFound(SettleError, status=404, slug="not-found", title="Not found"):
+    pass
 
 
-class NotFound(SettleError):
-    status = 404
-    slug = "not-found"
-    title = "Not found"
-
-
-class Conflict(SettleError):
+class Conflict(SettleError, status=409, slug="conflict", title="Conflict"):
     """The request is valid but the current state does not allow it (409)."""
 
-    status = 409
-    slug = "conflict"
-    title = "Conflict"
+
+class LockLost(Conflict, slug="lock-lost", title="The lock is no longer held by this token"):
+    pass
 
 
-class LockLost(Conflict):
-    slug = "lock-lost"
-    title = "The lock is no longer held by this token"
-
-
-class LengthRequired(SettleError):
+class LengthRequired(SettleError, status=411, slug="length-required", title="Content-Length required"):
     """A body sent without Content-Length (chunked): Azure's Functions host drops such a body before
     Settle sees it, so the request is refused plainly instead of as "no body" (411)."""
 
-    status = 411
-    slug = "length-required"
-    title = "Content-Length required"
+
+class PayloadTooLarge(SettleError, status=413, slug="payload-too-large", title="Payload too large"):
+    pass
 
 
-class PayloadTooLarge(SettleError):
-    status = 413
-    slug = "payload-too-large"
-    title = "Payload too large"
-
-
-class Unavailable(SettleError):
+class Unavailable(SettleError, status=503, slug="unavailable", title="A dependency is unavailable"):
     """A dependency (storage, Service Bus) is unreachable or throttling; retry later (503).
 
     ``retry_after``: seconds the caller should wait (sent as ``Retry-After`` and ``retryAfter``).
     """
-
-    status = 503
-    slug = "unavailable"
-    title = "A dependency is unavailable"
 
     def __init__(self, detail: str, *, field: str | None = None, retry_after: int = 1, **extra: Any) -> None:
         super().__init__(detail, field=field, retryAfter=max(1, int(retry_after)), **extra)

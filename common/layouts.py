@@ -71,18 +71,18 @@ GUARD_S = 2.0
 MARGIN_S = 3.0
 
 
-class LayoutChanging(LayoutNotReady):
+class LayoutChanging(
+    LayoutNotReady, slug="layout-changing", title="The shard layout is changing; retry in a moment"
+):
     """A recorded layout change is about to take effect: nothing is routed for a moment (503, retry)."""
 
-    slug = "layout-changing"
-    title = "The shard layout is changing; retry in a moment"
 
-
-class LayoutUnavailable(LayoutNotReady):
+class LayoutUnavailable(
+    LayoutNotReady,
+    slug="layout-unavailable",
+    title="The recorded shard layout cannot be served by this instance",
+):
     """The recorded layout needs something this instance lacks (a storage account): refused (503)."""
-
-    slug = "layout-unavailable"
-    title = "The recorded shard layout cannot be served by this instance"
 
 
 @dataclass(frozen=True)

@@ -46,16 +46,14 @@ _ROLE_CLAIMS = ("roles", "http://schemas.microsoft.com/ws/2008/06/identity/claim
 _MAX_PRINCIPAL = 1_048_576
 
 
-class Unauthenticated(SettleError):
-    status = 401
-    slug = "unauthenticated"
-    title = "Sign in first"
+class Unauthenticated(SettleError, status=401, slug="unauthenticated", title="Sign in first"):
+    pass
 
 
-class AccessDenied(SettleError):
-    status = 403
-    slug = "access-denied"
-    title = "The signed-in principal may not operate Settle"
+class AccessDenied(
+    SettleError, status=403, slug="access-denied", title="The signed-in principal may not operate Settle"
+):
+    pass
 
 
 @dataclass(frozen=True)

@@ -40,11 +40,10 @@ from handoff.records import (
 )
 
 
-class SettlementInFlight(Conflict):
+class SettlementInFlight(
+    Conflict, slug="settlement-in-flight", title="Another settlement of this hand-off is in flight"
+):
     """Another settlement of this hand-off holds the claim (409, whatever its age)."""
-
-    slug = "settlement-in-flight"
-    title = "Another settlement of this hand-off is in flight"
 
 
 @dataclass(frozen=True)

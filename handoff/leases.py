@@ -24,11 +24,8 @@ UNCLAIMED = "0"
 CLAIMED = "9999-12-31T23:59:59.999Z"
 
 
-class LeaseLost(Conflict):
+class LeaseLost(Conflict, slug="lease-lost", title="The lease on this hand-off was lost"):
     """The lease token no longer holds the hand-off (expired and taken, released, or settled)."""
-
-    slug = "lease-lost"
-    title = "The lease on this hand-off was lost"
 
 
 def held(entry: QueueRow | None, token: str) -> bool:

@@ -49,12 +49,10 @@ _LEASE_CANDIDATES = 10
 _LEASE_CANDIDATES_MAX = 100
 
 
-class TooManyLongPolls(SettleError):
+class TooManyLongPolls(
+    SettleError, status=429, slug="too-many-long-polls", title="Too many long-polls on this instance"
+):
     """This instance already holds its long-polls' permits (429; ``Retry-After``)."""
-
-    status = 429
-    slug = "too-many-long-polls"
-    title = "Too many long-polls on this instance"
 
     @property
     def headers(self) -> dict[str, str]:

@@ -45,14 +45,12 @@ PROJECTED = frozenset({Outcome.APPLIED.value, Outcome.REFUSED.value, Outcome.DUP
 MAX_PAGE = 200
 
 
-class AlreadyReplayed(Conflict):
-    slug = "already-replayed"
-    title = "This poison message was replayed already"
+class AlreadyReplayed(Conflict, slug="already-replayed", title="This poison message was replayed already"):
+    pass
 
 
-class AlreadyDismissed(Conflict):
-    slug = "already-dismissed"
-    title = "This poison message was dismissed"
+class AlreadyDismissed(Conflict, slug="already-dismissed", title="This poison message was dismissed"):
+    pass
 
 
 @dataclass(frozen=True)
