@@ -164,6 +164,13 @@ class Requests:
             params = addressing + params
         return Call(method, f"{self.prefix}/{route}", parse, safety, params=params, **options)
 
+    def found(self, cls: type[M], route: str, path_form: str, ids: Mapping[str, str]) -> Call[M | None]:
+        """The read of the one thing ``ids`` name (addressed as :meth:`call` says): it, or ``None`` when
+        Settle answers ``not-found``."""
+        return self.call(
+            "GET", route, maybe(cls), Safety.IDEMPOTENT, ids=ids, path_form=path_form, none_if_not_found=True
+        )
+
     def _keyed(self, key: KeyLike, **extra: Any) -> dict[str, Any]:
         body: dict[str, Any] = {"key": Key.of(key).to_wire()}
         if self.handler is not None:
@@ -316,16 +323,7 @@ class Requests:
     def next_handoff(
         self, endpoint: str, cls: type[H], *, event_types: Iterable[str] | None, wait_seconds: float
     ) -> Call[H | None]:
-        return self.call(
-            "GET",
-            "v1/handoffs/next",
-            maybe(cls),
-            Safety.IDEMPOTENT,
-            ids={"endpointId": endpoint},
-            path_form="v1/handoffs/{endpointId}/next",
-            params=_polling(event_types, wait_seconds),
-            wait=wait_seconds,
-        )
+        return self._poll("GET", "next", cls, Safety.IDEMPOTENT, endpoint, event_types, wait_seconds)
 
     def receive_handoff(
         self,
@@ -336,19 +334,32 @@ class Requests:
         wait_seconds: float,
         lease_seconds: float | None,
     ) -> Call[H | None]:
-        params = _polling(event_types, wait_seconds)
-        if lease_seconds is not None:
-            params += (("leaseSeconds", str(_seconds(lease_seconds))),)
+        lease: Params = () if lease_seconds is None else (("leaseSeconds", str(_seconds(lease_seconds))),)
         # Not retried after a lost answer: a retry would lease another hand-off (the first one's lease
         # then simply runs out).
+        return self._poll("POST", "receive", cls, Safety.UNSAFE, endpoint, event_types, wait_seconds, lease)
+
+    def _poll(
+        self,
+        method: str,
+        verb: str,
+        cls: type[H],
+        safety: Safety,
+        endpoint: str,
+        event_types: Iterable[str] | None,
+        wait_seconds: float,
+        extra: Params = (),
+    ) -> Call[H | None]:
+        """A long poll for the oldest parked hand-off of ``endpoint`` (``next`` or ``receive``), held up to
+        ``wait_seconds``; ``None`` when none came."""
         return self.call(
-            "POST",
-            "v1/handoffs/receive",
+            method,
+            f"v1/handoffs/{verb}",
             maybe(cls),
-            Safety.UNSAFE,
+            safety,
             ids={"endpointId": endpoint},
-            path_form="v1/handoffs/{endpointId}/receive",
-            params=params,
+            path_form=f"v1/handoffs/{{endpointId}}/{verb}",
+            params=_polling(event_types, wait_seconds) + extra,
             wait=wait_seconds,
         )
 
@@ -369,28 +380,14 @@ class Requests:
         )
 
     def job(self, endpoint: str, job_id: str, cls: type[H]) -> Call[H | None]:
-        return self.call(
-            "GET",
-            "v1/handoffs/jobs",
-            maybe(cls),
-            Safety.IDEMPOTENT,
-            ids={"endpointId": endpoint, "externalJobId": job_id},
-            path_form="v1/handoffs/{endpointId}/jobs/{externalJobId}",
-            none_if_not_found=True,
-        )
+        ids = {"endpointId": endpoint, "externalJobId": job_id}
+        return self.found(cls, "v1/handoffs/jobs", "v1/handoffs/{endpointId}/jobs/{externalJobId}", ids)
 
     def event(self, endpoint: str, event_id: str) -> Call[Event | None]:
         """The event row with its history and audits, or ``None`` when the event is unknown on
         ``endpoint``."""
-        return self.call(
-            "GET",
-            "v1/events",
-            maybe(Event),
-            Safety.IDEMPOTENT,
-            ids={"endpointId": endpoint, "eventId": event_id},
-            path_form="v1/events/{endpointId}/{eventId}",
-            none_if_not_found=True,
-        )
+        ids = {"endpointId": endpoint, "eventId": event_id}
+        return self.found(Event, "v1/events", "v1/events/{endpointId}/{eventId}", ids)
 
     def complete(
         self,

@@ -21,7 +21,7 @@ from typing import Any, Literal, TypeVar
 import httpx
 from pydantic import BaseModel
 
-from settle_client._calls import Call, Pages, Requests, jsonable, maybe, model
+from settle_client._calls import Call, Pages, Requests, jsonable, model
 from settle_client._core import AsyncSender, Sender, operation, paged
 from settle_client.models import Key, KeyLike, Record
 from settle_client.operator_models import (
@@ -75,14 +75,9 @@ class OperatorCalls:
     def event(self, endpoint: str, event_id: str) -> Call[OperatorEvent | None]:
         """The event with its history, audits, the actions it allows now and its settlement claim;
         ``None`` when the event is unknown on ``endpoint``."""
-        return self.requests.call(
-            "GET",
-            "v1/endpoints/event",
-            maybe(OperatorEvent),
-            Safety.IDEMPOTENT,
-            ids={"endpointId": endpoint, "eventId": event_id},
-            path_form="v1/endpoints/{endpointId}/events/{eventId}",
-            none_if_not_found=True,
+        ids = {"endpointId": endpoint, "eventId": event_id}
+        return self.requests.found(
+            OperatorEvent, "v1/endpoints/event", "v1/endpoints/{endpointId}/events/{eventId}", ids
         )
 
     def unconfirmed(self, endpoint: str) -> Call[list[SettlementView]]:
