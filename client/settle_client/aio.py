@@ -126,15 +126,8 @@ class AsyncSettleClient(ClientCore):
         return decorate
 
 
-class AsyncProcessing(Block):
+class AsyncProcessing(Block["AsyncSettleClient", "_AsyncKeeper"]):
     """The async context manager of :meth:`AsyncSettleClient.processing`."""
-
-    def __init__(
-        self, client: AsyncSettleClient, key: Key, *, lock_seconds: int, metadata: MetadataLike | None
-    ) -> None:
-        super().__init__(key, lock_seconds=lock_seconds, metadata=metadata)
-        self._client = client
-        self._keeper: _AsyncKeeper | None = None
 
     async def __aenter__(self) -> Item:
         if self._item is not None:

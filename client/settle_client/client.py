@@ -154,15 +154,8 @@ class SettleClient(ClientCore):
         return decorate
 
 
-class Processing(Block):
+class Processing(Block["SettleClient", "_Keeper"]):
     """The context manager of :meth:`SettleClient.processing`."""
-
-    def __init__(
-        self, client: SettleClient, key: Key, *, lock_seconds: int, metadata: MetadataLike | None
-    ) -> None:
-        super().__init__(key, lock_seconds=lock_seconds, metadata=metadata)
-        self._client = client
-        self._keeper: _Keeper | None = None
 
     def __enter__(self) -> Item:
         if self._item is not None:

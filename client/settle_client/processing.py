@@ -22,7 +22,7 @@ import logging
 import threading
 import time
 from datetime import datetime
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from settle_client._calls import Call, Requests, error_text, jsonable
 from settle_client.enums import EXISTS_STATUSES, Status
@@ -49,6 +49,9 @@ from settle_client.models import (
 from settle_client.retry import RetryPolicy
 
 log = logging.getLogger("settle_client")
+
+C = TypeVar("C")
+K = TypeVar("K")
 
 # Extend after this share of the lock's length; after a failed extension, try again after RETRY_SHARE.
 EXTEND_SHARE = 1 / 3
@@ -219,17 +222,20 @@ def outcome_wait(
     return wait
 
 
-class Block:
-    """What a processing block of either client holds before it is entered: the key, the lock's length
-    and the metadata (checked here, so a bad field fails before the lock is asked for)."""
+class Block(Generic[C, K]):
+    """What a processing block of either client holds: the client ``C`` it sends through, the key, the
+    lock's length and the metadata (checked here, so a bad field fails before the lock is asked for); once
+    entered, its item and the keeper ``K`` extending its lock (``None`` while it holds none)."""
 
-    def __init__(self, key: Key, *, lock_seconds: int, metadata: MetadataLike | None) -> None:
+    def __init__(self, client: C, key: Key, *, lock_seconds: int, metadata: MetadataLike | None) -> None:
         if lock_seconds < 1:
             raise ValueError("lock_seconds must be at least 1")
+        self._client = client
         self._key = key
         self._lock_seconds = lock_seconds
         self._metadata = Metadata.of(metadata)
         self._item: Item | None = None
+        self._keeper: K | None = None
 
 
 class Leaving:
