@@ -19,7 +19,7 @@ from settle_client.errors import AlreadyProcessed, LockHeld, SettleError
 from settle_client.handoffs import AsyncEvents, AsyncHandoffs
 from settle_client.models import Key, KeyLike, LockResult, MetadataLike
 from settle_client.operator import AsyncOperator
-from settle_client.processing import Block, Item, Keeping, Release, leaving, refusal, release_call
+from settle_client.processing import Block, Item, Keeping, Release, refusal, release_call
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -168,11 +168,8 @@ class AsyncProcessing(Block["AsyncSettleClient", "_AsyncKeeper"]):
         assert item is not None
         if self._keeper is not None:
             await self._keeper.stop()
-        if exc is not None and item.lost:
-            exc.add_note("settle-client: the lock had been lost; it was not released.")
-            return
         client = self._client
-        steps = leaving(client.requests, item, exc, lock_seconds=self._lock_seconds, policy=client.retry)
+        steps = self._leaving(item, exc)
         while (step := steps.next()) is not None:
             if isinstance(step, float):
                 await client._sleep(step)

@@ -19,7 +19,7 @@ from settle_client.errors import AlreadyProcessed, LockHeld, SettleError
 from settle_client.handoffs import Events, Handoffs
 from settle_client.models import Key, KeyLike, MetadataLike
 from settle_client.operator import Operator
-from settle_client.processing import Block, Item, Keeping, Release, leaving, refusal, release_call
+from settle_client.processing import Block, Item, Keeping, Release, refusal, release_call
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -154,6 +154,8 @@ class SettleClient(ClientCore):
 class Processing(Block["SettleClient", "_Keeper"]):
     """The context manager of :meth:`SettleClient.processing`."""
 
+    _lost_note = "settle-client: the lock had been lost or released on shutdown; not released again."
+
     def __enter__(self) -> Item:
         if self._item is not None:
             raise RuntimeError("a processing block can be entered once")
@@ -202,11 +204,8 @@ class Processing(Block["SettleClient", "_Keeper"]):
             shutdown.closed(item)
 
     def _leave(self, item: Item, exc: BaseException | None) -> None:
-        if exc is not None and item.lost:
-            exc.add_note("settle-client: the lock had been lost or released on shutdown; not released again.")
-            return
         client = self._client
-        steps = leaving(client.requests, item, exc, lock_seconds=self._lock_seconds, policy=client.retry)
+        steps = self._leaving(item, exc)
         while (step := steps.next()) is not None:
             if isinstance(step, float):
                 client._sleep(step)

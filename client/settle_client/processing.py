@@ -24,7 +24,7 @@ import time
 from collections.abc import Generator
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from settle_client._calls import Call, Requests, error_text, jsonable
 from settle_client.enums import EXISTS_STATUSES, Status
@@ -52,7 +52,13 @@ from settle_client.retry import RetryPolicy
 
 log = logging.getLogger("settle_client")
 
-C = TypeVar("C")
+
+class _Client(Protocol):
+    requests: Requests
+    retry: RetryPolicy
+
+
+C = TypeVar("C", bound=_Client)
 K = TypeVar("K")
 
 # Extend after this share of the lock's length; after a failed extension, try again after RETRY_SHARE.
@@ -229,6 +235,9 @@ class Block(Generic[C, K]):
     lock's length and the metadata (checked here, so a bad field fails before the lock is asked for); once
     entered, its item and the keeper ``K`` extending its lock (``None`` while it holds none)."""
 
+    # What leaving with an exception notes instead of releasing a lock the block no longer holds.
+    _lost_note = "settle-client: the lock had been lost; it was not released."
+
     def __init__(self, client: C, key: Key, *, lock_seconds: int, metadata: MetadataLike | None) -> None:
         if lock_seconds < 1:
             raise ValueError("lock_seconds must be at least 1")
@@ -238,6 +247,18 @@ class Block(Generic[C, K]):
         self._metadata = Metadata.of(metadata)
         self._item: Item | None = None
         self._keeper: K | None = None
+
+    def _leaving(self, item: Item, exc: BaseException | None) -> Steps:
+        """The steps of leaving the block with ``item`` (see :func:`leaving`)."""
+        client = self._client
+        return leaving(
+            client.requests,
+            item,
+            exc,
+            lock_seconds=self._lock_seconds,
+            policy=client.retry,
+            lost_note=self._lost_note,
+        )
 
 
 @dataclass(frozen=True)
@@ -278,12 +299,21 @@ class Steps:
 
 
 def leaving(
-    requests: Requests, item: Item, exc: BaseException | None, *, lock_seconds: int, policy: RetryPolicy
+    requests: Requests,
+    item: Item,
+    exc: BaseException | None,
+    *,
+    lock_seconds: int,
+    policy: RetryPolicy,
+    lost_note: str,
 ) -> Steps:
     """The steps of leaving a block that ``exc`` ended (``None``: normally): release the lock as Failed
-    with its text, or record the outcome (raising :class:`LockLost` at once if the lock was lost)."""
+    with its text (a lock lost already is not: ``lost_note`` goes on ``exc``), or record the outcome
+    (raising :class:`LockLost` at once if the lock was lost)."""
     if exc is not None:
-        return Steps(releasing(release_call(requests, item, exc), exc))
+        if item.lost:
+            exc.add_note(lost_note)
+        return Steps(releasing(None if item.lost else release_call(requests, item, exc), exc))
     item.check()
     return Steps(Leaving(requests, item, lock_seconds=lock_seconds, policy=policy).steps())
 
