@@ -15,6 +15,7 @@ and dismiss refuse a repeat (409), so they are not retried.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, TypeVar
 
@@ -22,7 +23,7 @@ import httpx
 from pydantic import BaseModel
 
 from settle_client._calls import Call, Pages, Requests, jsonable, model
-from settle_client._core import AsyncSender, Sender, operation, paged
+from settle_client._core import AsyncPart, Part, operation, paged
 from settle_client.models import Key, KeyLike, Record
 from settle_client.operator_models import (
     ActionAccepted,
@@ -288,7 +289,11 @@ def _history_page(response: httpx.Response) -> tuple[list[Record], str | None]:
 class _Surface:
     """The operator's methods, each sending one builder's call (or its pages) through the client."""
 
-    calls: OperatorCalls
+    requests: Requests
+
+    @functools.cached_property
+    def calls(self) -> OperatorCalls:
+        return OperatorCalls(self.requests)
 
     find = operation(OperatorCalls.find, via="calls")
     event = operation(OperatorCalls.event, via="calls")
@@ -303,23 +308,9 @@ class _Surface:
     history = paged(OperatorCalls.history, via="calls")
 
 
-class Operator(_Surface):
+class Operator(_Surface, Part):
     """``client.operator``: the management API (see the module docstring for auth and retries)."""
 
-    def __init__(self, client: Sender) -> None:
-        self._client = client
-        self.calls = OperatorCalls(client.requests)
 
-    def send(self, call: Call[T]) -> T:
-        return self._client.send(call)
-
-
-class AsyncOperator(_Surface):
+class AsyncOperator(_Surface, AsyncPart):
     """``AsyncSettleClient.operator``: :class:`Operator` for asyncio (the same calls, awaited)."""
-
-    def __init__(self, client: AsyncSender) -> None:
-        self._client = client
-        self.calls = OperatorCalls(client.requests)
-
-    async def send(self, call: Call[T]) -> T:
-        return await self._client.send(call)
