@@ -52,15 +52,6 @@ from settle_client.retry import RetryPolicy
 
 log = logging.getLogger("settle_client")
 
-
-class _Client(Protocol):
-    requests: Requests
-    retry: RetryPolicy
-
-
-C = TypeVar("C", bound=_Client)
-K = TypeVar("K")
-
 # Extend after this share of the lock's length; after a failed extension, try again after RETRY_SHARE.
 EXTEND_SHARE = 1 / 3
 RETRY_SHARE = 1 / 10
@@ -228,6 +219,17 @@ def outcome_wait(
     if time.monotonic() + wait >= deadline:
         return None
     return wait
+
+
+class _Client(Protocol):
+    """What a block needs of its client besides sending: the calls' builder and the retry policy."""
+
+    requests: Requests
+    retry: RetryPolicy
+
+
+C = TypeVar("C", bound=_Client)
+K = TypeVar("K")
 
 
 class Block(Generic[C, K]):
