@@ -95,6 +95,16 @@ def model(cls: type[M], response: httpx.Response) -> M:
         ) from exc
 
 
+def parse_as(cls: type[M]) -> Callable[[httpx.Response], M]:
+    """The parser of an answer that is a ``cls``."""
+    return lambda response: model(cls, response)
+
+
+def present(**fields: Any) -> dict[str, Any]:
+    """The ``fields`` a request body carries: those given, ``None`` left out."""
+    return {k: v for k, v in fields.items() if v is not None}
+
+
 def maybe(cls: type[M]) -> Callable[[httpx.Response], M | None]:
     def parse(response: httpx.Response) -> M | None:
         if response.status_code in (204, 404):
@@ -175,7 +185,7 @@ class Requests:
         body: dict[str, Any] = {"key": Key.of(key).to_wire()}
         if self.handler is not None:
             body["handler"] = self.handler.model_dump()
-        body.update({k: v for k, v in extra.items() if v is not None})
+        body.update(present(**extra))
         return body
 
     def _state(
@@ -194,7 +204,7 @@ class Requests:
     # -- state (each is also a method of both clients, with this docstring) -------------------------
     def meta(self) -> Call[Meta]:
         """The server's scopes, statuses and handlers (``GET v1/state/meta``)."""
-        return self.call("GET", "v1/state/meta", lambda r: model(Meta, r), Safety.IDEMPOTENT)
+        return self.call("GET", "v1/state/meta", parse_as(Meta), Safety.IDEMPOTENT)
 
     def exists(self, key: KeyLike) -> Call[bool]:
         """True when the item is Processed or Skipped. Retried (a read)."""
@@ -216,12 +226,12 @@ class Requests:
         after a lost answer gets the same lock back (``replayed``); retried."""
         # Without a requestId a retry after a lost answer would meet our own lock and be refused.
         body = self._keyed(key, lockSeconds=lock_seconds, requestId=request_id or uuid.uuid4().hex)
-        return self._state("lock", body, lambda r: model(LockResult, r), Safety.IDEMPOTENT)
+        return self._state("lock", body, parse_as(LockResult), Safety.IDEMPOTENT)
 
     def extend(self, key: KeyLike, lock_token: str, *, lock_seconds: int | None = None) -> Call[ExtendResult]:
         """Extend a held lock (fenced: :class:`LockLost` when it is no longer held). Retried."""
         body = self._keyed(key, lockToken=lock_token, lockSeconds=lock_seconds)
-        return self._state("lock/extend", body, lambda r: model(ExtendResult, r), Safety.IDEMPOTENT)
+        return self._state("lock/extend", body, parse_as(ExtendResult), Safety.IDEMPOTENT)
 
     def set(
         self,
@@ -310,9 +320,7 @@ class Requests:
         }
 
         def page(token: str | None) -> Call[tuple[list[Record], str | None]]:
-            body: dict[str, Any] = {k: v for k, v in filters.items() if v is not None}
-            if token is not None:
-                body["continuationToken"] = token
+            body = present(**filters, continuationToken=token)
             if self.handler is not None:
                 body["handler"] = self.handler.model_dump()
             return self._state("query", body, _records, Safety.IDEMPOTENT)
@@ -427,17 +435,16 @@ class Requests:
         lease_token: str | None,
         **outcome: Any,
     ) -> Call[SettlementAccepted]:
-        body = {
-            "endpointId": endpoint,
-            "coordinates": _coordinates(coordinates),
+        body = present(
+            endpointId=endpoint,
+            coordinates=_coordinates(coordinates),
             **outcome,
-            "settledBy": settled_by,
-            "leaseToken": lease_token,
-        }
-        body = {k: v for k, v in body.items() if v is not None}
-        parse = lambda r: model(SettlementAccepted, r)  # noqa: E731
+            settledBy=settled_by,
+            leaseToken=lease_token,
+        )
         # Settle answers a retry of the same settlement from its claim (same controlMessageId, ``replayed``),
         # so a lost answer may be retried; a different settlement stays a 409.
+        parse = parse_as(SettlementAccepted)
         return self.call("POST", f"v1/handoffs/{route}", parse, Safety.IDEMPOTENT, body=body)
 
 

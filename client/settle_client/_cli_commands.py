@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from typing import Any, TextIO, TypeVar
 
 from settle_client import _cli_output as out
+from settle_client._calls import present
 from settle_client.client import SettleClient
 from settle_client.errors import Conflict, InvalidInput, NotFound, SettleError
 from settle_client.models import Key
@@ -466,7 +467,7 @@ def _key(args: argparse.Namespace) -> Key:
         "subItemKey": args.sub_item_key,
         "entityExecutionId": args.execution,
     }
-    given.update({k: v for k, v in named.items() if v is not None})
+    given.update(present(**named))
     if args.scope is not None:
         given["scope" if not args.scope.isdigit() else "scopeId"] = (
             int(args.scope) if args.scope.isdigit() else args.scope
