@@ -95,6 +95,16 @@ def model(cls: type[M], response: httpx.Response) -> M:
         ) from exc
 
 
+def parse_as(cls: type[M]) -> Callable[[httpx.Response], M]:
+    """The parser of an answer that is a ``cls``."""
+    return lambda response: model(cls, response)
+
+
+def present(**fields: Any) -> dict[str, Any]:
+    """The ``fields`` a request body carries: those given, ``None`` left out."""
+    return {k: v for k, v in fields.items() if v is not None}
+
+
 def maybe(cls: type[M]) -> Callable[[httpx.Response], M | None]:
     def parse(response: httpx.Response) -> M | None:
         if response.status_code in (204, 404):
@@ -164,11 +174,18 @@ class Requests:
             params = addressing + params
         return Call(method, f"{self.prefix}/{route}", parse, safety, params=params, **options)
 
+    def found(self, cls: type[M], route: str, path_form: str, ids: Mapping[str, str]) -> Call[M | None]:
+        """The read of the one thing ``ids`` name (addressed as :meth:`call` says): it, or ``None`` when
+        Settle answers ``not-found``."""
+        return self.call(
+            "GET", route, maybe(cls), Safety.IDEMPOTENT, ids=ids, path_form=path_form, none_if_not_found=True
+        )
+
     def _keyed(self, key: KeyLike, **extra: Any) -> dict[str, Any]:
         body: dict[str, Any] = {"key": Key.of(key).to_wire()}
         if self.handler is not None:
             body["handler"] = self.handler.model_dump()
-        body.update({k: v for k, v in extra.items() if v is not None})
+        body.update(present(**extra))
         return body
 
     def _state(
@@ -187,7 +204,7 @@ class Requests:
     # -- state (each is also a method of both clients, with this docstring) -------------------------
     def meta(self) -> Call[Meta]:
         """The server's scopes, statuses and handlers (``GET v1/state/meta``)."""
-        return self.call("GET", "v1/state/meta", lambda r: model(Meta, r), Safety.IDEMPOTENT)
+        return self.call("GET", "v1/state/meta", parse_as(Meta), Safety.IDEMPOTENT)
 
     def exists(self, key: KeyLike) -> Call[bool]:
         """True when the item is Processed or Skipped. Retried (a read)."""
@@ -209,12 +226,12 @@ class Requests:
         after a lost answer gets the same lock back (``replayed``); retried."""
         # Without a requestId a retry after a lost answer would meet our own lock and be refused.
         body = self._keyed(key, lockSeconds=lock_seconds, requestId=request_id or uuid.uuid4().hex)
-        return self._state("lock", body, lambda r: model(LockResult, r), Safety.IDEMPOTENT)
+        return self._state("lock", body, parse_as(LockResult), Safety.IDEMPOTENT)
 
     def extend(self, key: KeyLike, lock_token: str, *, lock_seconds: int | None = None) -> Call[ExtendResult]:
         """Extend a held lock (fenced: :class:`LockLost` when it is no longer held). Retried."""
         body = self._keyed(key, lockToken=lock_token, lockSeconds=lock_seconds)
-        return self._state("lock/extend", body, lambda r: model(ExtendResult, r), Safety.IDEMPOTENT)
+        return self._state("lock/extend", body, parse_as(ExtendResult), Safety.IDEMPOTENT)
 
     def set(
         self,
@@ -303,9 +320,7 @@ class Requests:
         }
 
         def page(token: str | None) -> Call[tuple[list[Record], str | None]]:
-            body: dict[str, Any] = {k: v for k, v in filters.items() if v is not None}
-            if token is not None:
-                body["continuationToken"] = token
+            body = present(**filters, continuationToken=token)
             if self.handler is not None:
                 body["handler"] = self.handler.model_dump()
             return self._state("query", body, _records, Safety.IDEMPOTENT)
@@ -316,16 +331,7 @@ class Requests:
     def next_handoff(
         self, endpoint: str, cls: type[H], *, event_types: Iterable[str] | None, wait_seconds: float
     ) -> Call[H | None]:
-        return self.call(
-            "GET",
-            "v1/handoffs/next",
-            maybe(cls),
-            Safety.IDEMPOTENT,
-            ids={"endpointId": endpoint},
-            path_form="v1/handoffs/{endpointId}/next",
-            params=_polling(event_types, wait_seconds),
-            wait=wait_seconds,
-        )
+        return self._poll("GET", "next", cls, Safety.IDEMPOTENT, endpoint, event_types, wait_seconds)
 
     def receive_handoff(
         self,
@@ -336,19 +342,32 @@ class Requests:
         wait_seconds: float,
         lease_seconds: float | None,
     ) -> Call[H | None]:
-        params = _polling(event_types, wait_seconds)
-        if lease_seconds is not None:
-            params += (("leaseSeconds", str(_seconds(lease_seconds))),)
+        lease: Params = () if lease_seconds is None else (("leaseSeconds", str(_seconds(lease_seconds))),)
         # Not retried after a lost answer: a retry would lease another hand-off (the first one's lease
         # then simply runs out).
+        return self._poll("POST", "receive", cls, Safety.UNSAFE, endpoint, event_types, wait_seconds, lease)
+
+    def _poll(
+        self,
+        method: str,
+        verb: str,
+        cls: type[H],
+        safety: Safety,
+        endpoint: str,
+        event_types: Iterable[str] | None,
+        wait_seconds: float,
+        extra: Params = (),
+    ) -> Call[H | None]:
+        """A long poll for the oldest parked hand-off of ``endpoint`` (``next`` or ``receive``), held up to
+        ``wait_seconds``; ``None`` when none came."""
         return self.call(
-            "POST",
-            "v1/handoffs/receive",
+            method,
+            f"v1/handoffs/{verb}",
             maybe(cls),
-            Safety.UNSAFE,
+            safety,
             ids={"endpointId": endpoint},
-            path_form="v1/handoffs/{endpointId}/receive",
-            params=params,
+            path_form=f"v1/handoffs/{{endpointId}}/{verb}",
+            params=_polling(event_types, wait_seconds) + extra,
             wait=wait_seconds,
         )
 
@@ -369,28 +388,14 @@ class Requests:
         )
 
     def job(self, endpoint: str, job_id: str, cls: type[H]) -> Call[H | None]:
-        return self.call(
-            "GET",
-            "v1/handoffs/jobs",
-            maybe(cls),
-            Safety.IDEMPOTENT,
-            ids={"endpointId": endpoint, "externalJobId": job_id},
-            path_form="v1/handoffs/{endpointId}/jobs/{externalJobId}",
-            none_if_not_found=True,
-        )
+        ids = {"endpointId": endpoint, "externalJobId": job_id}
+        return self.found(cls, "v1/handoffs/jobs", "v1/handoffs/{endpointId}/jobs/{externalJobId}", ids)
 
     def event(self, endpoint: str, event_id: str) -> Call[Event | None]:
         """The event row with its history and audits, or ``None`` when the event is unknown on
         ``endpoint``."""
-        return self.call(
-            "GET",
-            "v1/events",
-            maybe(Event),
-            Safety.IDEMPOTENT,
-            ids={"endpointId": endpoint, "eventId": event_id},
-            path_form="v1/events/{endpointId}/{eventId}",
-            none_if_not_found=True,
-        )
+        ids = {"endpointId": endpoint, "eventId": event_id}
+        return self.found(Event, "v1/events", "v1/events/{endpointId}/{eventId}", ids)
 
     def complete(
         self,
@@ -430,17 +435,16 @@ class Requests:
         lease_token: str | None,
         **outcome: Any,
     ) -> Call[SettlementAccepted]:
-        body = {
-            "endpointId": endpoint,
-            "coordinates": _coordinates(coordinates),
+        body = present(
+            endpointId=endpoint,
+            coordinates=_coordinates(coordinates),
             **outcome,
-            "settledBy": settled_by,
-            "leaseToken": lease_token,
-        }
-        body = {k: v for k, v in body.items() if v is not None}
-        parse = lambda r: model(SettlementAccepted, r)  # noqa: E731
+            settledBy=settled_by,
+            leaseToken=lease_token,
+        )
         # Settle answers a retry of the same settlement from its claim (same controlMessageId, ``replayed``),
         # so a lost answer may be retried; a different settlement stays a 409.
+        parse = parse_as(SettlementAccepted)
         return self.call("POST", f"v1/handoffs/{route}", parse, Safety.IDEMPOTENT, body=body)
 
 

@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from typing import Any, TextIO, TypeVar
 
 from settle_client import _cli_output as out
+from settle_client._calls import present
 from settle_client.client import SettleClient
 from settle_client.errors import Conflict, InvalidInput, NotFound, SettleError
 from settle_client.models import Key
@@ -72,6 +73,13 @@ class Context:
     def emit(self, value: Any, human: Callable[[], str]) -> None:
         self.print(out.as_json(value) if self.args.json else human())
 
+    def nothing(self, empty: str, message: str) -> Failure:
+        """What to raise when there is nothing to show: ``message``, exit code NOTHING; with ``--json``,
+        ``empty`` (``[]`` or ``null``) is printed first, so a script still reads JSON."""
+        if self.args.json:
+            self.print(empty)
+        return Failure(message, NOTHING)
+
     def progress(self, text: str) -> None:
         print(text, file=self.stderr, flush=True)
 
@@ -89,9 +97,7 @@ def _user() -> str:
 def cmd_find(ctx: Context) -> int:
     found = ctx.client.operator.find(ctx.args.id)
     if not found:
-        if ctx.args.json:
-            ctx.print("[]")
-        raise Failure(f"nothing matches {ctx.args.id!r} at any endpoint", NOTHING)
+        raise ctx.nothing("[]", f"nothing matches {ctx.args.id!r} at any endpoint")
     ctx.emit(
         found,
         lambda: out.table(
@@ -461,7 +467,7 @@ def _key(args: argparse.Namespace) -> Key:
         "subItemKey": args.sub_item_key,
         "entityExecutionId": args.execution,
     }
-    given.update({k: v for k, v in named.items() if v is not None})
+    given.update(present(**named))
     if args.scope is not None:
         given["scope" if not args.scope.isdigit() else "scopeId"] = (
             int(args.scope) if args.scope.isdigit() else args.scope
@@ -480,13 +486,15 @@ def _record_rows(records: Iterable[Any]) -> Iterable[tuple[Any, ...]]:
 RECORD_HEADERS = ("VERSION", "STATUS", "SUBSTATUS", "UPDATED", "LOCKED UNTIL", "ERROR", "DATA")
 
 
+def _no_record(key: Key) -> str:
+    return f"no record for {key.item_entity_key}/{key.item_key} (tenant {key.tenant_id})"
+
+
 def cmd_state_get(ctx: Context) -> int:
     key = _key(ctx.args)
     record = ctx.client.operator.lookup(key, page_size=1).record
     if record is None:
-        if ctx.args.json:
-            ctx.print("null")
-        raise Failure(f"no record for {key.item_entity_key}/{key.item_key} (tenant {key.tenant_id})", NOTHING)
+        raise ctx.nothing("null", _no_record(key))
     ctx.emit(
         record,
         lambda: out.fields(
@@ -517,9 +525,7 @@ def cmd_state_history(ctx: Context) -> int:
         if ctx.args.limit and len(versions) >= ctx.args.limit:
             break
     if not versions:
-        if ctx.args.json:
-            ctx.print("[]")
-        raise Failure(f"no record for {key.item_entity_key}/{key.item_key} (tenant {key.tenant_id})", NOTHING)
+        raise ctx.nothing("[]", _no_record(key))
     ctx.emit(versions, lambda: out.table(RECORD_HEADERS, _record_rows(versions)))
     return OK
 
@@ -533,9 +539,7 @@ def cmd_handoffs(ctx: Context) -> int:
     else:
         handoff = ctx.client.handoffs.next(args.endpoint, args.event_type, args.wait)
     if handoff is None:
-        if args.json:
-            ctx.print("null")
-        raise Failure(f"no parked hand-off on {args.endpoint!r}", NOTHING)
+        raise ctx.nothing("null", f"no parked hand-off on {args.endpoint!r}")
     lease = handoff.lease
     ctx.emit(
         handoff,

@@ -90,6 +90,30 @@ class AsyncSender(SendsAsync, Protocol):
     retry: RetryPolicy
 
 
+S = TypeVar("S", Sender, AsyncSender)
+
+
+class _PartOf(Generic[S]):
+    def __init__(self, client: S) -> None:
+        self._client: S = client
+        self.requests = client.requests
+
+
+class Part(_PartOf[Sender]):
+    """A part of a client (``client.handoffs``, ``client.events``, ``client.operator``): it builds its
+    calls with the client's :class:`Requests` and sends them through the client."""
+
+    def send(self, call: Call[T]) -> T:
+        return self._client.send(call)
+
+
+class AsyncPart(_PartOf[AsyncSender]):
+    """A :class:`Part` of :class:`AsyncSettleClient` (its calls awaited)."""
+
+    async def send(self, call: Call[T]) -> T:
+        return await self._client.send(call)
+
+
 class _OnBothClients:
     """A method both clients get from one builder method (its signature and docstring); ``via`` names the
     client attribute holding the builder."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
-import logging
 import time
 from collections.abc import Awaitable, Callable
 from types import TracebackType
@@ -18,11 +17,9 @@ from settle_client._calls import Call
 from settle_client._core import ClientCore, ClientSettings, Retry
 from settle_client.errors import AlreadyProcessed, LockHeld, SettleError
 from settle_client.handoffs import AsyncEvents, AsyncHandoffs
-from settle_client.models import Key, KeyLike, LockResult, MetadataLike, Record
+from settle_client.models import Key, KeyLike, LockResult, MetadataLike
 from settle_client.operator import AsyncOperator
-from settle_client.processing import Block, Item, Keeping, Leaving, refusal, release_call
-
-log = logging.getLogger("settle_client")
+from settle_client.processing import Block, Item, Keeping, Release, refusal, release_call
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -126,15 +123,8 @@ class AsyncSettleClient(ClientCore):
         return decorate
 
 
-class AsyncProcessing(Block):
+class AsyncProcessing(Block["AsyncSettleClient", "_AsyncKeeper"]):
     """The async context manager of :meth:`AsyncSettleClient.processing`."""
-
-    def __init__(
-        self, client: AsyncSettleClient, key: Key, *, lock_seconds: int, metadata: MetadataLike | None
-    ) -> None:
-        super().__init__(key, lock_seconds=lock_seconds, metadata=metadata)
-        self._client = client
-        self._keeper: _AsyncKeeper | None = None
 
     async def __aenter__(self) -> Item:
         if self._item is not None:
@@ -178,49 +168,19 @@ class AsyncProcessing(Block):
         assert item is not None
         if self._keeper is not None:
             await self._keeper.stop()
-        if exc is not None:
-            if item.lost:
-                exc.add_note("settle-client: the lock had been lost; it was not released.")
-                return
-            await self._release(release_call(self._client.requests, item, exc), exc)
-            return
-        item.check()
         client = self._client
-        leaving = Leaving(client.requests, item, lock_seconds=self._lock_seconds, policy=client.retry)
-        while True:
+        steps = self._leaving(item, exc)
+        while (step := steps.next()) is not None:
+            if isinstance(step, float):
+                await client._sleep(step)
+                continue
+            sending: Awaitable[Any] = client.send(step.call if isinstance(step, Release) else step)
+            if isinstance(step, Release):  # a cancelled task still releases its lock, then is cancelled
+                sending = asyncio.shield(sending)
             try:
-                item.record = await client.send(leaving.call)
-                return
+                steps.answered(await sending)
             except SettleError as error:
-                wait = leaving.failed(error)
-                if wait is None:
-                    await self._release(leaving.give_up(error), error)
-                    raise
-            if wait:
-                log.info("recording %s: Settle unavailable; retrying in %.2fs", item.key.item_key, wait)
-                await client._sleep(wait)
-                await self._extend_if_due(leaving)
-
-    async def _release(self, call: Call[Record | None] | None, error: BaseException) -> None:
-        """Send ``call`` (a release, if any; shielded: a cancelled task still releases its lock before the
-        cancellation goes on); its failure becomes a note on the ``error`` being raised."""
-        if call is None:
-            return
-        try:
-            await asyncio.shield(self._client.send(call))
-        except SettleError as release_error:
-            error.add_note(f"settle-client: releasing the lock failed: {release_error}")
-
-    async def _extend_if_due(self, leaving: Leaving) -> None:
-        call = leaving.extension()
-        if call is None:
-            return
-        try:
-            extended = await self._client.send(call)
-        except SettleError as error:
-            leaving.extension_answered(error)
-            return
-        leaving.extension_answered(extended)
+                steps.failed(error)
 
 
 class _AsyncKeeper:

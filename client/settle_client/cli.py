@@ -110,6 +110,26 @@ def _event_args(parser: argparse.ArgumentParser, *, many: bool = False) -> None:
         parser.add_argument("event_id", metavar="eventId", help="the event")
 
 
+def _action(
+    subs: argparse._SubParsersAction[argparse.ArgumentParser],
+    name: str,
+    help: str,
+    description: str,
+    *,
+    many: bool = False,
+) -> argparse.ArgumentParser:
+    """The command of an operator action on an event (``many``: on one or many), run by ``cmd_action``."""
+    parser = _sub(subs, name, help, description)
+    _event_args(parser, many=many)
+    parser.set_defaults(run=cmd_action, action=name)
+    return parser
+
+
+def _poison_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("day", help="YYYYMMDD")
+    parser.add_argument("ids", metavar="id", nargs="+", help="poison ids ('-': from stdin, one a line)")
+
+
 def _key_args(parser: argparse.ArgumentParser) -> None:
     key = parser.add_argument_group("the record's key (or --key with its JSON)")
     key.add_argument("--key", help='the whole key as JSON: \'{"tenantId":1,"scopeId":4,...}\'')
@@ -155,15 +175,15 @@ def parser() -> argparse.ArgumentParser:
     show.set_defaults(run=cmd_show)
 
     for name, what in (("resubmit", "resubmit (send its EventJson again)"), ("skip", "skip")):
-        action = _sub(
+        action = _action(
             subs,
             name,
             f"{what} one or many events",
             f"{what.capitalize()} events, addressed to the message read just before (so a repeat is "
             "answered from its claim and an event that moved on is refused). One audited control message "
             "each.",
+            many=True,
         )
-        _event_args(action, many=True)
         action.add_argument("--reason", help="why (kept in the audit)")
         if name == "resubmit":
             action.add_argument(
@@ -171,28 +191,23 @@ def parser() -> argparse.ArgumentParser:
                 metavar="FILE",
                 help="resubmit with changes: the edited EventJson ('-': stdin)",
             )
-        action.set_defaults(run=cmd_action, action=name)
 
-    complete = _sub(
+    complete = _action(
         subs,
         "complete",
         "complete an event's parked hand-off as an operator",
         "Complete the event's parked hand-off (one HandoffCompletedRequest, audited).",
     )
-    _event_args(complete)
     complete.add_argument("--result", help="the result as JSON (a string is sent verbatim as EventJson)")
-    complete.set_defaults(run=cmd_action, action="complete")
 
-    fail = _sub(
+    fail = _action(
         subs,
         "fail",
         "fail an event's parked hand-off as an operator",
         "Fail the event's parked hand-off (one HandoffFailedRequest, audited).",
     )
-    _event_args(fail)
     fail.add_argument("--error", required=True, help="the error text")
     fail.add_argument("--error-type", help="the error type")
-    fail.set_defaults(run=cmd_action, action="fail")
 
     resolve = _sub(
         subs,
@@ -236,8 +251,7 @@ def parser() -> argparse.ArgumentParser:
         "replay poison messages through the resolver",
         "Replay poison messages through the resolver (each once: a second replay is refused).",
     )
-    replay.add_argument("day", help="YYYYMMDD")
-    replay.add_argument("ids", metavar="id", nargs="+", help="poison ids ('-': from stdin, one a line)")
+    _poison_args(replay)
     replay.set_defaults(run=cmd_poison_replay)
     dismiss = _sub(
         poison_subs,
@@ -245,8 +259,7 @@ def parser() -> argparse.ArgumentParser:
         "archive poison messages no fix will project",
         "Dismiss poison messages with the reason no fix will ever project them (audited).",
     )
-    dismiss.add_argument("day", help="YYYYMMDD")
-    dismiss.add_argument("ids", metavar="id", nargs="+", help="poison ids ('-': from stdin, one a line)")
+    _poison_args(dismiss)
     dismiss.add_argument("--reason", required=True, help="why (kept on the row and in the audit)")
     dismiss.set_defaults(run=cmd_poison_dismiss)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import logging
 import threading
 import time
 import uuid
@@ -18,11 +17,9 @@ from settle_client._calls import Call
 from settle_client._core import ClientCore, ClientSettings, Retry
 from settle_client.errors import AlreadyProcessed, LockHeld, SettleError
 from settle_client.handoffs import Events, Handoffs
-from settle_client.models import Key, KeyLike, MetadataLike, Record
+from settle_client.models import Key, KeyLike, MetadataLike
 from settle_client.operator import Operator
-from settle_client.processing import Block, Item, Keeping, Leaving, refusal, release_call
-
-log = logging.getLogger("settle_client")
+from settle_client.processing import Block, Item, Keeping, Release, refusal, release_call
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -154,15 +151,10 @@ class SettleClient(ClientCore):
         return decorate
 
 
-class Processing(Block):
+class Processing(Block["SettleClient", "_Keeper"]):
     """The context manager of :meth:`SettleClient.processing`."""
 
-    def __init__(
-        self, client: SettleClient, key: Key, *, lock_seconds: int, metadata: MetadataLike | None
-    ) -> None:
-        super().__init__(key, lock_seconds=lock_seconds, metadata=metadata)
-        self._client = client
-        self._keeper: _Keeper | None = None
+    _lost_note = "settle-client: the lock had been lost or released on shutdown; not released again."
 
     def __enter__(self) -> Item:
         if self._item is not None:
@@ -212,50 +204,16 @@ class Processing(Block):
             shutdown.closed(item)
 
     def _leave(self, item: Item, exc: BaseException | None) -> None:
-        if exc is not None:
-            if item.lost:
-                exc.add_note(
-                    "settle-client: the lock had been lost or released on shutdown; not released again."
-                )
-                return
-            self._release(release_call(self._client.requests, item, exc), exc)
-            return
-        item.check()  # lost: raise LockLost, write nothing
         client = self._client
-        leaving = Leaving(client.requests, item, lock_seconds=self._lock_seconds, policy=client.retry)
-        while True:
+        steps = self._leaving(item, exc)
+        while (step := steps.next()) is not None:
+            if isinstance(step, float):
+                client._sleep(step)
+                continue
             try:
-                item.record = client.send(leaving.call)
-                return
+                steps.answered(client.send(step.call if isinstance(step, Release) else step))
             except SettleError as error:
-                wait = leaving.failed(error)
-                if wait is None:
-                    self._release(leaving.give_up(error), error)
-                    raise
-            if wait:
-                log.info("recording %s: Settle unavailable; retrying in %.2fs", item.key.item_key, wait)
-                client._sleep(wait)
-                self._extend_if_due(leaving)
-
-    def _release(self, call: Call[Record | None] | None, error: BaseException) -> None:
-        """Send ``call`` (a release, if any); its failure becomes a note on the ``error`` being raised."""
-        if call is None:
-            return
-        try:
-            self._client.send(call)
-        except SettleError as release_error:
-            error.add_note(f"settle-client: releasing the lock failed: {release_error}")
-
-    def _extend_if_due(self, leaving: Leaving) -> None:
-        call = leaving.extension()
-        if call is None:
-            return
-        try:
-            extended = self._client.send(call)
-        except SettleError as error:
-            leaving.extension_answered(error)
-            return
-        leaving.extension_answered(extended)
+                steps.failed(error)
 
 
 class _Keeper:

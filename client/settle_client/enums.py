@@ -3,9 +3,30 @@
 from __future__ import annotations
 
 from enum import IntEnum
+from typing import Self
 
 
-class Scope(IntEnum):
+class _Named(IntEnum):
+    """A numbered vocabulary whose wire names are its member names in PascalCase."""
+
+    @property
+    def label(self) -> str:
+        """The name on the wire, e.g. ``ElementExecution`` or ``Processed``."""
+        return "".join(part.capitalize() for part in self.name.split("_"))
+
+    @classmethod
+    def parse(cls, value: Self | int | str) -> Self:
+        """A member from itself, its number (a scope id, a status code) or its name (case-insensitive)."""
+        if isinstance(value, int):
+            return cls(value)
+        for member in cls:
+            if member.label.lower() == value.strip().lower():
+                return member
+        names = ", ".join(m.label for m in cls)
+        raise ValueError(f"unknown {cls.__name__.lower()} {value!r}; expected one of {names}")
+
+
+class Scope(_Named):
     """How broadly a record applies. ``Element`` (4) is the usual choice."""
 
     APP = 1
@@ -17,28 +38,12 @@ class Scope(IntEnum):
     ELEMENT_EXECUTION = 7
 
     @property
-    def label(self) -> str:
-        """The name on the wire, e.g. ``ElementExecution``."""
-        return "".join(part.capitalize() for part in self.name.split("_"))
-
-    @property
     def is_execution(self) -> bool:
         """Execution scopes (5-7) make ``entityExecutionId`` part of the key."""
         return self >= Scope.PROCESS_EXECUTION
 
-    @classmethod
-    def parse(cls, value: Scope | int | str) -> Scope:
-        """A scope from itself, its id or its name (case-insensitive)."""
-        if isinstance(value, int):
-            return cls(value)
-        for scope in cls:
-            if scope.label.lower() == value.strip().lower():
-                return scope
-        names = ", ".join(s.label for s in cls)
-        raise ValueError(f"unknown scope {value!r}; expected one of {names}")
 
-
-class Status(IntEnum):
+class Status(_Named):
     """A record's status (the seeds' IdempotencyStatus)."""
 
     NONE = 0
@@ -48,21 +53,6 @@ class Status(IntEnum):
     SKIPPED = 4
     SUPERSEDED = 5
     EXPIRED = 6
-
-    @property
-    def label(self) -> str:
-        """The name on the wire, e.g. ``Processed``."""
-        return self.name.capitalize()
-
-    @classmethod
-    def parse(cls, value: Status | int | str) -> Status:
-        """A status from itself, its code or its name (case-insensitive)."""
-        if isinstance(value, int):
-            return cls(value)
-        for status in cls:
-            if status.label.lower() == value.strip().lower():
-                return status
-        raise ValueError(f"unknown status {value!r}")
 
 
 # ``exists`` is true exactly for these; ``processing`` raises AlreadyProcessed for them.

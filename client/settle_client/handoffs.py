@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 from pydantic import PrivateAttr
 
 from settle_client._calls import Call, Requests
-from settle_client._core import AsyncSender, Sender, operation
+from settle_client._core import AsyncPart, Part, operation
 from settle_client.errors import Conflict, NotFound, SettleError, TransportFailure, Unavailable
 from settle_client.models import Coordinates, HandoffView, SettlementAccepted
 from settle_client.retry import RetryPolicy
@@ -167,15 +167,8 @@ class _Settling:
     fail = operation(Requests.fail)
 
 
-class Handoffs(_Settling):
+class Handoffs(_Settling, Part):
     """``client.handoffs``: receive, look up and settle parked hand-offs."""
-
-    def __init__(self, client: Sender) -> None:
-        self._client = client
-        self.requests = client.requests
-
-    def send(self, call: Call[T]) -> T:
-        return self._client.send(call)
 
     def _bind(self, handoff: Handoff | None) -> Handoff | None:
         if handoff is not None:
@@ -322,15 +315,8 @@ class _Watching:
             self._unsettled = None if handoff.settled else _ident(handoff)
 
 
-class AsyncHandoffs(_Settling):
+class AsyncHandoffs(_Settling, AsyncPart):
     """``client.handoffs`` of :class:`AsyncSettleClient`."""
-
-    def __init__(self, client: AsyncSender) -> None:
-        self._client = client
-        self.requests = client.requests
-
-    async def send(self, call: Call[T]) -> T:
-        return await self._client.send(call)
 
     def _bind(self, handoff: AsyncHandoff | None) -> AsyncHandoff | None:
         if handoff is not None:
@@ -432,25 +418,11 @@ async def _wait(stop: asyncio.Event, seconds: float) -> bool:
     return True
 
 
-class Events:
+class Events(Part):
     """``client.events``: an endpoint's event row with its history and audits."""
-
-    def __init__(self, client: Sender) -> None:
-        self._client = client
-        self.requests = client.requests
-
-    def send(self, call: Call[T]) -> T:
-        return self._client.send(call)
 
     get = operation(Requests.event)
 
 
-class AsyncEvents:
-    def __init__(self, client: AsyncSender) -> None:
-        self._client = client
-        self.requests = client.requests
-
-    async def send(self, call: Call[T]) -> T:
-        return await self._client.send(call)
-
+class AsyncEvents(AsyncPart):
     get = operation(Requests.event)

@@ -218,6 +218,15 @@ class Coordinates(_Wire):
         return self.model_dump(by_alias=True, exclude_none=True)
 
 
+class _HandoffMarks(_Wire):
+    """What NimBus marks a parked hand-off with (on its event row and on the message that parked it): why
+    it was parked, the external job doing the work, and when that job is expected to be done."""
+
+    handoff_reason: str | None = None
+    external_job_id: str | None = None
+    expected_by: datetime | None = None
+
+
 class Lease(_Wire):
     """A lease on a parked hand-off from a leased receive: its settlement is fenced by ``token``."""
 
@@ -227,16 +236,13 @@ class Lease(_Wire):
     leased_by: str | None = None
 
 
-class HandoffView(_Wire):
+class HandoffView(_HandoffMarks):
     """A parked hand-off (Pending + Handoff) as ``next``, ``receive`` and ``job`` answer it."""
 
     endpoint_id: str
     event_type_id: str | None = None
     payload: str | None = None
     coordinates: Coordinates
-    handoff_reason: str | None = None
-    external_job_id: str | None = None
-    expected_by: datetime | None = None
     parked_at: datetime | None = None
     # Settle stored the parked body truncated (too large for a row): ``payload`` is not the whole body.
     content_truncated: bool = False
@@ -256,26 +262,33 @@ class HandoffView(_Wire):
         return json.loads(self.payload) if self.payload else None
 
 
-class SettlementAccepted(_Wire):
-    """202: Settle owns the settlement now: its one control message was sent (``confirmed``) or will be
-    confirmed or re-sent by Settle's reconciler (``confirmed`` false; ``follow_up`` then says what Settle does
-    about it and where an operator sees it). ``replayed``: the answer to an earlier identical request."""
+class _ControlMessageAccepted(_Wire):
+    """202: one control message (``message_type``) for an event is Settle's to deliver: it was sent
+    (``confirmed``) or will be confirmed or re-sent by Settle's reconciler (``confirmed`` false), claimed at
+    ``claimed_at``. ``replayed``: the answer to an earlier identical request, from its claim."""
 
     endpoint_id: str
     event_id: str
     message_type: str
     control_message_id: str
-    parked_message_id: str | None = None
-    settled_by: str | None = None
     transport: str | None = None
     confirmed: bool = True
     state: str | None = None
     replayed: bool = False
     claimed_at: datetime | None = None
+
+
+class SettlementAccepted(_ControlMessageAccepted):
+    """202: Settle owns the settlement now: its one control message was sent (``confirmed``) or will be
+    confirmed or re-sent by Settle's reconciler (``confirmed`` false; ``follow_up`` then says what Settle does
+    about it and where an operator sees it). ``replayed``: the answer to an earlier identical request."""
+
+    parked_message_id: str | None = None
+    settled_by: str | None = None
     follow_up: str | None = None
 
 
-class HistoryEntry(_Wire):
+class HistoryEntry(_HandoffMarks):
     """One message of an event's history (NimBus ``MessageEntity``)."""
 
     message_id: str
@@ -291,9 +304,6 @@ class HistoryEntry(_Wire):
     message_content: Any = None
     content_truncated: bool = False  # ``message_content`` is not the whole message
     pending_sub_status: str | None = None
-    handoff_reason: str | None = None
-    external_job_id: str | None = None
-    expected_by: datetime | None = None
 
 
 class AuditEntry(_Wire):
@@ -306,23 +316,25 @@ class AuditEntry(_Wire):
     data: str | None = None
 
 
-class Event(_Wire):
-    """An endpoint's event row (NimBus ``UnresolvedEvent``) with its history and audits."""
+class _EventSummary(_Wire):
+    """The columns of an endpoint's event row (NimBus ``UnresolvedEvent``) that say where it stands."""
 
     endpoint_id: str
     event_id: str
+    event_type_id: str | None = None
     resolution_status: str
     pending_sub_status: str | None = None
     message_type: str | None = None
-    session_id: str | None = None
-    correlation_id: str | None = None
     last_message_id: str | None = None
-    event_type_id: str | None = None
-    handoff_reason: str | None = None
-    external_job_id: str | None = None
-    expected_by: datetime | None = None
-    reason: str | None = None
+    session_id: str | None = None
     updated_at: datetime | None = None
+    reason: str | None = None
+
+
+class Event(_HandoffMarks, _EventSummary):
+    """An endpoint's event row (NimBus ``UnresolvedEvent``) with its history and audits."""
+
+    correlation_id: str | None = None
     message_content: Any = None
     content_truncated: bool = False  # ``message_content`` is not the whole message
     history: list[HistoryEntry] = Field(default_factory=list)

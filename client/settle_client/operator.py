@@ -15,14 +15,15 @@ and dismiss refuse a repeat (409), so they are not retried.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, TypeVar
 
 import httpx
 from pydantic import BaseModel
 
-from settle_client._calls import Call, Pages, Requests, jsonable, maybe, model
-from settle_client._core import AsyncSender, Sender, operation, paged
+from settle_client._calls import Call, Pages, Requests, jsonable, model, parse_as, present
+from settle_client._core import AsyncPart, Part, operation, paged
 from settle_client.models import Key, KeyLike, Record
 from settle_client.operator_models import (
     ActionAccepted,
@@ -49,14 +50,6 @@ ACTIONS: tuple[Action, ...] = ("resubmit", "skip", "complete", "fail")
 BULK_CHUNK = 50
 
 
-def _parse(cls: type[M]) -> Callable[[httpx.Response], M]:
-    return lambda response: model(cls, response)
-
-
-def _body(**fields: Any) -> dict[str, Any]:
-    return {k: v for k, v in fields.items() if v is not None}
-
-
 class OperatorCalls:
     """The management API's calls (what is sent, how safe a retry is, how the answer is read). Each is
     also a method of :class:`Operator` and :class:`AsyncOperator`, with this docstring."""
@@ -75,14 +68,9 @@ class OperatorCalls:
     def event(self, endpoint: str, event_id: str) -> Call[OperatorEvent | None]:
         """The event with its history, audits, the actions it allows now and its settlement claim;
         ``None`` when the event is unknown on ``endpoint``."""
-        return self.requests.call(
-            "GET",
-            "v1/endpoints/event",
-            maybe(OperatorEvent),
-            Safety.IDEMPOTENT,
-            ids={"endpointId": endpoint, "eventId": event_id},
-            path_form="v1/endpoints/{endpointId}/events/{eventId}",
-            none_if_not_found=True,
+        ids = {"endpointId": endpoint, "eventId": event_id}
+        return self.requests.found(
+            OperatorEvent, "v1/endpoints/event", "v1/endpoints/{endpointId}/events/{eventId}", ids
         )
 
     def unconfirmed(self, endpoint: str) -> Call[list[SettlementView]]:
@@ -117,17 +105,17 @@ class OperatorCalls:
             raise ValueError(f"action must be one of {', '.join(ACTIONS)}")
         if action == "fail" and not (error_text or "").strip():
             raise ValueError("fail needs an error text")
-        body = _body(messageId=message_id, by=by)
+        body = present(messageId=message_id, by=by)
         if action in ("resubmit", "skip"):
-            body.update(_body(reason=reason, eventJson=event_json if action == "resubmit" else None))
+            body.update(present(reason=reason, eventJson=event_json if action == "resubmit" else None))
         elif action == "complete":
             body["result"] = jsonable(result)
         else:
-            body.update(_body(errorText=error_text, errorType=error_type))
+            body.update(present(errorText=error_text, errorType=error_type))
         return self.requests.call(
             "POST",
             f"v1/events/{action}",
-            _parse(ActionAccepted),
+            parse_as(ActionAccepted),
             Safety.IDEMPOTENT if message_id else Safety.UNSAFE,
             ids={"endpointId": endpoint, "eventId": event_id},
             path_form=f"v1/events/{{endpointId}}/{{eventId}}/{action}",
@@ -174,7 +162,7 @@ class OperatorCalls:
         parse: Callable[[httpx.Response], T],
     ) -> Call[T]:
         addressed = {i: message_ids[i] for i in ids if message_ids and i in message_ids} or None
-        body = _body(action=action, eventIds=ids, messageIds=addressed, reason=reason, by=by)
+        body = present(action=action, eventIds=ids, messageIds=addressed, reason=reason, by=by)
         # Each event addressed to the message seen is answered from its claim when repeated.
         safety = Safety.IDEMPOTENT if addressed and len(addressed) == len(ids) else Safety.UNSAFE
         return self.requests.call(
@@ -200,7 +188,7 @@ class OperatorCalls:
     ) -> Call[SettlementResolved]:
         """Resolve an unconfirmed settlement: ``delivered`` (checked at the endpoint) or ``released``
         (the hand-off can be settled again); audited with who and why."""
-        body = _body(
+        body = present(
             messageId=message_id,
             resolution=resolution,
             reason=reason,
@@ -211,7 +199,7 @@ class OperatorCalls:
         return self.requests.call(
             "POST",
             "v1/events/settlement/resolve",
-            _parse(SettlementResolved),
+            parse_as(SettlementResolved),
             Safety.IDEMPOTENT,
             ids={"endpointId": endpoint, "eventId": event_id},
             path_form="v1/events/{endpointId}/{eventId}/settlement/resolve",
@@ -242,12 +230,12 @@ class OperatorCalls:
     ) -> Call[ReplayAnswer]:
         """Replay a poison message through the resolver (409 :class:`Conflict` if replayed before)."""
         properties = dict(application_properties) if application_properties is not None else None
-        body = _body(by=by, messageContent=message_content, applicationProperties=properties)
-        return self._poison("replay", day, poison_id, _parse(ReplayAnswer), body)
+        body = present(by=by, messageContent=message_content, applicationProperties=properties)
+        return self._poison("replay", day, poison_id, parse_as(ReplayAnswer), body)
 
     def dismiss(self, day: str, poison_id: str, reason: str, *, by: str | None = None) -> Call[PoisonEntry]:
         """Archive a poison message no fix will project, with why (409 if dismissed or projected before)."""
-        return self._poison("dismiss", day, poison_id, _parse(PoisonEntry), _body(reason=reason, by=by))
+        return self._poison("dismiss", day, poison_id, parse_as(PoisonEntry), present(reason=reason, by=by))
 
     def _poison(
         self, action: str, day: str, poison_id: str, parse: Callable[[httpx.Response], M], body: Any
@@ -266,7 +254,7 @@ class OperatorCalls:
     def lookup(self, key: KeyLike, *, page_size: int | None = None) -> Call[RecordLookup]:
         """A state record by its key (``record`` is ``None`` when it has none) with the first page of its
         history: the operator's read, which in Azure takes the operator's token, not a function key."""
-        return self._lookup(Key.of(key), page_size, None, _parse(RecordLookup))
+        return self._lookup(Key.of(key), page_size, None, parse_as(RecordLookup))
 
     def history(self, key: KeyLike, *, page_size: int | None = None) -> Pages[Record]:
         """Every version of a record, newest first, through the operator's read; pages followed lazily."""
@@ -276,7 +264,7 @@ class OperatorCalls:
     def _lookup(
         self, key: Key, page_size: int | None, token: str | None, parse: Callable[[httpx.Response], T]
     ) -> Call[T]:
-        body: dict[str, Any] = {"key": key.to_wire(), **_body(pageSize=page_size, continuationToken=token)}
+        body: dict[str, Any] = {"key": key.to_wire(), **present(pageSize=page_size, continuationToken=token)}
         return self.requests.call("POST", "v1/records/lookup", parse, Safety.IDEMPOTENT, body=body)
 
 
@@ -293,7 +281,11 @@ def _history_page(response: httpx.Response) -> tuple[list[Record], str | None]:
 class _Surface:
     """The operator's methods, each sending one builder's call (or its pages) through the client."""
 
-    calls: OperatorCalls
+    requests: Requests
+
+    @functools.cached_property
+    def calls(self) -> OperatorCalls:
+        return OperatorCalls(self.requests)
 
     find = operation(OperatorCalls.find, via="calls")
     event = operation(OperatorCalls.event, via="calls")
@@ -308,23 +300,9 @@ class _Surface:
     history = paged(OperatorCalls.history, via="calls")
 
 
-class Operator(_Surface):
+class Operator(_Surface, Part):
     """``client.operator``: the management API (see the module docstring for auth and retries)."""
 
-    def __init__(self, client: Sender) -> None:
-        self._client = client
-        self.calls = OperatorCalls(client.requests)
 
-    def send(self, call: Call[T]) -> T:
-        return self._client.send(call)
-
-
-class AsyncOperator(_Surface):
+class AsyncOperator(_Surface, AsyncPart):
     """``AsyncSettleClient.operator``: :class:`Operator` for asyncio (the same calls, awaited)."""
-
-    def __init__(self, client: AsyncSender) -> None:
-        self._client = client
-        self.calls = OperatorCalls(client.requests)
-
-    async def send(self, call: Call[T]) -> T:
-        return await self._client.send(call)

@@ -11,7 +11,15 @@ from typing import Any
 
 from pydantic import Field
 
-from settle_client.models import AuditEntry, Event, Record, RecordPage, _Wire
+from settle_client.models import (
+    AuditEntry,
+    Event,
+    Record,
+    RecordPage,
+    _ControlMessageAccepted,
+    _EventSummary,
+    _Wire,
+)
 
 
 class IdMatch(_Wire):
@@ -22,21 +30,11 @@ class IdMatch(_Wire):
     value: str
 
 
-class FoundEvent(_Wire):
+class FoundEvent(_EventSummary):
     """One hand-off ``find`` matched; ``matched_by`` is the kind of id that matched (the first of
     ``matches``)."""
 
-    endpoint_id: str
-    event_id: str
-    event_type_id: str | None = None
-    resolution_status: str
-    pending_sub_status: str | None = None
-    message_type: str | None = None
-    last_message_id: str | None = None
-    session_id: str | None = None
-    updated_at: datetime | None = None
     enqueued_time_utc: datetime | None = None
-    reason: str | None = None
     external_job_id: str | None = None
     matched_by: str | None = None
     matches: list[IdMatch] = Field(default_factory=list)
@@ -73,34 +71,28 @@ class OperatorEvent(Event):
     settlement: SettlementView | None = None
 
 
-class ActionAccepted(_Wire):
+class _OperatorAct(_Wire):
+    """What an operator's act on an event answers besides its outcome: the message it was addressed to,
+    who acted, and the audit row it wrote."""
+
+    addressed_message_id: str
+    by: str
+    audit: AuditEntry | None = None
+
+
+class ActionAccepted(_OperatorAct, _ControlMessageAccepted):
     """202: the action's one control message is Settle's to deliver (``replayed``: a retry answered from
     the earlier action's claim)."""
 
     action: str
-    endpoint_id: str
-    event_id: str
-    message_type: str
-    control_message_id: str
-    addressed_message_id: str
-    by: str
-    transport: str | None = None
-    confirmed: bool = True
-    state: str | None = None
-    replayed: bool = False
-    claimed_at: datetime | None = None
-    audit: AuditEntry | None = None
 
 
-class SettlementResolved(_Wire):
+class SettlementResolved(_OperatorAct):
     endpoint_id: str
     event_id: str
-    addressed_message_id: str
     control_message_id: str | None = None
     state: str
     replayed: bool = False
-    by: str
-    audit: AuditEntry | None = None
 
 
 class PoisonEntry(_Wire):

@@ -21,8 +21,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Generator
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 from settle_client._calls import Call, Requests, error_text, jsonable
 from settle_client.enums import EXISTS_STATUSES, Status
@@ -219,23 +221,119 @@ def outcome_wait(
     return wait
 
 
-class Block:
-    """What a processing block of either client holds before it is entered: the key, the lock's length
-    and the metadata (checked here, so a bad field fails before the lock is asked for)."""
+class _Client(Protocol):
+    """What a block needs of its client besides sending: the calls' builder and the retry policy."""
 
-    def __init__(self, key: Key, *, lock_seconds: int, metadata: MetadataLike | None) -> None:
+    requests: Requests
+    retry: RetryPolicy
+
+
+C = TypeVar("C", bound=_Client)
+K = TypeVar("K")
+
+
+class Block(Generic[C, K]):
+    """What a processing block of either client holds: the client ``C`` it sends through, the key, the
+    lock's length and the metadata (checked here, so a bad field fails before the lock is asked for); once
+    entered, its item and the keeper ``K`` extending its lock (``None`` while it holds none)."""
+
+    # What leaving with an exception notes instead of releasing a lock the block no longer holds.
+    _lost_note = "settle-client: the lock had been lost; it was not released."
+
+    def __init__(self, client: C, key: Key, *, lock_seconds: int, metadata: MetadataLike | None) -> None:
         if lock_seconds < 1:
             raise ValueError("lock_seconds must be at least 1")
+        self._client = client
         self._key = key
         self._lock_seconds = lock_seconds
         self._metadata = Metadata.of(metadata)
         self._item: Item | None = None
+        self._keeper: K | None = None
+
+    def _leaving(self, item: Item, exc: BaseException | None) -> Steps:
+        """The steps of leaving the block with ``item`` (see :func:`leaving`)."""
+        client = self._client
+        return leaving(
+            client.requests,
+            item,
+            exc,
+            lock_seconds=self._lock_seconds,
+            policy=client.retry,
+            lost_note=self._lost_note,
+        )
+
+
+@dataclass(frozen=True)
+class Release:
+    """A step of leaving: send ``call``, a release, even when the task leaving is being cancelled."""
+
+    call: Call[Record | None]
+
+
+# A step of leaving a block, for a client to take (see :class:`Steps`): a call to send, a release to send,
+# or seconds to sleep.
+Step = Call[Any] | Release | float
+
+
+class Steps:
+    """The steps of leaving a block, one at a time: :meth:`next` is the step to take (``None``: done);
+    the answer of a call goes back with :meth:`answered`, its :class:`SettleError` with :meth:`failed`
+    (each client only sends and sleeps). A step raising (the error the block ends with) raises here."""
+
+    def __init__(self, steps: Generator[Step, Any, None]) -> None:
+        self._steps = steps
+        self._answer: Any = None
+        self._failure: SettleError | None = None
+
+    def next(self) -> Step | None:
+        answer, failure = self._answer, self._failure
+        self._answer, self._failure = None, None
+        try:
+            return self._steps.send(answer) if failure is None else self._steps.throw(failure)
+        except StopIteration:
+            return None
+
+    def answered(self, answer: Any) -> None:
+        self._answer = answer
+
+    def failed(self, error: SettleError) -> None:
+        self._failure = error
+
+
+def leaving(
+    requests: Requests,
+    item: Item,
+    exc: BaseException | None,
+    *,
+    lock_seconds: int,
+    policy: RetryPolicy,
+    lost_note: str,
+) -> Steps:
+    """The steps of leaving a block that ``exc`` ended (``None``: normally): release the lock as Failed
+    with its text (a lock lost already is not: ``lost_note`` goes on ``exc``), or record the outcome
+    (raising :class:`LockLost` at once if the lock was lost)."""
+    if exc is not None:
+        if item.lost:
+            exc.add_note(lost_note)
+        return Steps(releasing(None if item.lost else release_call(requests, item, exc), exc))
+    item.check()
+    return Steps(Leaving(requests, item, lock_seconds=lock_seconds, policy=policy).steps())
+
+
+def releasing(call: Call[Record | None] | None, error: BaseException) -> Generator[Step, Any, None]:
+    """Send ``call`` (a release, if any); its failure becomes a note on the ``error`` being raised."""
+    if call is None:
+        return
+    try:
+        yield Release(call)
+    except SettleError as release_error:
+        error.add_note(f"settle-client: releasing the lock failed: {release_error}")
 
 
 class Leaving:
     """Leaving a block that ended normally, decided without I/O: :attr:`call` is the write to send; after
     each failure of it, :meth:`failed` says whether to send it again and when; while it is retried,
-    :meth:`extension` keeps the lock."""
+    :meth:`extension` keeps the lock. :meth:`steps` takes them in order."""
 
     def __init__(self, requests: Requests, item: Item, *, lock_seconds: int, policy: RetryPolicy) -> None:
         self.requests = requests
@@ -287,6 +385,29 @@ class Leaving:
             self.item.lose(answer)
         elif isinstance(answer, ExtendResult):
             self.item.extended(answer, self._extension_sent_at + self.lock_seconds)
+
+    def steps(self) -> Generator[Step, Any, None]:
+        """Send :attr:`call` until it is recorded in ``item.record``; while Settle is unavailable, wait and
+        extend the lock between tries; on giving up, release as :meth:`give_up` says and raise."""
+        while True:
+            try:
+                self.item.record = yield self.call
+                return
+            except SettleError as error:
+                wait = self.failed(error)
+                if wait is None:
+                    yield from releasing(self.give_up(error), error)
+                    raise
+            if wait:
+                log.info("recording %s: Settle unavailable; retrying in %.2fs", self.item.key.item_key, wait)
+                yield float(wait)
+                extension = self.extension()
+                if extension is not None:
+                    try:
+                        answer = yield extension
+                    except SettleError as error:
+                        answer = error
+                    self.extension_answered(answer)
 
 
 class Keeping:
