@@ -16,7 +16,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
@@ -38,28 +38,38 @@ Verdict = Literal["met", "missed", "info", "missing", "within noise"]
 # ---------------------------------------------------------------------------------------------- sizes
 
 
+def _size[T](full: T, smoke: T) -> T:
+    """One knob of :class:`Sizes`: the full run's size (the default) beside the smoke run's."""
+    return field(default=full, metadata={"smoke": smoke})
+
+
 @dataclass(frozen=True)
 class Sizes:
     """How much work each section does: the defaults are the full run's, :meth:`smoke` a seconds-long one."""
 
-    rounds: int = 7  # medians are taken over this many rounds
-    roundtrip_rounds: int = 3
-    roundtrip_ops: int = 10  # operations counted together per round (batched work is amortised over them)
-    roundtrip_quiet_s: float = 0.5  # no storage request for this long: background work has drained
-    roundtrip_paced_cycles: int = 10  # lock + set cycles at one call per 0.3 s (context; 0: skipped)
-    latency_reps: int = 40  # calls per operation per round
-    contention_ks: tuple[int, ...] = (2, 8, 32)
-    contention_repeats: int = 10
+    rounds: int = _size(7, smoke=2)  # medians are taken over this many rounds
+    roundtrip_rounds: int = _size(3, smoke=1)
+    # operations counted together per round (batched work is amortised over them)
+    roundtrip_ops: int = _size(10, smoke=1)
+    roundtrip_quiet_s: float = _size(0.5, smoke=0.25)  # no storage request for this long: work has drained
+    # lock + set cycles at one call per 0.3 s (context; 0: skipped)
+    roundtrip_paced_cycles: int = _size(10, smoke=0)
+    latency_reps: int = _size(40, smoke=3)  # calls per operation per round
+    contention_ks: tuple[int, ...] = _size((2, 8, 32), smoke=(2, 8))
+    contention_repeats: int = _size(10, smoke=1)
     # 100k took 452 s to load on a busy machine, 25k 197 s: make bench must stay under 10 min
-    catchup_sizes: tuple[int, int] = (2_000, 10_000)
-    catchup_fallback_sizes: tuple[int, int] = (1_000, 5_000)  # through HTTP, when the bulk loader is missing
+    catchup_sizes: tuple[int, int] = _size((2_000, 10_000), smoke=(200, 1_000))
+    # through HTTP, when the bulk loader is missing
+    catchup_fallback_sizes: tuple[int, int] = _size((1_000, 5_000), smoke=(50, 250))
     # 50 due locks per run (was 100): the size-dependent part of a run weighs more in its time
-    catchup_expired: int = 50
-    catchup_runs: int = 5
-    resolver_events: int = 150  # four messages per event; a throughput ratio: 600 messages over 10 blocks
-    resolver_blocks: int = 10
-    coldstart_processes: int = 11
-    find_endpoints: int = 500  # endpoints (x 4 shards) a find by each kind of id runs over
+    catchup_expired: int = _size(50, smoke=10)
+    catchup_runs: int = _size(5, smoke=2)
+    # four messages per event; a throughput ratio: 600 messages over 10 blocks
+    resolver_events: int = _size(150, smoke=10)
+    resolver_blocks: int = _size(10, smoke=2)
+    coldstart_processes: int = _size(11, smoke=2)
+    # endpoints (x 4 shards) a find by each kind of id runs over
+    find_endpoints: int = _size(500, smoke=12)
 
     @classmethod
     def full(cls) -> Sizes:
@@ -67,24 +77,7 @@ class Sizes:
 
     @classmethod
     def smoke(cls) -> Sizes:
-        return cls(
-            rounds=2,
-            roundtrip_rounds=1,
-            roundtrip_ops=1,
-            roundtrip_quiet_s=0.25,
-            roundtrip_paced_cycles=0,
-            latency_reps=3,
-            contention_ks=(2, 8),
-            contention_repeats=1,
-            catchup_sizes=(200, 1_000),
-            catchup_fallback_sizes=(50, 250),
-            catchup_expired=10,
-            catchup_runs=2,
-            resolver_events=10,
-            resolver_blocks=2,
-            coldstart_processes=2,
-            find_endpoints=12,
-        )
+        return cls(**{knob.name: knob.metadata["smoke"] for knob in fields(cls)})
 
 
 # -------------------------------------------------------------------------------------------- figures
