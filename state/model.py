@@ -108,15 +108,6 @@ class RecordKey:
 
 
 @dataclass(frozen=True)
-class Lock:
-    """A lock as the head row holds it."""
-
-    token_id: str
-    locked_at: datetime
-    locked_until: datetime
-
-
-@dataclass(frozen=True)
 class LockDecision:
     acquire: bool
     takeover: bool = False
