@@ -123,18 +123,7 @@ def plan_claim(
         control_envelope=message.envelope_json(),
         control_body=message.body,
     )
-    audit = AuditRow(
-        auditor_name=order.by,
-        audit_timestamp=now,
-        audit_type=order.audit_type,
-        comment=order.audit_comment,
-        data=data,
-        event_id=row.event_id,
-        endpoint_id=order.endpoint_id,
-        event_type_id=row.event_type_id,
-        principal_name=order.principal_name,
-        principal_id=order.principal_id,
-    )
+    audit = AuditRow.of(row, now, order, order.audit_type, comment=order.audit_comment, data=data)
     due = ReconcileRow(event_id=row.event_id, parked_message_id=parked, due_at=now + CONFIRM_AFTER)
     ops: list[Operation] = [
         tx.insert(claim.to_entity(pk, keys.claim_row(row.event_id, parked))),

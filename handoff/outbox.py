@@ -230,6 +230,20 @@ class OutboxMessage:
 AUDIT_DATA_LIMIT = 4000  # characters of JSON, as NimBus's WebApp writer caps ``Data``
 
 
+def text_at(document: str | None, *path: str) -> str | None:
+    """The string at ``path`` in the JSON ``document`` (an audit's ``Data``, a stored body); None when the
+    document is absent or not JSON, a step is missing or not an object, or the value is not a string."""
+    if not document:
+        return None
+    try:
+        value: Any = json.loads(document)
+    except ValueError:
+        return None
+    for name in path:
+        value = value.get(name) if isinstance(value, dict) else None
+    return value if isinstance(value, str) else None
+
+
 def bounded_json(fields: dict[str, Any], *, limit: int = AUDIT_DATA_LIMIT) -> str:
     """``fields`` as JSON text of at most ``limit`` characters: long strings are cut, never the JSON.
 

@@ -8,7 +8,6 @@ that writes it (:func:`plan_projection`) and what a refusal of that transaction 
 
 from __future__ import annotations
 
-import json
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
@@ -21,6 +20,7 @@ from common.models import from_fields
 from common.transactions import Operation, Refusal
 from handoff import counts, guard, keys
 from handoff.contract import MANAGER_ID, InboundMessage, MessageType, ResolutionStatus
+from handoff.outbox import text_at
 from handoff.records import (
     AuditRow,
     EventRow,
@@ -30,6 +30,7 @@ from handoff.records import (
     ListingRow,
     QueueRow,
     SinceRow,
+    System,
     TableRecord,
     columns_of,
     int64,
@@ -303,15 +304,7 @@ def _audit_insert(
     pk: str, m: InboundMessage, now: datetime, auditor: str, audit_type: str, data: str
 ) -> Operation:
     """The insert of an audit row of ``m``'s event (``auditor`` / ``audit_type``, saying ``data``)."""
-    audit = AuditRow(
-        auditor_name=auditor,
-        audit_timestamp=now,
-        audit_type=audit_type,
-        data=data,
-        event_id=m.event_id,
-        endpoint_id=m.endpoint_id,
-        event_type_id=m.event_type_id,
-    )
+    audit = AuditRow.of(m, now, System(by=auditor), audit_type, data=data)
     return tx.insert(audit.to_entity(pk, keys.audit_row(m.event_id, now, uuid.uuid4().hex)))
 
 
@@ -351,15 +344,7 @@ def delta_entity(pk: str, at: datetime, change: dict[str, int]) -> dict[str, Any
 
 def error_text(message_content: str | None) -> str | None:
     """``ErrorContent.ErrorText`` of a stored body, if it has one."""
-    if not message_content:
-        return None
-    try:
-        data = json.loads(message_content)
-    except ValueError:
-        return None
-    error = data.get("ErrorContent") if isinstance(data, dict) else None
-    text = error.get("ErrorText") if isinstance(error, dict) else None
-    return text if isinstance(text, str) else None
+    return text_at(message_content, "ErrorContent", "ErrorText")
 
 
 def _short(text: str | None, limit: int = 300) -> str | None:

@@ -24,7 +24,7 @@ import binascii
 import json
 from datetime import datetime
 from enum import Enum
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_pascal
@@ -258,6 +258,39 @@ class HistoryRow(MessageColumns):
     sequence: int | None = None
 
 
+class Auditor(Protocol):
+    """Who an audit row names: an operator (:class:`common.principal.Actor`), a claim's order, or Settle
+    itself (:class:`System`)."""
+
+    @property
+    def by(self) -> str: ...
+    @property
+    def principal_name(self) -> str | None: ...
+    @property
+    def principal_id(self) -> str | None: ...
+
+
+class System(BaseModel):
+    """Settle itself (or NimBus's resolver and manager) as an auditor: a name and no principal."""
+
+    model_config = ConfigDict(frozen=True)
+
+    by: str
+    principal_name: None = None
+    principal_id: None = None
+
+
+class AuditedEvent(Protocol):
+    """The event an audit row is about: its row, or the message that carries it."""
+
+    @property
+    def event_id(self) -> str: ...
+    @property
+    def endpoint_id(self) -> str: ...
+    @property
+    def event_type_id(self) -> str | None: ...
+
+
 class AuditRow(TableRecord):
     """NimBus ``MessageAuditEntity``, plus the principal App Service authenticated (when it did)."""
 
@@ -273,6 +306,33 @@ class AuditRow(TableRecord):
     principal_id: str | None = None
     # NimBus ``MessageAuditEntity.AccessDenied``: the action was refused for lack of the operator role.
     access_denied: bool = False
+
+    @classmethod
+    def of(
+        cls,
+        event: AuditedEvent,
+        at: datetime,
+        auditor: Auditor,
+        audit_type: str,
+        *,
+        comment: str | None = None,
+        data: str | None = None,
+        access_denied: bool = False,
+    ) -> "AuditRow":
+        """The audit row of what ``auditor`` did to ``event`` at ``at``."""
+        return cls(
+            auditor_name=auditor.by,
+            audit_timestamp=at,
+            audit_type=audit_type,
+            comment=comment,
+            data=data,
+            event_id=event.event_id,
+            endpoint_id=event.endpoint_id,
+            event_type_id=event.event_type_id,
+            principal_name=auditor.principal_name,
+            principal_id=auditor.principal_id,
+            access_denied=access_denied,
+        )
 
 
 class ClaimRow(TableRecord):

@@ -9,7 +9,6 @@ that is gone (or delivered) is explained by the audit read after it.
 
 from __future__ import annotations
 
-import json
 import uuid
 from dataclasses import dataclass
 
@@ -19,7 +18,7 @@ from common.errors import Conflict, NotFound
 from common.transactions import Operation
 from handoff import keys
 from handoff.leases import UNCLAIMED
-from handoff.outbox import ClaimState
+from handoff.outbox import ClaimState, text_at
 from handoff.records import AuditRow, ClaimRow, EventRow
 
 RESOLVE_AUDIT = "ResolveSettlement"
@@ -161,24 +160,14 @@ def plan_resolution(
 
 def resolution_of(audit: AuditRow) -> str | None:
     """What a ``ResolveSettlement`` audit resolved (delivered / released); None for any other audit."""
-    if audit.audit_type != RESOLVE_AUDIT or audit.access_denied or not audit.data:
+    if audit.audit_type != RESOLVE_AUDIT or audit.access_denied:
         return None
-    try:
-        data = json.loads(audit.data)
-    except ValueError:
-        return None
-    value = data.get("resolution") if isinstance(data, dict) else None
-    return value if isinstance(value, str) else None
+    return text_at(audit.data, "resolution")
 
 
 def control_of(audit: AuditRow) -> str | None:
     """The control message a ``ResolveSettlement`` audit resolved."""
-    try:
-        data = json.loads(audit.data or "{}")
-    except ValueError:
-        return None
-    value = data.get("controlMessageId") if isinstance(data, dict) else None
-    return value if isinstance(value, str) else None
+    return text_at(audit.data, "controlMessageId")
 
 
 def resolution_audit(
@@ -190,9 +179,8 @@ def resolution_audit(
         was = resolution_of(audit)
         if was is None or (resolution is not None and was != resolution):
             continue
-        data = json.loads(audit.data or "{}")
-        if data.get("addressedMessageId") == addressed and (
-            control_message_id is None or data.get("controlMessageId") == control_message_id
+        if text_at(audit.data, "addressedMessageId") == addressed and (
+            control_message_id is None or control_of(audit) == control_message_id
         ):
             return audit
     return None

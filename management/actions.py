@@ -300,10 +300,11 @@ class OperatorActions:
         self._authorise(row, actor, RESOLVE_AUDIT)
         claim = self.store.get_claim(endpoint_id, event_id, message_id)
         now = self.clock()
-        audit = AuditRow(
-            auditor_name=actor.by,
-            audit_timestamp=now,
-            audit_type=RESOLVE_AUDIT,
+        audit = AuditRow.of(
+            row,
+            now,
+            actor,
+            RESOLVE_AUDIT,
             comment=reason,
             data=bounded_json(
                 {
@@ -317,11 +318,6 @@ class OperatorActions:
                     "principalId": actor.principal_id,
                 }
             ),
-            event_id=row.event_id,
-            endpoint_id=row.endpoint_id,
-            event_type_id=row.event_type_id,
-            principal_name=actor.principal_name,
-            principal_id=actor.principal_id,
         )
         return ClaimResolver(self.settlement).resolve(
             endpoint_id,
@@ -346,18 +342,14 @@ class OperatorActions:
         if allowed(actor):
             return
         now = self.clock()
-        audit = AuditRow(
-            auditor_name=actor.by,
-            audit_timestamp=now,
-            audit_type=action,
+        audit = AuditRow.of(
+            row,
+            now,
+            actor,
+            action,
             comment="Access denied",
             access_denied=True,
             data=bounded_json({"principalName": actor.principal_name, "principalId": actor.principal_id}),
-            event_id=row.event_id,
-            endpoint_id=row.endpoint_id,
-            event_type_id=row.event_type_id,
-            principal_name=actor.principal_name,
-            principal_id=actor.principal_id,
         )
         pk = self.store.event_partition(row.endpoint_id, row.event_id)
         self.store.submit(
