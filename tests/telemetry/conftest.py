@@ -47,6 +47,17 @@ def parent_of(span: ReadableSpan) -> Any:
     return span.parent
 
 
+# The invocation context a host hands the worker in the tests that check Settle's spans continue it.
+HOST_TRACE = "0af7651916cd43dd8448eb211c80319c"
+HOST_SPAN = "b7ad6b7169203331"
+
+
+def child_of_host(span: ReadableSpan) -> None:
+    """``span`` is in the host's trace, a direct child of the host's invocation span."""
+    assert f"{span.context.trace_id:032x}" == HOST_TRACE, span.name
+    assert f"{parent_of(span).span_id:016x}" == HOST_SPAN, span.name
+
+
 @dataclass
 class Recorded:
     """What telemetry recorded during one test."""

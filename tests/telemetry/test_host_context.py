@@ -16,12 +16,10 @@ import pytest
 
 from devtools import host, indexing
 from tests.handoff.conftest import Flow
-from tests.telemetry.conftest import Recorded, parent_of
+from tests.telemetry.conftest import HOST_SPAN, HOST_TRACE, Recorded, child_of_host, parent_of
 
 pytestmark = pytest.mark.usefixtures("settle_tables")
 
-HOST_TRACE = "0af7651916cd43dd8448eb211c80319c"
-HOST_SPAN = "b7ad6b7169203331"
 HOST = host.InvocationContext("test", host.TraceContext(f"00-{HOST_TRACE}-{HOST_SPAN}-01"))
 CALLER = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
@@ -34,11 +32,6 @@ def _key() -> dict[str, Any]:
         "itemEntityKey": "invoice",
         "itemKey": uuid.uuid4().hex,
     }
-
-
-def _child_of_host(span: Any) -> None:
-    assert f"{span.context.trace_id:032x}" == HOST_TRACE, span.name
-    assert f"{parent_of(span).span_id:016x}" == HOST_SPAN, span.name
 
 
 def test_an_http_function_s_spans_are_children_of_the_host_invocation_not_of_the_raw_header(
@@ -55,14 +48,14 @@ def test_an_http_function_s_spans_are_children_of_the_host_invocation_not_of_the
     answer = functions["state_lock"].get_user_function()(req, context=HOST)
     # Then the operation's span is a child of the host's invocation, in the host's trace
     assert answer.status_code == 200
-    _child_of_host(otel.span("settle.state.lock"))
+    child_of_host(otel.span("settle.state.lock"))
 
 
 def test_the_resolver_s_projection_is_a_child_of_the_host_invocation(
     otel: Recorded, functions: dict[str, Any], flow: Flow
 ) -> None:
     functions["resolver"].get_user_function()(flow.request(traceparent=CALLER), context=HOST)
-    _child_of_host(otel.span("settle.resolver.project"))
+    child_of_host(otel.span("settle.resolver.project"))
 
 
 def test_a_timer_s_spans_are_children_of_the_host_invocation(
@@ -71,7 +64,7 @@ def test_a_timer_s_spans_are_children_of_the_host_invocation(
     from azure.functions.timer import TimerRequest
 
     functions["handoff_sweeper"].get_user_function()(TimerRequest(past_due=False), context=HOST)
-    _child_of_host(otel.span("settle.sweeper.run"))
+    child_of_host(otel.span("settle.sweeper.run"))
 
 
 def test_without_a_host_context_the_request_s_own_traceparent_is_the_parent(

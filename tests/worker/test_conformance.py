@@ -23,13 +23,11 @@ from devtools.routing import decode_path
 from devtools.worker import Worker
 from handoff.contract import MessageType
 from tests.handoff.conftest import Flow
-from tests.telemetry.conftest import Recorded, parent_of
+from tests.telemetry.conftest import HOST_SPAN, HOST_TRACE, Recorded, child_of_host
 
 pytestmark = pytest.mark.usefixtures("settle_tables")
 
 BINDINGS = Path(__file__).with_name("host_bindings.json")
-HOST_TRACE = "0af7651916cd43dd8448eb211c80319c"
-HOST_SPAN = "b7ad6b7169203331"
 HOST = f"00-{HOST_TRACE}-{HOST_SPAN}-01"
 # Ids as other systems write them: every reserved character a path can carry once decoded.
 AWKWARD = ["JOB 2026", "100%", "100%25", "a+b", "why?", "hash#1", "été-€", "a%2Fb"]
@@ -43,11 +41,6 @@ def _key() -> dict[str, Any]:
         "itemEntityKey": "invoice",
         "itemKey": uuid.uuid4().hex,
     }
-
-
-def _child_of_host(span: Any) -> None:
-    assert f"{span.context.trace_id:032x}" == HOST_TRACE, span.name
-    assert f"{parent_of(span).span_id:016x}" == HOST_SPAN, span.name
 
 
 def _segment(value: str) -> str:
@@ -121,7 +114,7 @@ def test_a_state_record_round_trips_through_the_runtime(worker: Worker, otel: Re
     assert locked.headers["content-type"].startswith("application/json")
     assert "charset=utf-8" in locked.headers["content-type"]
     token = locked.json["lockToken"]
-    _child_of_host(otel.span("settle.state.lock"))
+    child_of_host(otel.span("settle.state.lock"))
 
     done = worker.http(
         "state_set",
@@ -160,7 +153,7 @@ def test_the_resolver_projects_through_the_runtime_with_the_extensions_metadata(
     projections = otel.spans("settle.resolver.project")
     assert len(projections) == 2
     for span in projections:
-        _child_of_host(span)
+        child_of_host(span)
     row = worker.http("event_get", "GET", f"/api/v1/events/{flow.endpoint}/{flow.event_id}")
     assert row.status == 200, row.body
     event = row.json
@@ -218,7 +211,7 @@ def test_every_timer_runs_through_the_runtime_in_the_hosts_trace(
     for name in timers:
         answer = worker.timer(name, traceparent=HOST)
         assert answer.succeeded, f"{name}: {answer.error}"
-    _child_of_host(otel.span("settle.sweeper.run"))
+    child_of_host(otel.span("settle.sweeper.run"))
     spans = otel.spans()
     assert spans
     traces = [(s.name, f"{s.context.trace_id:032x}") for s in spans]
