@@ -61,7 +61,7 @@ from common import runtime
 from devtools.azurite import Azurite
 from handoff import service
 from handoff.contract import Prop, properties_of
-from handoff.keys import EVENTS_TABLE
+from handoff.keys import EVENTS_TABLE, shard_of
 from handoff.resolver import Outcome
 
 SECTION = "scaleout"
@@ -215,19 +215,30 @@ class _Sessions:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
+def event_on(shard: int, shards: int) -> str:
+    """A fresh event id whose rows live in ``shard`` of ``shards`` (drawn until one lands there)."""
+    while True:
+        event_id = uuid.uuid4().hex
+        if shards == 1 or shard_of(event_id, shards) == shard:
+            return event_id
+
+
 def _session(
     resolver: Any,
     broker: _Broker,
     endpoint: str,
+    home: tuple[int, int],
     run: _Sessions,
     stop: threading.Event,
     fixed: tuple[float, float] | None,
 ) -> None:
-
+    """One session's hand-offs, one after another, every event in the session's ``home`` (shard, shards):
+    the sessions are dealt to the shards in turn, so each partition is offered the same load every run
+    (drawn at random, a short run could leave a shard with none)."""
     try:
         while not stop.is_set():
             started = time.monotonic()
-            for msg in handoff(endpoint):
+            for msg in handoff(endpoint, event_on(*home)):
                 while True:
                     t0 = time.monotonic()
                     outcome = resolver.handle(msg)
@@ -382,9 +393,11 @@ def measure(
         run, stop = _Sessions(), threading.Event()
         pool = [
             threading.Thread(
-                target=_session, args=(resolver, broker, endpoint, run, stop, fixed_redelivery), daemon=True
+                target=_session,
+                args=(resolver, broker, endpoint, (n % shards, shards), run, stop, fixed_redelivery),
+                daemon=True,
             )
-            for _ in range(sessions)
+            for n in range(sessions)
         ]
         # Sessions start spread over the warm-up: started at one instant, the resolver's back-off
         # (the same 5 s, 10 s, ... for all) would keep them in step, refused together in waves.
