@@ -98,7 +98,7 @@ def search(
     rows: list[AuditRow] = []
     day = after[:8] if after else oldest.astimezone(UTC).strftime("%Y%m%d")
     last_day = newest.astimezone(UTC).strftime("%Y%m%d")
-    while day <= last_day:
+    while True:
         clauses = [f"PartitionKey eq {quoted(day)}", f"RowKey lt {quoted(high_key)}"]
         clauses.append(
             f"RowKey gt {quoted(after)}" if after and after[:8] == day else f"RowKey ge {quoted(low_key)}"
@@ -113,5 +113,6 @@ def search(
             if len(rows) == page_size:
                 return AuditSearch(rows, rows[-1].row_key)
             rows.append(AuditRow.from_entity(entity))
+        if day >= last_day:  # checked before the next day is named: 9999-12-31 has none
+            return AuditSearch(rows, None)
         day = (datetime.strptime(day, "%Y%m%d") + timedelta(days=1)).strftime("%Y%m%d")
-    return AuditSearch(rows, None)

@@ -198,6 +198,24 @@ def test_audit_search_checks_its_window_and_token(call):
     assert call("audits_search", method="GET", params={"continuationToken": "xx"}).status == 400
 
 
+@pytest.mark.parametrize(
+    "window",
+    [
+        {"to": "9999-12-31T23:59:59.999999Z"},  # the last instant a time can name: no day after it
+        {"from": "9999-12-30T00:00:00Z", "to": "9999-12-31T23:00:00-05:00"},  # past the last instant
+        {"from": "1601-01-01T00:00:00Z", "to": "1601-01-01T00:00:00Z"},  # the first instant storage holds
+        {"to": "1601-01-01T00:00:00Z"},  # the default day before it is before storage's first
+    ],
+)
+def test_audit_search_at_the_ends_of_time_answers_an_empty_page(call, window):
+    # Given a window at either end of what a time can name (the fuzzer's find: the day after the last one
+    # overflowed into a 500)
+    answer = call("audits_search", method="GET", params=window)
+    # Then it is searched like any other: nothing there, no token
+    assert answer.status == 200, answer.json
+    assert answer.json["items"] == [] and answer.json.get("continuationToken") is None
+
+
 def test_an_event_is_found_by_id_or_prefix_and_a_session_across_endpoints(call, resolve):
     tag = uuid.uuid4().hex[:8]
     billing, shipping = f"FindB-{tag}", f"FindS-{tag}"
