@@ -137,12 +137,30 @@ def _shards(text: str, setting: str) -> int:
 # The layout in force is the one recorded in storage (common/layouts.py, family ``handoff``); the composition
 # root (handoff/service.py) installs its reader here. The settings only seed a first deployment's record.
 _recorded: Callable[[], tuple[int, tuple[int, ...]]] | None = None
+_era: Callable[[], int] | None = None
+_forget: Callable[[], None] | None = None
 
 
-def follow(recorded: Callable[[], tuple[int, tuple[int, ...]]] | None) -> None:
-    """Route by ``recorded()`` (S now, earlier values of S) instead of the settings."""
-    global _recorded
-    _recorded = recorded
+def follow(
+    recorded: Callable[[], tuple[int, tuple[int, ...]]] | None,
+    era: Callable[[], int] | None = None,
+    forget: Callable[[], None] | None = None,
+) -> None:
+    """Route by ``recorded()`` (S now, earlier values of S) instead of the settings; ``era()`` is the index
+    of the layout in force and ``forget()`` drops the process's copy of it (``common/fence.py``)."""
+    global _recorded, _era, _forget
+    _recorded, _era, _forget = recorded, era, forget
+
+
+def era_index() -> int:
+    """How many layouts came before the one in force (the settings': how many earlier values they list)."""
+    return _era() if _era is not None else len(configured_previous_shard_counts())
+
+
+def forget_layout() -> None:
+    """Drop this process's copy of the recorded layout (a claim of a newer one was met)."""
+    if _forget is not None:
+        _forget()
 
 
 def shard_count() -> int:
@@ -188,6 +206,17 @@ def event_partition(endpoint_id: str, event_id: str, shards: int | None = None) 
     """PartitionKey of every row of one event in the layout with ``shards`` (default: the current one)."""
     count = shard_count() if shards is None else shards
     return shard_partition(endpoint_id, count, shard_of(event_id, count) if count > 1 else 0)
+
+
+def earlier_event_partitions(endpoint_id: str, event_id: str) -> list[str]:
+    """Where an event created under an earlier layout lives (none equal to its partition now)."""
+    current = event_partition(endpoint_id, event_id)
+    found: list[str] = []
+    for count in previous_shard_counts():
+        pk = event_partition(endpoint_id, event_id, count)
+        if pk != current and pk not in found:
+            found.append(pk)
+    return found
 
 
 def endpoint_partitions(endpoint_id: str) -> list[str]:

@@ -20,6 +20,16 @@ _lock = threading.Lock()
 _last: tuple[InForce, tuple[int, tuple[int, ...]]] | None = None
 
 
+def recorded_era() -> int:
+    """The index of the recorded layout in force (how many came before it): a claim's ``Era``."""
+    return len(layouts.book().in_force(HANDOFF, configured).earlier)
+
+
+def forget() -> None:
+    """Drop this process's copy of the recorded layouts (the next call reads them)."""
+    layouts.book().invalidate()
+
+
 def recorded_counts() -> tuple[int, tuple[int, ...]]:
     """(S, earlier values of S) of the recorded layout in force now (kept: no request per call)."""
     global _last

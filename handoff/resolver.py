@@ -234,7 +234,6 @@ class ResolverService:
     def project(self, m: InboundMessage) -> Outcome:
         """Read the event row once, write everything in one transaction; retry a lost ETag race."""
         endpoint = m.endpoint_id
-        pk = self.store.event_partition(endpoint, m.event_id)  # every row of the event: one EGT
         # The operator overview, the sweeper and the reconciler walk the listed endpoints: an endpoint new
         # to this process is listed beside the event's read, and the projection is written only once it
         # is (a cold instance's first message must not leave its endpoint unlisted).
@@ -245,7 +244,7 @@ class ResolverService:
         # the rows whose insert failed to the reconciler.
         indexed = self.ids.send(ids.refs_of(m))
         try:
-            return self._project(m, pk, listing, indexed)
+            return self._project(m, listing, indexed)
         finally:
             indexed()
             if listing is not None:
@@ -254,13 +253,16 @@ class ResolverService:
     def _project(
         self,
         m: InboundMessage,
-        pk: str,
         listing: Beside[None] | None,
         indexed: Callable[[], list[dict[str, Any]]],
     ) -> Outcome:
         endpoint = m.endpoint_id
         for _ in range(_ETAG_ATTEMPTS):
-            current = self.store.get_event(endpoint, m.event_id)
+            pk, entity = self.store.locate_event(endpoint, m.event_id)  # every row of the event: one EGT
+            current = EventRow.from_entity(entity) if entity is not None else None
+            fence = self.store.event_fence(endpoint, m.event_id) if current is None else None
+            if fence is not None and self.store.claim_earlier(fence, m.event_id):
+                continue  # the event was created in an earlier layout (common/fence.py): read it there
             now = self.clock()
             decision = project(m, current, now=now)
             if decision.applied and listing is not None:
@@ -278,6 +280,8 @@ class ResolverService:
                     log.info("duplicate %s %s ignored", m.message_type.name, m.message_id)
                     return Outcome.DUPLICATE
                 if verdict is ProjectionRefused.RACED:
+                    if current is None:  # an older layout's claim where the event goes is cleared
+                        self.store.clear_claim_at_home(endpoint, m.event_id, fence)
                     continue  # another writer changed the row between our read and write: re-decide
                 raise
             telemetry.annotate(

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from common import runtime
 from handoff import keys
-from handoff.layout import recorded_counts
+from handoff.layout import forget, recorded_counts, recorded_era
 
 if TYPE_CHECKING:
     from handoff.overview import Overview
@@ -112,7 +112,7 @@ def reset() -> None:
 def _follow_the_recorded_layout() -> None:
     """Every hand-off key routes by the layout recorded in storage (common/layouts.py), not the setting."""
 
-    keys.follow(recorded_counts)
+    keys.follow(recorded_counts, recorded_era, forget)
 
 
 _follow_the_recorded_layout()

@@ -18,6 +18,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from common.errors import KeyTooLong, is_transient_storage_fault
+from common.fence import MOVED_TO, Fence, is_claim, moved_to
 from common.partition_meter import METER
 from common.tables import Tables, first_rows, quoted
 
@@ -68,19 +69,58 @@ class HandoffStore:
     def event_partition(self, endpoint_id: str, event_id: str) -> str:
         """The partition of every row of one event (``keys`` "Sharded endpoints").
 
-        Computed, without a read, unless earlier layouts are listed (``SETTLE_HANDOFF_SHARDS_PREVIOUS``):
-        then an event row missing from the current layout is looked for in the earlier ones (one point read
-        each), because an event keeps the partition it was created in. Not found anywhere: the current one.
+        Computed, without a read, unless earlier layouts are listed: then the event row is looked for
+        (:meth:`locate_event`), because an event keeps the partition it was created in. Not found
+        anywhere: the current one.
         """
+        if not keys.earlier_event_partitions(endpoint_id, event_id):
+            return keys.event_partition(endpoint_id, event_id)
+        return self.locate_event(endpoint_id, event_id, select=["RowKey"])[0]
+
+    def locate_event(
+        self, endpoint_id: str, event_id: str, select: list[str] | None = None
+    ) -> tuple[str, Any | None]:
+        """(partition, event row) of one event wherever it lives: its partition now (a claim there,
+        ``common/fence.py``, is followed to the partition it names), else an earlier layout's (one point
+        read each, only on a miss; claims are never events). Not found: (the partition now, None)."""
         current = keys.event_partition(endpoint_id, event_id)
-        earlier = [keys.event_partition(endpoint_id, event_id, n) for n in keys.previous_shard_counts()]
-        earlier = [pk for pk in earlier if pk != current]
+        wanted = None if select is None else [*select, MOVED_TO]
+        entity = self._event_entity(current, event_id, wanted)
+        if entity is not None and not is_claim(entity):
+            return current, entity
+        if entity is not None:  # also in a copy of the layout that is behind: the claim says where
+            target = moved_to(entity)
+            found = self._event_entity(target, event_id, wanted)
+            if found is not None and not is_claim(found):
+                return target, found
+        for pk in keys.earlier_event_partitions(endpoint_id, event_id):
+            found = self._event_entity(pk, event_id, wanted)
+            if found is not None and not is_claim(found):
+                return pk, found
+        return current, None
+
+    def event_fence(self, endpoint_id: str, event_id: str) -> Fence | None:
+        """What creating the event's row must fence (``common/fence.py``): None with no earlier layout."""
+        earlier = keys.earlier_event_partitions(endpoint_id, event_id)
         if not earlier:
-            return current
-        for pk in (current, *earlier):
-            if self._event_entity(pk, event_id, select=["RowKey"]) is not None:
-                return pk
-        return current
+            return None
+        home = keys.event_partition(endpoint_id, event_id)
+        return Fence("handoff", home, tuple(earlier), keys.era_index(), keys.forget_layout)
+
+    def claim_earlier(self, fence: Fence, event_id: str) -> bool:
+        """Fence the event row's key in the earlier layouts; True when one of them holds the event."""
+        return fence.claim_earlier(self._events(), keys.event_row(event_id)) is not None
+
+    def clear_claim_at_home(self, endpoint_id: str, event_id: str, fence: Fence | None) -> None:
+        """An event row's insert was refused: when a claim stands where the event goes, clear it (an older
+        layout's, ``Fence.clear_home``) or refuse as behind (503); a real row is left to the re-read."""
+        home = keys.event_partition(endpoint_id, event_id)
+        found = self._event_entity(home, event_id, ["RowKey", "PartitionKey", MOVED_TO, "Era"])
+        if not is_claim(found):
+            return
+        if fence is None:
+            fence = Fence("handoff", home, (), keys.era_index(), keys.forget_layout)
+        fence.clear_home(self._events(), found)
 
     def _event_entity(self, pk: str, event_id: str, select: list[str] | None = None) -> Any:
         from azure.core.exceptions import ResourceNotFoundError
@@ -96,13 +136,7 @@ class HandoffStore:
 
     def get_event(self, endpoint_id: str, event_id: str) -> EventRow | None:
         """Point read of the event row (one round trip; +1 per earlier layout on a miss)."""
-        current = keys.event_partition(endpoint_id, event_id)
-        entity = self._event_entity(current, event_id)
-        if entity is None:
-            for count in keys.previous_shard_counts():
-                pk = keys.event_partition(endpoint_id, event_id, count)
-                if pk != current and (entity := self._event_entity(pk, event_id)) is not None:
-                    break
+        entity = self.locate_event(endpoint_id, event_id)[1]
         if entity is None:
             return None
         row: EventRow = EventRow.from_entity(entity)

@@ -136,6 +136,11 @@ class Layout:
             raise ValueError("a layout needs at least one storage account")
 
     @property
+    def era(self) -> int:
+        """The index of this layout among the recorded ones: how many came before it (``common/fence.py``)."""
+        return len(self.previous)
+
+    @property
     def single(self) -> bool:
         """One partition per node and no earlier layout: the unsharded key, read with ``eq``."""
         return self.shards == 1 and not self.previous

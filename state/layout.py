@@ -23,6 +23,12 @@ class RecordedLayouts:
         """The layouts the settings describe (``SETTLE_STATE_SHARDS``, ``..._PREVIOUS``), oldest first."""
         return Layout.from_env(accounts=self._accounts).eras()
 
+    def forget(self) -> None:
+        """Drop this process's copy of the recorded layouts: the next call reads them (``common/fence.py``:
+        a claim of a newer layout was met)."""
+        if self._fixed is None:
+            self._book.invalidate()
+
     def now(self) -> Layout:
         if self._fixed is not None:
             return self._fixed

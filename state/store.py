@@ -39,6 +39,7 @@ from common.errors import (
     is_refused_unreceived,
     is_transient_storage_fault,
 )
+from common.fence import Fence, is_claim, moved_to
 from common.layouts import LayoutBook
 from common.partition_meter import METER
 from common.signing import Signer, load_signer
@@ -146,13 +147,28 @@ class StateStore:
         self._layouts = RecordedLayouts(layouts or LayoutBook(tables), len(accounts), fixed=layout)
         self.index = ExpiryIndex(tables, state_table=lambda: self.table)
         self._hints = Hints(max_bytes=hint_bytes)
+        self._hinted: Layout | None = None  # the layout the hints were read under
         self._signer: Signer | None = None
         self._signer_lock = threading.Lock()
 
     @property
     def layout(self) -> Layout:
-        """The layout records are created in and read from now (cached: no request per call)."""
-        return self._layouts.now()
+        """The layout records are created in and read from now (cached: no request per call). A hint never
+        outlives the layout it was read under: a change of layout forgets them all."""
+        layout = self._layouts.now()
+        if layout is not self._hinted:
+            self._hints.clear()
+            self._hinted = layout
+        return layout
+
+    def fence_of(self, key: RecordKey) -> Fence | None:
+        """What creating ``key``'s first version must fence (``common/fence.py``): None in a layout with no
+        earlier partition for the key."""
+        layout = self.layout
+        earlier = layout.earlier_partitions(key)
+        if not earlier:
+            return None
+        return Fence("state", layout.partition(key), tuple(earlier), layout.era, self._layouts.forget)
 
     @property
     def table(self) -> Any:
@@ -187,22 +203,42 @@ class StateStore:
 
     # -- reads -------------------------------------------------------------------------------------
     def read_head(self, key: RecordKey) -> Head | None:
+        """The record's head wherever it lives: its partition now, else an earlier layout's. A claim
+        (``common/fence.py``) is followed to the partition it names; claims are never heads."""
         check_key_size(key)
-        pk, rk = self.layout.partition(key), head_row_key(key)
-        head = self.read_head_at(pk, rk)
+        layout = self.layout
+        pk, rk = layout.partition(key), head_row_key(key)
+        head = self._head_or_follow(pk, rk)
         if head is None:
-            for earlier in self.layout.earlier_partitions(key):  # a record created under an earlier S
-                head = self.read_head_at(earlier, rk)
+            for earlier in layout.earlier_partitions(key):  # a record created under an earlier S
+                head = self._head_or_follow(earlier, rk, skip={pk, *layout.earlier_partitions(key)})
                 if head is not None:
                     break
         self._hints.put(pk, rk, head)
         return head
 
-    def read_head_at(self, pk: str, rk: str) -> Head | None:
-        """Point-read a head by its Table keys (catch-up knows rows, not request keys)."""
+    def _head_or_follow(self, pk: str, rk: str, *, skip: set[str] | None = None) -> Head | None:
+        """The head at (pk, rk), or where a claim there points (unless the caller reads it anyway)."""
+        entity = self._row_at(pk, rk)
+        if entity is None:
+            return None
+        if not is_claim(entity):
+            return Head(dict(entity), entity.metadata["etag"])
+        target = moved_to(entity)
+        if skip is not None and target in skip:
+            return None
+        return self.read_head_at(target, rk)
+
+    def _row_at(self, pk: str, rk: str) -> Any:
         try:
-            entity = self.table.get_entity(pk, rk)
+            return self.table.get_entity(pk, rk)
         except ResourceNotFoundError:
+            return None
+
+    def read_head_at(self, pk: str, rk: str) -> Head | None:
+        """Point-read a head by its Table keys (catch-up knows rows, not request keys); a claim is none."""
+        entity = self._row_at(pk, rk)
+        if entity is None or is_claim(entity):
             return None
         return Head(dict(entity), entity.metadata["etag"])
 
@@ -218,6 +254,7 @@ class StateStore:
                 rows, token = self.query_page(
                     query, {"pk": pk, "low": low, "high": high}, page_size=page_size, continuation=None
                 )
+                rows = [row for row in rows if not is_claim(row)]  # a claim: the record lives elsewhere
                 if rows or token:  # a record lives in one layout: the first that has rows is it
                     return rows, token
             return [], None
@@ -280,11 +317,16 @@ class StateStore:
         key = request.key
         pk, rk = self.layout.partition(key), head_row_key(key)
         known, current = self._hints.get(pk, rk)
-        if not known and self.layout.earlier_partitions(key):
-            current = self.read_head(key)  # the record may live in an earlier layout: never insert a twin
         if known and current is not None and not may_lock(current, self.earliest()):
             current = self.read_head(key)  # refusals are always confirmed by storage
+        fence = self.fence_of(key)
         for _ in range(_MAX_ATTEMPTS):
+            if current is None and fence is not None:
+                # A first version while earlier layouts are listed: fence the key in their partitions
+                # (a record found in one is the key's record; decided on it instead of inserting a twin).
+                found = fence.claim_earlier(self.table, rk)
+                if found is not None:
+                    current = Head(dict(found), found.metadata["etag"])
             plan = decide_lock(current, request, partition=pk, now=self.now(), judged=self.earliest())
             if plan.new is None:
                 assert current is not None  # a first version is always written
@@ -294,7 +336,10 @@ class StateStore:
                 assert plan.refused is not None
                 return plan.refused
             try:
-                head = _noted(current, self._write(current, plan.new, ready=ready))
+                head = _noted(current, self._write(current, plan.new, ready=ready, fence=fence))
+            except CreatedMeanwhile as created:
+                current = created.head
+                continue
             except Exception as exc:
                 if refusal(exc) is None:
                     raise
@@ -385,11 +430,20 @@ class StateStore:
 
     def _unfenced(self, key: RecordKey, build: Any, *, require_processing: bool) -> Head:
         current = self.read_head(key)
+        fence = self.fence_of(key)
         for _ in range(_MAX_ATTEMPTS):
             if require_processing:
                 check_release(current)
+            if current is None and fence is not None:  # a first version: fenced as a lock's (above)
+                found = fence.claim_earlier(self.table, head_row_key(key))
+                if found is not None:
+                    current = Head(dict(found), found.metadata["etag"])
+                    continue
             try:
-                return _noted(current, self._write(current, build(current, self.now())))
+                return _noted(current, self._write(current, build(current, self.now()), fence=fence))
+            except CreatedMeanwhile as created:
+                current = created.head
+                continue
             except Exception as exc:
                 if refusal(exc) is None:
                     raise
@@ -471,6 +525,7 @@ class StateStore:
         *,
         keep_history: bool = True,
         ready: Callable[[], object] | None = None,
+        fence: Fence | None = None,
     ) -> Head:
         """Insert the first version, or replace ``current`` (If-Match) and append its history row; in the
         same transaction delete the index rows ``current`` names and insert the ones ``new`` names
@@ -515,6 +570,9 @@ class StateStore:
                         deletes = [row for row in deletes if row != gone_row]  # an older layout's: skip
                         continue
                     self._hints.forget(pk, rk)
+                    first = current is None and refused.status == 409
+                    if first and self._created_meanwhile(pk, rk, fence, exc):
+                        continue  # an older layout's claim stood where the record goes: cleared
                     raise
                 if is_refused_unreceived(exc):
                     raise  # storage stayed too busy to receive it (resent already): nothing was written
@@ -535,6 +593,21 @@ class StateStore:
             METER.count(pk, len(plan.ops))
             return head
         raise Conflict("The record's expiry index changed on every attempt to write it; retry.", field="key")
+
+    def _created_meanwhile(self, pk: str, rk: str, fence: Fence | None, exc: Exception) -> bool:
+        """A first version's insert met a row (one read says which): a record raises
+        :class:`CreatedMeanwhile` (the caller decides on it); an older layout's claim is cleared
+        (``Fence.clear_home``: True, insert again); a claim of this process's layout or a newer one means
+        its copy of the layout is behind (503); gone again: False (the caller re-reads)."""
+        found = self._row_at(pk, rk)
+        if found is None:
+            return False
+        if not is_claim(found):
+            raise CreatedMeanwhile(Head(dict(found), found.metadata["etag"])) from exc
+        if fence is None:
+            fence = Fence("state", pk, (), self.layout.era, self._layouts.forget)
+        fence.clear_home(self.table, found)
+        return True
 
     def _read_back(
         self, pk: str, rk: str, current: Head | None, new: dict[str, Any], exc: Exception
@@ -565,6 +638,14 @@ class StateStore:
     ) -> dict[str, Any]:
         partition = self.layout.partition(key)
         return new_head(key, ctx, status, now, partition=partition, version=version, created_at=created_at)
+
+
+class CreatedMeanwhile(Exception):
+    """The insert of a first version met the record another writer created meanwhile (``head``)."""
+
+    def __init__(self, head: Head) -> None:
+        super().__init__("the record was created meanwhile")
+        self.head = head
 
 
 def _nothing() -> None:

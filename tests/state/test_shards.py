@@ -134,10 +134,16 @@ def test_changing_the_shard_count_finds_every_earlier_record_and_never_writes_a_
     fresh = new_key()
     assert state.lock(fresh).json["acquired"] is True
     heads = defaultdict(list)
+    claims = {}
     for r in rows_of_node():
-        if r["RowKey"].endswith("|c"):
+        if r["RowKey"].endswith("|c") and "MovedTo" in r:  # a key fence (common/fence.py), no head
+            claims[r["RowKey"]] = (r["PartitionKey"], r["MovedTo"])
+        elif r["RowKey"].endswith("|c"):
             heads[r["RowKey"]].append(r["PartitionKey"])
     assert all(len(pks) == 1 for pks in heads.values()), heads  # no record has two heads
+    # And the new key was fenced in its earlier layout's partition, naming where it lives
+    (fresh_rk,) = [rk for rk in heads if rk.startswith(f"invoice|{fresh['itemKey']}|")]
+    assert claims == {fresh_rk: (partition_key(1, 4, 42), heads[fresh_rk][0])}
     old = partition_key(1, 4, 42)
     store = service.store()
     from state.schemas import KeyIn
