@@ -66,7 +66,7 @@ def test_an_event_request_landing_after_the_switch_joins_the_event_its_park_crea
         held = threading.Thread(target=resolve, args=(flow.request(enqueued=at),), name=HELD)
         held.start()
         assert hold.entered.wait(10)
-        # When the layout switches to S = 4 and the PendingHandoffResponse is projected, then the request lands
+        # When the layout switches to S = 4, the PendingHandoffResponse is projected, then the request lands
         layout(4, (1,), 1)
         resolve(flow.park(enqueued=at + timedelta(seconds=1), job="job-fence"))
         hold.released.set()
