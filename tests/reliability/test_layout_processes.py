@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -18,15 +19,20 @@ from typing import Any
 
 import pytest
 
-from common import runtime
+from common import layouts, runtime
+from state.keys import STATE_TABLE, node_partition_range
 from tests.state.conftest import State, new_key
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_children(args_list: list[dict[str, Any]], timeout: float = 240) -> list[list[dict[str, Any]]]:
+    return finish(start_children(args_list), timeout)
+
+
+def start_children(args_list: list[dict[str, Any]]) -> list[subprocess.Popen[str]]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    procs = [
+    return [
         subprocess.Popen(
             [sys.executable, "-m", "tests.reliability.layout_child", json.dumps(args)],
             cwd=ROOT,
@@ -37,6 +43,9 @@ def run_children(args_list: list[dict[str, Any]], timeout: float = 240) -> list[
         )
         for args in args_list
     ]
+
+
+def finish(procs: list[subprocess.Popen[str]], timeout: float = 240) -> list[list[dict[str, Any]]]:
     answers = []
     for proc in procs:
         out, err = proc.communicate(timeout=timeout)
@@ -82,3 +91,51 @@ def test_two_processes_with_different_handoff_shards_never_hand_out_one_hand_off
     # Then each parked hand-off is handed out exactly once, by one of them
     received = Counter(a["eventId"] for answers in done for a in answers)
     assert received == Counter({e["eventId"]: 1 for e in events}), received
+
+
+def test_an_instance_paused_across_every_switch_never_makes_a_second_record_of_a_key(
+    fresh_tables: str, call: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a deployment whose layout changes within a second of being written (both instances and this
+    # process agree on the timings), recorded at S = 1 by a first lock
+    timings = {"refresh": 0.3, "guard": 0.3, "margin": 0.2}
+    monkeypatch.setenv(layouts.REFRESH_SETTING, "0.3")
+    runtime.reset()
+    entity = 8000 + uuid.uuid4().int % 1000
+    assert State(call).lock(new_key(entityId=entity, itemKey="first")).json["acquired"]
+    keys = [new_key(entityId=entity, itemKey=f"race-{n:04d}") for n in range(960)]
+    # When two instances lock the same keys in the same order, 8 threads each, and the layout goes
+    # 1 -> 4 -> 1 -> 2 -> 4 while instance B is paused (SIGSTOP) from just before each switch to after it
+    race = {"mode": "race", "keys": keys, "threads": 8, "pace": 0.05, **timings}
+    a, b = start_children([{**race, "start_at": time.time() + 4.0}] * 2)
+    time.sleep(5.5)
+    paused = []
+    for shards in (4, 1, 2, 4):
+        changed = layouts.change(runtime.tables(), "state", shards, actor="test", reason="paused")
+        since = changed.eras[-1].since.timestamp()
+        time.sleep(max(0.0, since - 0.6 - time.time()))
+        b.send_signal(signal.SIGSTOP)
+        time.sleep(max(0.0, since + 1.0 - time.time()))
+        b.send_signal(signal.SIGCONT)
+        paused.append(shards)
+    done = finish([a, b], timeout=240)
+    # Then every key was answered, locked by exactly one instance, and has one head in storage
+    assert paused == [4, 1, 2, 4]
+    failed = [x for answers in done for x in answers if x["status"] != 200]
+    assert failed == []
+    acquired = Counter(x["itemKey"] for answers in done for x in answers if x["acquired"])
+    assert acquired == Counter({k["itemKey"]: 1 for k in keys}), {k: n for k, n in acquired.items() if n != 1}
+    heads = Counter(
+        str(r["RowKey"]).split("|")[1]
+        for r in _node_rows(entity)
+        if str(r["RowKey"]).endswith("|c") and "MovedTo" not in r
+    )
+    twins = {k["itemKey"]: heads[k["itemKey"]] for k in keys if heads[k["itemKey"]] != 1}
+    assert twins == {}
+
+
+def _node_rows(entity: int) -> list[dict[str, Any]]:
+    low, high = node_partition_range(1, 4, entity)
+    table = runtime.tables().table(STATE_TABLE)
+    query = "PartitionKey ge @low and PartitionKey lt @high"
+    return [dict(r) for r in table.query_entities(query, parameters={"low": low, "high": high})]
