@@ -20,8 +20,9 @@ the recorded layout and logs a warning (``LayoutBook.disagreements`` shows it to
 an explicit step (``make reshard``, ``POST /api/v1/layout/{family}``: :func:`change`) that takes effect
 ``2 * RefreshSeconds + GUARD_S + MARGIN_S`` after it is written: every process refreshes its copy at least
 every ``2 * RefreshSeconds`` (in the background after ``RefreshSeconds``), so when the new era starts every
-process knows it, and during the ``GUARD_S`` before the start no process routes (503, retry): no two
-processes ever create one record in two layouts.
+process knows it, and during the ``GUARD_S`` before the start no process routes (503, retry), so that most
+writes of the old era land first. That timing is a courtesy only: one record per key rests on the key
+fence (``common/fence.py``, ADR-0020), which holds however late a write of an earlier era lands.
 
 Azure SDK imports and the partition meter are inside the functions that use them, so the worker's indexing of
 the app does not load them.
@@ -65,7 +66,8 @@ MAX_SHARDS = 999
 # deployment uses the same value; the setting only seeds a first deployment).
 REFRESH_SETTING = "SETTLE_LAYOUT_REFRESH_SECONDS"
 DEFAULT_REFRESH_S = 30.0
-# Before a new era starts no process routes for this long (an in-flight write of the old era lands first).
+# Before a new era starts no process routes for this long, so most in-flight writes of the old era land first
+# (fewer of them meet a key fence and answer 503); nothing depends on it (common/fence.py).
 GUARD_S = 2.0
 # Clock differences between processes beyond the storage clock's own bounds (common/clock.py).
 MARGIN_S = 3.0
