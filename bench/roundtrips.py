@@ -86,6 +86,25 @@ WHY = {
         "the transaction that marks the claim sent"
     ),
 }
+# The key fence (ADR-0020): a key created while an earlier layout is listed is first claimed in that layout's
+# partition (one insert per earlier partition), in place of the probe read such a creation made before.
+FENCED: dict[str, int] = {
+    "lock (new key), an earlier layout listed": 2,
+    "resolver: EventRequest, an earlier layout listed": 7,
+}
+FENCED_WHY = {
+    "lock (new key), an earlier layout listed": (
+        "the claim in the earlier layout's partition (insert-only), then the head's insert; before the "
+        "fence (dbde0bc): 3, a probe read of both partitions and the insert"
+    ),
+    "resolver: EventRequest, an earlier layout listed": (
+        "the EventRequest's 5, the event row looked for in the earlier partition (a miss), and the claim "
+        "there; before the fence (dbde0bc): 8, both partitions probed twice and no claim"
+    ),
+}
+# Reads of the layout row and the expiry index's level 1 (``statelocks``, GET): the layouts of the fenced
+# figures refresh every 0.2 s in the background, which would land inside the counted window.
+LAYOUT_READS = "statelocks"
 RESOLVER_TYPES = ("EventRequest", "PendingHandoffResponse", "HandoffCompletedRequest", "ResolutionResponse")
 PACED_INTERVAL_S = 0.3
 
@@ -208,7 +227,8 @@ class WireCount:
         self.quiet_s = env.sizes.roundtrip_quiet_s
         self.seen: dict[str, dict[str, int]] = {}
 
-    def per_operation(self, case: Case, n: int) -> float:
+    def per_operation(self, case: Case, n: int, *, ignore: str | None = None) -> float:
+        """Requests per operation (``ignore``: leave out reads of the table whose name ends so)."""
         calls = [case.prepare() for _ in range(n + 1)]
         if case.other_instance:
             runtime.reset()  # another instance: none of the prepared heads is known to it
@@ -218,7 +238,11 @@ class WireCount:
         for call in calls[1:]:
             call()
         self.proxy.wait_quiet(self.quiet_s)
-        received = self.proxy.since(start)
+        received = [
+            r
+            for r in self.proxy.since(start)
+            if ignore is None or not (r.method == "GET" and _table_of(r.path).endswith(ignore))
+        ]
         self.seen[case.name] = dict(Counter(f"{r.method} {_table_of(r.path)}" for r in received))
         return len(received) / n
 
@@ -274,6 +298,59 @@ def _paced(env: Environment, state: State, proxy: CountingProxy, cycles: int) ->
     return _requests(name, per_cycle, minimum, target="(context)", verdict="info", note=note)
 
 
+def _fenced(env: Environment, proxy: CountingProxy, counter: WireCount, state: State) -> list[Figure]:
+    """The cost of the key fence: a state layout and a hand-off layout changed 1 -> 4 (in fresh tables whose
+    layouts refresh every 0.2 s, so the change is in force within seconds; the change itself not counted),
+    then new keys locked and new events' first messages projected, against the documented requests."""
+    from datetime import timedelta
+
+    from common import layouts
+    from common.clock import earliest_now
+
+    env.use_fresh_prefix(
+        connection=proxy.connection_string(env.connection),
+        SETTLE_LOOPBACK="true",
+        **{layouts.REFRESH_SETTING: "0.2"},
+    )
+    try:
+        state.acquire(new_key(prefix="fence"))  # both layouts recorded at S = 1
+        env.app.message("resolver", event_messages("Billing", 990_000)[0][1])
+        changed = [
+            layouts.change(runtime.tables(), family, 4, actor="bench", reason="the fence's cost")
+            for family in (layouts.STATE, layouts.HANDOFF)
+        ]
+        since = max(c.eras[-1].since for c in changed)
+        while earliest_now() < since + timedelta(seconds=0.5):
+            time.sleep(0.05)
+        layouts.book().invalidate()
+        state.acquire(new_key(prefix="fence"))  # the copy read again, outside the counted window
+
+        def lock_new() -> Callable[[], Any]:
+            key = new_key(prefix="fence")
+            return lambda: state.acquire(key)
+
+        def first_message() -> Callable[[], Any]:
+            message = event_messages("Billing", 991_000 + int(uuid.uuid4().int % 8_000))[0][1]
+            return lambda: env.app.message("resolver", message)
+
+        figures = []
+        for name, prepare in (
+            ("lock (new key), an earlier layout listed", lock_new),
+            ("resolver: EventRequest, an earlier layout listed", first_message),
+        ):
+            case = Case(name, "state_lock", prepare)
+            per_round = [
+                counter.per_operation(case, env.sizes.roundtrip_ops, ignore=LAYOUT_READS) for _ in range(2)
+            ]
+            figure = _figure(name, per_round, FENCED[name])
+            seen = ", ".join(f"{k} x{v}" for k, v in sorted(counter.seen[name].items()))
+            note = f"{figure.note}; requests seen: {seen}; {FENCED_WHY[name]}"
+            figures.append(figure.model_copy(update={"note": note}))
+        return figures
+    except (Unexpected, TimeoutError) as exc:
+        return [missing(SECTION, name, f"<= {n} requests", str(exc)) for name, n in FENCED.items()]
+
+
 def run(env: Environment) -> list[Figure]:
     upstream = env.table_endpoint()
     figures: list[Figure] = []
@@ -306,6 +383,7 @@ def run(env: Environment) -> list[Figure]:
                 info = Case(name, function, lambda call=call: call)  # type: ignore[misc]
                 value = counter.per_operation(info, n)
                 figures.append(_requests(name, value, None, target="(no minimum set)", verdict="info"))
+        figures += _fenced(env, proxy, counter, state)
         if env.sizes.roundtrip_paced_cycles and env.app.has("state_set"):
             figures.append(_paced(env, state, proxy, env.sizes.roundtrip_paced_cycles))
         env.details["round_trips"] = {
