@@ -340,7 +340,7 @@ def _fenced(env: Environment, proxy: CountingProxy, counter: WireCount, state: S
         ):
             case = Case(name, "state_lock", prepare)
             per_round = [
-                counter.per_operation(case, env.sizes.roundtrip_ops, ignore=LAYOUT_READS) for _ in range(2)
+                counter.per_operation(case, env.sizes.roundtrip_ops, ignore=LAYOUT_READS) for _ in range(3)
             ]
             figure = _figure(name, per_round, FENCED[name])
             seen = ", ".join(f"{k} x{v}" for k, v in sorted(counter.seen[name].items()))
