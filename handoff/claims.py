@@ -9,7 +9,7 @@ and ask again. Every rule is here once:
   fenced by a lease (:func:`holds_lease`) and refused as :func:`claim_refused` says;
 * replayed: :func:`replay` (the same request is answered from its claim, another is a 409);
 * moved: :func:`plan_transition` (``If-Match`` the claim, with its index rows), redone over a lost race
-  only while the claim is behind it (:func:`redo`);
+  only while the claim is behind it (:func:`redo`), else answered as storage holds it (:func:`unrecorded`);
 * pinned: :func:`plan_pin` (a re-send and a retry's 202 exclude a release of the claim);
 * released: :func:`plan_release`, only after a send that certainly reached nothing.
 """
@@ -280,12 +280,6 @@ def plan_transition(
     return Transition(ops, moved)
 
 
-def unrecorded(claim: ClaimRow, state: ClaimState, *, sent: bool) -> ClaimRow:
-    """The claim as answered when its move could not be written: as it was, except that a send the broker
-    acknowledged is answered ``sent`` (the reconciler confirms it later)."""
-    return claim.model_copy(update={"state": state if sent else claim.state})
-
-
 # A move that records progress, and the states of a claim still behind it.
 _BEHIND = {
     ClaimState.sent: (ClaimState.sending, ClaimState.unconfirmed),
@@ -293,20 +287,29 @@ _BEHIND = {
 }
 
 
-def records_progress(state: ClaimState) -> bool:
-    """A move to ``state`` records progress (``sent``, ``delivered``): one that lost its ``If-Match`` to
-    another writer is applied again (without that, a broker-acknowledged send would stay ``sending`` and
-    could later be listed ``unconfirmed``: a false alarm)."""
-    return state in _BEHIND
-
-
 def redo(claim: ClaimRow, current: ClaimRow | None, state: ClaimState) -> bool:
-    """Apply a lost move to ``state`` again on the claim as it is now (``current``): only when someone else
-    wrote it since (another ETag) and it is still behind ``state``."""
+    """Apply a lost move to ``state`` again on the claim as it is now (``current``): only a move that records
+    progress (``sent``, ``delivered``), when someone else wrote the claim since (another ETag) and it is
+    still behind ``state`` (without that, a broker-acknowledged send would stay ``sending`` and could later
+    be listed ``unconfirmed``: a false alarm)."""
     behind = _BEHIND.get(state)
     return (
         behind is not None and current is not None and current.etag != claim.etag and current.state in behind
     )
+
+
+def unrecorded(claim: ClaimRow, current: ClaimRow | None, *, sent: bool) -> ClaimRow:
+    """The claim as answered when its move could not be written (and was not redone), ``current`` being the
+    claim read again afterwards (None: gone or unreadable).
+
+    Another writer moved it since (another ETag): as storage holds it, whoever wrote that (an identical
+    move that won the race, such as another replay's ``delivered``); a replay never answers the state it
+    read before it lost. Nobody else wrote it (a storage fault): as it was. Either way a send the broker
+    acknowledged is answered ``sent`` while the claim is still behind that (the reconciler confirms it)."""
+    answered = current if current is not None and current.etag != claim.etag else claim
+    if sent and answered.state in _BEHIND[ClaimState.sent]:
+        return answered.model_copy(update={"state": ClaimState.sent})
+    return answered
 
 
 SETTLEMENT_KINDS = frozenset({MessageType.HandoffCompletedRequest, MessageType.HandoffFailedRequest})

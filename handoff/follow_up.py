@@ -206,54 +206,55 @@ class ClaimFollowUp:
     ) -> ClaimRow:
         """Move the claim (:func:`handoff.claims.plan_transition`); best effort.
 
-        A lost race (another instance moved it first) or a storage fault leaves it as it was: the
-        reconciler looks again.
+        A move that lost its ``If-Match`` reads the claim again: progress still ahead of it is applied again
+        while :func:`handoff.claims.redo` says so (a retry's pin or a reconciler's attempt count came
+        between); otherwise the claim is answered as storage holds it (:func:`handoff.claims.unrecorded`:
+        another replay's identical ``delivered`` won the race), or as it was after a storage fault. The
+        reconciler looks again at whatever is still open.
         """
         pk = self.store.event_partition(endpoint_id, claim.event_id)
         move = claims.plan_transition(pk, claim, state, now=self.clock(), due=due, sent=sent, attempt=attempt)
         try:
             answers = self.store.submit(move.ops)
         except Exception:
-            retried = self._progress_again(
-                endpoint_id, claim, state, sent=sent, attempt=attempt, due=due, again=again
-            )
-            if retried is not None:
-                return retried
-            log.warning(
-                "claim of %s/%s: could not record %s", endpoint_id, claim.event_id, state.name, exc_info=True
-            )
-            return claims.unrecorded(claim, state, sent=sent)
+            current = self._read_again(endpoint_id, claim)
+            if again > 0 and claims.redo(claim, current, state):
+                assert current is not None
+                log.info(
+                    "claim of %s/%s changed meanwhile; recording %s again",
+                    endpoint_id,
+                    claim.event_id,
+                    state.name,
+                )
+                return self._transition(
+                    endpoint_id, current, state, due=due, sent=sent, attempt=attempt, again=again - 1
+                )
+            answered = claims.unrecorded(claim, current, sent=sent)
+            if answered.etag != claim.etag:
+                log.info(
+                    "claim of %s/%s was moved to %s meanwhile; answered as stored",
+                    endpoint_id,
+                    claim.event_id,
+                    answered.state.name,
+                )
+            else:
+                log.warning(
+                    "claim of %s/%s: could not record %s",
+                    endpoint_id,
+                    claim.event_id,
+                    state.name,
+                    exc_info=True,
+                )
+            return answered
         return move.applied(answers)
 
-    def _progress_again(
-        self,
-        endpoint_id: str,
-        claim: ClaimRow,
-        state: ClaimState,
-        *,
-        sent: bool,
-        attempt: bool,
-        due: datetime | None,
-        again: int,
-    ) -> ClaimRow | None:
-        """A move that records progress lost its ``If-Match`` to another writer of the claim (a retry's pin,
-        a reconciler's attempt count): apply it again while :func:`handoff.claims.redo` says so. None:
-        nothing was redone."""
-        if not claims.records_progress(state) or again <= 0:
-            return None
+    def _read_again(self, endpoint_id: str, claim: ClaimRow) -> ClaimRow | None:
+        """The claim as storage holds it now; None when it is gone or cannot be read."""
         try:
-            current = self.store.get_claim(endpoint_id, claim.event_id, claim.parked_message_id)
+            return self.store.get_claim(endpoint_id, claim.event_id, claim.parked_message_id)
         except Exception:
+            log.warning("claim of %s/%s: could not read it again", endpoint_id, claim.event_id, exc_info=True)
             return None
-        if current is None or not claims.redo(claim, current, state):
-            return None
-        log.info(
-            "claim of %s/%s changed meanwhile; recording %s again", endpoint_id, claim.event_id, state.name
-        )
-        moved = self._transition(
-            endpoint_id, current, state, due=due, sent=sent, attempt=attempt, again=again - 1
-        )
-        return moved if moved.etag != current.etag else None
 
     def _release(self, endpoint_id: str, row: EventRow, claim: ClaimRow) -> bool:
         """Undo a claim whose send certainly reached nothing (:func:`handoff.claims.plan_release`); False

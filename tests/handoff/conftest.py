@@ -7,13 +7,18 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from azure.functions.servicebus import ServiceBusMessage
 
 from handoff import service
 from handoff.contract import MessageType
+
+from .broker import Broker, BrokerTransport
+
+if TYPE_CHECKING:
+    from handoff.settlement import SettlementService
 
 EVENT_TYPE = "Billing.InvoiceCreated"
 T0 = datetime(2026, 11, 30, 9, 0, 0, tzinfo=UTC)
@@ -169,6 +174,26 @@ def transport() -> Iterator[CaptureTransport]:
     service.use_transport(capture)
     yield capture
     service.reset()
+
+
+@pytest.fixture
+def delivered_then_raised() -> Iterator[Broker]:
+    """The first send reaches the broker and is projected at once (as by the loopback), then raises; the
+    sends after it are ``ok``."""
+    broker = Broker(forward=True)
+    service.use_transport(BrokerTransport(broker).then(["deliver-then-raise"]))
+    yield broker
+    service.reset()
+
+
+@pytest.fixture
+def other_instance(delivered_then_raised: Broker) -> SettlementService:
+    """A second instance's settlement service: its own objects on the same tables and transport."""
+    from common import runtime
+    from handoff.settlement import SettlementService
+    from handoff.store import HandoffStore
+
+    return SettlementService(HandoffStore(runtime.tables()), service.transport)
 
 
 @pytest.fixture

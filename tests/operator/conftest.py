@@ -16,10 +16,12 @@ from tests.handoff.broker import Broker, BrokerTransport
 from tests.handoff.conftest import (  # noqa: F401  (fixtures shared with the hand-off suite)
     CaptureTransport,
     Flow,
+    delivered_then_raised,
     event_of,
     flow,
     nimbus,
     no_sleep,
+    other_instance,
     resolve,
     transport,
 )
