@@ -295,7 +295,9 @@ def dependency_problem(exc: Exception) -> SettleError | None:
         if status in (401, 403):
             log.error("storage refused Settle's identity (%s): check its role assignment", status)
             return Unavailable("Storage refused Settle's identity; retry later.", retry_after=30)
-        code = str(getattr(exc, "error_code", "") or "")
+        from common.transactions import error_code
+
+        code = error_code(exc)
         if status == 413 or code in _TOO_LARGE_CODES:
             return PayloadTooLarge("The request is larger than Table Storage accepts for one record.")
         if status in (409, 412):

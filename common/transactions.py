@@ -112,7 +112,7 @@ def refusal(exc: BaseException) -> Refusal | None:
     if not isinstance(exc, HttpResponseError):
         return None
     status = exc.status_code or 0
-    code = str(getattr(exc, "error_code", None) or "")
+    code = error_code(exc)
     index: int | None = None
     if isinstance(exc, TableTransactionError):
         index = exc.index
@@ -142,8 +142,15 @@ def missing_table(exc: BaseException) -> bool:
 
     if not isinstance(exc, HttpResponseError) or exc.status_code != 404:
         return False
-    code = str(getattr(exc, "error_code", None) or "")
+    code = error_code(exc)
     return bool(code) and code not in _MISSING
+
+
+def error_code(exc: BaseException) -> str:
+    """The service's error code of ``exc`` as text (``ResourceNotFound``): the SDK gives a single entity's
+    as a ``TableErrorCode`` member, whose ``str()`` is its Python name, and a transaction's as text."""
+    code = getattr(exc, "error_code", None)
+    return str(getattr(code, "value", code) or "")
 
 
 def merge_if_unchanged(table: Any, entity: dict[str, Any], etag: str) -> dict[str, Any]:
