@@ -45,7 +45,7 @@ from common import runtime, telemetry
 from common.clock import earliest_now, latest_now, to_ms, utcnow
 from common.errors import Conflict, InvalidInput, LayoutNotReady
 from common.settings import env
-from common.tables import Tables
+from common.table_protocol import TableSource
 
 log = logging.getLogger("settle.layouts")
 
@@ -175,7 +175,7 @@ class LayoutBook:
     The copy is re-read in the background once it is older than ``RefreshSeconds`` and before use once
     older than twice that: a call adds no storage request."""
 
-    def __init__(self, tables: Tables, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, tables: TableSource, *, clock: Callable[[], float] = time.monotonic) -> None:
         self._tables = tables
         self._clock = clock
         self._lock = threading.Lock()
@@ -296,7 +296,7 @@ SETTINGS = {STATE: "SETTLE_STATE_SHARDS", HANDOFF: "SETTLE_HANDOFF_SHARDS"}
 _LONG_AGO = datetime(2000, 1, 1, tzinfo=UTC)
 
 
-def _record_first(tables: Tables, family: str, layouts: list[tuple[int, int]]) -> Recorded | None:
+def _record_first(tables: TableSource, family: str, layouts: list[tuple[int, int]]) -> Recorded | None:
     """Insert-only: the first layout of ``family`` (earlier ones the settings list first, as started long
     ago: a deployment that recorded nothing before); None when another process recorded one first."""
     from azure.core.exceptions import ResourceExistsError
@@ -327,7 +327,7 @@ def _record_first(tables: Tables, family: str, layouts: list[tuple[int, int]]) -
 
 
 def change(
-    tables: Tables, family: str, shards: int, *, accounts: int = 1, actor: str, reason: str | None = None
+    tables: TableSource, family: str, shards: int, *, accounts: int = 1, actor: str, reason: str | None = None
 ) -> Recorded:
     """Write a new era of ``family`` (the current one kept as earlier), audited in the same transaction.
 
@@ -419,7 +419,7 @@ def operator_warnings() -> list[str]:
     return [*warnings(), *(current.disagreements.values() if current is not None else ())]
 
 
-def read_all(tables: Tables) -> dict[str, Recorded]:
+def read_all(tables: TableSource) -> dict[str, Recorded]:
     """Every family's recorded layout, straight from storage (operators)."""
     table = tables.table(LAYOUT_TABLE)
     query = "PartitionKey eq @pk and RowKey lt @end"
@@ -427,7 +427,7 @@ def read_all(tables: Tables) -> dict[str, Recorded]:
     return {str(e["RowKey"]): _row_of(e) for e in entities}
 
 
-def audits(tables: Tables, family: str) -> list[dict[str, Any]]:
+def audits(tables: TableSource, family: str) -> list[dict[str, Any]]:
     """The family's layout changes, oldest first."""
     table = tables.table(LAYOUT_TABLE)
     low = f"{AUDIT_MARK}{family}|"

@@ -25,7 +25,7 @@ import hmac
 import re
 import secrets
 
-from common.tables import Tables
+from common.table_protocol import TableSource
 
 KEY_PARTITION = "hmac"
 KEY_ROW = "v1"
@@ -78,7 +78,7 @@ class Signer:
         return payload
 
 
-def load_signer(tables: Tables, table_name: str) -> Signer:
+def load_signer(tables: TableSource, table_name: str) -> Signer:
     """The deployment's signer: reads the key, or creates it when nobody has (1 request, 2 the first time).
 
     Callers keep the result for the life of the process (the key never changes)."""

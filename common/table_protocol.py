@@ -6,7 +6,10 @@ table alike."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from common.settings import TableSettings
 
 
 class Table(Protocol):
@@ -31,3 +34,13 @@ class Table(Protocol):
     def submit_transaction(self, operations: Sequence[Any], **kwargs: Any) -> list[Mapping[str, Any]]: ...
 
     def query_entities(self, query_filter: str, **kwargs: Any) -> Any: ...
+
+
+class TableSource(Protocol):
+    """Where a store finds its tables: ``common.tables.Tables`` over Azure or Azurite, or the tests'
+    in-memory tables. ``settings`` names them (prefix, table names)."""
+
+    @property
+    def settings(self) -> TableSettings: ...
+
+    def table(self, name: str) -> Any: ...

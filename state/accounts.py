@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from common.settings import AZURITE_TABLES, DEVELOPMENT_STORAGE, TableSettings, env
-from common.tables import Tables
+from common.table_protocol import TableSource
 from state.keys import STATE_TABLE, account_of
 
 MAX_ACCOUNTS = 64
@@ -55,7 +55,7 @@ class RoutedTable:
     :meth:`state.store.StateStore.query_page`, which reads account after account.
     """
 
-    def __init__(self, accounts: Sequence[Tables]) -> None:
+    def __init__(self, accounts: Sequence[TableSource]) -> None:
         self._accounts = list(accounts)
 
     def client(self, partition: str) -> Any:

@@ -38,7 +38,7 @@ from datetime import datetime
 from typing import Any
 
 from common.clock import epoch_ms
-from common.tables import Tables
+from common.table_protocol import TableSource
 from common.transactions import merge_if_unchanged
 from state.keys import (
     EXPIRY_TABLE,
@@ -86,7 +86,7 @@ def _pointer(entity: Any) -> Pointer:
 class ExpiryIndex:
     """Prepares markers for the lock path and reads level 1 for catch-up."""
 
-    def __init__(self, tables: Tables, *, state_table: Callable[[], Any] | None = None) -> None:
+    def __init__(self, tables: TableSource, *, state_table: Callable[[], Any] | None = None) -> None:
         self._tables = tables
         # Where a partition's markers go (the state table; with several accounts, routed by partition).
         self._state_table = state_table or (lambda: tables.table(STATE_TABLE))

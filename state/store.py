@@ -44,6 +44,7 @@ from common.layouts import LayoutBook
 from common.partition_meter import METER
 from common.signing import Signer, load_signer
 from common.table_options import RESEND_UNRECEIVED_ONLY
+from common.table_protocol import TableSource
 from common.tables import Tables
 from common.transactions import missing_table, refusal
 from state.accounts import RoutedTable, extra_accounts
@@ -130,11 +131,11 @@ class StateStore:
 
     def __init__(
         self,
-        tables: Tables,
+        tables: TableSource,
         *,
         hint_bytes: int = HINT_BYTES,
         layout: Layout | None = None,
-        accounts: Sequence[Tables] | None = None,
+        accounts: Sequence[TableSource] | None = None,
         layouts: LayoutBook | None = None,
     ) -> None:
         self._tables = tables
