@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 from common.errors import KeyTooLong, is_transient_storage_fault
 from common.fence import MOVED_TO, Fence, is_claim, moved_to
 from common.partition_meter import METER
-from common.tables import Tables, first_rows, quoted
+from common.table_protocol import TableSource
+from common.tables import first_rows, quoted
 
 # The operation builders live in ``common.transactions``; the operator modules still import them from here.
 from common.transactions import MAX_TRANSACTION_OPS as MAX_TRANSACTION_OPS
@@ -54,15 +55,17 @@ log = logging.getLogger("settle.handoff.store")
 class HandoffStore:
     """The hand-off tables of one storage account (see :mod:`handoff.keys` for the layout)."""
 
-    def __init__(self, tables: Tables) -> None:
+    def __init__(self, tables: TableSource) -> None:
         self._tables = tables
 
     def _events(self) -> TableClient:
-        return self._tables.table(keys.EVENTS_TABLE)
+        return self.table(keys.EVENTS_TABLE)
 
     def table(self, name: str) -> TableClient:
-        """The client of one hand-off table (``keys.*_TABLE``, or the operators' ``hoaudit``)."""
-        return self._tables.table(name)
+        """The client of one hand-off table (``keys.*_TABLE``, or the operators' ``hoaudit``): Azure's, or
+        the in-memory table of the tests, which meets the same protocol (``common/table_protocol.py``)."""
+        client: TableClient = self._tables.table(name)
+        return client
 
     # -- events partition ---------------------------------------------------------------------------
 
