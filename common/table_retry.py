@@ -73,14 +73,17 @@ class SettleRetryPolicy(TablesRetryPolicy):
         return bool(super().increment(settings, response=response, error=error))
 
     def _configure_timeout(self, request: Any, absolute_timeout: float, is_response_error: bool) -> None:
-        # azure-core cuts the connection timeout to what is left of the call's total; the read timeout too
-        # (a storage that accepted the connection and went quiet is waited for no longer than that).
+        # Each attempt's connection and read timeouts are cut to what is left of the call's total (a
+        # storage that accepted the connection and went quiet is waited for no longer than that). azure-core
+        # does it for the connection alone, and only on a transport with its own ``connection_config``: a
+        # table client's (azure-data-tables' TransportWrapper) keeps it on the transport it wraps.
         super()._configure_timeout(request, absolute_timeout, is_response_error)
         options = request.context.options
-        config = getattr(request.context.transport, "connection_config", None)
-        read = options.get("read_timeout", getattr(config, "read_timeout", None))
-        if isinstance(read, int | float) and absolute_timeout < read:
-            options["read_timeout"] = absolute_timeout
+        config = _connection_config(request.context.transport)
+        for option, configured in (("connection_timeout", "timeout"), ("read_timeout", "read_timeout")):
+            value = options.get(option) or getattr(config, configured, None)
+            if isinstance(value, int | float) and absolute_timeout < value:
+                options[option] = absolute_timeout
 
     def sleep(self, settings: dict[str, Any], transport: Any, response: Any = None) -> None:
         transport = _Bounded(transport)
@@ -89,6 +92,15 @@ class SettleRetryPolicy(TablesRetryPolicy):
             return
         settings["resent"] += 1
         transport.sleep(UNRECEIVED_BACKOFF_S * 2 ** (settings["resent"] - 1) * random.uniform(0.5, 1.0))
+
+
+def _connection_config(transport: Any) -> Any:
+    """The connection settings of ``transport`` or of the transport it wraps (None: not known)."""
+    for _ in range(4):
+        if transport is None or hasattr(transport, "connection_config"):
+            break
+        transport = getattr(transport, "_transport", None)
+    return getattr(transport, "connection_config", None)
 
 
 class _Bounded:

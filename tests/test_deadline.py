@@ -63,10 +63,16 @@ def test_outside_an_invocation_nothing_changes() -> None:
     assert invocation.remaining() is None
 
 
-def test_each_attempt_waits_no_longer_than_what_is_left_of_the_deadline() -> None:
+@pytest.mark.parametrize("wrapped", [False, True], ids=["transport", "table-client-transport"])
+def test_each_attempt_waits_no_longer_than_what_is_left_of_the_deadline(wrapped: bool) -> None:
+    # A table client's transport is azure-data-tables' wrapper around the service client's: the timeouts
+    # are found on the transport it wraps (missing it left a paused storage 30 s per attempt).
+    from azure.data.tables._base_client import TransportWrapper
+
     transport = Slow([ServiceResponseError("lost (test)"), (200, None)])
+    pipeline = Pipeline(TransportWrapper(transport) if wrapped else transport, policies=[SettleRetryPolicy()])
     with invocation.within(2.0):
-        run(transport)
+        pipeline.run(HttpRequest("GET", URL))
     assert all(connect <= 2.0 and read <= 2.0 for connect, read in transport.timeouts), transport.timeouts
 
 
