@@ -10,14 +10,15 @@ after :data:`TIMER_DEADLINE_S` (it ends; its next run goes on), both inside host
 How it is kept (``common.table_retry.SettleRetryPolicy``): every storage request of the invocation, its
 retries and back-off included, gets the time that is left as its total, and each attempt's connection and
 read timeouts are cut to it; once it is spent no request is sent, the call fails as a timeout, and the
-HTTP layer answers 503 problem+json with ``Retry-After`` (:func:`common.http.dependency_problem`).
+HTTP layer answers 503 problem+json with ``Retry-After`` (:func:`common.http.within_deadline`).
+
+A long poll (``handoff.receive.long_poll``) has its wait added to its deadline.
 
 What it did: each write request sent (a per-attempt policy on the table clients,
-``common.tables.WriteWatch``)
-counts as *maybe applied* unless storage answered with a refusal that proves it was not (a 4xx, 503
-``ServerBusy``). A 503 after such a write says that its outcome is unknown (``outcome: "unknown"``),
-as a settlement answers ``confirmed: false``: the caller's retry (same ``requestId``, same ``lockToken``)
-is answered from what was written.
+``common.tables.WriteWatch``) counts as *maybe applied* unless storage answered with a refusal that
+proves it was not (a 4xx, 503 ``ServerBusy``). A 503 after such a write says that its outcome is unknown
+(``outcome: "unknown"``), as a settlement answers ``confirmed: false``: the caller's retry (same
+``requestId``, same ``lockToken``) is answered from what was written.
 
 Threads started for the invocation (``common.beside``, catch-up's workers) copy its context, so they
 share its budget. Code outside an invocation (the benchmark, scripts) has no deadline.
@@ -51,6 +52,11 @@ class Budget:
 
     def remaining(self) -> float:
         return max(0.0, self.ends - time.monotonic())
+
+    def extend(self, seconds: float) -> None:
+        """Push the deadline out by ``seconds``: a long poll's wait comes on top of its storage time."""
+        self.seconds += seconds
+        self.ends += seconds
 
     def sent_write(self) -> None:
         with self._lock:

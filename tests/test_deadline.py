@@ -193,3 +193,14 @@ def test_the_http_deadline_is_20_seconds_unless_the_setting_says_otherwise(
 def test_a_nested_invocation_ends_no_later_than_the_one_around_it() -> None:
     with invocation.within(1.0), invocation.within(100.0) as inner:
         assert inner.remaining() <= 1.0
+
+
+def test_a_long_poll_has_its_wait_on_top_of_the_deadline() -> None:
+    # ``next?waitSeconds=20`` polls for 20 s: its last read must not find the 20 s deadline spent.
+    from handoff.receive import long_poll
+
+    with invocation.within(20.0) as budget:
+        with long_poll(15.0):
+            assert budget.remaining() > 34.0
+        with long_poll(0):
+            assert budget.remaining() <= 35.0
