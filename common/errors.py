@@ -68,6 +68,11 @@ class InvalidJson(InvalidInput, slug="invalid-json", title="The body is not vali
     pass
 
 
+class NestedTooDeep(InvalidInput, slug="nested-too-deep", title="The body nests too deeply"):
+    """Valid JSON that nests arrays and objects deeper than Settle parses (``common.http.MAX_JSON_DEPTH``):
+    a 400 naming the limit (``limit``), not "not valid JSON"."""
+
+
 class KeyTooLong(InvalidInput, slug="key-too-long", title="Key too long for Table Storage"):
     pass
 

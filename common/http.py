@@ -5,7 +5,9 @@ document. The wrapped function receives the ``func.HttpRequest`` and returns a p
 the status given), ``None`` (204) or a ready ``func.HttpResponse``. Errors become problem+json:
 :class:`~common.errors.SettleError` with its own status, pydantic validation errors 400 naming the
 field, storage/network faults 503 with ``Retry-After`` (see :func:`dependency_problem`);
-anything else is logged and answered 500 without internals. The Azure SDK's exception types are imported
+anything else is logged and answered 500 without internals. Each call runs within the HTTP deadline
+(``common.invocation``: 20 s): storage that does not answer by then is a 503, and one after a write that
+storage may have applied says its outcome is unknown. The Azure SDK's exception types are imported
 when a fault is mapped, not at indexing.
 """
 
@@ -21,12 +23,13 @@ from typing import Any
 import azure.functions as func
 from pydantic import BaseModel, ValidationError
 
-from common import openapi, telemetry
+from common import invocation, openapi, telemetry
 from common.errors import (
     Conflict,
     InvalidInput,
     InvalidJson,
     LengthRequired,
+    NestedTooDeep,
     PayloadTooLarge,
     SettleError,
     StorageTableMissing,
@@ -139,6 +142,13 @@ def validation_problem(exc: ValidationError, *, prefix: str = "") -> InvalidInpu
     return InvalidInput(detail, field=first["field"], errors=errors)
 
 
+# How deep a body may nest arrays and objects (the body itself is level 1): the limit of the JSON parser
+# pydantic uses (jiter refuses a 202nd level as "recursion limit exceeded"); tests/test_http_bodies.py
+# holds it to this number.
+MAX_JSON_DEPTH = 201
+_TOO_DEEP = "recursion limit exceeded"
+
+
 def parse_body[M: BaseModel](req: func.HttpRequest, model: type[M]) -> M:
     """Validate the JSON body against ``model`` or raise a 400 naming the field."""
     raw = req.get_body() or b""
@@ -159,6 +169,13 @@ def parse_body[M: BaseModel](req: func.HttpRequest, model: type[M]) -> M:
     try:
         parsed = model.model_validate_json(text)
     except ValidationError as exc:
+        if any(e["type"] == "json_invalid" and _TOO_DEEP in e["msg"] for e in exc.errors()):
+            raise NestedTooDeep(
+                f"The body nests arrays and objects deeper than {MAX_JSON_DEPTH} levels (the body itself "
+                f"counts as one), Settle's limit: flatten it, or send the deep part as a string.",
+                field="body",
+                limit=MAX_JSON_DEPTH,
+            ) from exc
         if any(e["type"] == "json_invalid" for e in exc.errors()):
             raise InvalidJson("The body is not valid JSON.", field="body") from exc
         if any(e["type"] == "model_type" and not e["loc"] for e in exc.errors()):
@@ -305,6 +322,32 @@ def dependency_problem(exc: Exception) -> SettleError | None:
     return None
 
 
+# How long a caller waits before asking again after storage did not answer within the deadline.
+DEADLINE_RETRY_AFTER_S = 5
+
+
+def within_deadline(problem: Unavailable) -> Unavailable:
+    """``problem`` (a storage fault's 503) as the running invocation knows it: when its deadline is spent,
+    a 503 saying so; after a write storage may have applied, one saying its outcome is unknown
+    (``outcome: "unknown"``: retry with the same ``requestId`` / ``lockToken`` and the answer says what
+    was written)."""
+    budget = invocation.current()
+    if budget is None:
+        return problem
+    detail, retry_after = problem.detail, problem.retry_after
+    if budget.remaining() <= 0:
+        detail = f"Storage did not answer within Settle's {budget.seconds:g} s deadline; retry with backoff."
+        retry_after = max(retry_after, DEADLINE_RETRY_AFTER_S)
+    if not budget.maybe_written:
+        return problem if detail is problem.detail else Unavailable(detail, retry_after=retry_after)
+    return Unavailable(
+        f"{detail} A write this request sent may have been applied: its outcome is unknown. Retry the "
+        "same request (same requestId, lockToken): its answer says what was written.",
+        retry_after=retry_after,
+        outcome="unknown",
+    )
+
+
 def guard(
     handler: Handler, *, ok_status: int = 200, span: str | None = None, route: str | None = None
 ) -> Callable[[func.HttpRequest], func.HttpResponse]:
@@ -316,7 +359,11 @@ def guard(
     """
 
     def wrapper(req: func.HttpRequest, context: func.Context | None = None) -> func.HttpResponse:
-        with telemetry.invocation(context), telemetry.incoming(req.headers):
+        with (
+            invocation.within(invocation.http_deadline()),
+            telemetry.invocation(context),
+            telemetry.incoming(req.headers),
+        ):
             if span is None:
                 return _answer(handler, req, ok_status, telemetry.NO_SPAN)
             watch = telemetry.Stopwatch()
@@ -359,6 +406,8 @@ def _answer(
         return problem_response(problem)
     except Exception as exc:
         mapped = dependency_problem(exc)
+        if isinstance(mapped, Unavailable):
+            mapped = within_deadline(mapped)
         if mapped is not None:
             log.warning("dependency fault in %s: %s", getattr(handler, "__name__", "handler"), exc)
             current.failed(exc, slug=mapped.slug)

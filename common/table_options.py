@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
+
+from common.errors import SERVER_BUSY
 
 # Passed to a write that must not be sent twice (``table.submit_transaction(ops, **RESEND_UNRECEIVED_ONLY)``):
 # the retry policy sends it again only when storage refused it before receiving it (503 ServerBusy, a
@@ -19,3 +22,17 @@ def response_body(http: Any) -> bytes:
     except Exception:  # a streamed answer: nothing to check here
         return b""
     return body if isinstance(body, bytes) else b""
+
+
+def refused_unreceived(http: Any) -> bool:
+    """Storage's own 503 ``ServerBusy`` (its code in ``x-ms-error-code`` or, failing that, the body)."""
+    if http.status_code != 503:
+        return False
+    code = http.headers.get("x-ms-error-code")
+    if code is None:
+        try:
+            error = json.loads(response_body(http) or b"{}").get("odata.error") or {}
+        except (ValueError, AttributeError):
+            return False
+        code = error.get("code") if isinstance(error, dict) else None
+    return bool(code == SERVER_BUSY)

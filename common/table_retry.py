@@ -15,19 +15,23 @@ retry settings say (the reliability suite turns those off for every call). Every
 ``OperationTimedOut``, a 503 without storage's code, a lost answer) reaches the caller at once. Any other
 call keeps the SDK's retry policy unchanged.
 
+Inside an invocation (``common.invocation``) every call, whichever kind, is bounded by what is left of its
+deadline: that is the call's total (attempts and back-off together), each attempt's connection and read
+timeouts are cut to what is left of it, a back-off never sleeps past it, and once it is spent nothing more
+is sent (the call raises the SDK's timeout error, which the HTTP layer answers 503).
+
 This module imports ``azure.data.tables``; ``common.tables`` imports it only when it builds a client.
 """
 
 from __future__ import annotations
 
-import json
 import random
 from typing import Any
 
 from azure.data.tables._policies import TablesRetryPolicy
 
-from common.errors import SERVER_BUSY
-from common.table_options import RESEND_UNRECEIVED_ONLY, response_body
+from common import invocation
+from common.table_options import RESEND_UNRECEIVED_ONLY, refused_unreceived
 
 # How often a write refused unreceived is sent again, and the back-off before the n-th resend: between half
 # and all of UNRECEIVED_BACKOFF_S * 2**(n-1) seconds.
@@ -43,6 +47,9 @@ class SettleRetryPolicy(TablesRetryPolicy):
 
     def configure_retries(self, options: dict[str, Any]) -> dict[str, Any]:
         settings: dict[str, Any] = super().configure_retries(options)
+        left = invocation.remaining()
+        if left is not None:  # the whole call, retries included, ends with the invocation's deadline
+            settings["timeout"] = min(settings["timeout"], left)
         settings["unreceived_only"] = bool(options.pop(_OPTION, False))
         if settings["unreceived_only"]:
             # Only connect and status retries happen; ``read`` 0 means none after a request went out.
@@ -65,7 +72,21 @@ class SettleRetryPolicy(TablesRetryPolicy):
             return False  # it may have been received (and applied): never sent again from here
         return bool(super().increment(settings, response=response, error=error))
 
+    def _configure_timeout(self, request: Any, absolute_timeout: float, is_response_error: bool) -> None:
+        # Each attempt's connection and read timeouts are cut to what is left of the call's total (a
+        # storage that accepted the connection and went quiet is waited for no longer than that). azure-core
+        # does it for the connection alone, and only on a transport with its own ``connection_config``: a
+        # table client's (azure-data-tables' TransportWrapper) keeps it on the transport it wraps.
+        super()._configure_timeout(request, absolute_timeout, is_response_error)
+        options = request.context.options
+        config = _connection_config(request.context.transport)
+        for option, configured in (("connection_timeout", "timeout"), ("read_timeout", "read_timeout")):
+            value = options.get(option) or getattr(config, configured, None)
+            if isinstance(value, int | float) and absolute_timeout < value:
+                options[option] = absolute_timeout
+
     def sleep(self, settings: dict[str, Any], transport: Any, response: Any = None) -> None:
+        transport = _Bounded(transport)
         if not settings["unreceived_only"]:
             super().sleep(settings, transport, response=response)
             return
@@ -73,15 +94,22 @@ class SettleRetryPolicy(TablesRetryPolicy):
         transport.sleep(UNRECEIVED_BACKOFF_S * 2 ** (settings["resent"] - 1) * random.uniform(0.5, 1.0))
 
 
-def refused_unreceived(http: Any) -> bool:
-    """Storage's own 503 ``ServerBusy`` (its code in ``x-ms-error-code`` or, failing that, the body)."""
-    if http.status_code != 503:
-        return False
-    code = http.headers.get("x-ms-error-code")
-    if code is None:
-        try:
-            error = json.loads(response_body(http) or b"{}").get("odata.error") or {}
-        except (ValueError, AttributeError):
-            return False
-        code = error.get("code") if isinstance(error, dict) else None
-    return bool(code == SERVER_BUSY)
+def _connection_config(transport: Any) -> Any:
+    """The connection settings of ``transport`` or of the transport it wraps (None: not known)."""
+    for _ in range(4):
+        if transport is None or hasattr(transport, "connection_config"):
+            break
+        transport = getattr(transport, "_transport", None)
+    return getattr(transport, "connection_config", None)
+
+
+class _Bounded:
+    """A transport whose ``sleep`` never passes the invocation's deadline (the attempt after it then finds
+    no time left and raises instead of sending)."""
+
+    def __init__(self, transport: Any) -> None:
+        self._transport = transport
+
+    def sleep(self, seconds: float) -> None:
+        left = invocation.remaining()
+        self._transport.sleep(seconds if left is None else min(seconds, left))

@@ -15,17 +15,19 @@ them.
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from azure.core.pipeline.policies import SansIOHTTPPolicy
 
+from common import invocation
 from common.clock import SERVER_CLOCK, ServerClockPolicy
 from common.errors import StorageAnswerUnreadable, StorageTableMissing
 from common.roundtrips import ROUND_TRIPS
 from common.settings import TableSettings
-from common.table_options import response_body
+from common.table_options import refused_unreceived, response_body
 from common.telemetry import STORAGE_RETRIES
 
 if TYPE_CHECKING:
@@ -64,7 +66,44 @@ def _table_of(url: str) -> str:
 
 STORAGE_ANSWER_CHECK = StorageAnswerCheck()
 
-# A storage call that hangs must not hold a Function invocation for minutes.
+_WRITES = frozenset({"POST", "PUT", "PATCH", "MERGE", "DELETE"})
+# A transaction's answer is 202 whatever became of it; a refused one carries its operation's own status.
+_BATCH_STATUS = re.compile(rb"HTTP/1\.1 (\d{3})")
+
+
+class WriteWatch(SansIOHTTPPolicy[Any, Any]):
+    """Tallies, in the running invocation's budget (``common.invocation``), each attempt of a write to a
+    table's rows, and each answer proving that attempt was not applied: a 4xx (408 aside; inside a
+    transaction's answer too) or 503 ``ServerBusy``. Creating a table (idempotent) is not counted."""
+
+    def on_request(self, request: Any) -> None:
+        budget = invocation.current()
+        if budget is not None and _is_row_write(request.http_request):
+            budget.sent_write()
+
+    def on_response(self, request: Any, response: Any) -> None:
+        budget = invocation.current()
+        if budget is None or not _is_row_write(request.http_request):
+            return
+        http = response.http_response
+        status = http.status_code
+        if status == 202 and "$batch" in str(request.http_request.url):
+            found = _BATCH_STATUS.search(response_body(http))
+            status = int(found.group(1)) if found else status
+        if (400 <= status < 500 and status != 408) or refused_unreceived(http):
+            budget.refused_write()
+
+
+def _is_row_write(http: Any) -> bool:
+    if http.method.upper() not in _WRITES:
+        return False
+    return not str(http.url).split("?", 1)[0].rstrip("/").endswith("/Tables")
+
+
+WRITE_WATCH = WriteWatch()
+
+# A storage call that hangs must not hold a Function invocation for minutes; inside an invocation both are
+# cut to what is left of its deadline (``common.invocation``, ``common.table_retry``).
 _TIMEOUTS = {"connection_timeout": 10, "read_timeout": 30}
 
 
@@ -94,6 +133,7 @@ class Tables:
 
             per_retry = [
                 ROUND_TRIPS,
+                WRITE_WATCH,
                 STORAGE_RETRIES,
                 ServerClockPolicy(SERVER_CLOCK),
                 STORAGE_ANSWER_CHECK,

@@ -51,12 +51,12 @@ import threading
 import traceback
 from collections.abc import Mapping
 from datetime import UTC, datetime
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qsl, urlsplit
 
 from pydantic import ValidationError
 
+from common.invocation import http_deadline
 from devtools import indexing
 from devtools.appsettings import apply_settings, read_settings, resolve_expression, route_prefix
 from devtools.busreceiver import BusReceiver, BusSource, admin_message_from_received
@@ -78,7 +78,7 @@ from devtools.invocation import (
 )
 from devtools.ncrontab import Schedule
 from devtools.routing import RouteTemplate, decode_path
-from devtools.serving import PROBLEM, Answer, make_server, problem
+from devtools.serving import PROBLEM, Answer, DrainingServer, make_server, problem
 from devtools.timers import Timers
 from devtools.worker import Worker
 
@@ -118,6 +118,9 @@ BANNER = (
 )
 
 log = logging.getLogger("settle.devhost")
+# Stopping waits for the requests in flight: each answers within the HTTP deadline (common/invocation.py),
+# and this much more is allowed for the answer to be written.
+DRAIN_MARGIN_S = 5.0
 
 
 class DevHost:
@@ -139,7 +142,7 @@ class DevHost:
         self.environ = os.environ if environ is None else environ
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._server: ThreadingHTTPServer | None = None
+        self._server: DrainingServer | None = None
         self.timers = Timers(table.timers, self.environ, self._stop, self.calls)
 
     @classmethod
@@ -260,7 +263,7 @@ class DevHost:
         """Run every timer on its schedule; returns the schedules (unresolvable ones are skipped)."""
         return self.timers.start()
 
-    def make_server(self, host: str, port: int) -> ThreadingHTTPServer:
+    def make_server(self, host: str, port: int) -> DrainingServer:
         self._server = make_server(self.handle, host, port)
         return self._server
 
@@ -283,9 +286,16 @@ class DevHost:
         return sources
 
     def stop(self) -> None:
+        """Stop accepting, answer the requests in flight (for up to the HTTP deadline and
+        :data:`DRAIN_MARGIN_S`: each answers within the deadline), then stop timers and receivers."""
         self._stop.set()
         if self._server is not None:
             self._server.shutdown()
+            self._server.server_close()  # new connections are refused from here
+            bound = http_deadline() + DRAIN_MARGIN_S
+            left = self._server.drain(bound)
+            if left:
+                log.warning("%d request(s) still in flight after %.0f s: stopping anyway", left, bound)
         for thread in [*self._threads, *self.timers.threads]:
             thread.join(timeout=5)
 
@@ -376,14 +386,22 @@ def main(argv: list[str] | None = None) -> int:
             "%s: no Service Bus connection configured; feed it with POST /admin/functions/%s", name, name
         )
 
+    stopping: list[threading.Thread] = []
+
     def _stop(*_: object) -> None:
-        threading.Thread(target=devhost.stop, daemon=True).start()
+        if not stopping:  # a second signal changes nothing: the first one's stop is under way
+            stopping.append(threading.Thread(target=devhost.stop, name="devhost-stop", daemon=True))
+            stopping[0].start()
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
     log.info("listening on %s (Ctrl-C stops)", base)
     with contextlib.suppress(KeyboardInterrupt):
         server.serve_forever(poll_interval=0.2)
+    # The interpreter must not exit under a request: its invocation would fail with a 500 after its
+    # storage write may have been applied. Stopping drains them first (DevHost.stop).
+    _stop()
+    stopping[0].join()
     server.server_close()
     log.info("stopped")
     return 0

@@ -3,12 +3,18 @@
 What a request means (routing, auth, invocation) is :meth:`devtools.host.DevHost.handle`'s; this module
 reads requests off the socket, hands them over as ``(method, target, headers, body, base)`` and writes
 the :class:`Answer` back.
+
+Stopping drains (:meth:`DrainingServer.drain`): the requests in flight are answered (for a bounded time)
+before the host exits, and a request that arrives meanwhile on an open connection is answered 503 with
+``Retry-After`` and the connection closed. An exit under a request's feet ended it with a 500 ("cannot
+schedule new futures after interpreter shutdown") after its storage write may already have been applied.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -56,16 +62,50 @@ def from_function_response(response: Any, name: str) -> Answer:
     return Answer(response.status_code, headers, response.get_body() or b"", name)
 
 
-class _Server(ThreadingHTTPServer):
+class DrainingServer(ThreadingHTTPServer):
+    """A thread per connection, and a count of the requests in flight so stopping can wait for them."""
+
     # socketserver's default backlog is 5: a burst of clients (agents, a load test) got connection resets
     # that they retried as failures. A thread per connection serves them; the backlog holds the burst.
     request_queue_size = 128
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
+        super().__init__(address, handler)
+        self._idle = threading.Condition()
+        self._in_flight = 0
+        self.draining = False
+
+    def begin(self) -> bool:
+        """Count a request in; False once draining (the request is refused)."""
+        with self._idle:
+            if self.draining:
+                return False
+            self._in_flight += 1
+            return True
+
+    def end(self) -> None:
+        with self._idle:
+            self._in_flight -= 1
+            self._idle.notify_all()
+
+    def drain(self, timeout: float) -> int:
+        """Refuse new requests and wait up to ``timeout`` seconds for those in flight; how many are left."""
+        with self._idle:
+            self.draining = True
+            self._idle.wait_for(lambda: self._in_flight == 0, timeout)
+            return self._in_flight
 
 
 Handle = Callable[[str, str, Mapping[str, str], bytes, str], Answer]
 
 
-def make_server(handle: Handle, host: str, port: int) -> ThreadingHTTPServer:
+STOPPING = problem(
+    503, "The development host is stopping", "This request arrived after the host began to stop: retry."
+)
+STOPPING.headers.append(("Retry-After", "1"))
+
+
+def make_server(handle: Handle, host: str, port: int) -> DrainingServer:
     """A threaded HTTP/1.1 server on ``(host, port)`` answering every request with ``handle``."""
 
     class Handler(BaseHTTPRequestHandler):
@@ -76,21 +116,34 @@ def make_server(handle: Handle, host: str, port: int) -> ThreadingHTTPServer:
             started = time.perf_counter()
             body = self._body()
             host_header = self.headers.get("Host") or f"{host}:{port}"
-            answer = handle(
-                self.command, self.path, dict(self.headers.items()), body, f"http://{host_header}"
+            if server.begin():
+                try:
+                    answer = handle(
+                        self.command, self.path, dict(self.headers.items()), body, f"http://{host_header}"
+                    )
+                    self._send(answer)
+                finally:
+                    server.end()
+            else:
+                answer = STOPPING
+                self.close_connection = True
+                self._send(answer)
+            elapsed = (time.perf_counter() - started) * 1000
+            log.info(
+                "%s %s -> %d %.1f ms [%s]", self.command, self.path, answer.status, elapsed, answer.function
             )
+
+        def _send(self, answer: Answer) -> None:
             self.send_response(answer.status)
             for key, value in answer.headers:
                 if key.lower() not in {"content-length", "connection", "transfer-encoding"}:
                     self.send_header(key, value)
             self.send_header("Content-Length", str(len(answer.body)))
+            if self.close_connection:
+                self.send_header("Connection", "close")
             self.end_headers()
             if self.command != "HEAD":
                 self.wfile.write(answer.body)
-            elapsed = (time.perf_counter() - started) * 1000
-            log.info(
-                "%s %s -> %d %.1f ms [%s]", self.command, self.path, answer.status, elapsed, answer.function
-            )
 
         def _body(self) -> bytes:
             if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
@@ -113,6 +166,6 @@ def make_server(handle: Handle, host: str, port: int) -> ThreadingHTTPServer:
         def log_message(self, format: str, *args: Any) -> None:  # one line per request is ours
             return
 
-    server = _Server((host, port), Handler)
+    server = DrainingServer((host, port), Handler)
     server.daemon_threads = True
     return server

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import azure.functions as func
 
-from common import telemetry
+from common import invocation, telemetry
 from common.errors import InvalidInput
 from common.http import Handler, operation, parse_body, path_parameter
 from common.openapi import resolve
@@ -67,8 +67,9 @@ def resolver(msg: func.ServiceBusMessage, context: func.Context = None) -> None:
     """Project one NimBus message; returning completes it, raising lets the host retry it (ADR 0002).
 
     ``context``: the host's invocation (its trace context parents the projection's span); the worker
-    requires the annotation to be ``func.Context`` itself, so the default is typed loosely."""
-    with telemetry.invocation(context):
+    requires the annotation to be ``func.Context`` itself, so the default is typed loosely. Storage that
+    does not answer within ``RESOLVER_DEADLINE_S`` raises here, and Service Bus delivers the message again."""
+    with invocation.within(invocation.RESOLVER_DEADLINE_S), telemetry.invocation(context):
         service.resolver_service().handle(msg)
 
 
@@ -373,9 +374,11 @@ def handoff_sweeper(timer: func.TimerRequest, context: func.Context = None) -> N
     """Reconcile open settlement claims (always), fold the operator counts' deltas (always), then fail
     parked hand-offs past ExpectedBy (opt-in: ``HANDOFF_SWEEPER_ENABLED``). Each part reports
     per-endpoint failures and goes on. With telemetry on, the tick also counts parked and overdue
-    hand-offs per endpoint (gauges). Its spans are children of the host's invocation (``context``)."""
+    hand-offs per endpoint (gauges). Its spans are children of the host's invocation (``context``). It
+    gives up on storage after ``TIMER_DEADLINE_S``; the next tick goes on."""
     sweeping = env_flag("HANDOFF_SWEEPER_ENABLED")
     with (
+        invocation.within(invocation.TIMER_DEADLINE_S),
         telemetry.invocation(context),
         telemetry.span("settle.sweeper.run", {"settle.sweeper.enabled": sweeping}),
     ):

@@ -19,6 +19,7 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timedelta
 
+from common import invocation
 from common.clock import iso, utcnow
 from common.errors import InvalidInput, NotFound, SettleError
 from common.models import from_fields
@@ -79,7 +80,8 @@ def lease_length(raw: str | int | None) -> timedelta:
 
 @contextlib.contextmanager
 def long_poll(wait_seconds: float) -> Iterator[None]:
-    """Holds a permit while a call waits; a call that does not wait takes none."""
+    """Holds a permit while a call waits; a call that does not wait takes none. The wait comes on top of
+    the call's deadline (``common.invocation``): its last poll still has the time of any other call."""
     if wait_seconds <= 0:
         yield
         return
@@ -88,6 +90,9 @@ def long_poll(wait_seconds: float) -> Iterator[None]:
             f"This instance is serving {LONG_POLL_PERMITS} long-polls already; retry after a second "
             "(or poll without waitSeconds)."
         )
+    budget = invocation.current()
+    if budget is not None:
+        budget.extend(wait_seconds)
     try:
         yield
     finally:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import azure.functions as func
 from pydantic import BaseModel
 
-from common import telemetry
+from common import invocation, telemetry
 from common.clock import utcnow
 from common.http import anonymous_get, json_response, operation, parse_body
 from state import schemas, service
@@ -146,8 +146,9 @@ def state_meta(req: func.HttpRequest) -> schemas.StateMeta:
 )
 def state_catchup(timer: func.TimerRequest, context: func.Context = None) -> None:  # type: ignore[assignment]
     """Expired locks become Failed; records past retention become Expired (bounded runs, drained). Its
-    spans are children of the host's invocation (``context``)."""
+    spans are children of the host's invocation (``context``). It gives up on storage after
+    ``TIMER_DEADLINE_S``; the next run goes on."""
     if timer.past_due:
         log.info("state catch-up is running late")
-    with telemetry.invocation(context):
+    with invocation.within(invocation.TIMER_DEADLINE_S), telemetry.invocation(context):
         service.catchup().drain()

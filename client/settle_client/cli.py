@@ -2,6 +2,8 @@
 
 Each command prints a table (``--json``: the API's JSON) and exits 0 when it found or did what was asked;
 otherwise it prints one line on stderr and exits with a code a script can branch on (:data:`EXIT_CODES`).
+While an answer is slow (:data:`WAIT_NOTICE_S`) it says on stderr that it is waiting, and for whom, so a
+person is not left guessing; stdout only ever carries the answer.
 
 azure-identity is an optional extra, so it is imported inside the function that makes a credential.
 """
@@ -11,9 +13,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import threading
+import time
 from collections.abc import Callable, Sequence
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar
 
+from settle_client._calls import Call
 from settle_client._cli_commands import (
     AUTH,
     CONFLICT,
@@ -50,6 +55,7 @@ from settle_client.errors import (
 )
 
 DEFAULT_URL = "http://localhost:7071"
+T = TypeVar("T")
 
 # -- the parser ---------------------------------------------------------------------------------------
 
@@ -312,12 +318,47 @@ def _credential(scope: str | None) -> Any:
     return DefaultAzureCredential()
 
 
-def _client(args: argparse.Namespace) -> SettleClient:
+# After this long without an answer the command says on stderr that it is waiting, then every
+# WAIT_REPEAT_S (a call's retries included: Settle answers a storage that does not answer 503 within 20 s).
+WAIT_NOTICE_S = 2.0
+WAIT_REPEAT_S = 10.0
+
+
+class PatientClient(SettleClient):
+    """The command's client: while a call waits for its answer it says so on ``notices`` (stderr)."""
+
+    notices: TextIO = sys.stderr
+
+    def send(self, call: Call[T]) -> T:
+        answered = threading.Event()
+        watch = threading.Thread(target=self._wait_notices, args=(answered,), daemon=True)
+        watch.start()
+        try:
+            return super().send(call)
+        finally:
+            answered.set()
+            watch.join()
+
+    def _wait_notices(self, answered: threading.Event) -> None:
+        started = time.monotonic()
+        if answered.wait(WAIT_NOTICE_S):
+            return
+        print(f"settle: waiting for Settle at {self.base_url}...", file=self.notices, flush=True)
+        while not answered.wait(WAIT_REPEAT_S):
+            waited = time.monotonic() - started
+            print(
+                f"settle: still waiting for Settle at {self.base_url} ({waited:.0f} s)...",
+                file=self.notices,
+                flush=True,
+            )
+
+
+def _client(args: argparse.Namespace, notices: TextIO) -> SettleClient:
     url = args.url or os.environ.get("SETTLE_URL") or DEFAULT_URL
     key = args.function_key or os.environ.get("SETTLE_FUNCTION_KEY") or None
     scope = args.token_scope or os.environ.get("SETTLE_TOKEN_SCOPE") or None
     try:
-        return SettleClient(
+        client = PatientClient(
             url,
             function_key=key,
             credential=_credential(scope),
@@ -327,6 +368,8 @@ def _client(args: argparse.Namespace) -> SettleClient:
         )
     except ValueError as exc:
         raise Failure(f"{exc}", USAGE) from exc
+    client.notices = notices
+    return client
 
 
 def main(
@@ -337,7 +380,7 @@ def main(
     stderr = stderr or sys.stderr
     args = parser().parse_args(argv)
     try:
-        with _client(args) as client:
+        with _client(args, stderr) as client:
             code: int = args.run(Context(args, client, stdout, stderr))
             return code
     except Failure as failure:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -63,9 +64,13 @@ def settle(
     )
 
 
+_WAITING = re.compile(r"settle: (still )?waiting for Settle at ")
+
+
 def one_line(result: subprocess.CompletedProcess[str]) -> str:
-    """The single stderr line of a command that did not find or do what it was asked."""
-    lines = result.stderr.strip().splitlines()
+    """The single stderr line of a command that did not find or do what it was asked (after any notices
+    that it was waiting: an unreachable Settle is retried for seconds)."""
+    lines = [line for line in result.stderr.strip().splitlines() if not _WAITING.match(line)]
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("settle: "), lines[0]
     return lines[0]
