@@ -12,7 +12,7 @@ from handoff.outbox import OutboxMessage
 from handoff.records import ClaimRow, EventRow
 
 T0 = datetime(2026, 12, 1, 9, 0, 0, tzinfo=UTC)
-PK = "billing"
+PK = keys.partition("Billing")  # the endpoint's one partition (S = 1)
 EVENT, PARKED = "ev-1", "park-1"
 QUEUE_KEY = keys.queue_row(T0, EVENT)
 CLAIM_KEY = keys.claim_row(EVENT, PARKED)

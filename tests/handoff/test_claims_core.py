@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, event, settings
@@ -21,12 +23,14 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from common.clock import iso
 from common.errors import Conflict
 from common.transactions import Refusal
-from handoff import claims, keys, leases
+from handoff import claims, keys, leases, service
 from handoff.claims import ClaimOrder, ClaimRefused, SettlementInFlight
 from handoff.contract import MessageType, ResolutionStatus
 from handoff.leases import LeaseLost
 from handoff.outbox import ClaimState
-from handoff.records import ClaimRow, EventRow, QueueRow
+from handoff.records import ClaimRow, QueueRow
+from handoff.settlement import SettlementService
+from handoff.store import HandoffStore
 
 from .claim_rows import CLAIM_KEY, EVENT, PARKED, PK, QUEUE_KEY, T0, claim_row, message, order, parked
 from .memory_table import MemoryTable, Refused
@@ -287,39 +291,30 @@ def test_a_lease_write_is_lost_when_the_queue_row_changed_or_left() -> None:
 # -- the model ----------------------------------------------------------------------------------------
 
 
+@pytest.fixture(autouse=True)
+def one_partition_per_endpoint() -> Iterator[None]:
+    """The hand-off keys route by S = 1 with no earlier layout (no recorded layout is read: no storage)."""
+    keys.follow(lambda: (1, ()), lambda: 0, lambda: None)
+    yield
+    service._follow_the_recorded_layout()
+
+
 def take(table: MemoryTable, want: ClaimOrder, now: datetime) -> tuple[str, ClaimRow | None]:
-    """A settlement's claim, as the service takes it: read, plan, submit, ask the rules again."""
-    row = table.read(EventRow, PK, keys.event_row(EVENT))
+    """A settlement's claim, taken by the real service (``SettlementService._claim``: read the event, plan,
+    fence by the lease, submit, ask the rules again) on the model's table."""
+    settlement = SettlementService(HandoffStore(table.tables), lambda: _NO_TRANSPORT, clock=lambda: now)
+    row = settlement.store.get_event("Billing", EVENT)
     assert row is not None
-    plan = claims.plan_claim(want, row, message(), "{}", pk=PK, now=now)
-    for _ in range(3):
-        ops = plan.ops
-        if plan.fence is not None:
-            queued = table.read(QueueRow, PK, QUEUE_KEY)
-            assert queued is not None and queued.etag is not None
-            if not claims.holds_lease(queued, want.lease_token):
-                try:
-                    return "replayed", claims.retried_or_lost(want, table.read(ClaimRow, PK, CLAIM_KEY))
-                except LeaseLost:
-                    return "lease-lost", None
-            ops = plan.fenced(queued.etag)
-        try:
-            answers = table.submit(ops)
-        except Refused as refused:
-            verdict = claims.claim_refused(plan, refused.refusal)
-            if verdict is ClaimRefused.TAKEN:
-                existing = table.read(ClaimRow, PK, CLAIM_KEY)
-                if existing is None:
-                    continue
-                try:
-                    return "replayed", claims.replay(existing, want.digest)
-                except SettlementInFlight:
-                    return "in-flight", None
-            if verdict is ClaimRefused.LEASE_MOVED:
-                continue
-            raise
-        return "claimed", plan.claim.model_copy(update={"etag": answers[0]["etag"]})
-    return "in-flight", None
+    try:
+        claim, existing = settlement._claim(want, row, message(), "{}")
+    except LeaseLost:
+        return "lease-lost", None
+    except SettlementInFlight:
+        return "in-flight", None
+    return ("claimed", claim) if existing is None else ("replayed", existing)
+
+
+_NO_TRANSPORT: Any = None  # the claim is taken before any send
 
 
 def test_a_refused_send_cannot_release_a_claim_a_re_sender_pinned_first() -> None:
