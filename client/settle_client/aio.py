@@ -33,7 +33,7 @@ class AsyncSettleClient(ClientCore):
 
     def __init__(
         self,
-        base_url: str,
+        base_url: str | None = None,
         *,
         transport: httpx.AsyncBaseTransport | None = None,
         **settings: Unpack[ClientSettings],

@@ -30,7 +30,8 @@ class SettleClient(ClientCore):
     """A Settle client. Create one per process and reuse it (it keeps a connection pool); close it
     with :meth:`close` or use it as a context manager.
 
-    ``base_url``: the function app (``http://localhost:7071``). Auth: ``function_key`` (sent as
+    ``base_url``: the function app (default :func:`~settle_client.default_url`: ``SETTLE_URL``, else
+    ``http://127.0.0.1:7071``, what ``make run`` serves). Auth: ``function_key`` (sent as
     ``x-functions-key``) or ``credential`` + ``token_scope`` (a bearer token). ``handler``: the handler
     of every state call (``"built-in"``, ``"null"`` or ``{"key": ..., "options": {...}}``). ``timeout``:
     seconds per request (a long poll adds its wait). ``retry``: see :class:`RetryPolicy`. ``agent_id``:
@@ -41,7 +42,7 @@ class SettleClient(ClientCore):
 
     def __init__(
         self,
-        base_url: str,
+        base_url: str | None = None,
         *,
         transport: httpx.BaseTransport | None = None,
         handle_sigterm: bool = True,
