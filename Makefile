@@ -10,6 +10,7 @@ STAMP  := $(VENV)/.installed
 
 $(STAMP): requirements.txt requirements-dev.txt client/pyproject.toml package.json package-lock.json
 	@test -n "$(PYTHON)" || { devtools/find-python.sh >/dev/null; exit 1; }
+	@devtools/find-python.sh --check "$(PYTHON)"
 	@test -x $(PY) && $(PY) -c "import sys; sys.exit(sys.version_info[:2] != (3, 13))" || { rm -rf $(VENV) && $(PYTHON) -m venv $(VENV); }
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
 	npm ci --no-audit --no-fund --loglevel=error
