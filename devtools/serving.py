@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -60,6 +61,13 @@ class _Server(ThreadingHTTPServer):
     # socketserver's default backlog is 5: a burst of clients (agents, a load test) got connection resets
     # that they retried as failures. A thread per connection serves them; the backlog holds the burst.
     request_queue_size = 128
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that hung up (a timeout, Ctrl-C, `| head`) is not the host's error: one line, no traceback.
+        if isinstance(sys.exception(), BrokenPipeError | ConnectionResetError):
+            log.info("client %s:%s left before its answer was written", *client_address[:2])
+            return
+        super().handle_error(request, client_address)
 
 
 Handle = Callable[[str, str, Mapping[str, str], bytes, str], Answer]
