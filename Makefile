@@ -10,6 +10,7 @@ STAMP  := $(VENV)/.installed
 
 $(STAMP): requirements.txt requirements-dev.txt client/pyproject.toml package.json package-lock.json
 	@test -n "$(PYTHON)" || { devtools/find-python.sh >/dev/null; exit 1; }
+	@devtools/find-python.sh --check "$(PYTHON)"
 	@test -x $(PY) && $(PY) -c "import sys; sys.exit(sys.version_info[:2] != (3, 13))" || { rm -rf $(VENV) && $(PYTHON) -m venv $(VENV); }
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
 	npm ci --no-audit --no-fund --loglevel=error
@@ -21,10 +22,10 @@ $(STAMP): requirements.txt requirements-dev.txt client/pyproject.toml package.js
 
 install: $(STAMP) ## Create .venv and install Python and npm dependencies (once).
 
-run: $(STAMP) ## Run Settle locally on :7071 against Azurite (func start if installed, else the dev host).
+run: $(STAMP) ## Run Settle locally on SETTLE_URL's port (default :7071) against its own Azurite (python -m devtools.run --help).
 	$(PY) -m devtools.run
 
-demo: $(STAMP) ## Realistic traffic through the resolver of a running `make run` (SETTLE_DEMO_URL), for the console.
+demo: $(STAMP) ## Realistic traffic through the resolver of a running `make run` (at SETTLE_URL), for the console.
 	$(PY) -m devtools.demo $(DEMO_ARGS)
 
 test: $(STAMP) lint typecheck pytest ## Lint, type-check and run the whole test suite (starts Azurite itself).

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import argparse
+import fcntl
 import http.client
 import os
 import shutil
@@ -43,6 +44,23 @@ def _binary(services: tuple[str, ...]) -> str:
     raise RuntimeError(f"{name} not found: run `npm ci` in {ROOT} (package.json pins azurite)")
 
 
+class FolderInUse(RuntimeError):
+    """Another Azurite started from this checkout keeps its data in the folder asked for."""
+
+
+def _claim(folder: Path) -> int:
+    """Hold ``folder`` for this Azurite (two Azurites writing one folder overwrite each other's data)."""
+    descriptor = os.open(folder / ".in-use", os.O_CREAT | os.O_RDWR)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(descriptor)
+        raise FolderInUse(
+            f"{folder} is in use by another Azurite started from this checkout (`make run`, `make azurite`)"
+        ) from None
+    return descriptor
+
+
 def _wait_for(port: int, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -64,6 +82,9 @@ class Azurite:
     ports: dict[str, int] = field(default_factory=dict)
     process: subprocess.Popen[bytes] | None = None
     requested_ports: dict[str, int] | None = None  # explicit ports (wins over standard_ports)
+    _claimed: int | None = field(
+        default=None, init=False, repr=False
+    )  # the data folder's lock, while it runs
 
     def start(self, timeout: float = 30.0) -> Azurite:
         if self.requested_ports is not None:
@@ -80,6 +101,7 @@ class Azurite:
             workdir = tempfile.mkdtemp(prefix="azurite-")
         else:
             self.data_dir.mkdir(parents=True, exist_ok=True)
+            self._claimed = _claim(self.data_dir)
             args += ["--location", str(self.data_dir)]
             workdir = str(self.data_dir)
         args.append("--silent")
@@ -95,15 +117,16 @@ class Azurite:
         return self
 
     def stop(self) -> None:
-        if self.process is None:
-            return
-        if self.process.poll() is None:
+        if self.process is not None and self.process.poll() is None:
             try:
                 os.killpg(self.process.pid, signal.SIGTERM)
                 self.process.wait(timeout=10)
             except (ProcessLookupError, subprocess.TimeoutExpired):
                 os.killpg(self.process.pid, signal.SIGKILL)
         self.process = None
+        if self._claimed is not None:
+            os.close(self._claimed)  # releases the folder's lock
+            self._claimed = None
 
     def endpoint(self, service: str) -> str:
         return f"http://127.0.0.1:{self.ports[service]}/devstoreaccount1"

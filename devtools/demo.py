@@ -9,8 +9,9 @@ report unsupported types, and two messages are poison (a misspelt message type, 
 One customer's session carries several events, so the session view shows a blocked session.
 
 Every id carries a run tag (``--tag``, default: the time), so running it twice adds a second set beside the
-first instead of colliding with it. ``--base-url`` (or ``SETTLE_DEMO_URL``) names the app
-(http://localhost:7071 by default).
+first instead of colliding with it. ``--base-url`` names the app; by default ``SETTLE_URL``, the address
+every entry point follows (``SETTLE_DEMO_URL``, its older name here, wins when set), else what ``make run``
+serves (http://127.0.0.1:7071, or the port ``SETTLE_RUN_PORT`` names).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
+from settle_client.address import default_url
 
 ERRORS = (
     ("ERP timeout after 30 s (POST /ledger/invoices)", "TimeoutException"),
@@ -263,7 +265,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--base-url", default=os.environ.get("SETTLE_DEMO_URL", "http://localhost:7071"))
+    parser.add_argument(
+        "--base-url",
+        default=os.environ.get("SETTLE_DEMO_URL") or default_url(),
+        help="the app (default SETTLE_URL, or SETTLE_DEMO_URL; else what make run serves)",
+    )
     parser.add_argument("--tag", default=datetime.now(UTC).strftime("%H%M%S"))
     args = parser.parse_args(argv)
     base = args.base_url.rstrip("/")

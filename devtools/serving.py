@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -94,6 +95,13 @@ class DrainingServer(ThreadingHTTPServer):
             self.draining = True
             self._idle.wait_for(lambda: self._in_flight == 0, timeout)
             return self._in_flight
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that hung up (a timeout, Ctrl-C, `| head`) is not the host's error: one line, no traceback.
+        if isinstance(sys.exception(), BrokenPipeError | ConnectionResetError):
+            log.info("client %s:%s left before its answer was written", *client_address[:2])
+            return
+        super().handle_error(request, client_address)
 
 
 Handle = Callable[[str, str, Mapping[str, str], bytes, str], Answer]

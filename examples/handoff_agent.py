@@ -1,6 +1,6 @@
 """A hand-off agent: does the work of each parked hand-off of an endpoint and settles it.
 
-    SETTLE_URL=http://localhost:7071 python examples/handoff_agent.py Billing --event-type InvoiceCreated
+    SETTLE_URL=http://127.0.0.1:7071 python examples/handoff_agent.py Billing --event-type InvoiceCreated
 
 It long-polls Settle for the oldest parked hand-off, does the work the endpoint handed off (here: a
 stand-in that books the invoice), and completes the hand-off with the result, or fails it with the
@@ -15,7 +15,8 @@ Each process is its own agent: ``--agent-id`` (default ``example-agent-<host>-<p
 ``settledBy`` of its settlements, so two copies never look like one. A settlement Settle answers from an
 earlier identical one (``replayed``: this agent's own retry, nothing sent twice) is printed as such.
 
-Settings: ``SETTLE_URL`` (default ``http://localhost:7071``), ``SETTLE_FUNCTION_KEY`` (Azure).
+Settings: ``SETTLE_URL`` (default: what ``make run`` serves, ``http://127.0.0.1:7071``),
+``SETTLE_FUNCTION_KEY`` (Azure).
 """
 
 from __future__ import annotations
@@ -58,10 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
 
-    url = os.environ.get("SETTLE_URL", "http://localhost:7071")
     key = os.environ.get("SETTLE_FUNCTION_KEY")
     settled = 0
-    with SettleClient(url, function_key=key, agent_id=args.agent_id) as client:
+    with SettleClient(function_key=key, agent_id=args.agent_id) as client:
         print(
             f"{args.agent_id} watching {args.endpoint} for {args.event_types or 'every event type'}",
             flush=True,

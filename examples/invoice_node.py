@@ -1,6 +1,6 @@
 """A workflow node that posts invoices to a ledger exactly once, with settle-client.
 
-    SETTLE_URL=http://localhost:7071 python examples/invoice_node.py INV-1 INV-2 BAD-3
+    SETTLE_URL=http://127.0.0.1:7071 python examples/invoice_node.py INV-1 INV-2 BAD-3
 
 Each invoice is processed inside ``client.processing(key)``: the lock is taken (only one worker gets
 it), the invoice is posted, and the outcome is recorded with what the ledger answered. Run it twice:
@@ -8,7 +8,8 @@ the second run skips what the first posted. An invoice the ledger rejects (``BAD
 as Failed with the error, so a later run tries it again; a zero amount is recorded as Skipped.
 Run several copies at once: each invoice is still posted once.
 
-Settings: ``SETTLE_URL`` (default ``http://localhost:7071``), ``SETTLE_FUNCTION_KEY`` (Azure).
+Settings: ``SETTLE_URL`` (default: what ``make run`` serves, ``http://127.0.0.1:7071``),
+``SETTLE_FUNCTION_KEY`` (Azure).
 """
 
 from __future__ import annotations
@@ -56,8 +57,7 @@ def process(client: SettleClient, invoice_id: str, amount: int) -> str:
 
 
 def main(invoices: list[str]) -> int:
-    url = os.environ.get("SETTLE_URL", "http://localhost:7071")
-    with SettleClient(url, function_key=os.environ.get("SETTLE_FUNCTION_KEY")) as client:
+    with SettleClient(function_key=os.environ.get("SETTLE_FUNCTION_KEY")) as client:
         for invoice_id in invoices:
             amount = 0 if invoice_id.startswith("ZERO") else 120
             print(f"{invoice_id}: {process(client, invoice_id, amount)}", flush=True)

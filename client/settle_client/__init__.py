@@ -5,6 +5,7 @@
 """
 
 from settle_client._version import VERSION
+from settle_client.address import default_url
 from settle_client.aio import AsyncProcessing, AsyncSettleClient
 from settle_client.client import Processing, SettleClient
 from settle_client.enums import EXISTS_STATUSES, HANDLERS, SETTABLE_STATUSES, Scope, Status
@@ -116,6 +117,7 @@ __all__ = [
     "TransportFailure",
     "Unauthorized",
     "Unavailable",
+    "default_url",
     "release_open_blocks",
 ]
 

@@ -36,7 +36,8 @@ EXIT_CODES = f"""exit codes:
   {FAILED}  some items of a bulk command were refused (each is listed), or another error"""
 
 ENVIRONMENT = """environment:
-  SETTLE_URL            the function app (default http://localhost:7071)
+  SETTLE_URL            the function app (default what `make run` serves: http://127.0.0.1:7071,
+                        or the port SETTLE_RUN_PORT names)
   SETTLE_FUNCTION_KEY   a function key (sent as x-functions-key)
   SETTLE_TOKEN_SCOPE    get an Entra ID token for this scope (api://<app-client-id>/.default) with
                         azure-identity's DefaultAzureCredential (pip install azure-identity): the

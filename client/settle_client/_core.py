@@ -23,6 +23,7 @@ import httpx
 
 from settle_client._calls import Call, Pages, Requests
 from settle_client._version import VERSION
+from settle_client.address import default_url
 from settle_client.auth import Auth, TokenCredentialLike
 from settle_client.errors import NOT_FOUND, TransportFailure, error_from_response, problem_of, retry_after_of
 from settle_client.models import Handler
@@ -228,7 +229,7 @@ class ClientCore:
 
     def __init__(
         self,
-        base_url: str,
+        base_url: str | None = None,
         *,
         function_key: str | None = None,
         credential: TokenCredentialLike | None = None,
@@ -239,6 +240,8 @@ class ClientCore:
         agent_id: str | None = None,
         route_prefix: str = "api",
     ) -> None:
+        if base_url is None:
+            base_url = default_url()
         if not base_url.startswith(("http://", "https://")):
             raise ValueError(f"base_url must be an http(s) URL, not {base_url!r}")
         self.base_url = base_url.rstrip("/")

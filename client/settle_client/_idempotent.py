@@ -13,11 +13,17 @@ Like AWS Lambda Powertools' idempotency utility:
 
 The hash and the marker are kept in the record's ``substatus``: ``idempotent payload sha256=<hex>``,
 preceded by ``ResultNotStored; `` when the result was not stored.
+
+With ``pass_previous=True`` the function also gets ``previous=``: the attempt before this lock, as the
+``with client.processing(key)`` block has it in ``item.previous`` (``None`` for a new key; ``lock_expired``
+true when that attempt crashed or stopped mid-way, so the side effect may be half done). It is not part of
+the payload.
 """
 
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import logging
 import time
@@ -64,6 +70,28 @@ def payload_hash(payload: Payload | None, args: tuple[Any, ...], kwargs: Mapping
             f"same key, and these are not JSON ({exc}): pass payload=lambda ...: <the JSON that matters>"
         ) from exc
     return hashlib.sha256(raw.encode()).hexdigest()
+
+
+PREVIOUS = "previous"
+
+
+def check_takes_previous(fn: Callable[..., Any]) -> None:
+    """``pass_previous=True`` needs a function that takes ``previous=`` (a TypeError when it is decorated)."""
+    parameters = inspect.signature(fn).parameters.values()
+    if not any(p.name == PREVIOUS or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        raise TypeError(
+            f"@idempotent(pass_previous=True): {fn.__qualname__} must take a keyword argument `previous` "
+            "(the previous attempt, a PreviousAttempt or None; give it a default of None for callers)"
+        )
+
+
+def arguments(kwargs: Mapping[str, Any], item: Item, *, pass_previous: bool) -> dict[str, Any]:
+    """The function's keyword arguments: the call's, and ``previous=item.previous`` when asked for."""
+    if not pass_previous:
+        return dict(kwargs)
+    if PREVIOUS in kwargs:
+        raise TypeError("@idempotent(pass_previous=True) passes `previous` itself: do not pass it")
+    return {**kwargs, PREVIOUS: item.previous}
 
 
 def stored(result: Any) -> tuple[Any, str | None]:

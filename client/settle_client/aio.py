@@ -33,7 +33,7 @@ class AsyncSettleClient(ClientCore):
 
     def __init__(
         self,
-        base_url: str,
+        base_url: str | None = None,
         *,
         transport: httpx.AsyncBaseTransport | None = None,
         **settings: Unpack[ClientSettings],
@@ -90,6 +90,7 @@ class AsyncSettleClient(ClientCore):
         lock_seconds: int | None = None,
         wait_seconds: float = 0.0,
         payload: Callable[..., Any] | None = None,
+        pass_previous: bool = False,
     ) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Awaitable[R]]]:
         """:meth:`SettleClient.idempotent` for ``async def`` functions."""
 
@@ -97,6 +98,8 @@ class AsyncSettleClient(ClientCore):
             if not inspect.iscoroutinefunction(fn):
                 raise TypeError("AsyncSettleClient.idempotent decorates async functions")
             returns = _idempotent.declared(fn)
+            if pass_previous:
+                _idempotent.check_takes_previous(fn)
 
             @functools.wraps(fn)
             async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
@@ -106,7 +109,8 @@ class AsyncSettleClient(ClientCore):
                 while True:
                     try:
                         async with self.processing(parsed, lock_seconds=lock_seconds) as item:
-                            result = await fn(*args, **kwargs)
+                            arguments = _idempotent.arguments(kwargs, item, pass_previous=pass_previous)
+                            result = await fn(*args, **arguments)
                             _idempotent.remember(item, result, digest)
                         return result
                     except AlreadyProcessed as refused:

@@ -43,6 +43,7 @@ from settle_client._cli_commands import (
     cmd_state_history,
 )
 from settle_client._version import VERSION
+from settle_client.address import default_url
 from settle_client.client import SettleClient
 from settle_client.errors import (
     Conflict,
@@ -54,7 +55,6 @@ from settle_client.errors import (
     Unavailable,
 )
 
-DEFAULT_URL = "http://localhost:7071"
 T = TypeVar("T")
 
 # -- the parser ---------------------------------------------------------------------------------------
@@ -65,7 +65,7 @@ def _common(parser: argparse.ArgumentParser, *, top: bool) -> None:
     default: Callable[[Any], Any] = (lambda v: v) if top else (lambda v: argparse.SUPPRESS)
     group = parser.add_argument_group("connection and output")
     group.add_argument(
-        "--url", default=default(None), help=f"the function app (env SETTLE_URL, default {DEFAULT_URL})"
+        "--url", default=default(None), help="the function app (env SETTLE_URL; default what make run serves)"
     )
     group.add_argument(
         "--function-key", default=default(None), help="a function key (env SETTLE_FUNCTION_KEY)"
@@ -354,7 +354,7 @@ class PatientClient(SettleClient):
 
 
 def _client(args: argparse.Namespace, notices: TextIO) -> SettleClient:
-    url = args.url or os.environ.get("SETTLE_URL") or DEFAULT_URL
+    url = args.url or default_url()
     key = args.function_key or os.environ.get("SETTLE_FUNCTION_KEY") or None
     scope = args.token_scope or os.environ.get("SETTLE_TOKEN_SCOPE") or None
     try:

@@ -30,7 +30,8 @@ class SettleClient(ClientCore):
     """A Settle client. Create one per process and reuse it (it keeps a connection pool); close it
     with :meth:`close` or use it as a context manager.
 
-    ``base_url``: the function app (``http://localhost:7071``). Auth: ``function_key`` (sent as
+    ``base_url``: the function app (default :func:`~settle_client.default_url`: ``SETTLE_URL``, else
+    ``http://127.0.0.1:7071``, what ``make run`` serves). Auth: ``function_key`` (sent as
     ``x-functions-key``) or ``credential`` + ``token_scope`` (a bearer token). ``handler``: the handler
     of every state call (``"built-in"``, ``"null"`` or ``{"key": ..., "options": {...}}``). ``timeout``:
     seconds per request (a long poll adds its wait). ``retry``: see :class:`RetryPolicy`. ``agent_id``:
@@ -41,7 +42,7 @@ class SettleClient(ClientCore):
 
     def __init__(
         self,
-        base_url: str,
+        base_url: str | None = None,
         *,
         transport: httpx.BaseTransport | None = None,
         handle_sigterm: bool = True,
@@ -108,6 +109,7 @@ class SettleClient(ClientCore):
         lock_seconds: int | None = None,
         wait_seconds: float = 0.0,
         payload: Callable[..., Any] | None = None,
+        pass_previous: bool = False,
     ) -> Callable[[Callable[P, R]], Callable[P, R]]:
         """Run the decorated function once per key; later calls return the stored result.
 
@@ -120,11 +122,16 @@ class SettleClient(ClientCore):
         :class:`ResultNotStored`. An exception releases the lock as Failed and propagates; the next call
         runs the function again. A call that finds another caller running it raises :class:`LockHeld` at
         once, or with ``wait_seconds`` polls that long for the other caller's result. A Skipped record
-        raises :class:`AlreadyProcessed`. See :mod:`settle_client._idempotent`.
+        raises :class:`AlreadyProcessed`. ``pass_previous=True`` hands the function ``previous=``, the
+        attempt before this lock as ``item.previous`` has it in a ``with`` block (``None`` for a new key;
+        ``previous.lock_expired``: that attempt crashed or stopped mid-way, its side effect may be half
+        done). See :mod:`settle_client._idempotent`.
         """
 
         def decorate(fn: Callable[P, R]) -> Callable[P, R]:
             returns = _idempotent.declared(fn)
+            if pass_previous:
+                _idempotent.check_takes_previous(fn)
 
             @functools.wraps(fn)
             def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
@@ -134,7 +141,8 @@ class SettleClient(ClientCore):
                 while True:
                     try:
                         with self.processing(parsed, lock_seconds=lock_seconds) as item:
-                            result = fn(*args, **kwargs)
+                            arguments = _idempotent.arguments(kwargs, item, pass_previous=pass_previous)
+                            result = fn(*args, **arguments)
                             _idempotent.remember(item, result, digest)
                         return result
                     except AlreadyProcessed as refused:

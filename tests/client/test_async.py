@@ -142,6 +142,28 @@ def test_async_idempotent_runs_once(host, key):
     assert calls == [1]
 
 
+def test_async_idempotent_pass_previous_hands_the_function_the_previous_attempt(host, key):
+    seen: list[Any] = []
+
+    async def scenario() -> None:
+        async with AsyncSettleClient(host.base_url) as client:
+
+            @client.idempotent(key=lambda invoice: {**key, "itemKey": invoice}, pass_previous=True)
+            async def post(invoice: str, previous: Any = None) -> dict[str, Any]:
+                seen.append(previous)
+                if len(seen) == 1:
+                    raise RuntimeError("ERP down")
+                return {"posted": invoice}
+
+            with pytest.raises(RuntimeError):
+                await post(key["itemKey"])
+            assert await post(key["itemKey"]) == {"posted": key["itemKey"]}
+
+    run(scenario())
+    assert seen[0] is None
+    assert seen[1].error == "RuntimeError: ERP down" and seen[1].lock_expired is False
+
+
 class Posted(BaseModel):
     ledger_entry: int
     at: datetime

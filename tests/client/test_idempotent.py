@@ -3,15 +3,25 @@
 from __future__ import annotations
 
 import threading
+import uuid
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
 import httpx
 import pytest
 from pydantic import BaseModel
-from settle_client import AlreadyProcessed, LockHeld, PayloadMismatch, ResultNotStored, SettleClient
+from settle_client import (
+    AlreadyProcessed,
+    LockHeld,
+    PayloadMismatch,
+    PreviousAttempt,
+    ResultNotStored,
+    SettleClient,
+)
+
+from tests.client.conftest import some, wait_until
 
 
 def invoice_key(invoice: dict[str, Any]) -> dict[str, Any]:
@@ -243,3 +253,61 @@ def test_a_skipped_record_raises_already_processed(settle, key):
 
     with pytest.raises(AlreadyProcessed):
         post_invoice(new_invoice(key))
+
+
+# -- pass_previous: the function learns how the attempt before it ended, as the with-block does ----------
+def test_pass_previous_hands_the_function_the_attempt_a_crash_left_mid_way(settle, key):
+    seen: list[Any] = []
+
+    @settle.idempotent(key=invoice_key, pass_previous=True)
+    def post_invoice(invoice: dict[str, Any], *, previous: PreviousAttempt | None = None) -> dict[str, Any]:
+        seen.append(previous)
+        return {"posted": True, "checkedLedgerFirst": bool(previous and previous.lock_expired)}
+
+    # Given a worker that took the key's lock and died without recording anything (its lock expires)
+    invoice = new_invoice(key)
+    crashed = settle.lock(invoice_key(invoice), lock_seconds=1)
+    assert crashed.acquired
+    expired_at = some(crashed.locked_until) + timedelta(seconds=2)  # past the storage clock's margin
+    wait_until(lambda: datetime.now(UTC) > expired_at, what="the crashed attempt's lock to expire")
+
+    # When the decorated function is called for that key
+    result = post_invoice(invoice)
+
+    # Then it ran once, told that the attempt before it stopped mid-way (it may have half posted)
+    assert result == {"posted": True, "checkedLedgerFirst": True}
+    assert len(seen) == 1 and seen[0] is not None and seen[0].lock_expired is True
+    # And `previous` is not part of the payload: the stored result replays for the same arguments
+    assert post_invoice(new_invoice(key)) == result and len(seen) == 1
+
+
+def test_pass_previous_is_none_for_a_new_key_and_the_error_after_a_released_attempt(settle, key):
+    seen: list[Any] = []
+    outcomes = iter([RuntimeError("ERP down"), {"posted": True}])
+
+    @settle.idempotent(key=invoice_key, pass_previous=True)
+    def post_invoice(invoice: dict[str, Any], previous: PreviousAttempt | None = None) -> Any:
+        seen.append(previous)
+        outcome = next(outcomes)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    with pytest.raises(RuntimeError, match="ERP down"):
+        post_invoice(new_invoice(key))
+    assert post_invoice(new_invoice(key)) == {"posted": True}
+    assert seen[0] is None
+    assert seen[1] is not None and seen[1].lock_expired is False and seen[1].error == "RuntimeError: ERP down"
+
+
+def test_pass_previous_needs_a_function_that_takes_it(settle):
+    with pytest.raises(TypeError, match="must take a keyword argument `previous`"):
+
+        @settle.idempotent(key=invoice_key, pass_previous=True)
+        def post_invoice(invoice: dict[str, Any]) -> None: ...
+
+    @settle.idempotent(key=invoice_key)  # without the opt-in nothing is passed
+    def plain(invoice: dict[str, Any], previous: Any = "unchanged") -> Any:
+        return previous
+
+    assert plain({"id": f"plain-{uuid.uuid4().hex}"}) == "unchanged"

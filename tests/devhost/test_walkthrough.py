@@ -1,18 +1,22 @@
 """The README walkthrough (``docs/walkthrough.md``) runs as written against the development host.
 
 Every fenced ``bash`` block is pasted, in order, into one shell (so variables carry over, as for a
-reader), with ``http://localhost:7071`` replaced by a development host started on a free port against
-the test Azurite. The fenced block after each command is its expected answer: ``json`` is matched as a
-subset (``"…"`` matches any value; ``$VAR`` is expanded by the same shell), ``text`` must be equal.
+reader): bash, and zsh (macOS's login shell), each as a reader has it, without ``set -o pipefail``. The
+shell's ``SETTLE_URL`` names a development host started on a free port against the test Azurite (the
+page follows that one setting, as every entry point does). The fenced block after each command is its
+expected answer: ``json`` is matched as a subset (``"…"`` matches any value; ``$VAR`` is expanded by the
+same shell), ``text`` must be equal.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import queue
 import re
 import shutil
 import subprocess
+import sys
 import threading
 import uuid
 from dataclasses import dataclass
@@ -25,7 +29,10 @@ from tests.devhost.conftest import HostProcess, StartHost
 
 ROOT = Path(__file__).resolve().parents[2]
 WALKTHROUGH = ROOT / "docs" / "walkthrough.md"
-DEFAULT_BASE = "http://localhost:7071"
+# The page's first block: SETTLE_URL, else what `make run` serves.
+ADDRESS = "SETTLE=${SETTLE_URL:-http://127.0.0.1:${SETTLE_RUN_PORT:-7071}}"
+# A reader's shells, as they start with no startup files (no pipefail, zsh without bash options).
+SHELLS = {"bash": ["bash", "--noprofile", "--norc"], "zsh": ["zsh", "-f"]}
 ANY = ("…", "...")
 FENCE = re.compile(r"^```(\w+)\n(.*?)^```\s*$", re.MULTILINE | re.DOTALL)
 
@@ -54,20 +61,20 @@ def walkthrough_steps(markdown: str) -> list[Step]:
 
 
 class Shell:
-    """One interactive-like bash session fed block by block."""
+    """One interactive-like shell session (``bash`` or ``zsh``) fed block by block, with its defaults."""
 
-    def __init__(self) -> None:
+    def __init__(self, kind: str = "bash", env: dict[str, str] | None = None) -> None:
         self.process = subprocess.Popen(
-            ["bash", "--noprofile", "--norc"],
+            SHELLS[kind],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
             cwd=ROOT,
+            env=env,
         )
         self.lines: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._pump, daemon=True).start()
-        self.run("set -o pipefail")
 
     def _pump(self) -> None:
         assert self.process.stdout is not None
@@ -122,8 +129,15 @@ def matches(expected: Any, actual: Any) -> bool:
 def test_the_walkthrough_parses_into_commands_with_answers() -> None:
     steps = walkthrough_steps(WALKTHROUGH.read_text(encoding="utf-8"))
     assert len(steps) >= 12
-    assert DEFAULT_BASE in steps[0].command
+    assert steps[0].command.startswith(ADDRESS + "\n")
     commands = "\n".join(s.command for s in steps)
+    # One address: every command reaches the app through $SETTLE, never a port of its own
+    assert commands.count("7071") == 1 and "localhost:" not in commands
+    # Pasted into zsh as into bash: no bash-only expansions, no comments (an interactive zsh runs `#`
+    # as a word unless interactivecomments is set), no echo of JSON (zsh's echo decodes backslashes)
+    assert "^^" not in commands and ",," not in commands
+    assert not re.search(r"(^|\s)#", commands)
+    assert not re.search(r"\becho \"\$", commands)
     for needed in (
         "/api/v1/state/lock",
         "/api/v1/state/set",
@@ -146,19 +160,25 @@ def test_subset_matching_is_strict_where_it_must_be() -> None:
     assert not matches({"a": None}, {"a": "set"})
 
 
-def test_the_shell_reports_a_failing_command_and_keeps_variables() -> None:
-    shell = Shell()
+@pytest.mark.parametrize("kind", sorted(SHELLS))
+def test_the_shell_reports_a_failing_command_and_keeps_variables(kind: str) -> None:
+    needs(kind)
+    shell = Shell(kind)
     try:
-        assert shell.run("A=1; false | cat") == (1, "")  # pipefail: the failing command's status
+        assert shell.run("A=1; false") == (1, "")
+        assert shell.run("false | cat") == (0, "")  # no pipefail: what a reader's shell does
         assert shell.run('echo "$A"') == (0, "1")
         assert shell.expand('{"a": "$A", "b": "x\\"y"}\n') == '{"a": "1", "b": "x\\"y"}'
     finally:
         shell.close()
 
 
-@pytest.fixture(scope="module")
-def host(start_host: StartHost) -> HostProcess:
-    return start_host()
+def needs(kind: str) -> None:
+    """zsh is not on every Linux machine; CI installs it (.ci/run), elsewhere its run is skipped."""
+    if shutil.which(kind) is None:
+        if os.environ.get("SETTLE_REQUIRE_ZSH"):
+            pytest.fail(f"{kind} is not installed (SETTLE_REQUIRE_ZSH is set)")
+        pytest.skip(f"{kind} is not installed (apt-get install {kind} / brew install {kind}): not run in it")
 
 
 NEEDED_OPERATIONS = (
@@ -190,21 +210,30 @@ def missing_operations(host: HostProcess) -> list[str]:
     return missing
 
 
-def test_walkthrough_runs_as_written_against_the_development_host(host: HostProcess) -> None:
+@pytest.mark.parametrize("kind", sorted(SHELLS))
+def test_walkthrough_runs_as_written_against_the_development_host(kind: str, start_host: StartHost) -> None:
+    needs(kind)
     assert shutil.which("jq"), "the walkthrough uses jq: install it (apt-get install jq / brew install jq)"
+    host = start_host()  # one per shell: a run leaves leased hand-offs the next run's agents must not see
     missing = missing_operations(host)
     assert not missing, "the app does not serve what the walkthrough needs yet: " + "; ".join(missing)
     host_names = host.output()
     assert "resolver: serviceBusTrigger" in host_names, "the app has no `resolver` Service Bus function yet"
 
     steps = walkthrough_steps(WALKTHROUGH.read_text(encoding="utf-8"))
-    shell = Shell()
+    # The reader's environment: SETTLE_URL names the app; `settle` is where `make install` put it (this
+    # test's virtualenv: a worktree may have none of its own)
+    environ = {k: v for k, v in os.environ.items() if k not in {"SETTLE_RUN_PORT", "BASH_ENV", "ENV"}}
+    environ.update(
+        SETTLE_URL=host.base_url, PATH=f"{Path(sys.executable).parent}{os.pathsep}{environ['PATH']}"
+    )
+    shell = Shell(kind, environ)
     try:
         for step in steps:
-            command = step.command.replace(DEFAULT_BASE, host.base_url)
-            code, output = shell.run(command)
+            code, output = shell.run(step.command)
             context = (
-                f"walkthrough step {step.number} failed\n--- command\n{step.command}\n--- output\n{output}\n"
+                f"walkthrough step {step.number} failed in {kind}\n--- command\n{step.command}\n"
+                f"--- output\n{output}\n"
                 f"--- host log (tail)\n{host.output()[-3000:]}"
             )
             assert code == 0, context

@@ -46,8 +46,9 @@ class Lifecycle(RuleBasedStateMachine):
     @initialize(retention=st.sampled_from([None, 30, 600]))
     def start(self, retention: int | None) -> None:
         self.now = T0
-        clock = {"utcnow": self._now, "earliest_now": self._now, "latest_now": self._now}
-        self.clock = mock.patch.multiple("state.store", **clock)
+        self.clock = mock.patch.multiple(
+            "state.store", utcnow=self._now, earliest_now=self._now, latest_now=self._now
+        )
         self.clock.start()
         self.tables = MemoryTables()
         self.store = StateStore(self.tables, layout=Layout(1))
