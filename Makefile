@@ -5,14 +5,19 @@ PYTHON ?= $(shell devtools/find-python.sh)
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+# The Python half alone (the unit tier, lint and type checks need no npm package: no Azurite, no browser).
+PYSTAMP := $(VENV)/.installed-python
 
 .PHONY: install run demo test test-unit lint typecheck pytest bench bench-smoke bench-report reliability reliability-throttled infra-check infra-types azurite table-export table-restore reshard clean
 
-$(STAMP): requirements.txt requirements-dev.txt client/pyproject.toml package.json package-lock.json
+$(PYSTAMP): requirements.txt requirements-dev.txt client/pyproject.toml
 	@test -n "$(PYTHON)" || { devtools/find-python.sh >/dev/null; exit 1; }
 	@devtools/find-python.sh --check "$(PYTHON)"
 	@test -x $(PY) && $(PY) -c "import sys; sys.exit(sys.version_info[:2] != (3, 13))" || { rm -rf $(VENV) && $(PYTHON) -m venv $(VENV); }
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
+	@touch $(PYSTAMP)
+
+$(STAMP): $(PYSTAMP) package.json package-lock.json
 	npm ci --no-audit --no-fund --loglevel=error
 	@touch $(STAMP)
 
@@ -30,14 +35,14 @@ demo: $(STAMP) ## Realistic traffic through the resolver of a running `make run`
 
 test: $(STAMP) lint typecheck pytest ## Lint, type-check and run the whole test suite (starts Azurite itself).
 
-test-unit: $(STAMP) ## The fast loop: every test that needs no storage and starts no other program (no Azurite).
+test-unit: $(PYSTAMP) ## The fast loop: every test that needs no storage and starts no other program (no Azurite, no npm).
 	$(PY) -m pytest -q -m "not storage and not heavy and not slow and not live" $(PYTEST_ARGS)
 
-lint: $(STAMP)
+lint: $(PYSTAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-typecheck: $(STAMP)
+typecheck: $(PYSTAMP)
 	$(VENV)/bin/mypy .
 
 pytest: $(STAMP)
