@@ -10,7 +10,6 @@ import base64
 import json
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from itertools import islice
 from typing import Any
 
 import pytest
@@ -45,11 +44,11 @@ def _every_page(call: Any, page_size: int | None = None, **params: str) -> list[
 
 
 def _chunks(rows: list[dict[str, Any]], size: int = 100) -> list[list[dict[str, Any]]]:
+    """Transactions of at most ``size`` rows, each of one partition."""
     by_partition: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
         by_partition.setdefault(row["PartitionKey"], []).append(row)
-    it = [iter(group) for group in by_partition.values()]
-    return [chunk for group in it for chunk in iter(lambda g=group: list(islice(g, size)), [])]
+    return [group[n : n + size] for group in by_partition.values() for n in range(0, len(group), size)]
 
 
 def _seed(resolve: Any, tag: str, session: str) -> tuple[str, list[str]]:
