@@ -11,6 +11,7 @@ from pydantic import Field, StringConstraints
 from common.models import ApiModel, RequestModel, from_fields
 from handoff.contract import Coordinates
 from handoff.limits import MAX_ENDPOINT_ID, MAX_ID
+from handoff.outbox import text_at
 from handoff.records import AuditRow, EventRow, HistoryRow
 
 Text = Annotated[str, StringConstraints(min_length=1, max_length=1000)]
@@ -293,6 +294,8 @@ class EventView(ApiModel):
             row,
             resolution_status=row.resolution_status.name,
             message_type=row.message_type.name,
+            # Why it failed: the NimBus reason, else the error text of the message that failed it (as find).
+            reason=row.reason or text_at(row.message_content, "ErrorContent", "ErrorText"),
             message_content=_json(row.message_content),
             history=[HistoryEntry.of(h) for h in history],
             audits=[AuditEntry.of(a) for a in audits],

@@ -5,23 +5,37 @@ lookup index ``hoids`` (layout: :mod:`handoff.keys`, docs/tables.md), written wi
 
 - **q** (``GET v1/find?q=``): an event id or its first characters (at least :data:`MIN_PREFIX`; fewer take
   only a whole id), a session id, a message id or an external job id, in any case. Two reads, sent
-  together: the event-id range of ``q`` in its prefix partition, and the one partition of every other kind
-  of id equal to ``q``. A fragment from the middle of an id is in neither.
+  together: the one partition of every other kind of id equal to ``q``, and the event-id range of ``q``
+  in its prefix partition. A fragment from the middle of an id is in neither.
 - **eventId= / sessionId= / messageId= / externalJobId=**: the same, one kind only (one read).
-- Then one point read of each hand-off found (its current row; at most :data:`MAX_HITS`): a row written
-  for an event whose projection never committed names nothing and is left out.
+- Then one point read of each hand-off found (its current row): a row written for an event whose
+  projection never committed names nothing and is left out.
+- **Pages** (``pageSize``, default :data:`MAX_HITS`, at most :data:`MAX_PAGE`; ``continuationToken``): the
+  index is read as one stream, the exact-id partition first (whole session, message and job ids), then
+  the event-id range, each in key order; a token is the position in that stream. A hand-off two of whose
+  ids match is listed once, where the stream first meets it (its row says which of its ids match). A page
+  lists its whole ids first, then oldest first.
 - **failed**: the first rows of ``sd|Failed|`` and ``sd|DeadLettered|`` per endpoint (newest first),
   merged newest first.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import base64
+import binascii
+import contextvars
+import hashlib
+import json
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from common.beside import Beside
 from common.errors import InvalidInput
-from common.tables import first_rows, quoted
+from common.roundtrips import ROUND_TRIPS
+from common.tables import quoted
 from handoff import keys
 from handoff.overview import Overview
 from handoff.projection import error_text
@@ -30,12 +44,18 @@ from handoff.store import HandoffStore
 from management.models import FindAnswer, FoundEvent, IdMatch
 
 MIN_PREFIX = keys.MIN_PREFIX
-MAX_HITS = 50
+MAX_HITS = 50  # the default page
+MAX_PAGE = 200
 # Longer than any id a key can hold (1 KiB): a longer text names nothing.
 MAX_QUERY_CHARS = 1024
 # The order matches are named in: the hand-off's own id first.
 _KIND_ORDER = {kind: n for n, kind in enumerate(keys.ID_KINDS)}
 _PARAMS = ("q", *keys.ID_KINDS)
+# Where the stream meets each kind of whole id: the exact-id partition in key order (j|, m|, s|), then
+# the event-id range.
+_STREAM_ORDER = {"externalJobId": 0, "messageId": 1, "sessionId": 2, "eventId": 3}
+_POINT_READERS = 16
+_BAD_TOKEN = "continuationToken is not one this API issued for this find; start again without it."
 
 
 def summary(endpoint_id: str, row: EventRow) -> FoundEvent:
@@ -46,9 +66,9 @@ def _cut(text: str | None) -> str | None:
     return text[:300] if text is not None else None
 
 
-def answer(store: HandoffStore, params: Mapping[str, str]) -> FindAnswer:
+def answer(store: HandoffStore, params: Mapping[str, str], *, page_size: int = MAX_HITS) -> FindAnswer:
     """``GET v1/find``: ``q`` (any kind of id) or one of ``eventId``, ``sessionId``, ``messageId``,
-    ``externalJobId`` (that kind only)."""
+    ``externalJobId`` (that kind only); a page of ``page_size`` from ``continuationToken``."""
     for name in _PARAMS:
         text = (params.get(name) or "").strip()
         if not text:
@@ -58,64 +78,214 @@ def answer(store: HandoffStore, params: Mapping[str, str]) -> FindAnswer:
         if name == "eventId" and len(text) < MIN_PREFIX:
             raise InvalidInput(f"eventId needs at least {MIN_PREFIX} characters.", field="eventId")
         kinds = keys.ID_KINDS if name == "q" else (name,)
-        return FindAnswer(items=find(store, text, kinds=kinds))
+        items, after = find_page(
+            store, text, kinds=kinds, page_size=page_size, after=params.get("continuationToken") or None
+        )
+        return FindAnswer(items=items, continuation_token=after)
     raise InvalidInput(
         "Give q: an event id (or its first 3 characters), a session id, a message id or an external job id.",
         field="q",
     )
 
 
-def _event_ids(store: HandoffStore, text: str) -> list[Any]:
-    """Event id rows whose id starts with ``text`` (equals it, when shorter than the prefix)."""
-    low, high = keys.event_id_range(text) if len(text) >= MIN_PREFIX else keys.event_id_exact_range(text)
-    pk = keys.event_id_partition(text)
-    query = f"PartitionKey eq {quoted(pk)} and RowKey ge {quoted(low)} and RowKey lt {quoted(high)}"
-    rows = first_rows(store.table(keys.IDS_TABLE).query_entities(query, results_per_page=MAX_HITS), MAX_HITS)
-    folded = keys.fold(text)
-    # The key holds a long id cut: the whole id decides.
-    return [r for r in rows if keys.fold(str(r["Value"]))[: len(folded)] == folded]
+@dataclass(frozen=True)
+class _Phase:
+    """One part of the stream: a key range of one hoids partition, and which rows of it match."""
+
+    name: str  # "x": the exact-id partition, "e": the event-id range
+    partition: str
+    low: str
+    high: str
+    keep: Callable[[Any], bool]
 
 
-def _exact_ids(store: HandoffStore, text: str, kinds: tuple[str, ...]) -> list[Any]:
-    """Session, message and external job id rows equal to ``text`` (of ``kinds``)."""
-    query = f"PartitionKey eq {quoted(keys.exact_id_partition(text))}"
-    if len(kinds) == 1:
-        low, high = keys.exact_kind_range(kinds[0])
-        query += f" and RowKey ge {quoted(low)} and RowKey lt {quoted(high)}"
-    rows = first_rows(store.table(keys.IDS_TABLE).query_entities(query, results_per_page=MAX_HITS), MAX_HITS)
+@dataclass(frozen=True)
+class _Hit:
+    phase: str
+    row_key: str
+    endpoint_id: str
+    event_id: str
+    match: IdMatch
+
+
+def _phases(text: str, kinds: tuple[str, ...]) -> list[_Phase]:
     folded = keys.fold(text)
-    return [r for r in rows if r["Kind"] in kinds and keys.fold(str(r["Value"])) == folded]
+    phases = []
+    others = tuple(k for k in kinds if k != "eventId")
+    if others:
+        low, high = keys.exact_kind_range(others[0]) if len(others) == 1 else ("", "\uffff")
+        phases.append(
+            _Phase(
+                "x",
+                keys.exact_id_partition(text),
+                low,
+                high,
+                lambda r: r["Kind"] in others and keys.fold(str(r["Value"])) == folded,
+            )
+        )
+    if "eventId" in kinds:
+        low, high = keys.event_id_range(text) if len(text) >= MIN_PREFIX else keys.event_id_exact_range(text)
+        # The key holds a long id cut: the whole id decides.
+        phases.append(
+            _Phase(
+                "e",
+                keys.event_id_partition(text),
+                low,
+                high,
+                lambda r: keys.fold(str(r["Value"]))[: len(folded)] == folded,
+            )
+        )
+    return phases
+
+
+def _binding(text: str, kinds: tuple[str, ...]) -> str:
+    return hashlib.sha256(json.dumps([keys.fold(text), list(kinds)]).encode()).hexdigest()[:16]
+
+
+def _encode(binding: str, hit: _Hit) -> str:
+    raw = json.dumps({"f": binding, "p": hit.phase, "k": hit.row_key}, separators=(",", ":"))
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def _decode(token: str, binding: str, phases: list[_Phase]) -> tuple[int, str]:
+    """(index of the phase, row key) a page ended at. Like the listings' tokens it only positions reads the
+    caller may make anyway, so it needs no signature: it must name this find and lie inside its ranges."""
+    try:
+        data = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
+        position = (data["f"], data["p"], data["k"])
+    except (binascii.Error, ValueError, KeyError, TypeError) as exc:
+        raise InvalidInput(_BAD_TOKEN, field="continuationToken") from exc
+    found, name, row_key = position
+    at = next((n for n, p in enumerate(phases) if p.name == name), None)
+    if found != binding or at is None or not isinstance(row_key, str):
+        raise InvalidInput(_BAD_TOKEN, field="continuationToken")
+    if not phases[at].low <= row_key < phases[at].high:
+        raise InvalidInput(_BAD_TOKEN, field="continuationToken")
+    return at, row_key
+
+
+def _read(store: HandoffStore, phase: _Phase, after: str | None, limit: int) -> list[_Hit]:
+    """Up to ``limit`` matching rows of ``phase`` after ``after``, in key order (pages followed: a short
+    page with a continuation does not end the range)."""
+    query = (
+        f"PartitionKey eq {quoted(phase.partition)} and RowKey {'gt' if after else 'ge'} "
+        f"{quoted(after or phase.low)} and RowKey lt {quoted(phase.high)}"
+    )
+    hits: list[_Hit] = []
+    for row in store.table(keys.IDS_TABLE).query_entities(query, results_per_page=min(limit, 1000)):
+        if phase.keep(row):
+            match = IdMatch(kind=row["Kind"], value=str(row["Value"]))
+            hits.append(
+                _Hit(phase.name, str(row["RowKey"]), str(row["EndpointId"]), str(row["EventId"]), match)
+            )
+            if len(hits) >= limit:
+                break
+    return hits
+
+
+def _stream(
+    store: HandoffStore, phases: list[_Phase], start: int, after: str | None, limit: int
+) -> list[_Hit]:
+    """The next ``limit`` hits of the stream from ``(start, after)``: the phases' reads sent together."""
+    later = [
+        Beside(partial(_read, store, phase, None, limit), name="settle-find") for phase in phases[start + 1 :]
+    ]
+    hits = _read(store, phases[start], after, limit)
+    for read in later:
+        hits += read.result()
+    return hits[:limit]
+
+
+def _row_matches(row: EventRow, text: str, kinds: tuple[str, ...]) -> list[IdMatch]:
+    """The ids of the hand-off's current row that match ``text`` (an event id: that starts with it)."""
+    folded = keys.fold(text)
+    values = {
+        "eventId": row.event_id,
+        "sessionId": row.session_id,
+        "messageId": row.last_message_id,
+        "externalJobId": row.external_job_id,
+    }
+    found = []
+    for kind in kinds:
+        value = values[kind]
+        if value is None:
+            continue
+        whole = keys.fold(value) == folded
+        if whole or (kind == "eventId" and len(folded) >= MIN_PREFIX and keys.fold(value).startswith(folded)):
+            found.append(IdMatch(kind=kind, value=value))
+    return found
+
+
+def _listed_before(hit: _Hit, matches: list[IdMatch], text: str) -> bool:
+    """Whether the stream met this hand-off earlier, by another of its ids equal to ``text``."""
+    folded = keys.fold(text)
+    own = _STREAM_ORDER[hit.match.kind]
+    return any(
+        _STREAM_ORDER[m.kind] < own and keys.fold(m.value) == folded for m in matches if m.kind != "eventId"
+    )
+
+
+def find_page(
+    store: HandoffStore,
+    text: str,
+    *,
+    kinds: tuple[str, ...] = keys.ID_KINDS,
+    page_size: int = MAX_HITS,
+    after: str | None = None,
+) -> tuple[list[FoundEvent], str | None]:
+    """A page of the hand-offs carrying an id of ``kinds`` that is ``text`` in any case (an event id: that
+    starts with ``text``), with what matched, and the token of the next page (None: this is the last)."""
+    phases = _phases(text, kinds)
+    binding = _binding(text, kinds)
+    start, position = _decode(after, binding, phases) if after else (0, None)
+    hits = _stream(store, phases, start, position, page_size + 1)
+    more = len(hits) > page_size
+    hits = hits[:page_size]
+    targets: dict[tuple[str, str], list[_Hit]] = {}
+    for hit in hits:
+        targets.setdefault((hit.endpoint_id, hit.event_id), []).append(hit)
+    rows = _point_reads(store, list(targets))
+    folded = keys.fold(text)
+    items: list[tuple[int, FoundEvent]] = []
+    for (endpoint_id, event_id), found_by in targets.items():
+        row = rows[(endpoint_id, event_id)]
+        if row is None:
+            continue  # a row of a projection that never committed
+        matches = _row_matches(row, text, kinds)
+        if _listed_before(found_by[0], matches, text):
+            continue
+        for hit in found_by:  # an id the row no longer shows (an earlier message's)
+            if hit.match not in matches:
+                matches.append(hit.match)
+        matches.sort(key=lambda m: (keys.fold(m.value) != folded, _KIND_ORDER[m.kind]))
+        item = summary(endpoint_id, row)
+        item.matches = matches
+        item.matched_by = matches[0].kind
+        items.append((0 if keys.fold(matches[0].value) == folded else 1, item))
+    items.sort(key=lambda pair: (pair[0], pair[1].enqueued_time_utc, pair[1].endpoint_id, pair[1].event_id))
+    return [item for _, item in items], (_encode(binding, hits[-1]) if more else None)
 
 
 def find(store: HandoffStore, text: str, *, kinds: tuple[str, ...] = keys.ID_KINDS) -> list[FoundEvent]:
-    """Every hand-off (at most :data:`MAX_HITS`) carrying an id of ``kinds`` that is ``text`` in any case
-    (an event id: that starts with ``text``), with what matched; whole ids first, then oldest first."""
-    others = tuple(k for k in kinds if k != "eventId")
-    by_prefix = None
-    if "eventId" in kinds:  # sent beside the other read: one find waits for one round trip of hoids
-        by_prefix = Beside(lambda: _event_ids(store, text), name="settle-find-event-ids")
-    rows = _exact_ids(store, text, others) if others else []
-    if by_prefix is not None:
-        rows = by_prefix.result() + rows
-    matches: dict[tuple[str, str], list[IdMatch]] = {}
-    for row in rows:
-        found = matches.setdefault((str(row["EndpointId"]), str(row["EventId"])), [])
-        match = IdMatch(kind=row["Kind"], value=str(row["Value"]))
-        if match not in found:
-            found.append(match)
-    folded = keys.fold(text)
-    items: list[tuple[int, FoundEvent]] = []
-    for (endpoint_id, event_id), found in list(matches.items())[:MAX_HITS]:
-        row = store.get_event(endpoint_id, event_id)
-        if row is None:
-            continue  # a row of a projection that never committed
-        found.sort(key=lambda m: (keys.fold(m.value) != folded, _KIND_ORDER[m.kind]))
-        item = summary(endpoint_id, row)
-        item.matches = found
-        item.matched_by = found[0].kind
-        items.append((0 if keys.fold(found[0].value) == folded else 1, item))
-    items.sort(key=lambda pair: (pair[0], pair[1].enqueued_time_utc, pair[1].endpoint_id, pair[1].event_id))
-    return [item for _, item in items]
+    """The first page (:data:`MAX_HITS`) of :func:`find_page`."""
+    return find_page(store, text, kinds=kinds)[0]
+
+
+def _point_reads(
+    store: HandoffStore, targets: list[tuple[str, str]]
+) -> dict[tuple[str, str], EventRow | None]:
+    """The current row of each hand-off (one point read each, a few at a time)."""
+    if len(targets) <= 1:
+        return {t: store.get_event(*t) for t in targets}
+    tallies = ROUND_TRIPS.open_tallies()  # the reads are the find's own: counted and traced as such
+    context = contextvars.copy_context()
+
+    def read(target: tuple[str, str]) -> EventRow | None:
+        ROUND_TRIPS.adopt(tallies)
+        return context.copy().run(store.get_event, *target)
+
+    with ThreadPoolExecutor(min(_POINT_READERS, len(targets)), thread_name_prefix="settle-find") as pool:
+        return dict(zip(targets, pool.map(read, targets), strict=True))
 
 
 def failed(store: HandoffStore, overview: Overview, *, per_endpoint: int) -> list[FoundEvent]:

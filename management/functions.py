@@ -323,16 +323,24 @@ def audits_search(req: func.HttpRequest) -> AuditSearchPage:
     "Hand-offs across endpoints by any id: event id (or its first 3+ characters), session, message "
     "or external job id, any case, with what matched (hoids: a few reads at any number of endpoints)",
     MODELS + "FindAnswer",
-    responses={**AUTH, 400: "No id, or an eventId prefix shorter than 3 characters (the problem names it)"},
-    parameters=tuple(
-        {"name": name, "in": "query", "schema": {"type": "string"}}
-        for name in ("q", "eventId", "sessionId", "messageId", "externalJobId")
+    responses={
+        **AUTH,
+        400: "No id, an eventId prefix shorter than 3 characters, a bad pageSize or continuationToken "
+        "(the problem names it)",
+    },
+    parameters=(
+        *(
+            {"name": name, "in": "query", "schema": {"type": "string"}}
+            for name in ("q", "eventId", "sessionId", "messageId", "externalJobId")
+        ),
+        PAGE_SIZE,
+        CONTINUATION,
     ),
 )
 def find_events(req: func.HttpRequest) -> FindAnswer:
     from management import find
 
-    return find.answer(service.store(), req.params)
+    return find.answer(service.store(), req.params, page_size=page_size(req, find.MAX_HITS, find.MAX_PAGE))
 
 
 @operator_read(

@@ -374,3 +374,6 @@ class FoundEvent(EventSummary):
 
 class FindAnswer(ApiModel):
     items: list[FoundEvent]
+    continuation_token: str | None = Field(
+        default=None, description="More match: send it back for the next page (none: this page is the last)."
+    )

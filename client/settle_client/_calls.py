@@ -387,6 +387,17 @@ class Requests:
             body=body,
         )
 
+    def renew_lease(
+        self, endpoint: str, event_id: str, lease_token: str, *, lease_seconds: float | None = None
+    ) -> Call[dict[str, Any]]:
+        """Extend the lease ``lease_token`` holds on ``event_id``'s hand-off (from a shell or another
+        process than the one that received it); answers ``{expiresAt, ...}``; 409 if it was lost."""
+        return self.lease(endpoint, "renew", event_id, lease_token, lease_seconds)
+
+    def release_lease(self, endpoint: str, event_id: str, lease_token: str) -> Call[dict[str, Any]]:
+        """Give the hand-off ``lease_token`` holds back at once (another agent's receive gets it)."""
+        return self.lease(endpoint, "release", event_id, lease_token)
+
     def job(self, endpoint: str, job_id: str, cls: type[H]) -> Call[H | None]:
         ids = {"endpointId": endpoint, "externalJobId": job_id}
         return self.found(cls, "v1/handoffs/jobs", "v1/handoffs/{endpointId}/jobs/{externalJobId}", ids)

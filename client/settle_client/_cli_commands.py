@@ -9,31 +9,35 @@ import argparse
 import getpass
 import json
 import os
+import shutil
 import sys
-from collections.abc import Callable, Iterable
-from datetime import UTC, datetime
+from collections.abc import Callable, Iterable, Sequence
+from datetime import UTC, datetime, timedelta
+from itertools import islice
 from typing import Any, TextIO, TypeVar
 
 from settle_client import _cli_output as out
-from settle_client._calls import present
+from settle_client._calls import Call, present
 from settle_client.client import SettleClient
 from settle_client.errors import Conflict, InvalidInput, NotFound, SettleError
-from settle_client.models import Key
+from settle_client.models import Coordinates, Key
+from settle_client.operator import BULK_CHUNK
 from settle_client.operator_models import FoundEvent, OperatorEvent
 
 T = TypeVar("T")
 
 # Exit codes (argparse itself exits 2 on a usage error).
-OK, NOTHING, USAGE, INVALID, AUTH, CONFLICT, UNAVAILABLE, FAILED = 0, 1, 2, 3, 4, 5, 6, 7
+OK, NOTHING, USAGE, INVALID, AUTH, CONFLICT, UNAVAILABLE, FAILED, NOT_SETTLE = 0, 1, 2, 3, 4, 5, 6, 7, 8
 EXIT_CODES = f"""exit codes:
-  {OK}  found / done
-  {NOTHING}  nothing found (unknown id, event, record, no parked hand-off)
-  {USAGE}  wrong usage (the command line)
+  {OK}  found / done (a closed pipe, as `| head` closes it, too: quietly)
+  {NOTHING}  not found (unknown id, event, record, no parked hand-off): "settle: not found: ..."
+  {USAGE}  wrong usage (the command line, bad JSON, an action not confirmed)
   {INVALID}  Settle refused the input (400: the message names the field)
   {AUTH}  401/403: no or a refused credential (the message says what to pass)
   {CONFLICT}  409: the state does not allow it (the message says what the state is)
   {UNAVAILABLE}  Settle unavailable or unreachable (503/429 after retries, no answer)
-  {FAILED}  some items of a bulk command were refused (each is listed), or another error"""
+  {FAILED}  some items of a bulk command were refused (each is listed), or another error
+  {NOT_SETTLE}  no Settle at --url: nothing listens there, or what answers is not a Settle function app"""
 
 ENVIRONMENT = """environment:
   SETTLE_URL            the function app (default what `make run` serves: http://127.0.0.1:7071,
@@ -57,7 +61,7 @@ class Failure(Exception):
 
 
 class Context:
-    """What a command gets: the client, the parsed arguments, where to print."""
+    """What a command gets: the client, the parsed arguments, where to print and how."""
 
     def __init__(
         self, args: argparse.Namespace, client: SettleClient, stdout: TextIO, stderr: TextIO
@@ -67,22 +71,77 @@ class Context:
         self.stdout = stdout
         self.stderr = stderr
         self.by: str = args.by or os.environ.get("SETTLE_OPERATOR") or _user()
+        self.output: str = args.output
+        # A table fits the terminal it is shown in; in a pipe nothing is cut.
+        self.width = shutil.get_terminal_size().columns if _isatty(stdout) else None
 
     def print(self, text: str) -> None:
-        print(text, file=self.stdout)
+        if text:
+            print(text, file=self.stdout)
 
     def emit(self, value: Any, human: Callable[[], str]) -> None:
-        self.print(out.as_json(value) if self.args.json else human())
+        if self.output == "json":
+            self.print(out.as_json(value))
+        elif self.output == "jsonl":
+            self.print(out.as_jsonl(value))
+        else:
+            self.print(human())
 
-    def nothing(self, empty: str, message: str) -> Failure:
-        """What to raise when there is nothing to show: ``message``, exit code NOTHING; with ``--json``,
-        ``empty`` (``[]`` or ``null``) is printed first, so a script still reads JSON."""
-        if self.args.json:
-            self.print(empty)
-        return Failure(message, NOTHING)
+    def table(self, headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+        return out.table(headers, rows, width=self.width)
 
     def progress(self, text: str) -> None:
         print(text, file=self.stderr, flush=True)
+
+    def take(self, items: Iterable[T], what: str) -> list[T]:
+        """The items ``--limit`` / ``--all`` ask for (pages read only as far as needed); says on stderr
+        when more remain, so a list is complete or says it is not."""
+        limit = None if self.args.all else self.args.limit
+        taken = list(islice(items, None if limit is None else limit + 1))
+        if limit is not None and len(taken) > limit:
+            self.progress(f"settle: showing the first {limit} {what}; more match (--all, or --limit N)")
+            return taken[:limit]
+        return taken
+
+    def act(self, call: Call[T], summary: str) -> T:
+        """Send an action's ``call`` once it is confirmed; ``--dry-run``: print what would be sent."""
+        if self.args.dry_run:
+            raise DryRun(call)
+        confirm(self, summary)
+        return self.client.send(call)
+
+
+class DryRun(Exception):
+    """``--dry-run``: the call that would have been sent (printed, exit 0)."""
+
+    def __init__(self, *calls: Call[Any]) -> None:
+        super().__init__("dry run")
+        self.calls = calls
+
+
+def confirm(ctx: Context, summary: str) -> None:
+    """Ask on a terminal before acting (``--yes`` skips it); without a terminal, refuse unless ``--yes``."""
+    if ctx.args.yes:
+        return
+    if not (_isatty(sys.stdin) and _isatty(ctx.stderr)):
+        raise Failure(
+            f"not confirmed: {summary}; pass --yes to act without a terminal (or --dry-run to see it)", USAGE
+        )
+    print(f"{summary}? [y/N] ", end="", file=ctx.stderr, flush=True)
+    if sys.stdin.readline().strip().lower() not in ("y", "yes"):
+        raise Failure("not confirmed: nothing was sent", USAGE)
+
+
+def not_found(what: str) -> Failure:
+    """The one "not found" of every command: one line, exit code NOTHING, nothing on stdout."""
+    return Failure(f"not found: {what}", NOTHING)
+
+
+def _isatty(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
 
 
 def _user() -> str:
@@ -94,30 +153,28 @@ def _user() -> str:
 
 # -- commands ---------------------------------------------------------------------------------------------
 
+FOUND_HEADERS = ("ENDPOINT", "EVENT", "STATUS", "MATCHED", "UPDATED", "JOB", "SESSION", "REASON")
+
+
+def _found_rows(found: Iterable[FoundEvent]) -> Iterable[tuple[Any, ...]]:
+    for f in found:
+        yield (
+            f.endpoint_id,
+            f.event_id,
+            _status(f.resolution_status, f.pending_sub_status),
+            _matched(f),
+            f.updated_at,
+            f.external_job_id,
+            f.session_id,
+            f.reason,
+        )
+
 
 def cmd_find(ctx: Context) -> int:
-    found = ctx.client.operator.find(ctx.args.id)
+    found = ctx.take(ctx.client.operator.find(ctx.args.id), "matches")
     if not found:
-        raise ctx.nothing("[]", f"nothing matches {ctx.args.id!r} at any endpoint")
-    ctx.emit(
-        found,
-        lambda: out.table(
-            ("ENDPOINT", "EVENT", "STATUS", "MATCHED", "UPDATED", "JOB", "SESSION", "REASON"),
-            (
-                (
-                    f.endpoint_id,
-                    f.event_id,
-                    _status(f.resolution_status, f.pending_sub_status),
-                    _matched(f),
-                    f.updated_at,
-                    f.external_job_id,
-                    f.session_id,
-                    f.reason,
-                )
-                for f in found
-            ),
-        ),
-    )
+        raise not_found(f"nothing matches {ctx.args.id!r} at any endpoint")
+    ctx.emit(found, lambda: ctx.table(FOUND_HEADERS, _found_rows(found)))
     return OK
 
 
@@ -133,17 +190,17 @@ def _status(status: str, sub: str | None) -> str:
 def _event(ctx: Context, endpoint: str, event_id: str) -> OperatorEvent:
     event = ctx.client.operator.event(endpoint, event_id)
     if event is None:
-        raise Failure(f"event {event_id!r} is unknown on endpoint {endpoint!r}", NOTHING)
+        raise not_found(f"event {event_id!r} on endpoint {endpoint!r}")
     return event
 
 
 def cmd_show(ctx: Context) -> int:
     event = _event(ctx, ctx.args.endpoint, ctx.args.event_id)
-    ctx.emit(event, lambda: _show(event))
+    ctx.emit(event, lambda: _show(ctx, event))
     return OK
 
 
-def _show(e: OperatorEvent) -> str:
+def _show(ctx: Context, e: OperatorEvent) -> str:
     parts = [
         out.fields(
             [
@@ -165,10 +222,10 @@ def _show(e: OperatorEvent) -> str:
     ]
     if e.history:
         rows = ((h.enqueued_time_utc, h.message_type, h.message_id, h.from_, h.to) for h in e.history)
-        parts.append("history:\n" + out.table(("ENQUEUED", "TYPE", "MESSAGE", "FROM", "TO"), rows))
+        parts.append("history:\n" + ctx.table(("ENQUEUED", "TYPE", "MESSAGE", "FROM", "TO"), rows))
     if e.audits:
         rows2 = ((a.audit_timestamp, a.audit_type, a.auditor_name, a.comment) for a in e.audits)
-        parts.append("audits:\n" + out.table(("WHEN", "TYPE", "BY", "COMMENT"), rows2))
+        parts.append("audits:\n" + ctx.table(("WHEN", "TYPE", "BY", "COMMENT"), rows2))
     return "\n\n".join(parts)
 
 
@@ -199,9 +256,9 @@ def _ids(values: Iterable[str]) -> list[str]:
     ids: list[str] = []
     for value in values:
         if value == "-":
-            ids += [line.strip() for line in sys.stdin if line.strip()]
+            ids += [out.unquoted(line.strip()) for line in sys.stdin if line.strip()]
         else:
-            ids.append(value)
+            ids.append(out.unquoted(value))
     return list(dict.fromkeys(ids))
 
 
@@ -212,9 +269,17 @@ def _read(path: str) -> str:
         return handle.read()
 
 
+def json_arg(text: str, option: str) -> Any:
+    """``text`` as JSON, or a usage error naming ``option`` and where the JSON breaks (nothing is sent)."""
+    try:
+        return json.loads(text)
+    except ValueError as error:
+        raise Failure(f"{option} is not valid JSON: {error}; nothing was sent", USAGE) from error
+
+
 def cmd_action(ctx: Context) -> int:
     args, action = ctx.args, ctx.args.action
-    ids = _ids(args.event_ids) if action in ("resubmit", "skip") else [args.event_id]
+    ids = _ids(args.event_ids) if action in ("resubmit", "skip") else [out.unquoted(args.event_id)]
     if len(ids) > 1 or (action in ("resubmit", "skip") and "-" in args.event_ids):
         if getattr(args, "event_json", None):
             raise Failure("--event-json applies to one event, not to a bulk resubmission", USAGE)
@@ -223,20 +288,19 @@ def cmd_action(ctx: Context) -> int:
     if action in ("resubmit", "skip"):
         extra["reason"] = args.reason
         if getattr(args, "event_json", None):
-            extra["event_json"] = _read(args.event_json)
+            text = _read(args.event_json)
+            json_arg(text, "--event-json")  # the EventJson Settle sends on is JSON text
+            extra["event_json"] = text
     elif action == "complete":
-        extra["result"] = _json_arg(args.result) if args.result is not None else None
+        extra["result"] = json_arg(args.result, "--result") if args.result is not None else None
     else:
         extra.update(error_text=args.error, error_type=args.error_type)
-    event = _event(ctx, args.endpoint, ids[0])  # after the arguments: a bad file sends nothing
-    done = _acting(
-        ctx,
-        args.endpoint,
-        event.event_id,
-        lambda: ctx.client.operator.act(
-            action, args.endpoint, event.event_id, message_id=event.last_message_id, by=ctx.by, **extra
-        ),
+    event = _event(ctx, args.endpoint, ids[0])  # after the arguments: bad JSON or a bad file sends nothing
+    call = ctx.client.operator.calls.act(
+        action, args.endpoint, event.event_id, message_id=event.last_message_id, by=ctx.by, **extra
     )
+    summary = f"{action} event {event.event_id!r} on {args.endpoint!r} ({event.resolution_status})"
+    done = _acting(ctx, args.endpoint, event.event_id, lambda: ctx.act(call, summary))
     repeat = " (repeat: answered from the earlier action)" if done.replayed else ""
     headline = f"{action}: {done.message_type} {done.state or 'accepted'}{repeat}"
     ctx.emit(done, lambda: _control(headline, done, ("confirmed", done.confirmed)))
@@ -269,16 +333,13 @@ def _control(headline: str, done: Any, *more: tuple[str, Any]) -> str:
     )
 
 
-def _json_arg(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text  # a plain string is sent verbatim (the server takes a string as EventJson)
-
-
 def _bulk(ctx: Context, action: str, endpoint: str, ids: list[str]) -> int:
     if not ids:
         raise Failure("no event ids given", USAGE)
+    if ctx.args.dry_run:
+        pages = ctx.client.operator.calls.bulk(action, endpoint, ids, reason=ctx.args.reason, by=ctx.by)  # type: ignore[arg-type]
+        raise DryRun(*(pages.page(str(n) if n else None) for n in range(0, len(ids), BULK_CHUNK)))
+    confirm(ctx, f"{action} {len(ids)} events on {endpoint!r}")
     done = [0, 0]  # accepted, refused
 
     def progress(answer: Any) -> None:
@@ -299,7 +360,7 @@ def _bulk(ctx: Context, action: str, endpoint: str, ids: list[str]) -> int:
     items = [item for answer in answers for item in answer.items]
     ctx.emit(
         items,
-        lambda: out.table(
+        lambda: ctx.table(
             ("EVENT", "STATUS", "RESULT"),
             ((i.event_id, i.status, (i.problem and f"{i.problem}: {i.detail}") or "accepted") for i in items),
         ),
@@ -315,25 +376,21 @@ def cmd_resolve(ctx: Context) -> int:
     event = _event(ctx, args.endpoint, args.event_id)
     message = args.message or _unconfirmed_message(ctx, event)
     if not message:
-        raise Failure(
-            f"event {event.event_id!r} has no unconfirmed settlement (it is "
-            f"{_status(event.resolution_status, event.pending_sub_status)}); --message names one",
-            NOTHING,
+        raise not_found(
+            f"an unconfirmed settlement of event {event.event_id!r} (it is "
+            f"{_status(event.resolution_status, event.pending_sub_status)}); --message names one"
         )
-    done = _acting(
-        ctx,
+    call = ctx.client.operator.calls.resolve(
         args.endpoint,
         event.event_id,
-        lambda: ctx.client.operator.resolve(
-            args.endpoint,
-            event.event_id,
-            message_id=message,
-            resolution=args.resolution,
-            reason=args.reason,
-            control_message_id=args.control_message,
-            by=ctx.by,
-        ),
+        message_id=message,
+        resolution=args.resolution,
+        reason=args.reason,
+        control_message_id=args.control_message,
+        by=ctx.by,
     )
+    summary = f"resolve the settlement of {event.event_id!r} on {args.endpoint!r} as {args.resolution}"
+    done = _acting(ctx, args.endpoint, event.event_id, lambda: ctx.act(call, summary))
     headline = f"settlement {done.state}{' (repeat: resolved before)' if done.replayed else ''}"
     ctx.emit(done, lambda: _control(headline, done))
     return OK
@@ -350,26 +407,179 @@ def _unconfirmed_message(ctx: Context, event: OperatorEvent) -> str | None:
     return None
 
 
+# -- what the console shows ---------------------------------------------------------------------------
+
+
+def cmd_endpoints(ctx: Context) -> int:
+    overview = ctx.client.operator.overview()
+    rows = [
+        (
+            e.endpoint_id,
+            e.counts.pending,
+            e.counts.pending_handoff,
+            e.counts.deferred,
+            e.counts.failed,
+            e.counts.dead_lettered,
+            e.counts.unsupported,
+            e.poison,
+            e.unconfirmed,
+            e.overdue_handoffs,
+            e.oldest_pending_at,
+            e.oldest_failed_at,
+        )
+        for e in overview.items
+    ]
+    headers = (
+        *("ENDPOINT", "PENDING", "HANDOFF", "DEFERRED", "FAILED", "DEADLET", "UNSUPP", "POISON"),
+        *("UNCONFIRMED", "OVERDUE", "OLDEST PENDING", "OLDEST FAILED"),
+    )
+
+    def human() -> str:
+        text = ctx.table(headers, rows) if rows else "no endpoint has parked or failed anything yet"
+        if overview.unattributed_poison:
+            text += f"\npoison naming no endpoint: {overview.unattributed_poison}"
+        return "\n".join([text, *(f"warning: {w}" for w in overview.warnings)])
+
+    ctx.emit(overview, human)
+    return OK
+
+
+EVENT_HEADERS = ("EVENT", "STATUS", "TYPE", "UPDATED", "JOB", "SESSION", "REASON")
+
+
+def cmd_events(ctx: Context) -> int:
+    a = ctx.args
+    events = ctx.take(
+        ctx.client.operator.events(
+            a.endpoint, status=a.status, event_types=a.event_type or (), since=a.since, until=a.until
+        ),
+        "events",
+    )
+    rows = (
+        (
+            e.event_id,
+            _status(e.resolution_status, e.pending_sub_status),
+            e.event_type_id,
+            e.updated_at,
+            e.external_job_id,
+            e.session_id,
+            e.reason,
+        )
+        for e in events
+    )
+    ctx.emit(
+        events, lambda: ctx.table(EVENT_HEADERS, rows) if events else f"no such events on {a.endpoint!r}"
+    )
+    return OK
+
+
+def cmd_failed(ctx: Context) -> int:
+    found = ctx.take(iter(ctx.client.operator.failed(per_endpoint=ctx.args.per_endpoint)), "failed events")
+    ctx.emit(found, lambda: ctx.table(FOUND_HEADERS, _found_rows(found)) if found else "no failed events")
+    return OK
+
+
+def cmd_audits(ctx: Context) -> int:
+    a = ctx.args
+    audits = ctx.take(
+        ctx.client.operator.audits(
+            since=a.since, until=a.until, endpoint=a.endpoint, audit_type=a.type, by=a.operator
+        ),
+        "audits",
+    )
+    rows = (
+        (x.audit_timestamp, x.audit_type, x.auditor_name, x.endpoint_id, x.event_id, x.comment)
+        for x in audits
+    )
+    headers = ("WHEN", "TYPE", "BY", "ENDPOINT", "EVENT", "COMMENT")
+    ctx.emit(audits, lambda: ctx.table(headers, rows) if audits else "no audits in that window")
+    return OK
+
+
+def cmd_stuck(ctx: Context) -> int:
+    records = ctx.take(iter(ctx.client.operator.stuck()), "stuck records")
+    rows = (
+        (
+            f"{r.tenant_id}/{r.scope}/{r.entity_id}/{r.item_entity_key}/{r.item_key}",
+            r.locked_until,
+            r.updated_at,
+        )
+        for r in records
+    )
+    headers = ("KEY", "LOCKED UNTIL", "UPDATED")
+    ctx.emit(records, lambda: ctx.table(headers, rows) if records else "no record is stuck in Processing")
+    return OK
+
+
+def cmd_unconfirmed(ctx: Context) -> int:
+    items = ctx.take(iter(ctx.client.operator.unconfirmed(ctx.args.endpoint)), "unconfirmed settlements")
+    rows = (
+        (s.event_id, s.message_type, s.addressed_message_id, s.control_message_id, s.settled_by, s.claimed_at)
+        for s in items
+    )
+    headers = ("EVENT", "TYPE", "ADDRESSED MESSAGE", "CONTROL MESSAGE", "BY", "CLAIMED")
+    ctx.emit(items, lambda: ctx.table(headers, rows) if items else "no unconfirmed settlement")
+    return OK
+
+
+def cmd_overdue(ctx: Context) -> int:
+    items = ctx.take(iter(ctx.client.operator.overdue(ctx.args.endpoint)), "overdue hand-offs")
+    rows = ((o.event_id, o.expected_by) for o in items)
+    ctx.emit(items, lambda: ctx.table(("EVENT", "EXPECTED BY"), rows) if items else "no overdue hand-off")
+    return OK
+
+
+# -- poison -------------------------------------------------------------------------------------------
+
+MAX_POISON_DAYS = 92
+
+
 def _today() -> str:
     return datetime.now(UTC).strftime("%Y%m%d")
 
 
+def _day(text: str, option: str) -> datetime:
+    try:
+        return datetime.strptime(text.replace("-", ""), "%Y%m%d").replace(tzinfo=UTC)
+    except ValueError as error:
+        raise Failure(f"{option} must be a UTC day, YYYYMMDD or YYYY-MM-DD (not {text!r})", USAGE) from error
+
+
+def _days(ctx: Context) -> list[str]:
+    a = ctx.args
+    if a.day and (a.since or a.until):
+        raise Failure("give --day, or --from/--to, not both", USAGE)
+    if not (a.since or a.until):
+        return [_day(a.day, "--day").strftime("%Y%m%d") if a.day else _today()]
+    first = _day(a.since or a.until, "--from")
+    last = _day(a.until, "--to") if a.until else datetime.now(UTC)
+    if last < first:
+        raise Failure("--from must not be after --to", USAGE)
+    count = (last.date() - first.date()).days + 1
+    if count > MAX_POISON_DAYS:
+        raise Failure(f"at most {MAX_POISON_DAYS} days at once", USAGE)
+    return [(first + timedelta(days=n)).strftime("%Y%m%d") for n in range(count)]
+
+
 def cmd_poison_list(ctx: Context) -> int:
-    day = ctx.args.day or _today()
-    entries = [
+    days = _days(ctx)
+    every = (
         p
+        for day in days
         for p in ctx.client.operator.poison(day)
-        if ctx.args.all or (p.replayed_at is None and p.dismissed_at is None)
-    ]
+        if ctx.args.include_done or (p.replayed_at is None and p.dismissed_at is None)
+    )
+    entries = ctx.take(every, "poison messages")
+    span = days[0] if len(days) == 1 else f"{days[0]}-{days[-1]}"
     ctx.emit(
         entries,
         lambda: (
-            out.table(
+            ctx.table(
                 ("DAY", "ID", "ENDPOINT", "MESSAGE", "RECORDED", "REASON", "REPLAYED", "DISMISSED"),
                 (
                     (
                         p.day,
-                        p.id,
+                        out.pasteable(p.id),
                         p.endpoint_id,
                         p.message_id,
                         p.recorded_at,
@@ -381,25 +591,33 @@ def cmd_poison_list(ctx: Context) -> int:
                 ),
             )
             if entries
-            else f"no poison messages on {day}"
-            + ("" if ctx.args.all else " waiting (--all: replayed ones too)")
+            else f"no poison messages on {span}"
+            + ("" if ctx.args.include_done else " waiting (--include-done: replayed and dismissed ones too)")
         ),
     )
     return OK
 
 
 def _each(
-    ctx: Context, verb: str, ids: list[str], one: Callable[[str], Any], failed: Callable[[Any], str | None]
+    ctx: Context,
+    verb: str,
+    ids: list[str],
+    one: Callable[[str], Call[Any]],
+    failed: Callable[[Any], str | None],
 ) -> int:
-    """Run ``one`` per id, a progress line per id on stderr when there are several. A refused id (409,
-    404, 400) or a result ``failed`` names is reported and the others go on; the exit code says so."""
+    """Send ``one(id)`` per id (confirmed once), a progress line per id on stderr when there are several. A
+    refused id (409, 404, 400) or a result ``failed`` names is reported and the others go on; the exit
+    code says so."""
     if not ids:
         raise Failure("no ids given", USAGE)
+    if ctx.args.dry_run:
+        raise DryRun(*map(one, ids))
+    confirm(ctx, f"{verb} {len(ids)} poison message{'s' if len(ids) > 1 else ''} ({', '.join(ids[:3])}…)")
     results: list[Any] = []
     problems: list[str] = []
     for n, item_id in enumerate(ids, 1):
         try:
-            result = one(item_id)
+            result = ctx.client.send(one(item_id))
             outcome = failed(result)
             results.append(result)
         except (Conflict, NotFound, InvalidInput) as error:
@@ -411,22 +629,22 @@ def _each(
             problems.append(f"{verb} {item_id}: {outcome}")
         if len(ids) > 1:
             ctx.progress(f"{verb}: {n}/{len(ids)} {item_id}: {outcome or 'ok'}")
-    ctx.emit(results if len(ids) > 1 else results[0], lambda: _poison_results(verb, results))
+    ctx.emit(results if len(ids) > 1 else results[0], lambda: _poison_results(ctx, verb, results))
     if not problems:
         return OK
     raise Failure(problems[0] if len(problems) == 1 else f"{len(problems)} of {len(ids)} not done", FAILED)
 
 
-def _poison_results(verb: str, results: list[Any]) -> str:
+def _poison_results(ctx: Context, verb: str, results: list[Any]) -> str:
     rows = []
     for r in results:
         if isinstance(r, dict):
-            rows.append((r["id"], "refused", r["error"]))
+            rows.append((out.pasteable(r["id"]), "refused", r["error"]))
         elif hasattr(r, "outcome"):
-            rows.append((r.poison.id, r.outcome, r.detail))
+            rows.append((out.pasteable(r.poison.id), r.outcome, r.detail))
         else:
-            rows.append((r.id, verb, r.dismiss_reason))
-    return out.table(("ID", "OUTCOME", "DETAIL"), rows)
+            rows.append((out.pasteable(r.id), verb, r.dismiss_reason))
+    return ctx.table(("ID", "OUTCOME", "DETAIL"), rows)
 
 
 def cmd_poison_replay(ctx: Context) -> int:
@@ -435,7 +653,7 @@ def cmd_poison_replay(ctx: Context) -> int:
         ctx,
         "replay",
         _ids(ctx.args.ids),
-        lambda i: ctx.client.operator.replay(day, i, by=ctx.by),
+        lambda i: ctx.client.operator.calls.replay(day, i, by=ctx.by),
         # Replayed, but not projected: the message is still poison (the detail says why).
         lambda r: f"poisoned again: {r.detail}" if r.outcome == "poisoned" else None,
     )
@@ -445,17 +663,20 @@ def cmd_poison_dismiss(ctx: Context) -> int:
     day, reason = ctx.args.day, ctx.args.reason
     return _each(
         ctx,
-        "dismissed",
+        "dismiss",
         _ids(ctx.args.ids),
-        lambda i: ctx.client.operator.dismiss(day, i, reason, by=ctx.by),
+        lambda i: ctx.client.operator.calls.dismiss(day, i, reason, by=ctx.by),
         lambda r: None,
     )
+
+
+# -- state --------------------------------------------------------------------------------------------
 
 
 def _key(args: argparse.Namespace) -> Key:
     given: dict[str, Any] = {}
     if args.key:
-        loaded = _json_arg(args.key)
+        loaded = json_arg(args.key, "--key")
         if not isinstance(loaded, dict):
             raise Failure("--key must be a JSON object", USAGE)
         given.update(loaded)
@@ -487,15 +708,15 @@ def _record_rows(records: Iterable[Any]) -> Iterable[tuple[Any, ...]]:
 RECORD_HEADERS = ("VERSION", "STATUS", "SUBSTATUS", "UPDATED", "LOCKED UNTIL", "ERROR", "DATA")
 
 
-def _no_record(key: Key) -> str:
-    return f"no record for {key.item_entity_key}/{key.item_key} (tenant {key.tenant_id})"
+def _no_record(key: Key) -> Failure:
+    return not_found(f"a record for {key.item_entity_key}/{key.item_key} (tenant {key.tenant_id})")
 
 
 def cmd_state_get(ctx: Context) -> int:
     key = _key(ctx.args)
     record = ctx.client.operator.lookup(key, page_size=1).record
     if record is None:
-        raise ctx.nothing("null", _no_record(key))
+        raise _no_record(key)
     ctx.emit(
         record,
         lambda: out.fields(
@@ -520,15 +741,14 @@ def cmd_state_get(ctx: Context) -> int:
 
 def cmd_state_history(ctx: Context) -> int:
     key = _key(ctx.args)
-    versions = []
-    for record in ctx.client.operator.history(key):
-        versions.append(record)
-        if ctx.args.limit and len(versions) >= ctx.args.limit:
-            break
+    versions = ctx.take(ctx.client.operator.history(key), "versions")
     if not versions:
-        raise ctx.nothing("[]", _no_record(key))
-    ctx.emit(versions, lambda: out.table(RECORD_HEADERS, _record_rows(versions)))
+        raise _no_record(key)
+    ctx.emit(versions, lambda: ctx.table(RECORD_HEADERS, _record_rows(versions)))
     return OK
+
+
+# -- an agent's lease ------------------------------------------------------------------------------------
 
 
 def cmd_handoffs(ctx: Context) -> int:
@@ -540,7 +760,7 @@ def cmd_handoffs(ctx: Context) -> int:
     else:
         handoff = ctx.client.handoffs.next(args.endpoint, args.event_type, args.wait)
     if handoff is None:
-        raise ctx.nothing("null", f"no parked hand-off on {args.endpoint!r}")
+        raise not_found(f"a parked hand-off on {args.endpoint!r} (none free)")
     lease = handoff.lease
     ctx.emit(
         handoff,
@@ -557,7 +777,68 @@ def cmd_handoffs(ctx: Context) -> int:
                 ("parked", handoff.parked_at),
                 ("lease token", lease.token if lease else None),
                 ("lease until", lease.expires_at if lease else None),
+                ("leased by", lease.leased_by if lease else None),
                 ("payload", handoff.payload),
+            ]
+        ),
+    )
+    return OK
+
+
+def cmd_lease(ctx: Context) -> int:
+    """Renew or release the lease ``--lease-token`` holds (a receive from another shell or process)."""
+    a = ctx.args
+    if a.lease_command == "renew":
+        call = ctx.client.handoffs.requests.renew_lease(
+            a.endpoint, a.event_id, a.lease_token, lease_seconds=a.lease
+        )
+    else:
+        call = ctx.client.handoffs.requests.release_lease(a.endpoint, a.event_id, a.lease_token)
+    answer = ctx.act(call, f"{a.lease_command} the lease on {a.event_id!r} at {a.endpoint!r}")
+    ctx.emit(answer, lambda: out.fields([(k, v) for k, v in answer.items()]) or f"{a.lease_command}d")
+    return OK
+
+
+def cmd_settle_leased(ctx: Context) -> int:
+    """Complete or fail a leased hand-off with its lease token (fenced: refused once another agent
+    leased it)."""
+    a = ctx.args
+    result = json_arg(a.result, "--result") if getattr(a, "result", None) is not None else None
+    event = ctx.client.events.get(a.endpoint, a.event_id)
+    if event is None:
+        raise not_found(f"event {a.event_id!r} on endpoint {a.endpoint!r}")
+    coordinates = Coordinates(
+        event_id=event.event_id,
+        session_id=event.session_id,
+        message_id=event.last_message_id,
+        event_type_id=event.event_type_id,
+        correlation_id=event.correlation_id,
+    )
+    requests = ctx.client.handoffs.requests
+    if a.settle_command == "complete":
+        call = requests.complete(
+            a.endpoint, coordinates, result=result, settled_by=ctx.by, lease_token=a.lease_token
+        )
+    else:
+        call = requests.fail(
+            a.endpoint,
+            coordinates,
+            a.error,
+            error_type=a.error_type,
+            settled_by=ctx.by,
+            lease_token=a.lease_token,
+        )
+    done = ctx.act(call, f"{a.settle_command} the hand-off {a.event_id!r} on {a.endpoint!r}")
+    ctx.emit(
+        done,
+        lambda: out.fields(
+            [
+                ("settled", a.settle_command),
+                ("event", a.event_id),
+                ("control message", done.control_message_id),
+                ("state", done.state),
+                ("confirmed", done.confirmed),
+                ("replayed", done.replayed),
             ]
         ),
     )

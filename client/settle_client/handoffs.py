@@ -165,6 +165,8 @@ class _Settling:
 
     complete = operation(Requests.complete)
     fail = operation(Requests.fail)
+    renew_lease = operation(Requests.renew_lease)
+    release_lease = operation(Requests.release_lease)
 
 
 class Handoffs(_Settling, Part):

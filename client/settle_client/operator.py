@@ -17,26 +17,35 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
 from typing import Any, Literal, TypeVar
 
 import httpx
 from pydantic import BaseModel
 
-from settle_client._calls import Call, Pages, Requests, jsonable, model, parse_as, present
+from settle_client._calls import Call, Pages, Requests, iso, jsonable, model, parse_as, present
 from settle_client._core import AsyncPart, Part, operation, paged
 from settle_client.models import Key, KeyLike, Record
 from settle_client.operator_models import (
     ActionAccepted,
+    AuditSearchEntry,
+    AuditSearchPage,
     BulkAnswer,
+    EndpointsOverview,
+    EventPage,
+    EventSummary,
     FindAnswer,
     FoundEvent,
     OperatorEvent,
+    OverdueHandoff,
+    OverdueHandoffs,
     PoisonEntry,
     PoisonPage,
     RecordLookup,
     ReplayAnswer,
     SettlementResolved,
     SettlementView,
+    StuckRecords,
     UnconfirmedSettlements,
 )
 from settle_client.retry import Safety
@@ -57,13 +66,86 @@ class OperatorCalls:
     def __init__(self, requests: Requests) -> None:
         self.requests = requests
 
-    def find(self, text: str) -> Call[list[FoundEvent]]:
+    def find(self, text: str, *, page_size: int | None = None) -> Pages[FoundEvent]:
         """Every hand-off, at any endpoint, matching ``text``: an event id or its first characters, a
-        session id, a message id or an external job id (``GET v1/find?q=``); each says what matched."""
+        session id, a message id or an external job id (``GET v1/find?q=``); each says what matched.
+        Pages followed lazily (stop iterating to read no more)."""
         if not text.strip():
             raise ValueError("give an id to find")
+        return self._listing("v1/find", FindAnswer, (("q", text.strip()),), page_size)
+
+    def overview(self) -> Call[EndpointsOverview]:
+        """Every endpoint with its exact counts by status, oldest ages, poison, unconfirmed and overdue."""
+        return self.requests.call("GET", "v1/endpoints", parse_as(EndpointsOverview), Safety.IDEMPOTENT)
+
+    def events(
+        self,
+        endpoint: str,
+        *,
+        status: str | None = None,
+        event_types: Sequence[str] = (),
+        since: datetime | None = None,
+        until: datetime | None = None,
+        page_size: int | None = None,
+    ) -> Pages[EventSummary]:
+        """An endpoint's events, newest change first, by status (``Failed``, ``PendingHandoff``, ...),
+        event type and time; pages followed lazily."""
+        types = ",".join(event_types) or None
+        params = (
+            ("endpointId", endpoint),
+            *_filters(status=status, eventTypeId=types, **{"from": since, "to": until}),
+        )
+        return self._listing("v1/endpoints/events", EventPage, params, page_size)
+
+    def failed(self, *, per_endpoint: int | None = None) -> Call[list[FoundEvent]]:
+        """Failed and dead-lettered events of every endpoint, newest first (``per_endpoint`` of each)."""
+        params = _filters(pageSize=per_endpoint)
         parse = lambda r: model(FindAnswer, r).items  # noqa: E731
-        return self.requests.call("GET", "v1/find", parse, Safety.IDEMPOTENT, params=(("q", text.strip()),))
+        return self.requests.call("GET", "v1/failed", parse, Safety.IDEMPOTENT, params=params)
+
+    def audits(
+        self,
+        *,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        endpoint: str | None = None,
+        audit_type: str | None = None,
+        by: str | None = None,
+        page_size: int | None = None,
+    ) -> Pages[AuditSearchEntry]:
+        """Operator audits, oldest first (server default: the last 24 hours; at most 31 days a search)."""
+        params = _filters(endpointId=endpoint, auditType=audit_type, by=by, **{"from": since, "to": until})
+        return self._listing("v1/audits", AuditSearchPage, params, page_size)
+
+    def stuck(self) -> Call[list[Record]]:
+        """State records stuck in Processing past their lock (the lock-expiry index, never a scan)."""
+        parse = lambda r: model(StuckRecords, r).items  # noqa: E731
+        return self.requests.call("GET", "v1/records/stuck", parse, Safety.IDEMPOTENT)
+
+    def overdue(self, endpoint: str) -> Call[list[OverdueHandoff]]:
+        """Parked hand-offs of ``endpoint`` past their ExpectedBy, most overdue first."""
+        return self.requests.call(
+            "GET",
+            "v1/endpoints/overdue",
+            lambda r: model(OverdueHandoffs, r).items,
+            Safety.IDEMPOTENT,
+            ids={"endpointId": endpoint},
+            path_form="v1/endpoints/{endpointId}/overdue",
+        )
+
+    def _listing(
+        self, route: str, page_model: type[Any], params: tuple[tuple[str, str], ...], page_size: int | None
+    ) -> Pages[Any]:
+        def page(token: str | None) -> Call[tuple[list[Any], str | None]]:
+            asked = params + _filters(pageSize=page_size, continuationToken=token)
+
+            def parse(response: httpx.Response) -> tuple[list[Any], str | None]:
+                answer = model(page_model, response)
+                return answer.items, answer.continuation_token
+
+            return self.requests.call("GET", route, parse, Safety.IDEMPOTENT, params=asked)
+
+        return Pages(page)
 
     def event(self, endpoint: str, event_id: str) -> Call[OperatorEvent | None]:
         """The event with its history, audits, the actions it allows now and its settlement claim;
@@ -268,6 +350,13 @@ class OperatorCalls:
         return self.requests.call("POST", "v1/records/lookup", parse, Safety.IDEMPOTENT, body=body)
 
 
+def _filters(**given: Any) -> tuple[tuple[str, str], ...]:
+    """Query parameters of the ``given`` filters that are set (times in the API's form)."""
+    return tuple(
+        (k, iso(v) if isinstance(v, datetime) else str(v)) for k, v in given.items() if v is not None
+    )
+
+
 def _poison_page(response: httpx.Response) -> tuple[list[PoisonEntry], str | None]:
     page = model(PoisonPage, response)
     return page.items, page.continuation_token
@@ -287,7 +376,13 @@ class _Surface:
     def calls(self) -> OperatorCalls:
         return OperatorCalls(self.requests)
 
-    find = operation(OperatorCalls.find, via="calls")
+    find = paged(OperatorCalls.find, via="calls")
+    overview = operation(OperatorCalls.overview, via="calls")
+    events = paged(OperatorCalls.events, via="calls")
+    failed = operation(OperatorCalls.failed, via="calls")
+    audits = paged(OperatorCalls.audits, via="calls")
+    stuck = operation(OperatorCalls.stuck, via="calls")
+    overdue = operation(OperatorCalls.overdue, via="calls")
     event = operation(OperatorCalls.event, via="calls")
     unconfirmed = operation(OperatorCalls.unconfirmed, via="calls")
     act = operation(OperatorCalls.act, via="calls")

@@ -42,6 +42,78 @@ class FoundEvent(_EventSummary):
 
 class FindAnswer(_Wire):
     items: list[FoundEvent]
+    continuation_token: str | None = None
+
+
+class Counts(_Wire):
+    """Exact counts of an endpoint's events by status (``pending`` includes ``pending_handoff``)."""
+
+    pending: int = 0
+    pending_handoff: int = 0
+    deferred: int = 0
+    failed: int = 0
+    dead_lettered: int = 0
+    unsupported: int = 0
+    completed: int = 0
+    skipped: int = 0
+
+
+class EndpointSummary(_Wire):
+    """One endpoint of the overview: its counts, oldest ages, poison and stuck settlements."""
+
+    endpoint_id: str
+    counts: Counts
+    oldest_pending_at: datetime | None = None
+    oldest_failed_at: datetime | None = None
+    poison: int = 0
+    unconfirmed: int = 0
+    overdue_handoffs: int = 0
+    oldest_poison_day: str | None = None
+
+
+class EndpointsOverview(_Wire):
+    items: list[EndpointSummary]
+    unattributed_poison: int = 0
+    unattributed_oldest_poison_day: str | None = None
+    warnings: list[str] = Field(default_factory=list)
+
+
+class EventSummary(_EventSummary):
+    """One event of an endpoint's listing (newest change first)."""
+
+    enqueued_time_utc: datetime | None = None
+    external_job_id: str | None = None
+
+
+class EventPage(_Wire):
+    items: list[EventSummary]
+    continuation_token: str | None = None
+
+
+class AuditSearchEntry(AuditEntry):
+    endpoint_id: str
+    event_id: str
+
+
+class AuditSearchPage(_Wire):
+    items: list[AuditSearchEntry]
+    continuation_token: str | None = None
+
+
+class OverdueHandoff(_Wire):
+    event_id: str
+    expected_by: datetime
+
+
+class OverdueHandoffs(_Wire):
+    endpoint_id: str
+    count: int
+    items: list[OverdueHandoff]
+
+
+class StuckRecords(_Wire):
+    count: int
+    items: list[Record]
 
 
 class SettlementView(_Wire):

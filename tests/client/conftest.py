@@ -113,7 +113,14 @@ class LoseAnswers(httpx.BaseTransport):
         self.inner.close()
 
 
-def park(host: HostProcess, endpoint: str, *, event_type: str = "InvoiceCreated", body: Any = None) -> str:
+def park(
+    host: HostProcess,
+    endpoint: str,
+    *,
+    event_type: str = "InvoiceCreated",
+    body: Any = None,
+    session_id: str | None = None,
+) -> str:
     """Park a hand-off on ``endpoint`` through the resolver admin endpoint (as the walkthrough does):
     an EventRequest, then the endpoint's PendingHandoffResponse. Returns the event id."""
     run = uuid.uuid4().hex[:10]
@@ -127,7 +134,7 @@ def park(host: HostProcess, endpoint: str, *, event_type: str = "InvoiceCreated"
     messages = [
         {
             "messageId": request_id,
-            "sessionId": f"session-{run}",
+            "sessionId": session_id or f"session-{run}",
             "correlationId": f"corr-{run}",
             "applicationProperties": {
                 **common,
@@ -142,7 +149,7 @@ def park(host: HostProcess, endpoint: str, *, event_type: str = "InvoiceCreated"
         },
         {
             "messageId": f"handoff-{run}",
-            "sessionId": f"session-{run}",
+            "sessionId": session_id or f"session-{run}",
             "correlationId": request_id,
             "applicationProperties": {
                 **common,

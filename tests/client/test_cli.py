@@ -45,9 +45,20 @@ LEAVES = (
     ("state", "history"),
     ("handoffs", "next"),
     ("handoffs", "receive"),
+    ("handoffs", "renew"),
+    ("handoffs", "release"),
+    ("handoffs", "complete"),
+    ("handoffs", "fail"),
+    ("endpoints",),
+    ("events",),
+    ("failed",),
+    ("audits",),
+    ("stuck",),
+    ("unconfirmed",),
+    ("overdue",),
 )
 # The exit codes of settle_client._cli_commands.
-OK, NOTHING, INVALID, AUTH, CONFLICT, UNAVAILABLE, FAILED = 0, 1, 3, 4, 5, 6, 7
+OK, NOTHING, USAGE, INVALID, AUTH, CONFLICT, UNAVAILABLE, FAILED, NOT_SETTLE = 0, 1, 2, 3, 4, 5, 6, 7, 8
 
 
 def settle(
@@ -201,7 +212,7 @@ def test_show_prints_the_event_for_people_and_its_json_for_scripts(host: HostPro
 def test_an_unknown_event_is_one_line_and_exit_1(host: HostProcess) -> None:
     result = settle(host, "show", endpoint(), "evt-never")
     assert result.returncode == NOTHING
-    assert "'evt-never' is unknown" in one_line(result)
+    assert "not found: event 'evt-never'" in one_line(result)
     assert result.stdout == ""
 
 
@@ -209,13 +220,13 @@ def test_complete_is_done_once_and_a_second_is_refused_saying_what_the_state_is(
     where = endpoint()
     event_id = park(host, where)
 
-    done = settle(host, "complete", where, event_id, "--result", '{"posted": true}', "--json")
+    done = settle(host, "complete", where, event_id, "--result", '{"posted": true}', "--json", "--yes")
     assert done.returncode == OK, done.stderr
     accepted = json.loads(done.stdout)
     assert accepted["messageType"] == "HandoffCompletedRequest" and accepted["by"] == "cli-test"
     assert accepted["addressedMessageId"].startswith("handoff-")  # addressed to the message it read
 
-    again = settle(host, "complete", where, event_id)
+    again = settle(host, "complete", where, event_id, "--yes")
     assert again.returncode == CONFLICT
     line = one_line(again)
     assert "409" in line and "the event is Pending" in line and "allowed now: nothing" in line
@@ -229,7 +240,7 @@ def test_skip_of_many_events_goes_in_bulk_with_progress_and_says_which_were_refu
     unknown = "evt-never"
 
     result = settle(
-        host, "skip", where, "-", "--reason", "duplicate invoices", stdin="\n".join([*failed, unknown])
+        host, "skip", where, "-", "--reason", "duplicates", "--yes", stdin="\n".join([*failed, unknown])
     )
     assert result.returncode == FAILED, result.stderr
     assert "skip: 4/4 (3 accepted, 1 refused)" in result.stderr
@@ -243,7 +254,7 @@ def test_resubmit_of_one_failed_event_is_done(host: HostProcess) -> None:
     where = endpoint()
     event_id = failed_event(host, where)
 
-    result = settle(host, "resubmit", where, event_id, "--reason", "ERP is back")
+    result = settle(host, "resubmit", where, event_id, "--reason", "ERP is back", "--yes")
     assert result.returncode == OK, result.stderr
     assert result.stdout.startswith("resubmit: ResubmissionRequest")
 
@@ -289,18 +300,32 @@ def test_resolve_releases_an_unconfirmed_settlement_once(host: HostProcess, pref
     event_id = park(host, where)
     unconfirmed_settlement(prefix, where, event_id)
 
-    released = settle(host, "resolve", where, event_id, "--released", "--reason", "checked: never arrived")
+    released = settle(
+        host, "resolve", where, event_id, "--released", "--reason", "checked: never arrived", "--yes"
+    )
     assert released.returncode == OK, released.stderr
     assert released.stdout.startswith("settlement released")
 
     # Resolved: nothing is unconfirmed any more, and a script repeating the resolution of the message it
     # names is answered from the earlier one.
-    again = settle(host, "resolve", where, event_id, "--released", "--reason", "checked: never arrived")
+    again = settle(
+        host, "resolve", where, event_id, "--released", "--reason", "checked: never arrived", "--yes"
+    )
     assert again.returncode == NOTHING
-    assert "has no unconfirmed settlement (it is Pending/Handoff)" in one_line(again)
+    assert "(it is Pending/Handoff)" in one_line(again)
     message = json.loads(settle(host, "show", where, event_id, "--json").stdout)["lastMessageId"]
     repeat = settle(
-        host, "resolve", where, event_id, "--released", "--reason", "again", "--message", message, "--json"
+        host,
+        "resolve",
+        where,
+        event_id,
+        "--released",
+        "--reason",
+        "again",
+        "--message",
+        message,
+        "--json",
+        "--yes",
     )
     assert repeat.returncode == OK, repeat.stderr
     assert json.loads(repeat.stdout)["replayed"] is True
@@ -309,9 +334,9 @@ def test_resolve_releases_an_unconfirmed_settlement_once(host: HostProcess, pref
 def test_resolve_without_an_unconfirmed_settlement_says_so(host: HostProcess) -> None:
     where = endpoint()
     event_id = park(host, where)
-    result = settle(host, "resolve", where, event_id, "--delivered", "--reason", "looked")
+    result = settle(host, "resolve", where, event_id, "--delivered", "--reason", "looked", "--yes")
     assert result.returncode == NOTHING
-    assert "has no unconfirmed settlement (it is Pending/Handoff)" in one_line(result)
+    assert "(it is Pending/Handoff)" in one_line(result)
 
 
 # -- poison ----------------------------------------------------------------------------------------
@@ -337,20 +362,20 @@ def test_poison_is_listed_replayed_and_dismissed_once(host: HostProcess) -> None
     [entry] = [p for p in json.loads(listed.stdout) if p["messageId"] == message_id]
     day, poison_id = entry["day"], entry["id"]
 
-    replayed = settle(host, "poison", "replay", day, poison_id)
+    replayed = settle(host, "poison", "replay", day, poison_id, "--yes")
     assert replayed.returncode == FAILED  # replayed, but still not projectable
     assert "poisoned again: Unknown MessageType 'Nonsense'" in one_line(replayed)
     assert "poisoned" in replayed.stdout
 
-    dismissed = settle(host, "poison", "dismiss", day, poison_id, "--reason", "a test message")
+    dismissed = settle(host, "poison", "dismiss", day, poison_id, "--reason", "a test message", "--yes")
     assert dismissed.returncode == OK, dismissed.stderr
-    again = settle(host, "poison", "dismiss", day, poison_id, "--reason", "a test message")
+    again = settle(host, "poison", "dismiss", day, poison_id, "--reason", "a test message", "--yes")
     assert again.returncode == CONFLICT
     assert "was dismissed at" in one_line(again)
 
     waiting = settle(host, "poison", "list", "--day", day)
     assert poison_id not in waiting.stdout  # dismissed: not waiting any more
-    assert poison_id in settle(host, "poison", "list", "--day", day, "--all").stdout
+    assert poison_id in settle(host, "poison", "list", "--day", day, "--include-done").stdout
 
 
 # -- state records ---------------------------------------------------------------------------------
@@ -374,7 +399,7 @@ def test_state_get_and_history_of_a_record_by_its_key_fields(host: HostProcess) 
 
     missing = settle(host, "state", "get", *fields, "--item-key", "INV-never")
     assert missing.returncode == NOTHING
-    assert "no record for invoice/INV-never" in one_line(missing)
+    assert "not found: a record for invoice/INV-never" in one_line(missing)
 
 
 # -- hand-offs -------------------------------------------------------------------------------------
@@ -383,7 +408,7 @@ def test_state_get_and_history_of_a_record_by_its_key_fields(host: HostProcess) 
 def test_handoffs_next_reads_and_receive_leases_the_oldest(host: HostProcess) -> None:
     where = endpoint()
     empty = settle(host, "handoffs", "next", where)
-    assert empty.returncode == NOTHING and "no parked hand-off" in one_line(empty)
+    assert empty.returncode == NOTHING and "not found: a parked hand-off" in one_line(empty)
 
     event_id = park(host, where)
     seen = settle(host, "handoffs", "next", where)
@@ -449,5 +474,149 @@ def test_an_unreachable_settle_is_one_line() -> None:
     from devtools.azurite import free_port
 
     result = settle(f"http://127.0.0.1:{free_port()}", "show", "Billing", "evt-1")
-    assert result.returncode == UNAVAILABLE
+    assert result.returncode == NOT_SETTLE  # not "nothing found" (1), not "Settle is busy" (6)
     assert "could not be sent" in one_line(result)
+
+
+# -- issue 47: complete lists, conventions, an agent's lease ------------------------------------------
+
+
+def test_find_past_fifty_says_more_match_and_all_lists_every_one(host: HostProcess) -> None:
+    where = endpoint()
+    session = f"sess-{uuid.uuid4().hex[:8]}"
+    parked = [park(host, where, session_id=session) for _ in range(53)]
+    first = settle(host, "find", session)
+    assert first.returncode == OK, first.stderr
+    assert len(first.stdout.strip().splitlines()) == 1 + 50
+    assert "more match" in first.stderr and "--all" in first.stderr
+    every = settle(host, "--output", "jsonl", "find", session, "--all")
+    assert every.returncode == OK and "more match" not in every.stderr
+    assert sorted(json.loads(line)["eventId"] for line in every.stdout.splitlines()) == sorted(parked)
+    few = settle(host, "--json", "find", session, "--limit", "3")
+    assert len(json.loads(few.stdout)) == 3
+
+
+def test_a_closed_pipe_is_quiet(host: HostProcess) -> None:
+    where = endpoint()
+    session = f"pipe-{uuid.uuid4().hex[:8]}"
+    for _ in range(5):
+        park(host, where, session_id=session)
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("SETTLE_")}
+    environ["SETTLE_URL"] = host.base_url
+    for _ in range(3):
+        piped = subprocess.run(
+            ["bash", "-c", f"'{SETTLE}' --output jsonl find {session} --all | head -1"],
+            capture_output=True,
+            text=True,
+            env=environ,
+            timeout=WAIT_S,
+        )
+        assert piped.returncode == 0 and len(piped.stdout.splitlines()) == 1
+        assert "Errno 32" not in piped.stderr and "Traceback" not in piped.stderr, piped.stderr
+
+
+def test_an_action_checks_its_json_and_asks_before_sending(host: HostProcess) -> None:
+    where = endpoint()
+    event_id = park(host, where)
+    bad = settle(host, "complete", where, event_id, "--result", "{bad", "--yes")
+    assert bad.returncode == USAGE and "--result is not valid JSON" in one_line(bad)
+    unasked = settle(host, "complete", where, event_id, "--result", "{}")  # stdin is not a terminal
+    assert unasked.returncode == USAGE and "--yes" in one_line(unasked)
+    dry = settle(host, "complete", where, event_id, "--result", '{"posted": true}', "--dry-run")
+    assert dry.returncode == OK, dry.stderr
+    request = json.loads(dry.stdout)
+    assert request["method"] == "POST" and request["body"]["result"] == {"posted": True}
+    shown = json.loads(settle(host, "--json", "show", where, event_id).stdout)
+    assert shown["resolutionStatus"] == "Pending" and "complete" in shown["actions"]  # nothing was sent
+
+
+def test_not_found_is_one_shape_for_every_command_and_json_errors_under_json(host: HostProcess) -> None:
+    where = endpoint()
+    results = [
+        settle(host, "show", where, "evt-none"),
+        settle(host, "find", f"none-{uuid.uuid4().hex}"),
+        settle(host, "handoffs", "next", where),
+        settle(
+            host,
+            "state",
+            "get",
+            "--tenant",
+            "1",
+            "--scope",
+            "4",
+            "--entity",
+            "1",
+            "--item-entity-key",
+            "x",
+            "--item-key",
+            f"none-{uuid.uuid4().hex}",
+        ),
+    ]
+    for result in results:
+        assert result.returncode == NOTHING, result.stderr
+        assert one_line(result).startswith("settle: not found: ") and result.stdout == ""
+    as_json = settle(host, "--output", "json", "show", where, "evt-none")
+    assert as_json.returncode == NOTHING and as_json.stdout == ""
+    error = json.loads(as_json.stderr)["error"]
+    assert error["exitCode"] == NOTHING and error["message"].startswith("not found")
+
+
+def test_times_print_as_the_api_writes_them(host: HostProcess) -> None:
+    where = endpoint()
+    event_id = park(host, where)
+    shown = settle(host, "show", where, event_id)
+    as_json = json.loads(settle(host, "--json", "show", where, event_id).stdout)
+    api = httpx.get(
+        f"{host.base_url}/api/v1/endpoints/event", params={"endpointId": where, "eventId": event_id}
+    )
+    assert as_json["updatedAt"] == api.json()["updatedAt"]
+    assert as_json["updatedAt"] in shown.stdout
+    printed = shown.stdout + json.dumps(as_json)
+    assert not re.search(r"\d\d:\d\d:\d\d(\.\d+)?\+00:00|\.\d{4,}Z", printed)
+
+
+def test_show_says_why_an_event_failed(host: HostProcess) -> None:
+    where = endpoint()
+    event_id = failed_event(host, where)
+    shown = json.loads(settle(host, "--json", "show", where, event_id).stdout)
+    found = json.loads(settle(host, "--json", "find", event_id).stdout)
+    assert shown["reason"] and shown["reason"] == found[0]["reason"]
+    assert "reason:" in settle(host, "show", where, event_id).stdout
+
+
+def test_the_console_views_have_commands(host: HostProcess) -> None:
+    where = endpoint()
+    failed = failed_event(host, where)
+    overview = json.loads(settle(host, "--json", "endpoints").stdout)
+    assert any(e["endpointId"] == where and e["counts"]["failed"] == 1 for e in overview["items"])
+    events = json.loads(settle(host, "--json", "events", where, "--status", "Failed").stdout)
+    assert [e["eventId"] for e in events] == [failed]
+    assert failed in settle(host, "failed", "--all").stdout
+    assert settle(host, "--json", "audits").returncode == OK
+    for command in (("stuck",), ("unconfirmed", where), ("overdue", where)):
+        assert settle(host, "--json", *command).returncode == OK, command
+    today = datetime.now(UTC)
+    week = settle(host, "poison", "list", "--from", (today - timedelta(days=6)).strftime("%Y%m%d"))
+    assert week.returncode == OK, week.stderr
+
+
+def test_an_agent_leases_renews_and_settles_from_a_shell(host: HostProcess) -> None:
+    where = endpoint()
+    event_id = park(host, where)
+    leased = json.loads(settle(host, "--json", "handoffs", "receive", where, "--agent", "agent-7").stdout)
+    token = leased["lease"]["token"]
+    assert leased["lease"]["leasedBy"] == "agent-7"
+    renewed = settle(host, "handoffs", "renew", where, event_id, "--lease-token", token, "--yes")
+    assert renewed.returncode == OK, renewed.stderr
+    done = settle(
+        host, "handoffs", "complete", where, event_id, "--lease-token", token, "--result", '{"ok":1}', "--yes"
+    )
+    assert done.returncode == OK, done.stderr
+    again = settle(host, "handoffs", "next", where)
+    assert again.returncode == NOTHING
+
+
+def test_a_completion_script_names_every_command() -> None:
+    script = settle("http://127.0.0.1:9", "completion", "bash").stdout
+    assert all(command in script for command in (*COMMANDS, "endpoints", "audits", "completion"))
+    assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0

@@ -46,7 +46,7 @@ def test_the_async_operator_reads_finds_and_acts(host: HostProcess) -> None:
         async with AsyncSettleClient(host.base_url, retry=FAST_RETRY) as client:
             event = some(await client.operator.event("OpsAsync", event_id))
             assert "complete" in event.actions
-            [found] = await client.operator.find(event_id)
+            [found] = [f async for f in client.operator.find(event_id)]  # every page
             assert (found.endpoint_id, found.matched_by) == ("OpsAsync", "eventId")
             done = await client.operator.act(
                 "fail",
