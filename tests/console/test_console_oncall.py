@@ -135,7 +135,8 @@ def test_resubmit_asks_a_reason_the_audit_is_pretty_and_fits_a_phone_and_the_pag
     page.click("#confirm-ok")
     audit = page.locator('tr[data-audit="Resubmit"]')
     expect(audit).to_contain_text("ERP is back after the outage")
-    data = audit.locator("pre.audit-data")
+    audit.locator("details.audit-data summary").click()  # folded until asked for
+    data = audit.locator("details.audit-data pre")
     expect(data).to_contain_text('  "controlMessageId": ')  # pretty-printed, not escaped JSON
     # The toast sits above the content, never over the timeline or the audits
     expect(page.locator("#toast")).to_contain_text("Resubmit accepted")
