@@ -6,7 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run demo test test-unit lint typecheck pytest bench bench-smoke bench-report reliability reliability-throttled infra-check infra-types azurite table-export table-restore reshard clean
+.PHONY: install run demo screenshots test test-unit lint typecheck pytest bench bench-smoke bench-report reliability reliability-throttled infra-check infra-types azurite table-export table-restore reshard clean
 
 $(STAMP): requirements.txt requirements-dev.txt client/pyproject.toml package.json package-lock.json
 	@test -n "$(PYTHON)" || { devtools/find-python.sh >/dev/null; exit 1; }
@@ -26,6 +26,9 @@ run: $(STAMP) ## Run Settle locally on :7071 against Azurite (func start if inst
 
 demo: $(STAMP) ## Realistic traffic through the resolver of a running `make run` (SETTLE_DEMO_URL), for the console.
 	$(PY) -m devtools.demo $(DEMO_ARGS)
+
+screenshots: $(STAMP) ## Retake the README's console screenshots from the real console (needs /usr/bin/chromium or SETTLE_CHROMIUM).
+	$(PY) -m devtools.screenshots
 
 test: $(STAMP) lint typecheck pytest ## Lint, type-check and run the whole test suite (starts Azurite itself).
 

@@ -1,8 +1,8 @@
 """The console in Debian's Chromium: counts, an event resubmitted with its audit, a parked hand-off
 settled, poison replayed, a state record looked up, phone width and the keyboard.
 
-The tests of this module run in order against one development host and one browser page; each writes
-the screenshot the README shows (``docs/img/``, replaced when ``SETTLE_UPDATE_SCREENSHOTS=1``).
+The tests of this module run in order against one development host and one browser page; each takes a
+screenshot into its temporary folder (the README's come from ``make screenshots``).
 """
 
 from __future__ import annotations
