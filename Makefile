@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 # The Python half alone (the unit tier, lint and type checks need no npm package: no Azurite, no browser).
 PYSTAMP := $(VENV)/.installed-python
 
-.PHONY: install run demo test test-unit lint typecheck pytest bench bench-smoke bench-report reliability reliability-throttled infra-check infra-types azurite table-export table-restore reshard clean
+.PHONY: install run demo screenshots test test-unit lint typecheck pytest bench bench-smoke bench-report reliability reliability-throttled infra-check infra-types azurite table-export table-restore reshard clean
 
 $(PYSTAMP): requirements.txt requirements-dev.txt client/pyproject.toml
 	@test -n "$(PYTHON)" || { devtools/find-python.sh >/dev/null; exit 1; }
@@ -32,6 +32,9 @@ run: $(STAMP) ## Run Settle locally on SETTLE_URL's port (default :7071) against
 
 demo: $(STAMP) ## Realistic traffic through the resolver of a running `make run` (at SETTLE_URL), for the console.
 	$(PY) -m devtools.demo $(DEMO_ARGS)
+
+screenshots: $(STAMP) ## Retake the README's console screenshots from the real console (needs /usr/bin/chromium or SETTLE_CHROMIUM).
+	$(PY) -m devtools.screenshots
 
 test: $(STAMP) lint typecheck pytest ## Lint, type-check and run the whole test suite (starts Azurite itself).
 

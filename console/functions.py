@@ -3,7 +3,9 @@ the page itself holds no data; every call it makes goes to the management API, w
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from importlib import resources
+from urllib.parse import urlsplit
 
 import azure.functions as func
 
@@ -33,12 +35,22 @@ _HEADERS = {
 }
 
 
-def _file(name: str) -> func.HttpResponse:
+def _file(name: str, *, transform: Callable[[bytes], bytes] | None = None) -> func.HttpResponse:
     mimetype = _FILES.get(name)
     if mimetype is None:
         return problem_response(NotFound(f"The console has no file {name!r}.", field="file"))
     body = resources.files("console").joinpath("static", name).read_bytes()
+    if transform is not None:
+        body = transform(body)
     return func.HttpResponse(body, status_code=200, mimetype=mimetype, charset="utf-8", headers=_HEADERS)
+
+
+def _assets_beside(page: bytes) -> bytes:
+    """The page as served at ``/api/console/``: the host routes the trailing slash here too, where the
+    page's relative paths (``console/app.js``) would name ``/api/console/console/app.js``, which no route
+    serves (the page stayed on "Loading…"). There the assets are beside the page. Relative either way, so
+    the page works under any route prefix or proxy path; the CSP's ``base-uri 'none'`` rules out <base>."""
+    return page.replace(b'="console/', b'="')
 
 
 for _path, _id, _summary in (
@@ -64,8 +76,9 @@ for _path, _id, _summary in (
 @bp.function_name("console")
 @bp.route(route="console", methods=["GET"], auth_level=func.AuthLevel.ANONYMOUS)
 def console(req: func.HttpRequest) -> func.HttpResponse:
-    """The console page."""
-    return _file("index.html")
+    """The console page (also at ``console/``)."""
+    trailing_slash = urlsplit(req.url).path.endswith("/")
+    return _file("index.html", transform=_assets_beside if trailing_slash else None)
 
 
 @bp.function_name("console_asset")

@@ -43,6 +43,16 @@ function when(iso) {
   return `${t.toISOString().replace("T", " ").replace(/\.\d+Z$/, "")} ${ZONE}`;
 }
 
+// A time as a <time> that never wraps inside itself (at 1400 px a narrow column broke it at its spaces).
+function stamp(iso) {
+  return iso ? h("time", { datetime: iso }, when(iso)) : NULL_SHOWN;
+}
+
+// An id is one token: class "id" keeps it on one line (ids wrapped at their hyphens).
+function idLink(href, id) {
+  return h("a", { href, class: "id" }, id);
+}
+
 function clock(date) {
   return `${date.toISOString().slice(11, 19)} ${ZONE}`;
 }
@@ -54,6 +64,11 @@ function asSent(value) {
   if (value === null || value === undefined) return NULL_SHOWN;
   if (value === "") return h("code", { class: "empty", title: "sent empty", "data-empty": "" }, '""');
   return value;
+}
+
+function asId(value) {
+  const shown = asSent(value);
+  return typeof shown === "string" && shown !== NULL_SHOWN ? h("span", { class: "id" }, shown) : shown;
 }
 
 function age(iso) {
@@ -190,7 +205,12 @@ async function render({ quiet } = {}) {
   if (quiet && editing()) return; // never replace what the operator is typing into
   main.replaceChildren(view);
   document.getElementById("refresh").textContent = `Updated ${clock(new Date())} · every ${REFRESH_MS / 1000} s`;
-  if (!quiet && location.hash !== lastRoute) main.focus();
+  if (!quiet && location.hash !== lastRoute) {
+    // A new view starts at its top, focus on it (for screen readers and the keyboard) without scrolling:
+    // focus() alone scrolls main's top to the window's, taking the header and "Updated" off screen.
+    window.scrollTo(0, 0);
+    main.focus({ preventScroll: true });
+  }
   lastRoute = location.hash;
 }
 
@@ -257,11 +277,11 @@ async function endpointView(endpointId, params) {
     h("label", {}, "to (UTC)", h("input", { name: "to", type: "datetime-local", value: localValue(params.get("to")) })),
     h("button", { type: "submit" }, "Apply"));
   const rows = page.items.map((e) => h("tr", { "data-event": e.eventId, "data-message": e.lastMessageId || "" },
-    h("td", { "data-label": "Event" }, h("a", { href: `#/event/${segment(endpointId)}/${segment(e.eventId)}` }, e.eventId)),
+    h("td", { "data-label": "Event" }, idLink(`#/event/${segment(endpointId)}/${segment(e.eventId)}`, e.eventId)),
     h("td", { "data-label": "Status" }, statusBadge(e.resolutionStatus, e.pendingSubStatus)),
     h("td", { "data-label": "Type" }, asSent(e.eventTypeId)),
     h("td", { "data-label": "Last message" }, e.messageType),
-    h("td", { "data-label": "Changed" }, when(e.updatedAt)),
+    h("td", { "data-label": "Changed" }, stamp(e.updatedAt)),
     h("td", { "data-label": "Reason" }, e.reason || "")));
   const pager = h("div", { class: "pager" },
     params.get("continuationToken") ? h("a", { href: withParam(params, endpointId, null) }, "First page") : null,
@@ -292,9 +312,9 @@ async function eventView(endpointId, eventId) {
   const e = await api(`endpoints/event?${idQuery({ endpointId, eventId })}`);
   const facts = h("dl", { class: "facts" }, [
     ["Status", statusBadge(e.resolutionStatus, e.pendingSubStatus)],
-    ["Event type", asSent(e.eventTypeId)], ["Session", asSent(e.sessionId)], ["Correlation", asSent(e.correlationId)],
-    ["Last message", `${e.messageType} ${e.lastMessageId || ""}`], ["From → To", `${e.from || "?"} → ${e.to || "?"}`],
-    ["Updated", when(e.updatedAt)], ...failureFacts(e),
+    ["Event type", asSent(e.eventTypeId)], ["Session", asId(e.sessionId)], ["Correlation", asId(e.correlationId)],
+    ["Last message", [`${e.messageType} `, e.lastMessageId ? asId(e.lastMessageId) : ""]], ["From → To", `${e.from || "?"} → ${e.to || "?"}`],
+    ["Updated", stamp(e.updatedAt)], ...failureFacts(e),
     ["Processing time", e.processingTimeMs === null ? NULL_SHOWN : `${e.processingTimeMs} ms`],
   ].flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, asSent(v))]));
   const handoff = e.pendingSubStatus === "Handoff" ? h("div", { class: "card handoff", "aria-label": "Handoff details" },
@@ -304,13 +324,13 @@ async function eventView(endpointId, eventId) {
       h("dt", {}, "Expected by"), h("dd", { "data-fact": "expected-by" }, e.expectedBy ? `${when(e.expectedBy)} (${new Date(e.expectedBy) < new Date() ? "overdue" : "in " + age(new Date(2 * Date.now() - new Date(e.expectedBy).getTime()).toISOString())})` : NULL_SHOWN))) : null;
   const timeline = h("ol", { class: "timeline", "aria-label": "Message history" }, e.history.map((m) => h("li", {},
     h("strong", {}, `${m.sequence || ""}. ${m.messageType}`), " ",
-    h("span", { class: "muted" }, `${m.from || "?"} → ${m.to || "?"} · ${when(m.enqueuedTimeUtc)} · ${m.messageId}`),
+    h("span", { class: "muted" }, `${m.from || "?"} → ${m.to || "?"} · `, stamp(m.enqueuedTimeUtc), " · ", h("span", { class: "id" }, m.messageId)),
     m.messageContent && m.messageContent.ErrorContent && m.messageContent.ErrorContent.ErrorText
       ? h("div", { class: "error" }, m.messageContent.ErrorContent.ErrorText) : null)));
   const audits = e.audits.length ? h("div", { class: "scroll" }, h("table", { class: "stack", "aria-label": "Audits" },
     h("thead", {}, h("tr", {}, ["When", "Type", "By", "Comment", "Data"].map((t) => h("th", {}, t)))),
     h("tbody", {}, e.audits.map((a) => h("tr", { "data-audit": a.auditType },
-      h("td", { "data-label": "When" }, when(a.auditTimestamp)),
+      h("td", { "data-label": "When" }, stamp(a.auditTimestamp)),
       h("td", { "data-label": "Type" }, a.auditType + (a.accessDenied ? " (denied)" : "")),
       h("td", { "data-label": "By" }, a.auditorName),
       h("td", { "data-label": "Comment" }, a.comment || ""),
@@ -401,7 +421,7 @@ function addressed(e, body) {
 async function stuckView(endpointId) {
   const [unconfirmed, overdue] = await Promise.all([
     api(`endpoints/unconfirmed?${idQuery({ endpointId })}`), api(`endpoints/overdue?${idQuery({ endpointId })}`)]);
-  const link = (eventId) => h("a", { href: `#/event/${segment(endpointId)}/${segment(eventId)}` }, eventId);
+  const link = (eventId) => idLink(`#/event/${segment(endpointId)}/${segment(eventId)}`, eventId);
   return h("section", { "aria-labelledby": "stuck-title" },
     h("p", {}, h("a", { href: "#/" }, "← Endpoints")),
     h("h1", { id: "stuck-title" }, `Needs a human on ${endpointId}`),
@@ -412,15 +432,15 @@ async function stuckView(endpointId) {
       h("tbody", {}, unconfirmed.items.map((c) => h("tr", { "data-unconfirmed": c.eventId },
         h("td", { "data-label": "Event" }, link(c.eventId)),
         h("td", { "data-label": "Message" }, c.messageType),
-        h("td", { "data-label": "Control message" }, c.controlMessageId),
+        h("td", { "data-label": "Control message" }, h("span", { class: "id" }, c.controlMessageId)),
         h("td", { "data-label": "By" }, c.settledBy),
-        h("td", { "data-label": "Claimed" }, `${when(c.claimedAt)} (${age(c.claimedAt)} ago)`)))))) : h("p", {}, "None."),
+        h("td", { "data-label": "Claimed" }, stamp(c.claimedAt), ` (${age(c.claimedAt)} ago)`)))))) : h("p", {}, "None."),
     h("h2", {}, `Overdue hand-offs (${overdue.count})`),
     overdue.items.length ? h("div", { class: "scroll" }, h("table", { class: "stack", "aria-label": "Overdue hand-offs" },
       h("thead", {}, h("tr", {}, ["Event", "Expected by", "Overdue by"].map((t) => h("th", {}, t)))),
       h("tbody", {}, overdue.items.map((o) => h("tr", { "data-overdue": o.eventId },
         h("td", { "data-label": "Event" }, link(o.eventId)),
-        h("td", { "data-label": "Expected by" }, when(o.expectedBy)),
+        h("td", { "data-label": "Expected by" }, stamp(o.expectedBy)),
         h("td", { "data-label": "Overdue by" }, age(o.expectedBy))))))) : h("p", {}, "None."));
 }
 
@@ -468,7 +488,7 @@ async function poisonView(params) {
   } }, h("label", {}, "Day (UTC)", h("input", { type: "date", name: "day", value: `${day.slice(0, 4)}-${day.slice(4, 6)}-${day.slice(6, 8)}` })),
     h("button", { type: "submit" }, "Show"));
   const rows = page.items.map((p) => h("tr", { "data-poison": p.messageId || p.id },
-    h("td", { "data-label": "Enqueued" }, when(p.enqueuedTimeUtc)),
+    h("td", { "data-label": "Enqueued" }, stamp(p.enqueuedTimeUtc)),
     h("td", { "data-label": "Endpoint" }, p.endpointId ? h("a", { href: `#/endpoint/${segment(p.endpointId)}` }, p.endpointId) : NULL_SHOWN),
     h("td", { "data-label": "Message" }, h("details", {}, h("summary", {}, p.messageId || "(no id)"),
       h("pre", { tabindex: "0", "aria-label": "Application properties" }, pretty(p.applicationProperties)),
@@ -499,35 +519,54 @@ async function poisonView(params) {
 
 // -- state -------------------------------------------------------------------------------------------
 
-const KEY_FIELDS = [
-  ["tenantId", "Tenant id", "number", true], ["scopeId", "Scope id (1-7)", "number", true],
-  ["entityId", "Entity id", "number", true], ["entityExecutionId", "Entity execution id", "number", false],
-  ["sourceAppId", "Source app id", "number", false], ["itemEntityKey", "Item entity key", "text", true],
-  ["itemKey", "Item key", "text", true], ["subItemEntityKey", "Sub-item entity key", "text", false],
-  ["subItemKey", "Sub-item key", "text", false],
-];
+// The Scope enum of state/model.py, by id (1-7): the API takes the name as "scope".
+const SCOPES = ["App", "Process", "Thread", "Element", "ProcessExecution", "ThreadExecution", "ElementExecution"];
+const KEY_EXAMPLE = '{"tenantId": 1, "scopeId": 4, "entityId": 100, "itemEntityKey": "invoice", "itemKey": "INV-42"}';
 let lookupResult = null;
+
+// The key as the API takes it (pasted from a log, a request or the client), alone or as {"key": ...};
+// a scope chosen by name replaces the key's scope or scopeId.
+function keyFrom(text, scope) {
+  let value;
+  try { value = JSON.parse(text); } catch (error) { throw new ApiError(400, { detail: `The key is not valid JSON: ${error.message}` }); }
+  const key = value && typeof value.key === "object" && value.key !== null ? value.key : value;
+  if (!key || typeof key !== "object" || Array.isArray(key)) throw new ApiError(400, { detail: "The key is a JSON object, e.g. " + KEY_EXAMPLE });
+  if (!scope) return key;
+  const named = { ...key, scope };
+  delete named.scopeId;
+  return named;
+}
+
+function scopeOf(key) {
+  if (!key) return "";
+  if (typeof key.scope === "string") return SCOPES.find((name) => name.toLowerCase() === key.scope.toLowerCase()) || "";
+  return SCOPES[key.scopeId - 1] || "";
+}
 
 async function stateView() {
   const stuck = await api("records/stuck");
-  const form = h("form", { class: "card filters", "aria-label": "Record key", onsubmit: async (ev) => {
+  const scope = h("select", { name: "scope", id: "lookup-scope" }, h("option", { value: "" }, "As in the key"),
+    SCOPES.map((name, i) => h("option", { value: name, selected: lookupResult && lookupResult.scope === name }, `${name} (${i + 1})`)));
+  const text = h("textarea", { name: "key", id: "lookup-key", class: "short", rows: 4, required: true, spellcheck: "false",
+    placeholder: KEY_EXAMPLE, oninput: () => {
+      // The scope shown follows the pasted key (a number becomes its name); picking one overrides it.
+      try { scope.value = scopeOf(keyFrom(text.value, "")) || scope.value; } catch { /* still typing */ }
+    } }, lookupResult ? lookupResult.text : "");
+  const form = h("form", { class: "card lookup", "aria-label": "Record key", onsubmit: async (ev) => {
     ev.preventDefault();
     const data = new FormData(ev.target);
-    const key = {};
-    for (const [name, , type] of KEY_FIELDS) {
-      const value = String(data.get(name) || "");
-      if (value === "") continue;
-      key[name] = type === "number" ? Number(value) : value;
-    }
+    const entered = { text: String(data.get("key") || ""), scope: String(data.get("scope") || "") };
     try {
-      lookupResult = { ...(await api("records/lookup", { method: "POST", body: { key, pageSize: 50 } })), key };
+      const key = keyFrom(entered.text, entered.scope);
+      lookupResult = { ...entered, ...(await api("records/lookup", { method: "POST", body: { key, pageSize: 50 } })), key };
     } catch (error) {
-      lookupResult = { error, key };
+      lookupResult = { ...entered, error };
     }
     render();
-  } }, KEY_FIELDS.map(([name, label, type, required]) => h("label", {}, label,
-    h("input", { name, type, required, value: (lookupResult && lookupResult.key && lookupResult.key[name]) || "" }))),
-    h("button", { type: "submit", id: "lookup" }, "Look up"));
+  } },
+    h("label", {}, "Key (paste its JSON, as the API takes it)", text),
+    h("p", { class: "muted hint" }, "tenantId, scopeId or scope, entityId, itemEntityKey, itemKey; entityExecutionId (scopes 5-7), sourceAppId, subItemEntityKey, subItemKey when the key has them."),
+    h("div", { class: "filters" }, h("label", {}, "Scope", scope), h("button", { type: "submit", id: "lookup" }, "Look up")));
   return h("section", { "aria-labelledby": "state-title" },
     h("h1", { id: "state-title" }, "State records"),
     form, lookupView(),
@@ -542,7 +581,7 @@ function lookupView() {
   return h("div", { class: "card", id: "record" },
     h("h2", {}, r ? `Record: ${r.status}` : "No record for this key"),
     r ? h("dl", { class: "facts" }, [["Item", `${r.itemEntityKey} / ${r.itemKey}`], ["Version", r.version],
-      ["Locked until", when(r.lockedUntil)], ["Updated", when(r.updatedAt)], ["Error", r.error || NULL_SHOWN]]
+      ["Locked until", stamp(r.lockedUntil)], ["Updated", stamp(r.updatedAt)], ["Error", r.error || NULL_SHOWN]]
       .flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v)])) : null,
     r ? h("pre", { tabindex: "0" }, pretty(r.data)) : null,
     h("h2", {}, "History"), recordTable(lookupResult.history.items));
@@ -555,12 +594,23 @@ function recordTable(items) {
       h("td", { "data-label": "Status" }, r.status + (r.originalStatus ? ` (was ${r.originalStatus})` : "")),
       h("td", { "data-label": "Item" }, `${r.itemEntityKey} / ${r.itemKey}`),
       h("td", { "data-label": "Version" }, String(r.version)),
-      h("td", { "data-label": "Locked until" }, when(r.lockedUntil)),
-      h("td", { "data-label": "Updated" }, when(r.updatedAt))))))));
+      h("td", { "data-label": "Locked until" }, stamp(r.lockedUntil)),
+      h("td", { "data-label": "Updated" }, stamp(r.updatedAt))))))));
 }
 
 window.addEventListener("hashchange", () => {
   document.getElementById("toast").textContent = ""; // a message belongs to the view it came from
   render();
 });
-window.addEventListener("DOMContentLoaded", () => { render(); schedule(); });
+window.addEventListener("DOMContentLoaded", () => {
+  // The header is sticky: what scrolls into view (a skip link's target, a looked-up record) stops below it.
+  const bar = document.querySelector("header.bar");
+  new ResizeObserver(() => document.documentElement.style.setProperty("--bar-height", `${bar.offsetHeight}px`)).observe(bar);
+  // The skip link moves focus to the view; followed as a link, "#main" would be read as a route.
+  document.querySelector("a.skip").addEventListener("click", (ev) => {
+    ev.preventDefault();
+    document.getElementById("main").focus();
+  });
+  render();
+  schedule();
+});

@@ -81,9 +81,26 @@ function failureFacts(e) {
   return facts;
 }
 
+// An audit's data is JSON text whose values may be JSON text again (an EventJson inside a control
+// message): shown indented, the inner JSON unpacked, folded under a summary of its fields.
 function auditData(data) {
   if (!data) return "";
-  return h("pre", { class: "audit-data", tabindex: "0" }, pretty(data));
+  const value = unpacked(data);
+  const fields = value && typeof value === "object" && !Array.isArray(value) ? Object.keys(value) : [];
+  const label = fields.length ? `${fields.length} field${fields.length === 1 ? "" : "s"}: ${fields.slice(0, 3).join(", ")}${fields.length > 3 ? ", …" : ""}` : "Data";
+  return h("details", { class: "audit-data" }, h("summary", {}, label),
+    h("pre", { tabindex: "0", "aria-label": "Audit data" }, typeof value === "string" ? value : JSON.stringify(value, null, 2)));
+}
+
+function unpacked(value) {
+  if (typeof value === "string") {
+    const text = value.trim();
+    if (!(text.startsWith("{") || text.startsWith("["))) return value;
+    try { return unpacked(JSON.parse(text)); } catch { return value; }
+  }
+  if (Array.isArray(value)) return value.map(unpacked);
+  if (value && typeof value === "object") return Object.fromEntries(Object.entries(value).map(([k, v]) => [k, unpacked(v)]));
+  return value;
 }
 
 const CONTROL_REQUESTS = ["ResubmissionRequest", "SkipRequest", "HandoffCompletedRequest", "HandoffFailedRequest", "RetryRequest"];
@@ -134,11 +151,11 @@ function summaryTable(items, { select, matched } = {}) {
       matched ? h("td", { "data-label": "Matched" }, (e.matches || []).flatMap((m, i) => [i ? ", " : "",
         h("span", { class: "match", "data-kind": m.kind }, `${KIND_NAMES[m.kind] || m.kind} `, h("code", {}, m.value))])) : null,
       h("td", { "data-label": "Endpoint" }, h("a", { href: `#/endpoint/${segment(e.endpointId)}` }, e.endpointId)),
-      h("td", { "data-label": "Event" }, h("a", { href: `#/event/${segment(e.endpointId)}/${segment(e.eventId)}` }, e.eventId)),
+      h("td", { "data-label": "Event" }, idLink(`#/event/${segment(e.endpointId)}/${segment(e.eventId)}`, e.eventId)),
       h("td", { "data-label": "Status" }, statusBadge(e.resolutionStatus, e.pendingSubStatus)),
       h("td", { "data-label": "Type" }, asSent(e.eventTypeId)),
-      h("td", { "data-label": "Session" }, e.sessionId ? h("a", { href: `#/session/${segment(e.sessionId)}` }, e.sessionId) : asSent(e.sessionId)),
-      h("td", { "data-label": "Changed" }, when(e.updatedAt)),
+      h("td", { "data-label": "Session" }, e.sessionId ? idLink(`#/session/${segment(e.sessionId)}`, e.sessionId) : asSent(e.sessionId)),
+      h("td", { "data-label": "Changed" }, stamp(e.updatedAt)),
       h("td", { "data-label": "Reason" }, e.reason || ""))))));
 }
 
@@ -241,11 +258,11 @@ async function auditsView(route) {
     h("label", {}, "to (UTC)", h("input", { name: "to", type: "datetime-local", value: localValue(p.get("to")) })),
     h("button", { type: "submit" }, "Search"));
   const rows = page.items.map((a) => h("tr", { "data-audit": a.auditType },
-    h("td", { "data-label": "When" }, when(a.auditTimestamp)),
+    h("td", { "data-label": "When" }, stamp(a.auditTimestamp)),
     h("td", { "data-label": "Type" }, a.auditType + (a.accessDenied ? " (denied)" : "")),
     h("td", { "data-label": "By" }, a.auditorName),
     h("td", { "data-label": "Endpoint" }, a.endpointId ? h("a", { href: `#/endpoint/${segment(a.endpointId)}` }, a.endpointId) : NULL_SHOWN),
-    h("td", { "data-label": "Event" }, a.eventId ? h("a", { href: `#/event/${segment(a.endpointId)}/${segment(a.eventId)}` }, a.eventId) : NULL_SHOWN),
+    h("td", { "data-label": "Event" }, a.eventId ? idLink(`#/event/${segment(a.endpointId)}/${segment(a.eventId)}`, a.eventId) : NULL_SHOWN),
     h("td", { "data-label": "Comment" }, a.comment || ""),
     h("td", { "data-label": "Data" }, auditData(a.data))));
   const next = new URLSearchParams(p);
@@ -328,7 +345,8 @@ function updateBulkBar(view, endpointId) {
       } }, "Clear"),
       h("button", { type: "button", id: "bulk-resubmit", disabled: !selected.size || bulkBusy, onclick: () => runBulk(view, endpointId, "resubmit") }, "Resubmit selected"),
       h("button", { type: "button", class: "danger", id: "bulk-skip", disabled: !selected.size || bulkBusy, onclick: () => runBulk(view, endpointId, "skip") }, "Skip selected")),
-    bulkReport && bulkReport.endpointId === endpointId ? bulkReportView(bulkReport) : null);
+    // replaceChildren is the DOM's, not h(): a null here would be shown as the text "null".
+    bulkReport && bulkReport.endpointId === endpointId ? bulkReportView(bulkReport) : "");
 }
 
 // Every page of the listing with the same filters (the API's own paging), rows that allow an action.
@@ -485,8 +503,7 @@ function stateExtras(view) {
   } },
     h("label", {}, "Tenant id", h("input", { name: "browseTenantId", type: "number", required: true, value: stateQuery ? stateQuery.body.tenantId : "" })),
     h("label", {}, "Scope", h("select", { name: "browseScope", id: "browse-scope" }, h("option", { value: "" }, "Any"),
-      ["App", "Process", "Thread", "Element", "ProcessExecution", "ThreadExecution", "ElementExecution"]
-        .map((name) => h("option", { value: name, selected: stateQuery && stateQuery.body.scope === name }, name)))),
+      SCOPES.map((name) => h("option", { value: name, selected: stateQuery && stateQuery.body.scope === name }, name)))),
     h("label", {}, "Entity (node) id", h("input", { name: "browseEntityId", type: "number", value: stateQuery && stateQuery.body.entityId !== undefined ? stateQuery.body.entityId : "" })),
     h("label", {}, "Status", h("select", { name: "browseStatus", id: "browse-status" }, h("option", { value: "" }, "Any"),
       ["Processing", "Processed", "Failed", "Skipped", "Expired"].map((name) => h("option", { value: name, selected: stateQuery && stateQuery.body.status === name }, name)))),
@@ -538,7 +555,8 @@ async function lookUpRecord(r) {
   if (r.sourceAppId !== null && r.sourceAppId !== undefined) key.sourceAppId = r.sourceAppId;
   if (r.subItemEntityKey) key.subItemEntityKey = r.subItemEntityKey;
   if (r.subItemKey) key.subItemKey = r.subItemKey;
-  try { lookupResult = { ...(await api("records/lookup", { method: "POST", body: { key, pageSize: 50 } })), key }; } catch (error) { lookupResult = { error, key }; }
+  const entered = { text: JSON.stringify(key, null, 2), scope: SCOPES[key.scopeId - 1] || "" };
+  try { lookupResult = { ...entered, ...(await api("records/lookup", { method: "POST", body: { key, pageSize: 50 } })), key }; } catch (error) { lookupResult = { ...entered, error }; }
   await render();
   const record = document.getElementById("record");
   if (record) record.scrollIntoView();

@@ -68,9 +68,6 @@ ARGS = [
     "--no-first-run",
     "--disable-quic",
 ]
-# The README's screenshots. Every run takes them; they replace the committed ones only when asked
-# (SETTLE_UPDATE_SCREENSHOTS=1), so an ordinary test run leaves the work tree clean.
-DOCS_IMG = Path(__file__).resolve().parents[2] / "docs" / "img"
 WAIT_MS = 30_000  # generous: several suites share two cores
 
 
@@ -91,8 +88,7 @@ def console_host(start_host: StartHost) -> tuple[HostProcess, str]:  # noqa: F81
 
 @pytest.fixture(scope="module")
 def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if os.environ.get("SETTLE_UPDATE_SCREENSHOTS") == "1":
-        return DOCS_IMG
+    """Where a test keeps the pictures it takes (the README's come from ``make screenshots``)."""
     return tmp_path_factory.mktemp("screenshots")
 
 

@@ -1,12 +1,13 @@
 """The console in Debian's Chromium: counts, an event resubmitted with its audit, a parked hand-off
 settled, poison replayed, a state record looked up, phone width and the keyboard.
 
-The tests of this module run in order against one development host and one browser page; each writes
-the screenshot the README shows (``docs/img/``, replaced when ``SETTLE_UPDATE_SCREENSHOTS=1``).
+The tests of this module run in order against one development host and one browser page; each takes a
+screenshot into its temporary folder (the README's come from ``make screenshots``).
 """
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -259,15 +260,8 @@ def test_a_state_record_is_looked_up_and_a_stuck_lock_listed(browser_page, shots
     ]
     page.goto(f"{host.base_url}/api/console#/state")
     expect(page.locator("h1")).to_have_text("State records")
-    for name, value in (
-        ("tenantId", "1"),
-        ("scopeId", "4"),
-        ("entityId", "100"),
-        ("itemEntityKey", "invoice"),
-        ("itemKey", "INV-42"),
-    ):
-        page.fill(f'input[name="{name}"]', value)
-    assert page.locator("form[aria-label='Record key'] input").count() == 9
+    page.fill("#lookup-key", json.dumps(key))  # the key as the API takes it, pasted
+    expect(page.locator("#lookup-scope")).to_have_value("Element")
     page.click("#lookup")
     expect(page.locator("#record h2").first).to_have_text("Record: Processed")
     expect(page.locator("#record")).to_contain_text("Superseded")

@@ -2,8 +2,8 @@
 
 Every view is checked at 1280 px and at 375 px: no sideways scroll, and axe-core (``node_modules``,
 injected into the page) finds no serious or critical violation. The tests of this module run in order
-against one development host and one browser page; screenshots go to ``docs/img/`` with
-``SETTLE_UPDATE_SCREENSHOTS=1``.
+against one development host and one browser page (the README's screenshots come from
+``make screenshots``).
 """
 
 from __future__ import annotations
@@ -18,14 +18,12 @@ import pytest
 
 from devtools import demo as demo_traffic
 
-from .conftest import DOCS_IMG, WAIT_MS, api_json, forgive_errors
+from .conftest import WAIT_MS, api_json, forgive_errors
 
 pytestmark = pytest.mark.browser
 
 AXE = Path(__file__).resolve().parents[2] / "node_modules" / "axe-core" / "axe.min.js"
 WIDTHS = (1280, 375)
-# The ones the README shows (the others are taken into the test's temporary folder only).
-README_SHOTS = {"console-find.png", "console-session.png", "console-bulk.png", "console-audits.png"}
 
 
 def axe_violations(page: Any) -> list[dict[str, Any]]:
@@ -57,9 +55,8 @@ def check_both_widths(page: Any, shots: Path, name: str, ready: str) -> None:
             violations = axe_violations(page)
             assert not violations, f"{name} at {width} px: {json.dumps(violations, indent=1)}"
             suffix = "" if width == 1280 else "-phone"
-            if shots != DOCS_IMG or f"console-{name}{suffix}.png" in README_SHOTS:
-                shots.mkdir(parents=True, exist_ok=True)
-                page.screenshot(path=str(shots / f"console-{name}{suffix}.png"), full_page=True)
+            shots.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(shots / f"console-{name}{suffix}.png"), full_page=True)
     finally:
         page.set_viewport_size({"width": 1280, "height": 900})
 
@@ -135,7 +132,8 @@ def test_resubmit_asks_a_reason_the_audit_is_pretty_and_fits_a_phone_and_the_pag
     page.click("#confirm-ok")
     audit = page.locator('tr[data-audit="Resubmit"]')
     expect(audit).to_contain_text("ERP is back after the outage")
-    data = audit.locator("pre.audit-data")
+    audit.locator("details.audit-data summary").click()  # folded until asked for
+    data = audit.locator("details.audit-data pre")
     expect(data).to_contain_text('  "controlMessageId": ')  # pretty-printed, not escaped JSON
     # The toast sits above the content, never over the timeline or the audits
     expect(page.locator("#toast")).to_contain_text("Resubmit accepted")
