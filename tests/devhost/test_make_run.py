@@ -317,7 +317,7 @@ def test_make_run_from_a_fresh_clone_answers_health(tmp_path: Path) -> None:
     # When the README's command runs there (in its own process group, like a terminal)
     with log_path.open("wb") as log:
         process = subprocess.Popen(
-            ["make", "run", f"VENV={sys.prefix}", f"STAMP={stamp}"],  # this test's virtualenv
+            ["make", "run", f"VENV={sys.prefix}", f"STAMP={stamp}", f"PYSTAMP={stamp}"],  # its virtualenv
             cwd=clone,
             env=env,
             stdout=log,
