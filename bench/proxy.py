@@ -149,6 +149,7 @@ class Seen:
     method: str
     path: str
     at: float
+    query: str = ""  # the URL's query, decoded ($filter names what a read looks for)
     status: int = 0
     sent: int = 0  # bytes of the request (request line, headers, body)
     received: int = 0  # bytes of the answer (status line, headers, body)
@@ -246,9 +247,10 @@ class CountingProxy:
                 raise TimeoutError(f"storage traffic did not stop within {timeout_s:.0f} s")
             time.sleep(max(0.02, quiet_s - waited) if idle else 0.02)
 
-    def _begin(self, method: str, path: str) -> int:
+    def _begin(self, method: str, target: str) -> int:
+        parts = urlsplit(target)
         with self._lock:
-            self._seen.append(Seen(method, path, time.monotonic()))
+            self._seen.append(Seen(method, parts.path, time.monotonic(), unquote(parts.query)))
             self._in_flight += 1
             self._last = time.monotonic()
             return len(self._seen) - 1
@@ -289,7 +291,7 @@ class CountingProxy:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else None
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP}
-                at = proxy._begin(self.command, urlsplit(self.path).path)
+                at = proxy._begin(self.command, self.path)
                 status, reply, reply_headers = 0, b"", list[tuple[str, str]]()
                 try:
                     budget = proxy.budget
