@@ -28,6 +28,7 @@ from bench import (
     catchup,
     coldstart,
     contention,
+    costs,
     find,
     handoff_scaleout,
     keeper,
@@ -71,6 +72,7 @@ def _scaleout(env: Environment) -> list[Figure]:
 SECTIONS: dict[str, Callable[[Environment], list[Figure]]] = {
     "roundtrips": roundtrips.run,
     "find": find.run,
+    "costs": costs.run,
     "latency": latency.run,
     "contention": contention.run,
     "catchup": catchup.run,

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness import ROOT, Environment, Figure, median, verdict_at_most
+from bench.proxy import CountingProxy, Tally, tally
 
 SECTION = "cold start"
 TARGET = 1.5
@@ -71,16 +72,15 @@ body = {"key": {"tenantId": 1, "scopeId": 4, "entityId": 42, "itemEntityKey": "i
 request = func.HttpRequest("POST", "http://localhost/api/v1/state/lock",
                            headers={"content-type": "application/json"}, params={}, route_params={},
                            body=json.dumps(body).encode())
-from common.roundtrips import ROUND_TRIPS  # loaded by the app already: counting costs nothing
-with ROUND_TRIPS.measure() as lock_requests:
-    answer = functions["state_lock"].get_user_function()(request)
+lock_started = time.monotonic()
+answer = functions["state_lock"].get_user_function()(request)
 assert answer.status_code == 200 and json.loads(answer.get_body())["acquired"], answer.get_body()
 locked = time.perf_counter()
 """
     + _MESSAGE
     + """
-with ROUND_TRIPS.measure() as message_requests:
-    functions["resolver"].get_user_function()(message)
+message_started = time.monotonic()
+functions["resolver"].get_user_function()(message)
 done = time.perf_counter()
 heavy = [h for h in __HEAVY__ if h in sys.modules]
 import importlib.util, os
@@ -88,7 +88,7 @@ bytecode = os.path.exists(importlib.util.cache_from_source(function_app.__file__
 print(json.dumps({"import": imported - started, "first_lock": locked - imported,
                    "first_message": done - locked, "total": done - started,
                    "modules": len(sys.modules), "heavy": heavy, "bytecode": bytecode,
-                   "requests": [lock_requests.requests, message_requests.requests]}))
+                   "phases": [lock_started, message_started]}))
 """
 )
 
@@ -117,6 +117,7 @@ body = {"key": {"tenantId": 1, "scopeId": 4, "entityId": 42, "itemEntityKey": "i
 request = func.HttpRequest("POST", "http://localhost/api/v1/state/lock",
                            headers={"content-type": "application/json"}, params={}, route_params={},
                            body=json.dumps(body).encode())
+lock_started = time.monotonic()
 parsed = LockIn.model_validate_json(request.get_body())
 service = TableServiceClient.from_connection_string(__CONNECTION__)
 state = service.create_table_if_not_exists(__STATE_TABLE__)
@@ -128,6 +129,7 @@ locked = time.perf_counter()
 """
     + _MESSAGE
     + """
+message_started = time.monotonic()
 props = message.application_properties
 content = json.loads(message.get_body())
 events = service.create_table_if_not_exists(__EVENTS_TABLE__)
@@ -143,7 +145,7 @@ events.submit_transaction([("create", history), ("upsert", row)])
 done = time.perf_counter()
 print(json.dumps({"import": imported - started, "first_lock": locked - imported,
                    "first_message": done - locked, "total": done - started,
-                   "modules": len(sys.modules), "heavy": []}))
+                   "modules": len(sys.modules), "heavy": [], "phases": [lock_started, message_started]}))
 """
 )
 
@@ -212,6 +214,34 @@ def own_import_costs(env: dict[str, str], cwd: Path, top: int = 20) -> dict[str,
     return dict(sorted(own.items(), key=lambda kv: -kv[1])[:top])
 
 
+PHASES = ("first lock", "first message")
+
+
+def wire_cost(
+    code: str, environ: dict[str, str], cwd: Path, proxy: CountingProxy, quiet_s: float
+) -> dict[str, Tally]:
+    """One untimed probe through the counting proxy: what storage received in each phase (from the lock's
+    start to the message's, then to the end), told apart by the probe's monotonic clock (the same clock as
+    the proxy's on one machine). Requests before the lock (the import) would be a phase of their own."""
+    start = proxy.count
+    result = probe(code, environ, cwd)
+    proxy.wait_quiet(quiet_s)
+    lock_started, message_started = (float(t) for t in result["phases"])
+    seen = proxy.since(start)
+    phases = {
+        "import": tally([r for r in seen if r.at < lock_started]),
+        PHASES[0]: tally([r for r in seen if lock_started <= r.at < message_started]),
+        PHASES[1]: tally([r for r in seen if r.at >= message_started]),
+    }
+    return {k: v for k, v in phases.items() if k != "import" or v.requests}
+
+
+def _wire_note(costs: dict[str, Tally]) -> str:
+    return " + ".join(
+        f"{cost.requests} requests ({cost.writes} entities written)" for name, cost in costs.items()
+    )
+
+
 def run(env: Environment) -> list[Figure]:
     with tempfile.TemporaryDirectory(prefix="settle-coldstart-") as scratch:
         return _run(env, deployed_package(Path(scratch)))
@@ -240,6 +270,22 @@ def _run(env: Environment, app: Path) -> list[Figure]:
     }
     for code, environ, cwd in sides.values():
         probe(code, environ, cwd)  # creates each side's tables and warms the file cache alike (not timed)
+    # What each side asks of storage, counted at the wire in one more untimed probe (the timed ones reach
+    # Azurite directly: the proxy's hop stays out of the timings).
+    with CountingProxy(env.table_endpoint()) as proxy:
+        through = proxy.connection_string(env.connection)
+        wire = {
+            "settle": wire_cost(
+                settle_probe(),
+                dict(deployed_env, SETTLE_TABLES=through),
+                app,
+                proxy,
+                env.sizes.roundtrip_quiet_s,
+            ),
+            "floor": wire_cost(
+                floor_probe(through, prefix), sources_env, ROOT, proxy, env.sizes.roundtrip_quiet_s
+            ),
+        }
     runs: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
     for n in range(env.sizes.coldstart_processes):
         order = list(sides)[n % len(sides) :] + list(sides)[: n % len(sides)]  # no side always first
@@ -271,9 +317,9 @@ def _run(env: Environment, app: Path) -> list[Figure]:
         },
     }
     heavy = sorted({h for r in runs["settle"] for h in r.get("heavy", [])})
-    # Requests of the first lock and the first message (the floor's: 2 and 3, as written above).
-    counted = sorted({tuple(r["requests"]) for r in runs["settle"] if "requests" in r})
-    requests = " or ".join(f"{lock} + {message}" for lock, message in counted) or "not counted"
+    env.details["coldstart"]["wire"] = {
+        side: {phase: cost.as_dict() for phase, cost in phases.items()} for side, phases in wire.items()
+    }
 
     def read_from(side: str) -> str:
         if all(r.get("bytecode") for r in runs[side]):
@@ -301,8 +347,9 @@ def _run(env: Environment, app: Path) -> list[Figure]:
             note=(
                 f"{len(runs['settle'])} fresh interpreters each, the package as infra/deploy.sh ships it "
                 f"(infra/package.py); import + first lock + first message: "
-                f"Settle {parts('settle')}, floor {parts('floor')}; requests of the first lock and the "
-                f"first message: Settle {requests}, floor 2 + 3; "
+                f"Settle {parts('settle')}, floor {parts('floor')}; the first lock + the first message "
+                f"at the wire (one more probe each, through the counting proxy): Settle "
+                f"{_wire_note(wire['settle'])}, floor {_wire_note(wire['floor'])}; "
                 f"ratio within each round: median {median(per_round):.2f}, "
                 f"{per_round[0]:.2f}-{per_round[-1]:.2f}; "
                 "heavy SDKs loaded: "

@@ -245,6 +245,7 @@ class App:
         *,
         method: str | None = None,
         params: Mapping[str, str] | None = None,
+        route: Mapping[str, str] | None = None,
     ) -> HttpAnswer:
         fn = self.functions[name]
         trigger = fn.get_trigger()
@@ -254,7 +255,7 @@ class App:
             f"http://localhost/api/{trigger.route or name}",
             headers={"content-type": "application/json"},
             params=dict(params or {}),
-            route_params={},
+            route_params=dict(route or {}),
             body=b"" if body is None else json.dumps(body).encode(),
         )
         resp: func.HttpResponse = fn.get_user_function()(req)

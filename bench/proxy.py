@@ -5,6 +5,12 @@ request of every thread (the caller's, a background flusher's, a retry inside th
 here and is counted. :meth:`CountingProxy.wait_quiet` waits until no request has been in flight for a
 while, so work an operation leaves to a background thread is drained before a count is read.
 
+Each request is recorded with what it cost at the wire (:class:`Seen`): the bytes sent and received, the
+entities it **wrote** (a ``$batch`` split into its operations, each named by kind: insert, replace,
+upsert, merge, delete; nothing when storage refused the write or the whole transaction) and the entities
+it **read** (counted in the response body of a GET). :func:`tally` sums a window of them, so a figure
+reads storage's side of the conversation, never Settle's own count.
+
 The proxy forwards bytes unchanged (the SDK's shared-key signature covers the path, not the port) and
 adds no headers of its own, so the ``Date`` header the storage clock reads is Azurite's.
 """
@@ -12,11 +18,14 @@ adds no headers of its own, so the ``Date`` header the storage clock reads is Az
 from __future__ import annotations
 
 import http.client
+import json
+import re
 import socket
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -43,13 +52,158 @@ def _table_of(target: str) -> str:
     return parts[2].split("(")[0] if len(parts) > 2 else ""
 
 
+# One operation of a $batch body: its request line, then its headers up to the blank line.
+_INNER = re.compile(rb"^(GET|POST|PUT|MERGE|PATCH|DELETE) (\S+) HTTP/1\.1\r?\n((?:[^\r\n]+\r?\n)*)", re.M)
+_INNER_STATUS = re.compile(rb"^HTTP/1\.1 (\d{3})", re.M)
+_ROW_KEY = re.compile(rb'"RowKey"\s*:\s*"((?:[^"\\]|\\.)*)"')
+_POINT = re.compile(r"^/[^/]+/([^/(]+)\(PartitionKey='(?:[^']|'')*',RowKey='((?:[^']|'')*)'\)$")
+_COLLECTION = re.compile(r"^/[^/]+/([^/(]+)(?:\(\))?$")
+
+
+@dataclass(frozen=True)
+class Write:
+    """One entity written: the kind of operation, the table and the row's RowKey."""
+
+    kind: str  # insert | replace | upsert | merge | delete
+    table: str
+    row_key: str
+
+
+def _kind(method: str, conditional: bool) -> str:
+    """An entity operation's kind from its HTTP method (``conditional``: it carries ``If-Match``)."""
+    if method == "POST":
+        return "insert"
+    if method == "DELETE":
+        return "delete"
+    if method == "PUT":
+        return "replace" if conditional else "upsert"
+    return "merge" if conditional else "upsert"  # MERGE / PATCH without If-Match: insert-or-merge
+
+
+def _write_of(method: str, target: str, headers: str | bytes, body: bytes | None) -> Write | None:
+    """The entity one (non-batch) request writes, or None (a read, a table operation)."""
+    if method in ("GET", "HEAD"):
+        return None
+    path = unquote(urlsplit(target).path)
+    conditional = b"if-match:" in (
+        headers.lower() if isinstance(headers, bytes) else headers.lower().encode()
+    )
+    point = _POINT.match(path)
+    if point:
+        return Write(_kind(method, conditional), point.group(1), point.group(2).replace("''", "'"))
+    collection = _COLLECTION.match(path)
+    if method == "POST" and collection and collection.group(1) != "Tables":
+        found = _ROW_KEY.search(body or b"")
+        row_key = json.loads(b'"' + found.group(1) + b'"') if found else ""
+        return Write("insert", collection.group(1), row_key)
+    return None
+
+
+def writes_of(method: str, target: str, headers: str, body: bytes | None) -> tuple[Write, ...]:
+    """Every entity a request writes if storage applies it: one, or each operation of a ``$batch``."""
+    if not urlsplit(target).path.endswith("/$batch"):
+        one = _write_of(method, target, headers, body)
+        return (one,) if one is not None else ()
+    found = list(_INNER.finditer(body or b""))
+    out = []
+    for n, op in enumerate(found):
+        end = found[n + 1].start() if n + 1 < len(found) else len(body or b"")
+        one = _write_of(
+            op.group(1).decode(), op.group(2).decode(), op.group(3), (body or b"")[op.end() : end]
+        )
+        if one is not None:
+            out.append(one)
+    return tuple(out)
+
+
+def applied(target: str, status: int, reply: bytes) -> bool:
+    """Did storage apply the write? A single request: a 2xx. A ``$batch``: a 202 whose every operation
+    answered 2xx (a refused transaction answers one error for all of them)."""
+    if not 200 <= status < 300:
+        return False
+    if not urlsplit(target).path.endswith("/$batch"):
+        return True
+    return all(200 <= int(s) < 300 for s in _INNER_STATUS.findall(reply))
+
+
+def entities_in(method: str, status: int, reply: bytes) -> int:
+    """Entities a GET's answer holds (a query's ``value`` list, or one entity of a point read)."""
+    if method != "GET" or status != 200 or not reply:
+        return 0
+    try:
+        payload = json.loads(reply)
+    except ValueError:
+        return 0
+    if isinstance(payload, dict):
+        value = payload.get("value")
+        if isinstance(value, list):
+            return len([v for v in value if isinstance(v, dict) and "PartitionKey" in v])
+        return 1 if "PartitionKey" in payload else 0
+    return 0
+
+
 @dataclass(frozen=True)
 class Seen:
-    """One request Azurite received through the proxy."""
+    """One request Azurite received through the proxy, and what it cost at the wire once answered."""
 
     method: str
     path: str
     at: float
+    query: str = ""  # the URL's query, decoded ($filter names what a read looks for)
+    status: int = 0
+    sent: int = 0  # bytes of the request (request line, headers, body)
+    received: int = 0  # bytes of the answer (status line, headers, body)
+    written: tuple[Write, ...] = ()  # entities written (applied writes only)
+    read: int = 0  # entities in the answer of a GET
+
+
+@dataclass
+class Tally:
+    """A window of requests summed: requests, entities written by kind, entities read, bytes."""
+
+    requests: int = 0
+    written: Counter[str] = field(default_factory=Counter)
+    read: int = 0
+    sent: int = 0
+    received: int = 0
+    rows: list[Write] = field(default_factory=list)
+
+    @property
+    def writes(self) -> int:
+        return sum(self.written.values())
+
+    def add(self, other: Tally) -> Tally:
+        return Tally(
+            self.requests + other.requests,
+            self.written + other.written,
+            self.read + other.read,
+            self.sent + other.sent,
+            self.received + other.received,
+            self.rows + other.rows,
+        )
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "requests": self.requests,
+            "entities_written": self.writes,
+            "written_by_kind": dict(sorted(self.written.items())),
+            "entities_read": self.read,
+            "bytes_sent": self.sent,
+            "bytes_received": self.received,
+        }
+
+
+def tally(seen: list[Seen]) -> Tally:
+    """Sum what the requests ``seen`` cost at the wire."""
+    out = Tally()
+    for s in seen:
+        out.requests += 1
+        out.written.update(w.kind for w in s.written)
+        out.rows.extend(s.written)
+        out.read += s.read
+        out.sent += s.sent
+        out.received += s.received
+    return out
 
 
 class CountingProxy:
@@ -93,14 +247,17 @@ class CountingProxy:
                 raise TimeoutError(f"storage traffic did not stop within {timeout_s:.0f} s")
             time.sleep(max(0.02, quiet_s - waited) if idle else 0.02)
 
-    def _begin(self, method: str, path: str) -> None:
+    def _begin(self, method: str, target: str) -> int:
+        parts = urlsplit(target)
         with self._lock:
-            self._seen.append(Seen(method, path, time.monotonic()))
+            self._seen.append(Seen(method, parts.path, time.monotonic(), unquote(parts.query)))
             self._in_flight += 1
             self._last = time.monotonic()
+            return len(self._seen) - 1
 
-    def _end(self) -> None:
+    def _end(self, at: int, **cost: object) -> None:
         with self._lock:
+            self._seen[at] = replace(self._seen[at], **cost)  # type: ignore[arg-type]
             self._in_flight -= 1
             self._last = time.monotonic()
 
@@ -134,7 +291,8 @@ class CountingProxy:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else None
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP}
-                proxy._begin(self.command, urlsplit(self.path).path)
+                at = proxy._begin(self.command, self.path)
+                status, reply, reply_headers = 0, b"", list[tuple[str, str]]()
                 try:
                     budget = proxy.budget
                     charge = charge_of(self.command, self.path, body) if budget is not None else None
@@ -147,7 +305,19 @@ class CountingProxy:
                             table = next(iter(charge.partitions), ("", ""))[0] or _table_of(self.path)
                             budget.charge_rows(charge.account, table, reply)
                 finally:
-                    proxy._end()
+                    head = f"{self.requestline}\r\n{self.headers}"
+                    proxy._end(
+                        at,
+                        status=status,
+                        sent=len(head.encode()) + len(body or b""),
+                        received=len(reply) + sum(len(k) + len(v) + 4 for k, v in reply_headers) + 17,
+                        written=(
+                            writes_of(self.command, self.path, str(self.headers), body)
+                            if applied(self.path, status, reply)
+                            else ()
+                        ),
+                        read=entities_in(self.command, status, reply),
+                    )
                 self.send_response_only(status, reason)
                 for name, value in reply_headers:
                     if name.lower() not in _HOP:

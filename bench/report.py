@@ -2,7 +2,8 @@
 
 * docs/benchmark.md, "Latest numbers": the table and notes of one ``bench/results.json`` (``make bench``),
   with its date, machine and command; the documented round-trip minimums come from
-  ``bench/roundtrips.py`` (the one place they are kept).
+  ``bench/roundtrips.py`` (the one place they are kept), the documented entity writes per step of a
+  full hand-off and of a state item from ``bench/costs.py``.
 * docs/reliability.md, "Figures": the table of each ``bench/reliability-<scale>.json`` written by
   ``make reliability`` (full, and small when present).
 
@@ -22,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bench import costs
 from bench.harness import Figure, Results, render_markdown, section_times
 from bench.machine import one_line
 from bench.roundtrips import MINIMUM, WHY
@@ -74,6 +76,26 @@ def render_minimums() -> str:
     lines = ["| operation | minimum requests | why |", "|---|---|---|"]
     for name, minimum in MINIMUM.items():
         lines.append(f"| {name} | {minimum} | {WHY.get(name, '')} |")
+    return "\n".join(lines)
+
+
+def _cell(text: str) -> str:
+    """Table cell text: a ``|`` of a row key would end the cell."""
+    return text.replace("|", "\\|")
+
+
+def render_costs() -> str:
+    """The documented entity writes per step (``bench/costs.py``), with the context beside them."""
+
+    def rows(title: str, steps: Sequence[costs.Step]) -> list[str]:
+        out = [f"| {title} | entity writes | rows |", "|---|---|---|"]
+        out += [f"| {s.name} | {s.writes} | {_cell(s.rows)} |" for s in steps]
+        return [*out, f"| **total** | **{sum(s.writes for s in steps)}** | |", ""]
+
+    lines = rows("one full hand-off, step", costs.HANDOFF)
+    lines += rows("one state item, step", (*costs.STATE_ITEM, costs.STATE_PREPARATION))
+    lines += ["| context | per hand-off | what |", "|---|---|---|"]
+    lines += [f"| {s.name} | {s.writes} | {_cell(s.rows)} |" for s in (costs.NIMBUS_DOCUMENTS, costs.FLOOR)]
     return "\n".join(lines)
 
 
@@ -174,6 +196,7 @@ def render_docs(bench: Results | None, runs: Sequence[dict[str, Any]]) -> dict[P
     out: dict[Path, str] = {}
     text = BENCH_DOC.read_text(encoding="utf-8")
     text = replace_block(text, "minimums", render_minimums())
+    text = replace_block(text, "costs", render_costs())
     if bench is not None:
         text = replace_block(text, "latest", render_benchmark(bench))
     out[BENCH_DOC] = text

@@ -382,14 +382,16 @@ def handoff_sweeper(timer: func.TimerRequest, context: func.Context = None) -> N
         telemetry.invocation(context),
         telemetry.span("settle.sweeper.run", {"settle.sweeper.enabled": sweeping}),
     ):
-        service.reconciler().run()
-        service.overview().fold_all(service.store().endpoints())
-        if sweeping:
-            report = service.sweeper().sweep()
+        from handoff.sweeper import tick
+
+        report = tick(
+            service.store(),
+            service.reconciler(),
+            service.overview().fold_all,
+            service.sweeper() if sweeping else None,
+            gauges_at=service.settlement_service().clock if telemetry.enabled() else None,
+        )
+        if report is not None:
             telemetry.annotate(
                 {"settle.sweeper.failed": len(report.failed), "settle.sweeper.skipped": len(report.skipped)}
             )
-        if telemetry.enabled():
-            from handoff.sweeper import report_parked
-
-            report_parked(service.store(), service.settlement_service().clock(), sweeping=sweeping)

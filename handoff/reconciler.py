@@ -14,6 +14,7 @@ reported and the next one goes on.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cached_property
@@ -53,17 +54,18 @@ class Reconciler(EndpointPass):
     def clock(self) -> datetime:
         return self._clock() if self._clock else self.settlement.clock()
 
-    def run(self) -> ReconcileReport:
+    def run(self, endpoint_ids: Sequence[str] | None = None) -> ReconcileReport:
+        """One pass over ``endpoint_ids`` (the tick's endpoint list; read here when not given)."""
         with telemetry.span("settle.reconciler.run") as span:
-            report = self._run()
+            report = self._run(self.store.endpoints() if endpoint_ids is None else endpoint_ids)
             span.update({f"settle.reconciler.{k}": len(v) for k, v in vars(report).items()})
             span.set_outcome("errors" if report.errors else "done")
             return report
 
-    def _run(self) -> ReconcileReport:
+    def _run(self, endpoint_ids: Sequence[str]) -> ReconcileReport:
         report = ReconcileReport()
         self.each_endpoint(
-            self.store.endpoints(),
+            endpoint_ids,
             lambda endpoint_id: self.reconcile_endpoint(endpoint_id, report),
             endpoint_of=str,
             errors=report.errors,

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from common import telemetry
 from common.clock import iso
@@ -30,6 +31,9 @@ from handoff.endpoint_pass import EndpointPass
 from handoff.records import EndpointRow
 from handoff.settlement import Settlement
 from handoff.store import HandoffStore
+
+if TYPE_CHECKING:
+    from handoff.reconciler import Reconciler
 
 log = logging.getLogger("settle.sweeper")
 
@@ -52,12 +56,15 @@ class SweepReport:
 GAUGE_CAP = 10_000
 
 
-def report_parked(store: HandoffStore, now: datetime, *, sweeping: bool) -> None:
+def report_parked(
+    store: HandoffStore, now: datetime, *, sweeping: bool, endpoint_ids: Sequence[str] | None = None
+) -> None:
     """``settle.handoff.parked`` and ``settle.handoff.overdue`` per endpoint, from the queue and expiry
-    index rows (keys only; run on the sweeper tick, and only when telemetry is on)."""
+    index rows (keys only; run on the sweeper tick, and only when telemetry is on). ``endpoint_ids``: the
+    tick's endpoint list (read here when not given)."""
     if not telemetry.enabled():
         return
-    for endpoint_id in store.endpoints():
+    for endpoint_id in store.endpoints() if endpoint_ids is None else endpoint_ids:
         try:
             low, high = keys.QUEUE_RANGE
             parked = store.count_range(endpoint_id, low, high, cap=GAUGE_CAP)
@@ -83,10 +90,11 @@ class Sweeper(EndpointPass):
     def clock(self, value: Callable[[], datetime]) -> None:
         self._clock = value
 
-    def sweep(self) -> SweepReport:
+    def sweep(self, endpoints: Sequence[EndpointRow] | None = None) -> SweepReport:
+        """One pass over ``endpoints`` (the tick's endpoint rows; read here when not given)."""
         report = SweepReport()
         self.each_endpoint(
-            self.store.endpoint_rows(),
+            self.store.endpoint_rows() if endpoints is None else endpoints,
             lambda endpoint: self._sweep_endpoint(endpoint, report),
             endpoint_of=lambda endpoint: endpoint.endpoint_id,
             errors=report.errors,
@@ -153,6 +161,29 @@ class Sweeper(EndpointPass):
             report.skipped.append(event_id)
             return
         report.failed.append(event_id)
+
+
+def tick(
+    store: HandoffStore,
+    reconciler: Reconciler,
+    fold_all: Callable[[Sequence[str]], object],
+    sweeper: Sweeper | None,
+    *,
+    gauges_at: Callable[[], datetime] | None = None,
+) -> SweepReport | None:
+    """One tick of the ``handoff_sweeper`` timer: reconcile open claims, fold the counts' deltas, then
+    (``sweeper`` given: ``HANDOFF_SWEEPER_ENABLED``) fail overdue hand-offs, and (``gauges_at`` given:
+    telemetry on) report the parked and overdue gauges. The endpoint list is read **once** and passed to
+    each pass: it only grows (an endpoint's row is inserted once) and only the sweep writes it, its cursor
+    ``If-Match`` the ETag read here, so a later read would give the passes nothing new."""
+    endpoints = store.endpoint_rows()
+    endpoint_ids = [row.endpoint_id for row in endpoints]
+    reconciler.run(endpoint_ids)
+    fold_all(endpoint_ids)
+    report = sweeper.sweep(endpoints) if sweeper is not None else None
+    if gauges_at is not None:
+        report_parked(store, gauges_at(), sweeping=sweeper is not None, endpoint_ids=endpoint_ids)
+    return report
 
 
 def _cursors(endpoint_id: str, text: str | None) -> dict[str, str]:

@@ -57,6 +57,10 @@ def test_smoke_run_writes_every_section(tmp_path, azurite_connection: str, funct
     assert any("takeover" in n for n in names)
     catchup = {f["name"] for f in written["sections"]["catchup"]}
     assert any(n.startswith("index:") and n.endswith("live index rows") for n in catchup), catchup
+    # And catch-up's own report was collected from the timer's path (drain), and says what storage says
+    for kind, measured in written["details"]["catchup"].items():
+        assert measured["catchup_reported"], kind
+        assert measured["locks_failed_reported"] == measured["locks_failed"], kind
 
 
 def test_the_verdict_rules_can_miss() -> None:

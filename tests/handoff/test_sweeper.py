@@ -258,3 +258,37 @@ def test_an_agent_settlement_in_flight_wins_over_the_sweeper(call, resolve, flow
     broker.pump()
     assert [c.message_type for c in sent_to(broker, flow)] == ["HandoffCompletedRequest"]
     assert [a["auditType"] for a in event_of(call, flow)["audits"]] == ["CompleteHandoff"]
+
+
+class CountEndpointListReads(SansIOHTTPPolicy[Any, Any]):
+    """Counts queries of the endpoint list (GET on the endpoints table)."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    def on_request(self, request: Any) -> None:
+        path = unquote(request.http_request.url.split("?", 1)[0])
+        if request.http_request.method == "GET" and path.rstrip("()").endswith(keys.ENDPOINTS_TABLE):
+            self.reads += 1
+
+
+def test_a_tick_reads_the_endpoint_list_once_and_still_does_every_pass(
+    call, resolve, flow, broker, bus, monkeypatch
+):
+    # Given an overdue hand-off, the sweeper on, telemetry's gauges on, and the endpoint list's reads counted
+    overdue(resolve, flow)
+    monkeypatch.setenv("HANDOFF_SWEEPER_ENABLED", "true")
+    monkeypatch.setattr("common.telemetry.enabled", lambda: True)
+    counter = CountEndpointListReads()
+    runtime.reset(policies=[counter])
+    service.use_transport(bus)
+
+    # When the timer fires
+    call.functions["handoff_sweeper"].get_user_function()(TimerRequest(past_due=False))
+
+    # Then the reconciler, the fold, the sweep and the gauges shared one read of the endpoint list
+    assert counter.reads == 1
+    # And the sweep still failed the overdue hand-off
+    [copy] = sent_to(broker, flow)
+    assert json.loads(copy.body)["ErrorContent"]["ErrorType"] == "TimeoutExpired"
+    runtime.reset()
