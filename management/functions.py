@@ -315,8 +315,8 @@ def endpoint_overdue(req: func.HttpRequest) -> OverdueHandoffs:
     ),
 )
 def audits_search(req: func.HttpRequest) -> AuditSearchPage:
+    from common import page_tokens
     from handoff.models import AuditEntry
-    from handoff.overview import decode_continuation, encode_continuation
     from management.audits import search
     from management.models import AuditSearchEntry, AuditSearchPage
 
@@ -324,6 +324,10 @@ def audits_search(req: func.HttpRequest) -> AuditSearchPage:
     # audit written a moment ago is never outside the default window.
     newest = time_param(req, "to") or utcnow() + timedelta(minutes=5)
     oldest = time_param(req, "from") or newest - timedelta(days=1)
+    # Bound to the filters as given: a window left open moves with the clock, its token stays valid.
+    bound = page_tokens.binding(
+        "audits", *(req.params.get(n) for n in ("from", "to", "endpointId", "auditType", "by"))
+    )
     token = req.params.get("continuationToken")
     found = search(
         service.store(),
@@ -333,7 +337,7 @@ def audits_search(req: func.HttpRequest) -> AuditSearchPage:
         audit_type=query_value(req, "auditType"),
         by=query_value(req, "by"),
         page_size=page_size(req, 50, 200),
-        after=decode_continuation(token) if token else None,
+        after=page_tokens.strings(page_tokens.decode(token, bound), 1)[0] if token else None,
     )
     return AuditSearchPage(
         items=[
@@ -344,7 +348,7 @@ def audits_search(req: func.HttpRequest) -> AuditSearchPage:
             )
             for row in found.items
         ],
-        continuation_token=encode_continuation(found.last_key) if found.last_key else None,
+        continuation_token=page_tokens.encode(bound, [found.last_key]) if found.last_key else None,
     )
 
 

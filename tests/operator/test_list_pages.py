@@ -281,3 +281,25 @@ def test_a_stuck_records_token_edited_or_of_another_list_is_refused_naming_it(ca
     for bad in (edited(token), "%%%", failed):
         answer = call("records_stuck", method="GET", params={"continuationToken": bad})
         assert answer.status == 400 and answer.json["field"] == "continuationToken", answer.json
+
+
+def test_an_events_token_of_another_filter_or_endpoint_is_refused_naming_it(call, failed_many) -> None:
+    _, expected = failed_many
+    endpoint, other = sorted({e for e, _ in expected})
+    asked = {"status": "Failed", "pageSize": "5"}
+    token = call("endpoint_events", method="GET", params=asked, route_params={"endpointId": endpoint}).json[
+        "continuationToken"
+    ]
+    assert token, "a page of 5 of thousands says more follow"
+    for where, params in (
+        (endpoint, {**asked, "eventTypeId": "InvoiceCreated"}),  # another filter, the same range
+        (other, asked),  # another endpoint
+        (endpoint, {**asked, "status": "DeadLettered"}),
+    ):
+        answer = call(
+            "endpoint_events",
+            method="GET",
+            params={**params, "continuationToken": token},
+            route_params={"endpointId": where},
+        )
+        assert answer.status == 400 and answer.json["field"] == "continuationToken", (params, answer.json)
