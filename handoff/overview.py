@@ -21,17 +21,15 @@ them.
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from common import page_tokens
 from common.clock import utcnow
-from common.errors import Conflict, InvalidInput
+from common.errors import Conflict
 from common.tables import first_rows, quoted
 from handoff import counts, keys, store
 from handoff.records import ListingRow, SinceRow
@@ -195,15 +193,21 @@ class Overview:
         continuation holds each shard's position."""
         partitions = keys.endpoint_partitions(endpoint_id)
         low, high = keys.listing_range(bucket, newest, oldest)
+        bound = page_tokens.binding(
+            "events",
+            endpoint_id,
+            bucket,
+            sorted(event_type_ids),
+            oldest and oldest.isoformat(),
+            newest and newest.isoformat(),
+        )
         positions: dict[str, str] = {}
         if continuation:
-            positions = decode_positions(continuation, partitions)
-            if not all(low <= after < high for after in positions.values()):
-                raise InvalidInput(
-                    "continuationToken does not belong to this listing (status, from and to must not change "
-                    "between pages).",
-                    field="continuationToken",
-                )
+            positions = page_tokens.decode(continuation, bound)
+            if not isinstance(positions, dict) or not all(
+                k in partitions and isinstance(v, str) and low <= v < high for k, v in positions.items()
+            ):
+                raise page_tokens.refused()
         merged: list[tuple[str, str, Any]] = []
         for pk in partitions:
             after = positions.get(pk)
@@ -225,50 +229,4 @@ class Overview:
             return Listing(rows, None)
         for row_key, pk, _ in merged[:page_size]:
             positions[pk] = row_key
-        if len(partitions) == 1:
-            return Listing(rows, encode_continuation(positions[partitions[0]]))
-        return Listing(rows, encode_positions(positions))
-
-
-def encode_continuation(row_key: str) -> str:
-    return base64.urlsafe_b64encode(json.dumps({"k": row_key}).encode()).decode().rstrip("=")
-
-
-def encode_positions(positions: dict[str, str]) -> str:
-    """A sharded listing's continuation: each shard's last row key so far."""
-    return base64.urlsafe_b64encode(json.dumps({"s": positions}).encode()).decode().rstrip("=")
-
-
-def decode_positions(token: str, partitions: list[str]) -> dict[str, str]:
-    """Shard → row key of a continuation (an unsharded token names the first partition). Like
-    :func:`decode_continuation` it only positions reads the caller may make anyway; every shard it names
-    must be one of this endpoint's."""
-    try:
-        data = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
-    except (binascii.Error, ValueError) as exc:
-        raise InvalidInput(
-            "continuationToken is not one this API issued.", field="continuationToken"
-        ) from exc
-    if isinstance(data, dict) and "k" in data:
-        return {partitions[0]: decode_continuation(token)}
-    shards = data.get("s") if isinstance(data, dict) else None
-    if not isinstance(shards, dict) or not all(
-        isinstance(k, str) and k in partitions and isinstance(v, str) for k, v in shards.items()
-    ):
-        raise InvalidInput("continuationToken is not one this API issued.", field="continuationToken")
-    return dict(shards)
-
-
-def decode_continuation(token: str) -> str:
-    """The row key a page ended at. It only positions a read the caller may make anyway, so it needs no
-    signature; the caller checks that it lies inside the listing's own range."""
-    try:
-        data = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
-        key = data["k"]
-    except (binascii.Error, ValueError, KeyError, TypeError) as exc:
-        raise InvalidInput(
-            "continuationToken is not one this API issued.", field="continuationToken"
-        ) from exc
-    if not isinstance(key, str):
-        raise InvalidInput("continuationToken is not one this API issued.", field="continuationToken")
-    return key
+        return Listing(rows, page_tokens.encode(bound, positions))

@@ -299,10 +299,15 @@ class HandoffStore:
         low, high = keys.reconcile_range_until(now)
         return [ReconcileRow.from_entity(e) for e in self._merged(endpoint_id, low, high, limit=limit)]
 
-    def unconfirmed(self, endpoint_id: str, *, limit: int = 1000) -> list[UnconfirmedRow]:
-        """Claims that could neither be confirmed nor safely re-sent (usually none)."""
+    def unconfirmed(
+        self, endpoint_id: str, *, after: str | None = None, limit: int = 1000
+    ) -> list[UnconfirmedRow]:
+        """Claims that could neither be confirmed nor safely re-sent (usually none), in key order over every
+        shard, behind the key ``after``; each row keeps its ``row_key``."""
         low, high = keys.UNCONFIRMED_RANGE
-        return [UnconfirmedRow.from_entity(e) for e in self._merged(endpoint_id, low, high, limit=limit)]
+        behind = dict.fromkeys(self.endpoint_partitions(endpoint_id), after) if after else None
+        rows = self._merged(endpoint_id, low, high, limit=limit, after=behind)
+        return [UnconfirmedRow.from_entity(e) for e in rows]
 
     # -- endpoints and poison -----------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""Find, across endpoints: a hand-off by any id the other team gives, and failed events.
+"""Find, across endpoints: a hand-off by any id the other team gives (failed events: management.failed).
 
 Never a scan, and a find's cost does not grow with the endpoints or their shards: the ids live in the
 lookup index ``hoids`` (layout: :mod:`handoff.keys`, docs/tables.md), written with the projection.
@@ -15,31 +15,25 @@ lookup index ``hoids`` (layout: :mod:`handoff.keys`, docs/tables.md), written wi
   the event-id range, each in key order; a token is the position in that stream. A hand-off two of whose
   ids match is listed once, where the stream first meets it (its row says which of its ids match). A page
   lists its whole ids first, then oldest first.
-- **failed**: the first rows of ``sd|Failed|`` and ``sd|DeadLettered|`` per endpoint (newest first),
-  merged newest first.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-import contextvars
 import hashlib
 import json
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from common.beside import Beside
+from common.beside import Beside, side_by_side
 from common.errors import InvalidInput
-from common.roundtrips import ROUND_TRIPS
 from common.tables import quoted
 from handoff import keys
-from handoff.overview import Overview
 from handoff.projection import error_text
-from handoff.records import EventRow, ListingRow
+from handoff.records import EventRow
 from handoff.store import HandoffStore
 from management.models import FindAnswer, FoundEvent, IdMatch
 
@@ -275,32 +269,5 @@ def _point_reads(
     store: HandoffStore, targets: list[tuple[str, str]]
 ) -> dict[tuple[str, str], EventRow | None]:
     """The current row of each hand-off (one point read each, a few at a time)."""
-    if len(targets) <= 1:
-        return {t: store.get_event(*t) for t in targets}
-    tallies = ROUND_TRIPS.open_tallies()  # the reads are the find's own: counted and traced as such
-    context = contextvars.copy_context()
-
-    def read(target: tuple[str, str]) -> EventRow | None:
-        ROUND_TRIPS.adopt(tallies)
-        return context.copy().run(store.get_event, *target)
-
-    with ThreadPoolExecutor(min(_POINT_READERS, len(targets)), thread_name_prefix="settle-find") as pool:
-        return dict(zip(targets, pool.map(read, targets), strict=True))
-
-
-def failed(store: HandoffStore, overview: Overview, *, per_endpoint: int) -> list[FoundEvent]:
-    items: list[tuple[str, ListingRow]] = []
-    for endpoint_id in sorted(store.endpoints()):
-        for bucket in ("Failed", "DeadLettered"):
-            page = overview.events(
-                endpoint_id,
-                bucket=bucket,
-                event_type_ids=(),
-                oldest=None,
-                newest=None,
-                page_size=per_endpoint,
-                continuation=None,
-            )
-            items += [(endpoint_id, row) for row in page.items]
-    items.sort(key=lambda pair: pair[1].updated_at, reverse=True)
-    return [FoundEvent.of(endpoint_id, row) for endpoint_id, row in items]
+    rows = side_by_side(lambda t: store.get_event(*t), targets, workers=_POINT_READERS, name="settle-find")
+    return dict(zip(targets, rows, strict=True))

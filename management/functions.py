@@ -18,7 +18,6 @@ from common.clock import utcnow
 from common.errors import InvalidInput, NotFound
 from common.http import Handler
 from common.layouts import operator_warnings
-from common.openapi import resolve
 from handoff import keys, service
 from handoff.limits import query_value, route_value
 from management.api import (
@@ -44,8 +43,9 @@ if TYPE_CHECKING:
         EventPage,
         FindAnswer,
         OperatorEventView,
-        OverdueHandoff,
+        OverdueHandoffs,
         SettlementView,
+        UnconfirmedSettlements,
     )
 
 bp = func.Blueprint()
@@ -193,16 +193,18 @@ def endpoint_event(req: func.HttpRequest) -> OperatorEventView:
 
 # -- stuck settlements and overdue hand-offs (index rows only) ---------------------------------------
 
-_STUCK_CAP = 1000
+# Index rows counted for an answer's ``count`` (keys only: one request per shard); beyond, "at least".
+_COUNT_CAP = 1000
+INDEX_PAGE_SIZE = {**PAGE_SIZE, "schema": {"type": "integer", "minimum": 1, "maximum": 1000}}
 
 
 def _stuck_counts(endpoint_id: str) -> dict[str, int]:
     """Unconfirmed settlements and overdue hand-offs of an endpoint, counted on their index rows."""
     store = service.store()
     return {
-        "unconfirmed": store.count_range(endpoint_id, *keys.UNCONFIRMED_RANGE, cap=_STUCK_CAP),
+        "unconfirmed": store.count_range(endpoint_id, *keys.UNCONFIRMED_RANGE, cap=_COUNT_CAP),
         "overdue_handoffs": store.count_range(
-            endpoint_id, *keys.expiry_range_until(utcnow()), cap=_STUCK_CAP
+            endpoint_id, *keys.expiry_range_until(utcnow()), cap=_COUNT_CAP
         ),
     }
 
@@ -222,48 +224,77 @@ def _settlement_view(claim: Any, state: str | None = None) -> SettlementView:
     )
 
 
-def _stuck(what: str, summary: str, model: str, items: Callable[[str], list[Any]]) -> None:
-    """Registers ``endpoint_<what>``: the endpoint's ``items`` (at most ``_STUCK_CAP``), counted, as
-    ``model``."""
+def _index_page(
+    req: func.HttpRequest, what: str, span: tuple[str, str], read: Callable[[str | None, int], list[Any]]
+) -> dict[str, Any]:
+    """A page of an endpoint's index rows in ``span`` (``read(after, limit)``: the rows behind the key
+    ``after``, in key order over every shard) with the count of them all: what the model's fields hold."""
+    from common import page_tokens
 
-    def read(req: func.HttpRequest) -> Any:
-        endpoint_id = route_value(req, "endpointId")
-        found = items(endpoint_id)
-        return resolve(MODELS + model)(endpoint_id=endpoint_id, count=len(found), items=found)
-
-    read.__name__ = read.__qualname__ = f"endpoint_{what}"
-    _per_endpoint(what, summary, MODELS + model)(read)
-
-
-def _unconfirmed(endpoint_id: str) -> list[SettlementView]:
-    return [
-        _settlement_view(r, "unconfirmed") for r in service.store().unconfirmed(endpoint_id, limit=_STUCK_CAP)
-    ]
-
-
-def _overdue(endpoint_id: str) -> list[OverdueHandoff]:
-    from handoff.records import ExpiryRow
-    from management.models import OverdueHandoff
-
-    rows = service.store().expired(endpoint_id, utcnow(), limit=_STUCK_CAP)
-    return [
-        OverdueHandoff(event_id=r.event_id, expected_by=r.expected_by)
-        for r in map(ExpiryRow.from_entity, rows)
-    ]
+    endpoint_id = route_value(req, "endpointId")
+    limit = page_size(req, 200, 1000)
+    bound = page_tokens.binding(what, endpoint_id)
+    token = req.params.get("continuationToken")
+    after = page_tokens.strings(page_tokens.decode(token, bound), 1)[0] if token else None
+    if after is not None and not span[0] <= after < span[1]:
+        raise page_tokens.refused()
+    rows = read(after, limit + 1)
+    count = service.store().count_range(endpoint_id, *span, cap=_COUNT_CAP)
+    more = len(rows) > limit
+    return {
+        "endpoint_id": endpoint_id,
+        "count": count,
+        "at_least": count >= _COUNT_CAP,
+        "rows": rows[:limit],
+        "continuation_token": page_tokens.encode(bound, [rows[limit - 1].row_key]) if more else None,
+    }
 
 
-_stuck(
+@_per_endpoint(
     "unconfirmed",
-    "Settlements Settle could neither confirm nor safely re-send: an operator resolves each",
-    "UnconfirmedSettlements",
-    _unconfirmed,
+    "Settlements Settle could neither confirm nor safely re-send: an operator resolves each (paged)",
+    MODELS + "UnconfirmedSettlements",
+    responses=INVALID,
+    more=(INDEX_PAGE_SIZE, CONTINUATION),
 )
-_stuck(
+def endpoint_unconfirmed(req: func.HttpRequest) -> UnconfirmedSettlements:
+    from management.models import UnconfirmedSettlements
+
+    endpoint_id = route_value(req, "endpointId")
+    page = _index_page(
+        req,
+        "unconfirmed",
+        keys.UNCONFIRMED_RANGE,
+        lambda after, limit: service.store().unconfirmed(endpoint_id, after=after, limit=limit),
+    )
+    rows = page.pop("rows")
+    return UnconfirmedSettlements(**page, items=[_settlement_view(r, "unconfirmed") for r in rows])
+
+
+@_per_endpoint(
     "overdue",
-    "Parked hand-offs past their ExpectedBy, most overdue first (the expiry index, no scan)",
-    "OverdueHandoffs",
-    _overdue,
+    "Parked hand-offs past their ExpectedBy, most overdue first (the expiry index, no scan; paged)",
+    MODELS + "OverdueHandoffs",
+    responses=INVALID,
+    more=(INDEX_PAGE_SIZE, CONTINUATION),
 )
+def endpoint_overdue(req: func.HttpRequest) -> OverdueHandoffs:
+    from handoff.records import ExpiryRow
+    from management.models import OverdueHandoff, OverdueHandoffs
+
+    endpoint_id = route_value(req, "endpointId")
+    now = utcnow()
+    store = service.store()
+
+    def read(after: str | None, limit: int) -> list[ExpiryRow]:
+        behind = dict.fromkeys(store.endpoint_partitions(endpoint_id), after) if after else None
+        return [ExpiryRow.from_entity(e) for e in store.expired(endpoint_id, now, after=behind, limit=limit)]
+
+    page = _index_page(req, "overdue", keys.expiry_range_until(now), read)
+    rows = page.pop("rows")
+    return OverdueHandoffs(
+        **page, items=[OverdueHandoff(event_id=r.event_id, expected_by=r.expected_by) for r in rows]
+    )
 
 
 @operator_read(
@@ -284,8 +315,8 @@ _stuck(
     ),
 )
 def audits_search(req: func.HttpRequest) -> AuditSearchPage:
+    from common import page_tokens
     from handoff.models import AuditEntry
-    from handoff.overview import decode_continuation, encode_continuation
     from management.audits import search
     from management.models import AuditSearchEntry, AuditSearchPage
 
@@ -293,6 +324,10 @@ def audits_search(req: func.HttpRequest) -> AuditSearchPage:
     # audit written a moment ago is never outside the default window.
     newest = time_param(req, "to") or utcnow() + timedelta(minutes=5)
     oldest = time_param(req, "from") or newest - timedelta(days=1)
+    # Bound to the filters as given: a window left open moves with the clock, its token stays valid.
+    bound = page_tokens.binding(
+        "audits", *(req.params.get(n) for n in ("from", "to", "endpointId", "auditType", "by"))
+    )
     token = req.params.get("continuationToken")
     found = search(
         service.store(),
@@ -302,7 +337,7 @@ def audits_search(req: func.HttpRequest) -> AuditSearchPage:
         audit_type=query_value(req, "auditType"),
         by=query_value(req, "by"),
         page_size=page_size(req, 50, 200),
-        after=decode_continuation(token) if token else None,
+        after=page_tokens.strings(page_tokens.decode(token, bound), 1)[0] if token else None,
     )
     return AuditSearchPage(
         items=[
@@ -313,7 +348,7 @@ def audits_search(req: func.HttpRequest) -> AuditSearchPage:
             )
             for row in found.items
         ],
-        continuation_token=encode_continuation(found.last_key) if found.last_key else None,
+        continuation_token=page_tokens.encode(bound, [found.last_key]) if found.last_key else None,
     )
 
 
@@ -346,15 +381,16 @@ def find_events(req: func.HttpRequest) -> FindAnswer:
 @operator_read(
     bp,
     "v1/failed",
-    "Failed and dead-lettered events across endpoints, newest change first",
+    "Failed and dead-lettered events across endpoints, newest change first, page by page",
     MODELS + "FindAnswer",
-    responses=INVALID,
-    parameters=(PAGE_SIZE,),
+    responses={**AUTH, 400: "A bad pageSize or continuationToken (the problem names it)"},
+    parameters=(PAGE_SIZE, CONTINUATION),
 )
 def failed_events(req: func.HttpRequest) -> FindAnswer:
-    from management import find
+    from management import failed
     from management.models import FindAnswer
 
-    return FindAnswer(
-        items=find.failed(service.store(), service.overview(), per_endpoint=page_size(req, 50, 200))
+    items, token = failed.page(
+        service.store(), page_size=page_size(req, 50, 200), token=req.params.get("continuationToken") or None
     )
+    return FindAnswer(items=items, continuation_token=token)

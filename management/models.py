@@ -185,10 +185,17 @@ class SettlementResolved(ApiModel):
     audit: AuditEntry | None
 
 
+_COUNT = "How many there are in all, counted on their index rows (keys only), up to 1,000."
+_AT_LEAST = "True: counting stopped at 1,000; at least `count` match."
+_MORE = "More follow: send it back for the next page (none: this page is the last)."
+
+
 class UnconfirmedSettlements(ApiModel):
     endpoint_id: str
-    count: int
+    count: int = Field(description=_COUNT)
+    at_least: bool = Field(default=False, description=_AT_LEAST)
     items: list[SettlementView]
+    continuation_token: str | None = Field(default=None, description=_MORE)
 
 
 class OverdueHandoff(ApiModel):
@@ -198,8 +205,10 @@ class OverdueHandoff(ApiModel):
 
 class OverdueHandoffs(ApiModel):
     endpoint_id: str
-    count: int
+    count: int = Field(description=_COUNT)
+    at_least: bool = Field(default=False, description=_AT_LEAST)
     items: list[OverdueHandoff]
+    continuation_token: str | None = Field(default=None, description=_MORE)
 
 
 class ReplayRequest(RequestModel):
@@ -306,8 +315,9 @@ class RecordLookup(ApiModel):
 
 
 class StuckRecords(ApiModel):
-    count: int
+    count: int = Field(description="Records on this page (a count of them all would read every head).")
     items: list[Record]
+    continuation_token: str | None = Field(default=None, description=_MORE)
 
 
 class BulkRequest(RequestModel):

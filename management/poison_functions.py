@@ -52,20 +52,22 @@ bp = func.Blueprint()
     ),
 )
 def poison_list(req: func.HttpRequest) -> PoisonPage:
-    from handoff.overview import decode_continuation, encode_continuation
+    from common import page_tokens
     from management.models import PoisonEntry, PoisonPage
 
     day = req.params.get("day") or ""
     if not day:
         raise InvalidInput("day (YYYYMMDD) is required.", field="day")
+    bound = page_tokens.binding("poison", day)
     token = req.params.get("continuationToken")
-    rows, last = services.poison_desk().page(
-        day, after=decode_continuation(token) if token else None, limit=page_size(req, 50, 200)
-    )
+    after = page_tokens.strings(page_tokens.decode(token, bound), 1)[0] if token else None
+    if after is not None and not after.startswith(day):  # a row key begins with its enqueue day
+        raise page_tokens.refused()
+    rows, last = services.poison_desk().page(day, after=after, limit=page_size(req, 50, 200))
     return PoisonPage(
         day=day,
         items=[PoisonEntry.of(day, r) for r in rows],
-        continuation_token=encode_continuation(last) if last else None,
+        continuation_token=page_tokens.encode(bound, [last]) if last else None,
     )
 
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import azure.functions as func
 
 from common.http import parse_body
-from management.api import AUTH, MODELS, operator_read
+from management.api import AUTH, CONTINUATION, MODELS, operator_read, page_size
 from state import service as state_service
 from state.schemas import HistoryRequest, QueryRequest, RecordPage
 
@@ -44,15 +44,35 @@ def records_lookup(req: func.HttpRequest) -> RecordLookup:
 @operator_read(
     bp,
     "v1/records/stuck",
-    "Records stuck in Processing past their lock (from the lock-expiry index, never a scan)",
+    "Records stuck in Processing past their lock (from the lock-expiry index, never a scan), page by page",
     MODELS + "StuckRecords",
+    responses={**AUTH, 400: "A bad pageSize or continuationToken (the problem names it)"},
+    parameters=(
+        {"name": "pageSize", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 1000}},
+        CONTINUATION,
+    ),
 )
 def records_stuck(req: func.HttpRequest) -> StuckRecords:
+    from common import page_tokens
     from management.models import StuckRecords
-    from management.records import stuck
+    from management.records import MAX_STUCK, stuck
 
-    items = stuck()
-    return StuckRecords(count=len(items), items=items)
+    bound = page_tokens.binding("stuck")
+    token = req.params.get("continuationToken")
+    after = None
+    if token:
+        position = page_tokens.decode(token, bound)
+        shaped = isinstance(position, list) and len(position) == 3 and isinstance(position[0], int)
+        bucket, partition, row_key = position if shaped else (0, None, None)
+        if not (shaped and isinstance(partition, str) and isinstance(row_key, str)):
+            raise page_tokens.refused()
+        after = (bucket, partition, row_key)
+    items, last = stuck(limit=page_size(req, MAX_STUCK, 1000), after=after)
+    return StuckRecords(
+        count=len(items),
+        items=items,
+        continuation_token=page_tokens.encode(bound, list(last)) if last else None,
+    )
 
 
 @operator_read(

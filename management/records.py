@@ -11,7 +11,10 @@ skipped, as catch-up would. Never a scan: its cost follows expired locks.
 from __future__ import annotations
 
 from datetime import datetime
+from functools import partial
+from itertools import islice
 
+from common.beside import side_by_side
 from common.clock import epoch_ms
 from common.errors import NotFound
 from state import service as state_service
@@ -22,6 +25,8 @@ from state.schemas import HistoryRequest, KeyRequest, Record, RecordPage
 from state.store import INDEX_COLUMNS
 
 MAX_STUCK = 200
+_HEAD_READS = 100  # heads asked for at once
+_HEAD_READERS = 10  # the table client keeps 10 connections
 # The head's column naming its lock index row.
 _LOCK_COLUMN = next(column for column, kind in INDEX_COLUMNS.items() if kind == LOCK_KIND)
 
@@ -37,33 +42,54 @@ def lookup(req: HistoryRequest) -> tuple[Record | None, RecordPage]:
     return record, handler.history(req)
 
 
-def stuck(*, limit: int = MAX_STUCK, now: datetime | None = None) -> list[Record]:
-    """Records whose lock expired while Processing, oldest expiry minute first (index rows only)."""
+# Where a page of stuck records ended: the level-1 pointer (expiry minute, partition) and the level-2 row.
+Position = tuple[int, str, str]
+
+
+def stuck(
+    *, limit: int = MAX_STUCK, after: Position | None = None, now: datetime | None = None
+) -> tuple[list[Record], Position | None]:
+    """Records whose lock expired while Processing, oldest expiry minute first (index rows only), behind
+    ``after``; and where the next page starts (None: none is left)."""
 
     store = state_service.store()
     moment = now or store.now()
     now_ms = epoch_ms(moment)
-    found: list[Record] = []
+    found: list[tuple[Record, Position]] = []
     for pointer in store.index.pointers(LOCK_KIND, moment):
+        place = (pointer.bucket, pointer.partition)
+        if after is not None and place < after[:2]:
+            continue
         low, high = due_range(LOCK_KIND, pointer.bucket, now_ms)
-        rows = store.table.query_entities(
-            "PartitionKey eq @pk and RowKey ge @low and RowKey lt @high",
-            parameters={"pk": pointer.partition, "low": low, "high": high},
+        op = "ge"
+        if after is not None and place == after[:2]:
+            low, op = after[2], "gt"
+        rows = (
+            (str(row["RowKey"]), str(row["StateRK"]))
+            for row in store.table.query_entities(
+                f"PartitionKey eq @pk and RowKey {op} @low and RowKey lt @high",
+                parameters={"pk": pointer.partition, "low": low, "high": high},
+            )
+            if not is_marker(str(row["RowKey"]))
         )
-        for row in rows:
-            row_key = str(row["RowKey"])
-            if is_marker(row_key):
-                continue
-            head = store.read_head_at(pointer.partition, str(row["StateRK"]))
-            if head is None or head.entity.get(_LOCK_COLUMN) != row_key:
-                continue  # concluded, extended or taken over since: not this lock any more
-            if (
-                head.status is not Status.PROCESSING
-                or head.locked_until is None
-                or head.locked_until > moment
-            ):
-                continue
-            found.append(to_record(head.entity, moment))
-            if len(found) >= limit:
-                return found
-    return found
+        # The heads a page still needs, read side by side (one point read each).
+        while chunk := list(islice(rows, min(limit + 1 - len(found), _HEAD_READS))):
+            heads = side_by_side(
+                partial(store.read_head_at, pointer.partition),
+                [state_row for _, state_row in chunk],
+                workers=_HEAD_READERS,
+                name="settle-stuck",
+            )
+            for (row_key, _), head in zip(chunk, heads, strict=True):
+                if head is None or head.entity.get(_LOCK_COLUMN) != row_key:
+                    continue  # concluded, extended or taken over since: not this lock any more
+                if (
+                    head.status is not Status.PROCESSING
+                    or head.locked_until is None
+                    or head.locked_until > moment
+                ):
+                    continue
+                found.append((to_record(head.entity, moment), (*place, row_key)))
+            if len(found) > limit:
+                return [record for record, _ in found[:limit]], found[limit - 1][1]
+    return [record for record, _ in found], None

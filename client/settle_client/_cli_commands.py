@@ -103,6 +103,12 @@ class Context:
             return taken[:limit]
         return taken
 
+    def page_size(self, maximum: int) -> int:
+        """The page size that reads ``--limit`` items and whether more match in one page (``--all``: the
+        largest page the server gives, so the fewest requests)."""
+        limit = None if self.args.all else self.args.limit
+        return maximum if limit is None else min(limit + 1, maximum)
+
     def act(self, call: Call[T], summary: str) -> T:
         """Send an action's ``call`` once it is confirmed; ``--dry-run``: print what would be sent."""
         if self.args.dry_run:
@@ -171,7 +177,7 @@ def _found_rows(found: Iterable[FoundEvent]) -> Iterable[tuple[Any, ...]]:
 
 
 def cmd_find(ctx: Context) -> int:
-    found = ctx.take(ctx.client.operator.find(ctx.args.id), "matches")
+    found = ctx.take(ctx.client.operator.find(ctx.args.id, page_size=ctx.page_size(200)), "matches")
     if not found:
         raise not_found(f"nothing matches {ctx.args.id!r} at any endpoint")
     ctx.emit(found, lambda: ctx.table(FOUND_HEADERS, _found_rows(found)))
@@ -474,7 +480,7 @@ def cmd_events(ctx: Context) -> int:
 
 
 def cmd_failed(ctx: Context) -> int:
-    found = ctx.take(iter(ctx.client.operator.failed(per_endpoint=ctx.args.per_endpoint)), "failed events")
+    found = ctx.take(ctx.client.operator.failed(page_size=ctx.page_size(200)), "failed events")
     ctx.emit(found, lambda: ctx.table(FOUND_HEADERS, _found_rows(found)) if found else "no failed events")
     return OK
 
@@ -497,7 +503,7 @@ def cmd_audits(ctx: Context) -> int:
 
 
 def cmd_stuck(ctx: Context) -> int:
-    records = ctx.take(iter(ctx.client.operator.stuck()), "stuck records")
+    records = ctx.take(ctx.client.operator.stuck(page_size=ctx.page_size(1000)), "stuck records")
     rows = (
         (
             f"{r.tenant_id}/{r.scope}/{r.entity_id}/{r.item_entity_key}/{r.item_key}",
@@ -512,7 +518,8 @@ def cmd_stuck(ctx: Context) -> int:
 
 
 def cmd_unconfirmed(ctx: Context) -> int:
-    items = ctx.take(iter(ctx.client.operator.unconfirmed(ctx.args.endpoint)), "unconfirmed settlements")
+    listed = ctx.client.operator.unconfirmed(ctx.args.endpoint, page_size=ctx.page_size(1000))
+    items = ctx.take(listed, "unconfirmed settlements")
     rows = (
         (s.event_id, s.message_type, s.addressed_message_id, s.control_message_id, s.settled_by, s.claimed_at)
         for s in items
@@ -523,7 +530,8 @@ def cmd_unconfirmed(ctx: Context) -> int:
 
 
 def cmd_overdue(ctx: Context) -> int:
-    items = ctx.take(iter(ctx.client.operator.overdue(ctx.args.endpoint)), "overdue hand-offs")
+    listed = ctx.client.operator.overdue(ctx.args.endpoint, page_size=ctx.page_size(1000))
+    items = ctx.take(listed, "overdue hand-offs")
     rows = ((o.event_id, o.expected_by) for o in items)
     ctx.emit(items, lambda: ctx.table(("EVENT", "EXPECTED BY"), rows) if items else "no overdue hand-off")
     return OK

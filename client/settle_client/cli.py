@@ -443,7 +443,6 @@ def parser() -> argparse.ArgumentParser:
     failed = _sub(
         subs, "failed", "failed and dead-lettered events of every endpoint", "Failed events, newest first."
     )
-    failed.add_argument("--per-endpoint", type=_positive, help="read at most N of each endpoint (server: 50)")
     _listing(failed)
     failed.set_defaults(run=cmd_failed)
     audits = _sub(

@@ -97,11 +97,10 @@ class OperatorCalls:
         )
         return self._listing("v1/endpoints/events", EventPage, params, page_size)
 
-    def failed(self, *, per_endpoint: int | None = None) -> Call[list[FoundEvent]]:
-        """Failed and dead-lettered events of every endpoint, newest first (``per_endpoint`` of each)."""
-        params = _filters(pageSize=per_endpoint)
-        parse = lambda r: model(FindAnswer, r).items  # noqa: E731
-        return self.requests.call("GET", "v1/failed", parse, Safety.IDEMPOTENT, params=params)
+    def failed(self, *, page_size: int | None = None) -> Pages[FoundEvent]:
+        """Failed and dead-lettered events of every endpoint, newest change first; pages followed
+        lazily until every one was listed."""
+        return self._listing("v1/failed", FindAnswer, (), page_size)
 
     def audits(
         self,
@@ -117,21 +116,15 @@ class OperatorCalls:
         params = _filters(endpointId=endpoint, auditType=audit_type, by=by, **{"from": since, "to": until})
         return self._listing("v1/audits", AuditSearchPage, params, page_size)
 
-    def stuck(self) -> Call[list[Record]]:
-        """State records stuck in Processing past their lock (the lock-expiry index, never a scan)."""
-        parse = lambda r: model(StuckRecords, r).items  # noqa: E731
-        return self.requests.call("GET", "v1/records/stuck", parse, Safety.IDEMPOTENT)
+    def stuck(self, *, page_size: int | None = None) -> Pages[Record]:
+        """State records stuck in Processing past their lock (the lock-expiry index, never a scan); pages
+        followed lazily."""
+        return self._listing("v1/records/stuck", StuckRecords, (), page_size)
 
-    def overdue(self, endpoint: str) -> Call[list[OverdueHandoff]]:
-        """Parked hand-offs of ``endpoint`` past their ExpectedBy, most overdue first."""
-        return self.requests.call(
-            "GET",
-            "v1/endpoints/overdue",
-            lambda r: model(OverdueHandoffs, r).items,
-            Safety.IDEMPOTENT,
-            ids={"endpointId": endpoint},
-            path_form="v1/endpoints/{endpointId}/overdue",
-        )
+    def overdue(self, endpoint: str, *, page_size: int | None = None) -> Pages[OverdueHandoff]:
+        """Parked hand-offs of ``endpoint`` past their ExpectedBy, most overdue first; pages followed
+        lazily."""
+        return self._listing("v1/endpoints/overdue", OverdueHandoffs, (("endpointId", endpoint),), page_size)
 
     def _listing(
         self, route: str, page_model: type[Any], params: tuple[tuple[str, str], ...], page_size: int | None
@@ -155,16 +148,11 @@ class OperatorCalls:
             OperatorEvent, "v1/endpoints/event", "v1/endpoints/{endpointId}/events/{eventId}", ids
         )
 
-    def unconfirmed(self, endpoint: str) -> Call[list[SettlementView]]:
-        """Settlements of ``endpoint`` Settle could neither confirm nor safely re-send: resolve each."""
-        return self.requests.call(
-            "GET",
-            "v1/endpoints/unconfirmed",
-            lambda r: model(UnconfirmedSettlements, r).items,
-            Safety.IDEMPOTENT,
-            ids={"endpointId": endpoint},
-            path_form="v1/endpoints/{endpointId}/unconfirmed",
-        )
+    def unconfirmed(self, endpoint: str, *, page_size: int | None = None) -> Pages[SettlementView]:
+        """Settlements of ``endpoint`` Settle could neither confirm nor safely re-send (resolve each);
+        pages followed lazily."""
+        params = (("endpointId", endpoint),)
+        return self._listing("v1/endpoints/unconfirmed", UnconfirmedSettlements, params, page_size)
 
     def act(
         self,
@@ -379,12 +367,12 @@ class _Surface:
     find = paged(OperatorCalls.find, via="calls")
     overview = operation(OperatorCalls.overview, via="calls")
     events = paged(OperatorCalls.events, via="calls")
-    failed = operation(OperatorCalls.failed, via="calls")
+    failed = paged(OperatorCalls.failed, via="calls")
     audits = paged(OperatorCalls.audits, via="calls")
-    stuck = operation(OperatorCalls.stuck, via="calls")
-    overdue = operation(OperatorCalls.overdue, via="calls")
+    stuck = paged(OperatorCalls.stuck, via="calls")
+    overdue = paged(OperatorCalls.overdue, via="calls")
     event = operation(OperatorCalls.event, via="calls")
-    unconfirmed = operation(OperatorCalls.unconfirmed, via="calls")
+    unconfirmed = paged(OperatorCalls.unconfirmed, via="calls")
     act = operation(OperatorCalls.act, via="calls")
     bulk = paged(OperatorCalls.bulk, via="calls")
     resolve = operation(OperatorCalls.resolve, via="calls")

@@ -106,14 +106,21 @@ class OverdueHandoff(_Wire):
 
 
 class OverdueHandoffs(_Wire):
+    """A page of them; ``count`` counts them all (``at_least``: counting stopped there)."""
+
     endpoint_id: str
     count: int
+    at_least: bool = False
     items: list[OverdueHandoff]
+    continuation_token: str | None = None
 
 
 class StuckRecords(_Wire):
+    """A page of them; ``count`` is this page's."""
+
     count: int
     items: list[Record]
+    continuation_token: str | None = None
 
 
 class SettlementView(_Wire):
@@ -129,9 +136,13 @@ class SettlementView(_Wire):
 
 
 class UnconfirmedSettlements(_Wire):
+    """A page of them; ``count`` counts them all (``at_least``: counting stopped there)."""
+
     endpoint_id: str
     count: int
+    at_least: bool = False
     items: list[SettlementView]
+    continuation_token: str | None = None
 
 
 class OperatorEvent(Event):

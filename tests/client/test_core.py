@@ -66,7 +66,8 @@ ROUTES: list[tuple[str, str, tuple[str, ...], Callable[[list[str]], Call[Any]]]]
         lambda i: requests.lease(i[0], "release", "e", "t"),
     ),
     ("v1/endpoints/event", "GET", ("endpointId", "eventId"), lambda i: ops.event(i[0], i[1])),
-    ("v1/endpoints/unconfirmed", "GET", ("endpointId",), lambda i: ops.unconfirmed(i[0])),
+    ("v1/endpoints/unconfirmed", "GET", ("endpointId",), lambda i: ops.unconfirmed(i[0]).page(None)),
+    ("v1/endpoints/overdue", "GET", ("endpointId",), lambda i: ops.overdue(i[0]).page(None)),
     (
         "v1/endpoints/bulk",
         "POST",
