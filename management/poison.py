@@ -30,7 +30,7 @@ from typing import Any
 
 from azure.functions.servicebus import ServiceBusMessage
 
-from common.clock import utcnow
+from common.clock import iso, utcnow
 from common.errors import Conflict, InvalidInput, NotFound, Unavailable
 from common.principal import Actor, allowed, denial
 from common.transactions import merge_if_unchanged
@@ -122,13 +122,13 @@ class PoisonDesk:
             raise NotFound(f"No poison message {row_key!r} on {day}.")
         if row.dismissed_at is not None:
             raise AlreadyDismissed(
-                f"Poison message {row_key!r} was dismissed at {row.dismissed_at} by {row.dismissed_by!r}: "
-                f"{row.dismiss_reason}",
+                f"Poison message {row_key!r} was dismissed at {_when(row.dismissed_at)} "
+                f"by {row.dismissed_by!r}: {row.dismiss_reason}",
                 field="id",
             )
         if row.replay_outcome in PROJECTED:
             raise AlreadyReplayed(
-                f"Poison message {row_key!r} was replayed at {row.replayed_at} by {row.replayed_by!r} "
+                f"Poison message {row_key!r} was replayed at {_when(row.replayed_at)} by {row.replayed_by!r} "
                 f"({row.replay_outcome}); a second replay could only be a duplicate.",
                 field="id",
             )
@@ -168,7 +168,8 @@ class PoisonDesk:
             raise NotFound(f"No poison message {row_key!r} on {day}.")
         if row.dismissed_at is not None:
             raise AlreadyDismissed(
-                f"Poison message {row_key!r} was dismissed at {row.dismissed_at} by {row.dismissed_by!r}.",
+                f"Poison message {row_key!r} was dismissed at {_when(row.dismissed_at)} "
+                f"by {row.dismissed_by!r}.",
                 field="id",
             )
         if row.replay_outcome in PROJECTED:
@@ -308,3 +309,8 @@ class PoisonDesk:
         )
         table = self.store.table(OPERATOR_AUDIT_TABLE)
         table.create_entity(audit.to_entity(now.strftime("%Y%m%d"), f"{keys.stamp(now)}|{uuid.uuid4().hex}"))
+
+
+def _when(at: datetime | None) -> str:
+    """An instant in a message as the API writes instants (``2026-12-05T17:09:56.455Z``)."""
+    return iso(at) if at is not None else "an unknown time"

@@ -372,6 +372,10 @@ def test_poison_is_listed_replayed_and_dismissed_once(host: HostProcess) -> None
     again = settle(host, "poison", "dismiss", day, poison_id, "--reason", "a test message", "--yes")
     assert again.returncode == CONFLICT
     assert "was dismissed at" in one_line(again)
+    # the instant as the API writes instants, never Python's "2026-12-05 17:09:56.455031+00:00"
+    assert re.search(r"dismissed at \d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z by", one_line(again)), one_line(
+        again
+    )
 
     waiting = settle(host, "poison", "list", "--day", day)
     assert poison_id not in waiting.stdout  # dismissed: not waiting any more
