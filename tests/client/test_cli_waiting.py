@@ -19,7 +19,7 @@ from settle_client._cli_commands import NOTHING
 
 @pytest.fixture
 def slow_settle() -> Iterator[str]:
-    """A Settle whose ``find`` answers one item after 0.6 s."""
+    """A Settle whose ``find`` answers, after 0.6 s, that nothing matches."""
 
     class Slow(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -56,10 +56,13 @@ def test_a_slow_answer_is_waited_for_out_loud_on_stderr_never_on_stdout(
     code, out, err = _run(slow_settle, "find", "evt-123", "--json")
     assert err.startswith(f"settle: waiting for Settle at {slow_settle}..."), err
     assert "still waiting" in err  # and again while it goes on
-    assert json.loads(out) == []  # stdout is the answer alone, still machine-readable
-    assert code == NOTHING
+    # stdout is the answer alone (nothing found: nothing), and the answer's error is the last line of stderr,
+    # still machine-readable after the notices
+    assert out == "" and code == NOTHING
+    assert json.loads(err.splitlines()[-1])["error"]["exitCode"] == NOTHING
 
 
 def test_a_quick_answer_says_nothing_about_waiting(slow_settle: str) -> None:
     _, out, err = _run(slow_settle, "find", "evt-123", "--json")  # 0.6 s, inside WAIT_NOTICE_S
-    assert "waiting" not in err and json.loads(out) == []
+    assert "waiting" not in err and out == ""
+    assert json.loads(err)["error"]["exitCode"] == NOTHING
