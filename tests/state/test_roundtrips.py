@@ -114,10 +114,11 @@ def _lock_again_cold(state, key) -> int:
 @case("lock, take over an expired lock known to this instance")
 def _takeover(state, key) -> int:
     until = datetime.fromisoformat(state.lock(key, lockSeconds=1).json["lockedUntil"].replace("Z", "+00:00"))
-    # Expired for certain: by the earliest the storage clock may read (a fixed sleep was not enough on a
-    # loaded machine, where the clock's bounds widen and the instance rightly confirms with a read first).
-    deadline = time.monotonic() + 15
-    while earliest_now() <= until and time.monotonic() < deadline:
+    # Expired for certain: by the earliest the storage clock may read, with a second to spare, since a later
+    # reading of the storage clock may move that bound back (a fixed 2 s sleep was not enough on a loaded
+    # machine, where the clock's bounds widen and the instance rightly confirms with a read first).
+    deadline = time.monotonic() + 20
+    while earliest_now() <= until + timedelta(seconds=1) and time.monotonic() < deadline:
         time.sleep(0.1)
     return count(lambda: state.lock(key))
 
