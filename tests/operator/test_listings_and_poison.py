@@ -64,6 +64,20 @@ def test_listing_is_newest_change_first_and_filters_by_status_and_type(call, res
     assert failed["reason"] == "boom" and failed["resolutionStatus"] == "Failed"
 
 
+def test_a_listing_by_status_alone_carries_the_overview_count_of_that_status(call, resolve):
+    endpoint = "Count-" + uuid.uuid4().hex[:8]
+    seed(resolve, endpoint)
+    overview = call("endpoints_overview", method="GET").json
+    counts = next(i for i in overview["items"] if i["endpointId"] == endpoint)["counts"]
+    for status, key in (("Pending", "pending"), ("PendingHandoff", "pendingHandoff"), ("Failed", "failed")):
+        page = listing(call, endpoint, status=status, pageSize="1")
+        assert page.json["count"] == counts[key] == len(ids(listing(call, endpoint, status=status)))
+    assert listing(call, endpoint, status="Skipped").json["count"] == 0
+    # Nothing counted where the count would not be the listing's: no status, or another filter too
+    assert listing(call, endpoint).json["count"] is None
+    assert listing(call, endpoint, status="Failed", eventTypeId="Sales.OrderPlaced").json["count"] is None
+
+
 def test_listing_pages_with_a_continuation_token_it_checks(call, resolve):
     endpoint = "Page-" + uuid.uuid4().hex[:8]
     seed(resolve, endpoint)
