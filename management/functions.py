@@ -154,9 +154,10 @@ def endpoint_events(req: func.HttpRequest) -> EventPage:
         page_size=page_size(req, 50, 200),
         continuation=req.params.get("continuationToken") or None,
     )
-    # The status's count is the overview's (snapshot + deltas, 2 round trips): exact for the listing only
-    # while nothing else narrows it.
-    counted = status if not (types or oldest or newest) else None
+    # The status's count is the overview's (snapshot + deltas: 2 round trips per counts partition), exact
+    # for the listing only while nothing else narrows it; read with the first page, which the rest follow.
+    first = not req.params.get("continuationToken")
+    counted = status if first and not (types or oldest or newest) else None
     return EventPage(
         items=[EventSummary.of(endpoint_id, row) for row in page.items],
         continuation_token=page.continuation,

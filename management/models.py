@@ -105,7 +105,7 @@ class EventPage(ApiModel):
         default=None,
         description="How many of the endpoint's events are in `status`, exact: the overview's count, read "
         "from the counts snapshot and the deltas written since (no scan). Only when `status` is the only "
-        "filter: a type or time filter narrows the listing, not the count.",
+        "filter (a type or time filter narrows the listing, not the count), and on the first page.",
     )
 
 

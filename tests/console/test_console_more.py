@@ -202,7 +202,7 @@ def more_until_gone(page: Any, name: str, rows: str) -> list[str]:
         presses += 1
         assert presses < 20, "More never ends"
     assert page.evaluate("document.activeElement !== document.body"), "the keyboard lost its place"
-    return page.evaluate(
+    listed: list[str] = page.evaluate(
         """(rows) => [...document.querySelectorAll(rows)].map((row) => {
              const box = row.getBoundingClientRect();
              const seen = row.getClientRects().length > 0 && getComputedStyle(row).visibility !== "hidden";
@@ -212,6 +212,7 @@ def more_until_gone(page: Any, name: str, rows: str) -> list[str]:
            })""",
         rows,
     )
+    return listed
 
 
 def test_find_says_more_match_and_more_shows_every_hand_off(page, console_host, many):
