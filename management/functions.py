@@ -154,8 +154,14 @@ def endpoint_events(req: func.HttpRequest) -> EventPage:
         page_size=page_size(req, 50, 200),
         continuation=req.params.get("continuationToken") or None,
     )
+    # The status's count is the overview's (snapshot + deltas: 2 round trips per counts partition), exact
+    # for the listing only while nothing else narrows it; read with the first page, which the rest follow.
+    first = not req.params.get("continuationToken")
+    counted = status if first and not (types or oldest or newest) else None
     return EventPage(
-        items=[EventSummary.of(endpoint_id, row) for row in page.items], continuation_token=page.continuation
+        items=[EventSummary.of(endpoint_id, row) for row in page.items],
+        continuation_token=page.continuation,
+        count=service.overview().counts(endpoint_id)[counted] if counted else None,
     )
 
 
@@ -198,14 +204,17 @@ _COUNT_CAP = 1000
 INDEX_PAGE_SIZE = {**PAGE_SIZE, "schema": {"type": "integer", "minimum": 1, "maximum": 1000}}
 
 
-def _stuck_counts(endpoint_id: str) -> dict[str, int]:
-    """Unconfirmed settlements and overdue hand-offs of an endpoint, counted on their index rows."""
+def _stuck_counts(endpoint_id: str) -> dict[str, Any]:
+    """Unconfirmed settlements and overdue hand-offs of an endpoint, counted on their index rows up to
+    :data:`_COUNT_CAP` (beyond: "at least")."""
     store = service.store()
+    unconfirmed = store.count_range(endpoint_id, *keys.UNCONFIRMED_RANGE, cap=_COUNT_CAP)
+    overdue = store.count_range(endpoint_id, *keys.expiry_range_until(utcnow()), cap=_COUNT_CAP)
     return {
-        "unconfirmed": store.count_range(endpoint_id, *keys.UNCONFIRMED_RANGE, cap=_COUNT_CAP),
-        "overdue_handoffs": store.count_range(
-            endpoint_id, *keys.expiry_range_until(utcnow()), cap=_COUNT_CAP
-        ),
+        "unconfirmed": unconfirmed,
+        "unconfirmed_at_least": unconfirmed >= _COUNT_CAP,
+        "overdue_handoffs": overdue,
+        "overdue_handoffs_at_least": overdue >= _COUNT_CAP,
     }
 
 

@@ -47,6 +47,12 @@ class EndpointSummary(ApiModel):
         default=0, description="Settlements Settle could neither confirm nor re-send safely (resolve them)."
     )
     overdue_handoffs: int = Field(default=0, description="Parked hand-offs past their ExpectedBy.")
+    unconfirmed_at_least: bool = Field(
+        default=False, description="True: counting `unconfirmed` stopped at 1,000; at least that many."
+    )
+    overdue_handoffs_at_least: bool = Field(
+        default=False, description="True: counting `overdueHandoffs` stopped at 1,000; at least that many."
+    )
     oldest_poison_day: str | None = Field(
         default=None, description="UTC day (YYYYMMDD) of the oldest of those: GET v1/poison?day= lists it."
     )
@@ -95,6 +101,12 @@ class EventSummary(ApiModel):
 class EventPage(ApiModel):
     items: list[EventSummary]
     continuation_token: str | None
+    count: int | None = Field(
+        default=None,
+        description="How many of the endpoint's events are in `status`, exact: the overview's count, read "
+        "from the counts snapshot and the deltas written since (no scan). Only when `status` is the only "
+        "filter (a type or time filter narrows the listing, not the count), and on the first page.",
+    )
 
 
 class SettlementView(ApiModel):

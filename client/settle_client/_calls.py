@@ -57,12 +57,22 @@ MAX_ERROR_TEXT = 8000
 
 
 @dataclass(frozen=True)
+class Page(Generic[T]):
+    """One page of a listing: its items, the token of the next (``None``: this is the last) and, where the
+    answer counts them, how many match in all (``at_least``: counting stopped at ``count``)."""
+
+    items: list[T]
+    token: str | None
+    count: int | None = None
+    at_least: bool = False
+
+
+@dataclass(frozen=True)
 class Pages(Generic[T]):
     """A listing read page by page: ``page(token)`` is the call of the page after ``token`` (``None``:
-    the first), answering its items and the next token (``None`` after the last page). ``empty``: there
-    is nothing to ask for."""
+    the first). ``empty``: there is nothing to ask for."""
 
-    page: Callable[[str | None], Call[tuple[list[T], str | None]]]
+    page: Callable[[str | None], Call[Page[T]]]
     empty: bool = False
 
 
@@ -287,7 +297,7 @@ class Requests:
         """Every version of the record, newest first; pages are fetched as the iteration needs them."""
         parsed = Key.of(key)
 
-        def page(token: str | None) -> Call[tuple[list[Record], str | None]]:
+        def page(token: str | None) -> Call[Page[Record]]:
             body = self._keyed(parsed, pageSize=page_size, continuationToken=token)
             return self._state("history", body, _records, Safety.IDEMPOTENT)
 
@@ -319,7 +329,7 @@ class Requests:
             "pageSize": page_size,
         }
 
-        def page(token: str | None) -> Call[tuple[list[Record], str | None]]:
+        def page(token: str | None) -> Call[Page[Record]]:
             body = present(**filters, continuationToken=token)
             if self.handler is not None:
                 body["handler"] = self.handler.model_dump()
@@ -469,9 +479,9 @@ def _fenced(lock_token: str | None) -> Safety:
     return Safety.IDEMPOTENT if lock_token else Safety.UNSAFE
 
 
-def _records(response: httpx.Response) -> tuple[list[Record], str | None]:
+def _records(response: httpx.Response) -> Page[Record]:
     page = model(RecordPage, response)
-    return page.items, page.continuation_token
+    return Page(page.items, page.continuation_token)
 
 
 def _polling(event_types: Iterable[str] | None, wait_seconds: float) -> Params:

@@ -17,7 +17,8 @@ from itertools import islice
 from typing import Any, TextIO, TypeVar
 
 from settle_client import _cli_output as out
-from settle_client._calls import Call, present
+from settle_client._calls import Call, Page, Pages, present
+from settle_client._core import read_pages
 from settle_client.client import SettleClient
 from settle_client.errors import Conflict, InvalidInput, NotFound, SettleError
 from settle_client.models import Coordinates, Key
@@ -93,13 +94,19 @@ class Context:
     def progress(self, text: str) -> None:
         print(text, file=self.stderr, flush=True)
 
-    def take(self, items: Iterable[T], what: str) -> list[T]:
+    def take(self, items: Iterable[T] | Pages[T], what: str) -> list[T]:
         """The items ``--limit`` / ``--all`` ask for (pages read only as far as needed); says on stderr
-        when more remain, so a list is complete or says it is not."""
+        when more remain, so a list is complete or says it is not, and of how many where the listing's
+        answer counts them ("of 1234", "of at least 1000")."""
+        first: list[Page[T]] = []
+        if isinstance(items, Pages):
+            items = read_pages(self.client, items, lambda page: first.append(page) if not first else None)
         limit = None if self.args.all else self.args.limit
         taken = list(islice(items, None if limit is None else limit + 1))
         if limit is not None and len(taken) > limit:
-            self.progress(f"settle: showing the first {limit} {what}; more match (--all, or --limit N)")
+            total = first[0] if first and first[0].count is not None else None
+            of = f" of {'at least ' if total.at_least else ''}{total.count}" if total else ""
+            self.progress(f"settle: showing the first {limit}{of} {what}; more match (--all, or --limit N)")
             return taken[:limit]
         return taken
 
@@ -428,8 +435,8 @@ def cmd_endpoints(ctx: Context) -> int:
             e.counts.dead_lettered,
             e.counts.unsupported,
             e.poison,
-            e.unconfirmed,
-            e.overdue_handoffs,
+            _at_least(e.unconfirmed, e.unconfirmed_at_least),
+            _at_least(e.overdue_handoffs, e.overdue_handoffs_at_least),
             e.oldest_pending_at,
             e.oldest_failed_at,
         )
@@ -450,13 +457,18 @@ def cmd_endpoints(ctx: Context) -> int:
     return OK
 
 
+def _at_least(count: int, at_least: bool) -> int | str:
+    """A count as the table shows it: ``1000+`` where counting stopped."""
+    return f"{count}+" if at_least else count
+
+
 EVENT_HEADERS = ("EVENT", "STATUS", "TYPE", "UPDATED", "JOB", "SESSION", "REASON")
 
 
 def cmd_events(ctx: Context) -> int:
     a = ctx.args
     events = ctx.take(
-        ctx.client.operator.events(
+        ctx.client.operator.calls.events(
             a.endpoint, status=a.status, event_types=a.event_type or (), since=a.since, until=a.until
         ),
         "events",
@@ -518,7 +530,7 @@ def cmd_stuck(ctx: Context) -> int:
 
 
 def cmd_unconfirmed(ctx: Context) -> int:
-    listed = ctx.client.operator.unconfirmed(ctx.args.endpoint, page_size=ctx.page_size(1000))
+    listed = ctx.client.operator.calls.unconfirmed(ctx.args.endpoint, page_size=ctx.page_size(1000))
     items = ctx.take(listed, "unconfirmed settlements")
     rows = (
         (s.event_id, s.message_type, s.addressed_message_id, s.control_message_id, s.settled_by, s.claimed_at)
@@ -530,7 +542,7 @@ def cmd_unconfirmed(ctx: Context) -> int:
 
 
 def cmd_overdue(ctx: Context) -> int:
-    listed = ctx.client.operator.overdue(ctx.args.endpoint, page_size=ctx.page_size(1000))
+    listed = ctx.client.operator.calls.overdue(ctx.args.endpoint, page_size=ctx.page_size(1000))
     items = ctx.take(listed, "overdue hand-offs")
     rows = ((o.event_id, o.expected_by) for o in items)
     ctx.emit(items, lambda: ctx.table(("EVENT", "EXPECTED BY"), rows) if items else "no overdue hand-off")

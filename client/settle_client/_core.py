@@ -21,7 +21,7 @@ from urllib.parse import quote
 
 import httpx
 
-from settle_client._calls import Call, Pages, Requests
+from settle_client._calls import Call, Page, Pages, Requests
 from settle_client._version import VERSION
 from settle_client.address import default_url
 from settle_client.auth import Auth, TokenCredentialLike
@@ -188,16 +188,21 @@ class paged(_OnBothClients, Generic[P, T]):  # noqa: N801
             return self._bound(listed_async)
 
         def listed(*args: Any, **kwargs: Any) -> Iterator[T]:
-            return _pages(client, build(builder, *args, **kwargs))
+            return read_pages(client, build(builder, *args, **kwargs))
 
         return self._bound(listed)
 
 
-def _pages(client: Sends, pages: Pages[T]) -> Iterator[T]:
+def read_pages(client: Sends, pages: Pages[T], seen: Callable[[Page[T]], None] | None = None) -> Iterator[T]:
+    """The items of ``pages``, each page sent as the iteration needs it; ``seen`` gets every page (its
+    count, where the answer has one)."""
     token: str | None = None
     while not pages.empty:
-        items, token = client.send(pages.page(token))
-        yield from items
+        page = client.send(pages.page(token))
+        if seen is not None:
+            seen(page)
+        yield from page.items
+        token = page.token
         if not token:
             return
 
@@ -205,9 +210,10 @@ def _pages(client: Sends, pages: Pages[T]) -> Iterator[T]:
 async def _pages_async(client: SendsAsync, pages: Pages[T]) -> AsyncIterator[T]:
     token: str | None = None
     while not pages.empty:
-        items, token = await client.send(pages.page(token))
-        for item in items:
+        page = await client.send(pages.page(token))
+        for item in page.items:
             yield item
+        token = page.token
         if not token:
             return
 

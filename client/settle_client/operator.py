@@ -23,7 +23,7 @@ from typing import Any, Literal, TypeVar
 import httpx
 from pydantic import BaseModel
 
-from settle_client._calls import Call, Pages, Requests, iso, jsonable, model, parse_as, present
+from settle_client._calls import Call, Page, Pages, Requests, iso, jsonable, model, parse_as, present
 from settle_client._core import AsyncPart, Part, operation, paged
 from settle_client.models import Key, KeyLike, Record
 from settle_client.operator_models import (
@@ -95,7 +95,7 @@ class OperatorCalls:
             ("endpointId", endpoint),
             *_filters(status=status, eventTypeId=types, **{"from": since, "to": until}),
         )
-        return self._listing("v1/endpoints/events", EventPage, params, page_size)
+        return self._listing("v1/endpoints/events", EventPage, params, page_size, counted=True)
 
     def failed(self, *, page_size: int | None = None) -> Pages[FoundEvent]:
         """Failed and dead-lettered events of every endpoint, newest change first; pages followed
@@ -124,17 +124,27 @@ class OperatorCalls:
     def overdue(self, endpoint: str, *, page_size: int | None = None) -> Pages[OverdueHandoff]:
         """Parked hand-offs of ``endpoint`` past their ExpectedBy, most overdue first; pages followed
         lazily."""
-        return self._listing("v1/endpoints/overdue", OverdueHandoffs, (("endpointId", endpoint),), page_size)
+        params = (("endpointId", endpoint),)
+        return self._listing("v1/endpoints/overdue", OverdueHandoffs, params, page_size, counted=True)
 
     def _listing(
-        self, route: str, page_model: type[Any], params: tuple[tuple[str, str], ...], page_size: int | None
+        self,
+        route: str,
+        page_model: type[Any],
+        params: tuple[tuple[str, str], ...],
+        page_size: int | None,
+        *,
+        counted: bool = False,
     ) -> Pages[Any]:
-        def page(token: str | None) -> Call[tuple[list[Any], str | None]]:
+        def page(token: str | None) -> Call[Page[Any]]:
             asked = params + _filters(pageSize=page_size, continuationToken=token)
 
-            def parse(response: httpx.Response) -> tuple[list[Any], str | None]:
+            def parse(response: httpx.Response) -> Page[Any]:
                 answer = model(page_model, response)
-                return answer.items, answer.continuation_token
+                # A count of them all, where the answer has one (a stuck-records page counts itself only).
+                count = getattr(answer, "count", None) if counted else None
+                at_least = getattr(answer, "at_least", False)
+                return Page(answer.items, answer.continuation_token, count, at_least)
 
             return self.requests.call("GET", route, parse, Safety.IDEMPOTENT, params=asked)
 
@@ -152,7 +162,9 @@ class OperatorCalls:
         """Settlements of ``endpoint`` Settle could neither confirm nor safely re-send (resolve each);
         pages followed lazily."""
         params = (("endpointId", endpoint),)
-        return self._listing("v1/endpoints/unconfirmed", UnconfirmedSettlements, params, page_size)
+        return self._listing(
+            "v1/endpoints/unconfirmed", UnconfirmedSettlements, params, page_size, counted=True
+        )
 
     def act(
         self,
@@ -207,15 +219,15 @@ class OperatorCalls:
         also gets each, for progress). Each event gets the single action's result (202 or its problem)."""
         ids = list(dict.fromkeys(event_ids))
 
-        def chunk(after: str | None) -> Call[tuple[list[BulkAnswer], str | None]]:
+        def chunk(after: str | None) -> Call[Page[BulkAnswer]]:
             start = int(after) if after else 0
             end = start + BULK_CHUNK
 
-            def parse(response: httpx.Response) -> tuple[list[BulkAnswer], str | None]:
+            def parse(response: httpx.Response) -> Page[BulkAnswer]:
                 answer = model(BulkAnswer, response)
                 if on_chunk is not None:
                     on_chunk(answer)
-                return [answer], (str(end) if end < len(ids) else None)
+                return Page([answer], str(end) if end < len(ids) else None)
 
             return self._bulk_chunk(action, endpoint, ids[start:end], message_ids, reason, by, parse)
 
@@ -279,7 +291,7 @@ class OperatorCalls:
     def poison(self, day: str, *, page_size: int | None = None) -> Pages[PoisonEntry]:
         """The poison messages of one UTC day (``YYYYMMDD``), in enqueue order; pages followed lazily."""
 
-        def page(token: str | None) -> Call[tuple[list[PoisonEntry], str | None]]:
+        def page(token: str | None) -> Call[Page[PoisonEntry]]:
             params: tuple[tuple[str, str], ...] = (("day", day),)
             if page_size is not None:
                 params += (("pageSize", str(page_size)),)
@@ -345,14 +357,14 @@ def _filters(**given: Any) -> tuple[tuple[str, str], ...]:
     )
 
 
-def _poison_page(response: httpx.Response) -> tuple[list[PoisonEntry], str | None]:
+def _poison_page(response: httpx.Response) -> Page[PoisonEntry]:
     page = model(PoisonPage, response)
-    return page.items, page.continuation_token
+    return Page(page.items, page.continuation_token)
 
 
-def _history_page(response: httpx.Response) -> tuple[list[Record], str | None]:
+def _history_page(response: httpx.Response) -> Page[Record]:
     history = model(RecordLookup, response).history
-    return history.items, history.continuation_token
+    return Page(history.items, history.continuation_token)
 
 
 class _Surface:

@@ -68,6 +68,8 @@ class EndpointSummary(_Wire):
     poison: int = 0
     unconfirmed: int = 0
     overdue_handoffs: int = 0
+    unconfirmed_at_least: bool = False  # counting stopped at ``unconfirmed`` (1,000): at least that many
+    overdue_handoffs_at_least: bool = False
     oldest_poison_day: str | None = None
 
 
@@ -86,8 +88,11 @@ class EventSummary(_EventSummary):
 
 
 class EventPage(_Wire):
+    """A page of them; ``count``: how many are in the status asked for (only when it is the one filter)."""
+
     items: list[EventSummary]
     continuation_token: str | None = None
+    count: int | None = None
 
 
 class AuditSearchEntry(AuditEntry):

@@ -27,7 +27,7 @@ function h(tag, attrs, ...children) {
     else if (key === "class") el.className = value;
     else el.setAttribute(key, value === true ? "" : String(value));
   }
-  for (const child of children.flat()) {
+  for (const child of children.flat(Infinity)) {
     if (child === null || child === undefined || child === false) continue;
     el.append(child instanceof Node ? child : document.createTextNode(String(child)));
   }
@@ -121,12 +121,96 @@ function segment(value) { return encodeURIComponent(value); }
 // %2B (a query string reads a bare "+" as a space).
 function idQuery(values) { return Object.entries(values).map(([k, v]) => `${k}=${encodeURIComponent(v)}`).join("&"); }
 
-function badge(bucket, count, href) {
+// atLeast: the API stopped counting at ``count`` (shown "1000+").
+function badge(bucket, count, href, atLeast) {
   const cls = `badge ${bucket}${count ? "" : " zero"}`;
-  const label = `${count} ${bucket === "PendingHandoff" ? "Pending + Handoff" : bucket}`;
+  const label = `${atLeast ? "at least " : ""}${count} ${bucket === "PendingHandoff" ? "Pending + Handoff" : bucket}`;
+  const shown = `${count}${atLeast ? "+" : ""}`;
   return href
-    ? h("a", { class: cls, href, "aria-label": label, "data-bucket": bucket }, String(count))
-    : h("span", { class: cls, "aria-label": label, "data-bucket": bucket }, String(count));
+    ? h("a", { class: cls, href, "aria-label": label, "data-bucket": bucket }, shown)
+    : h("span", { class: cls, "aria-label": label, "data-bucket": bucket }, shown);
+}
+
+// -- lists the API pages: the first page, then "More" -------------------------------------------------
+
+// Rows "More" loaded, per list of the current view: the 5 s refresh reads as many again (so they stay on
+// screen, fresh); a new route starts at the first page.
+const loaded = new Map();
+let moreBusy = false;
+
+function withQuery(path, params) {
+  const query = new URLSearchParams(Object.entries(params).filter(([, v]) => v !== null && v !== undefined && v !== ""));
+  return `${path}${path.includes("?") ? "&" : "?"}${query}`;
+}
+
+// A list's first page, or as many rows as "More" had loaded (pages of at most maxPage), with the API's count
+// of them all where it gives one.
+async function listPages(name, path, pageSize, maxPage) {
+  const want = Math.max(pageSize, loaded.get(name) || 0);
+  const first = await api(withQuery(path, { pageSize: Math.min(want, maxPage) }));
+  const items = [...first.items];
+  let token = first.continuationToken;
+  while (token && items.length < want) {
+    const next = await api(withQuery(path, { pageSize: Math.min(want - items.length, maxPage), continuationToken: token }));
+    items.push(...next.items);
+    token = next.continuationToken;
+  }
+  return { ...first, items, continuationToken: token };
+}
+
+// How many a list holds, as far as is known: "N" when exact (the API's count, or every page loaded), else
+// "at least N" (the API stopped counting, or more follow uncounted).
+function howMany(list, counted) {
+  const shown = list.items.length;
+  if (counted && typeof list.count === "number" && !list.atLeast) return String(list.count);
+  if (!list.continuationToken) return String(shown);
+  return `at least ${Math.max(counted && typeof list.count === "number" ? list.count : 0, shown + 1)}`;
+}
+
+// A list the API pages: its first rows, and a "More" button that fetches the next page with the list's
+// continuationToken and appends its rows, until none is left. name: the list (ids "<name>-more",
+// "<name>-shown"); path, pageSize: its query; rows(items): the rows of a page; table(rows): the table that
+// holds them (its tbody gets the rest); empty: what an empty list says; heading + label(howMany): the
+// heading that says how many, kept up to date; counted: the API's count is of them all.
+function pagedList(name, list, { path, pageSize, rows, table, empty, heading, label, counted }) {
+  const say = () => { if (heading) heading.textContent = label(howMany(list, counted)); };
+  say();
+  if (!list.items.length && !list.continuationToken) return [empty];
+  const holder = table(rows(list.items));
+  if (!list.continuationToken && !loaded.has(name)) return [holder]; // one page, whole: nothing to say
+  const shown = h("span", { id: `${name}-shown`, class: "muted", role: "status", tabindex: "-1" });
+  const pager = h("div", { class: "pager more" });
+  const more = h("button", { type: "button", class: "secondary", id: `${name}-more`, onclick: async () => {
+    if (moreBusy) return; // one page at a time; the button stays focusable while it loads
+    moreBusy = true;
+    more.setAttribute("aria-busy", "true");
+    try {
+      const next = await api(withQuery(path, { pageSize, continuationToken: list.continuationToken }));
+      const added = rows(next.items);
+      holder.querySelector("tbody").append(...added);
+      list.items.push(...next.items);
+      list.continuationToken = next.continuationToken;
+      loaded.set(name, list.items.length);
+      update();
+      if (!list.continuationToken) (added[0] && added[0].querySelector("a, button, input") || shown).focus();
+    } catch (error) {
+      toast(`More: ${error.message}`);
+    } finally {
+      moreBusy = false;
+      more.removeAttribute("aria-busy");
+    }
+  } }, "More");
+  const update = () => {
+    say();
+    const total = howMany(list, counted);
+    shown.textContent = list.continuationToken
+      ? `${list.items.length} shown of ${total}; More loads the next ${pageSize}.`
+      : `All ${list.items.length} shown.`;
+    if (!list.continuationToken) more.remove();
+  };
+  pager.append(more, shown);
+  update();
+  return [holder, pager];
 }
 
 function statusBadge(status, subStatus) {
@@ -173,7 +257,7 @@ function parseRoute() {
 
 function editing() {
   const active = document.activeElement;
-  return document.getElementById("confirm").open || bulkBusy ||
+  return document.getElementById("confirm").open || bulkBusy || moreBusy ||
     (active && ["INPUT", "TEXTAREA", "SELECT"].includes(active.tagName));
 }
 
@@ -203,7 +287,11 @@ async function render({ quiet } = {}) {
   }
   freshAgain();
   if (quiet && editing()) return; // never replace what the operator is typing into
+  // A refresh keeps the keyboard where it was (on "More", say): the new view's element of the same id.
+  const focused = quiet && main.contains(document.activeElement) ? document.activeElement.id : "";
   main.replaceChildren(view);
+  const again = focused && document.getElementById(focused);
+  if (again) again.focus({ preventScroll: true });
   document.getElementById("refresh").textContent = `Updated ${clock(new Date())} · every ${REFRESH_MS / 1000} s`;
   if (!quiet && location.hash !== lastRoute) {
     // A new view starts at its top, focus on it (for screen readers and the keyboard) without scrolling:
@@ -289,11 +377,20 @@ async function endpointView(endpointId, params) {
   return h("section", { "aria-labelledby": "list-title" },
     h("p", {}, h("a", { href: "#/" }, "← Endpoints")),
     h("h1", { id: "list-title" }, `Events of ${endpointId}`),
+    statusCount(page, params.get("status")),
     filters,
     page.items.length ? h("div", { class: "scroll" }, h("table", { class: "stack" },
       h("thead", {}, h("tr", {}, ["Event", "Status", "Type", "Last message", "Changed", "Reason"].map((t) => h("th", {}, t)))),
       h("tbody", {}, rows))) : h("p", {}, "No event matches."),
     pager);
+}
+
+// With a status as the only filter the API counts them (exact: the overview's count).
+function statusCount(page, status) {
+  if (typeof page.count !== "number") return null;
+  const name = status === "PendingHandoff" ? "Pending + Handoff" : status;
+  const onPage = page.count > page.items.length ? `; this page shows ${page.items.length}` : "";
+  return h("p", { id: "list-count", role: "status" }, `${page.count} ${name} event${page.count === 1 ? "" : "s"}${onPage}.`);
 }
 
 function localValue(iso) {
@@ -404,12 +501,13 @@ function actionsCard(e, endpointId, eventId) {
 // -- stuck settlements and overdue hand-offs ------------------------------------------------------
 
 const STUCK_COLUMNS = ["Unconfirmed", "Overdue hand-offs"];
+const STUCK_PAGE = 200; // the API's default page of unconfirmed settlements and overdue hand-offs
 
 function stuckBadges(item) {
   const href = `#/stuck/${segment(item.endpointId)}`;
   return [
-    h("td", { class: "num", "data-label": "Unconfirmed" }, badge("Unconfirmed", item.unconfirmed || 0, href)),
-    h("td", { class: "num", "data-label": "Overdue hand-offs" }, badge("Overdue", item.overdueHandoffs || 0, href)),
+    h("td", { class: "num", "data-label": "Unconfirmed" }, badge("Unconfirmed", item.unconfirmed || 0, href, item.unconfirmedAtLeast)),
+    h("td", { class: "num", "data-label": "Overdue hand-offs" }, badge("Overdue", item.overdueHandoffs || 0, href, item.overdueHandoffsAtLeast)),
   ];
 }
 
@@ -419,29 +517,42 @@ function addressed(e, body) {
 }
 
 async function stuckView(endpointId) {
+  const paths = { unconfirmed: `endpoints/unconfirmed?${idQuery({ endpointId })}`, overdue: `endpoints/overdue?${idQuery({ endpointId })}` };
   const [unconfirmed, overdue] = await Promise.all([
-    api(`endpoints/unconfirmed?${idQuery({ endpointId })}`), api(`endpoints/overdue?${idQuery({ endpointId })}`)]);
+    listPages("unconfirmed", paths.unconfirmed, STUCK_PAGE, 1000), listPages("overdue", paths.overdue, STUCK_PAGE, 1000)]);
   const link = (eventId) => idLink(`#/event/${segment(endpointId)}/${segment(eventId)}`, eventId);
+  const unconfirmedTitle = h("h2", { id: "unconfirmed-title" });
+  const overdueTitle = h("h2", { id: "overdue-title" });
   return h("section", { "aria-labelledby": "stuck-title" },
     h("p", {}, h("a", { href: "#/" }, "← Endpoints")),
     h("h1", { id: "stuck-title" }, `Needs a human on ${endpointId}`),
-    h("h2", {}, `Unconfirmed settlements (${unconfirmed.count})`),
+    unconfirmedTitle,
     h("p", { class: "muted" }, "Settle could neither confirm these control messages nor re-send them safely. Check the endpoint, then open the event to mark it delivered or release it."),
-    unconfirmed.items.length ? h("div", { class: "scroll" }, h("table", { class: "stack", "aria-label": "Unconfirmed settlements" },
-      h("thead", {}, h("tr", {}, ["Event", "Message", "Control message", "By", "Claimed"].map((t) => h("th", {}, t)))),
-      h("tbody", {}, unconfirmed.items.map((c) => h("tr", { "data-unconfirmed": c.eventId },
+    pagedList("unconfirmed", unconfirmed, {
+      path: paths.unconfirmed, pageSize: STUCK_PAGE, counted: true, heading: unconfirmedTitle,
+      label: (n) => `Unconfirmed settlements (${n})`, empty: h("p", {}, "None."),
+      table: (rows) => h("div", { class: "scroll" }, h("table", { class: "stack", "aria-label": "Unconfirmed settlements" },
+        h("thead", {}, h("tr", {}, ["Event", "Message", "Control message", "By", "Claimed"].map((t) => h("th", {}, t)))),
+        h("tbody", {}, rows))),
+      rows: (items) => items.map((c) => h("tr", { "data-unconfirmed": c.eventId },
         h("td", { "data-label": "Event" }, link(c.eventId)),
         h("td", { "data-label": "Message" }, c.messageType),
         h("td", { "data-label": "Control message" }, h("span", { class: "id" }, c.controlMessageId)),
         h("td", { "data-label": "By" }, c.settledBy),
-        h("td", { "data-label": "Claimed" }, stamp(c.claimedAt), ` (${age(c.claimedAt)} ago)`)))))) : h("p", {}, "None."),
-    h("h2", {}, `Overdue hand-offs (${overdue.count})`),
-    overdue.items.length ? h("div", { class: "scroll" }, h("table", { class: "stack", "aria-label": "Overdue hand-offs" },
-      h("thead", {}, h("tr", {}, ["Event", "Expected by", "Overdue by"].map((t) => h("th", {}, t)))),
-      h("tbody", {}, overdue.items.map((o) => h("tr", { "data-overdue": o.eventId },
+        h("td", { "data-label": "Claimed" }, stamp(c.claimedAt), ` (${age(c.claimedAt)} ago)`))),
+    }),
+    overdueTitle,
+    pagedList("overdue", overdue, {
+      path: paths.overdue, pageSize: STUCK_PAGE, counted: true, heading: overdueTitle,
+      label: (n) => `Overdue hand-offs (${n})`, empty: h("p", {}, "None."),
+      table: (rows) => h("div", { class: "scroll" }, h("table", { class: "stack", "aria-label": "Overdue hand-offs" },
+        h("thead", {}, h("tr", {}, ["Event", "Expected by", "Overdue by"].map((t) => h("th", {}, t)))),
+        h("tbody", {}, rows))),
+      rows: (items) => items.map((o) => h("tr", { "data-overdue": o.eventId },
         h("td", { "data-label": "Event" }, link(o.eventId)),
         h("td", { "data-label": "Expected by" }, stamp(o.expectedBy)),
-        h("td", { "data-label": "Overdue by" }, age(o.expectedBy))))))) : h("p", {}, "None."));
+        h("td", { "data-label": "Overdue by" }, age(o.expectedBy)))),
+    }));
 }
 
 // The claim on the event's current message: what is in flight, and (unconfirmed only) the way out.
@@ -543,8 +654,10 @@ function scopeOf(key) {
   return SCOPES[key.scopeId - 1] || "";
 }
 
+const RECORDS_PAGE = 50;
+
 async function stateView() {
-  const stuck = await api("records/stuck");
+  const stuck = await listPages("stuck-records", "records/stuck", RECORDS_PAGE, 1000);
   const scope = h("select", { name: "scope", id: "lookup-scope" }, h("option", { value: "" }, "As in the key"),
     SCOPES.map((name, i) => h("option", { value: name, selected: lookupResult && lookupResult.scope === name }, `${name} (${i + 1})`)));
   const text = h("textarea", { name: "key", id: "lookup-key", class: "short", rows: 4, required: true, spellcheck: "false",
@@ -567,11 +680,16 @@ async function stateView() {
     h("label", {}, "Key (paste its JSON, as the API takes it)", text),
     h("p", { class: "muted hint" }, "tenantId, scopeId or scope, entityId, itemEntityKey, itemKey; entityExecutionId (scopes 5-7), sourceAppId, subItemEntityKey, subItemKey when the key has them."),
     h("div", { class: "filters" }, h("label", {}, "Scope", scope), h("button", { type: "submit", id: "lookup" }, "Look up")));
+  const stuckTitle = h("h2", { id: "stuck-records-title" });
   return h("section", { "aria-labelledby": "state-title" },
     h("h1", { id: "state-title" }, "State records"),
     form, lookupView(),
-    h("h2", {}, `Stuck in Processing past their lock (${stuck.count})`),
-    stuck.count ? recordTable(stuck.items) : h("p", { class: "muted" }, "None: every expired lock has been caught up."));
+    stuckTitle,
+    pagedList("stuck-records", stuck, {
+      path: "records/stuck", pageSize: RECORDS_PAGE, heading: stuckTitle, rows: recordRows, table: recordsHolder,
+      label: (n) => `Stuck in Processing past their lock (${n})`,
+      empty: h("p", { class: "muted" }, "None: every expired lock has been caught up."),
+    }));
 }
 
 function lookupView() {
@@ -588,18 +706,33 @@ function lookupView() {
 }
 
 function recordTable(items) {
-  return rememberItems(items, h("div", { class: "scroll" }, h("table", { class: "stack" },
-    h("thead", {}, h("tr", {}, ["Status", "Item", "Version", "Locked until", "Updated"].map((t) => h("th", {}, t)))),
-    h("tbody", {}, items.map((r) => h("tr", {},
-      h("td", { "data-label": "Status" }, r.status + (r.originalStatus ? ` (was ${r.originalStatus})` : "")),
-      h("td", { "data-label": "Item" }, `${r.itemEntityKey} / ${r.itemKey}`),
-      h("td", { "data-label": "Version" }, String(r.version)),
-      h("td", { "data-label": "Locked until" }, stamp(r.lockedUntil)),
-      h("td", { "data-label": "Updated" }, stamp(r.updatedAt))))))));
+  return recordsHolder(recordRows(items));
+}
+
+function recordsHolder(rows) {
+  return h("div", { class: "scroll" }, h("table", { class: "stack" },
+    h("thead", {}, h("tr", {}, ["Status", "Item", "Version", "Locked until", "Updated", "Error", "Note"].map((t) => h("th", {}, t)))),
+    h("tbody", {}, rows)));
+}
+
+// A listed record opens its lookup (with its history).
+function recordRows(items) {
+  return items.map((r) => h("tr", {},
+    h("td", { "data-label": "Status" }, r.status + (r.originalStatus ? ` (was ${r.originalStatus})` : "")),
+    h("td", { "data-label": "Item" }, h("a", { href: "#/state", "data-lookup": r.itemKey, onclick: (ev) => {
+      ev.preventDefault();
+      lookUpRecord(r);
+    } }, `${r.itemEntityKey} / ${r.itemKey}`)),
+    h("td", { "data-label": "Version" }, String(r.version)),
+    h("td", { "data-label": "Locked until" }, stamp(r.lockedUntil)),
+    h("td", { "data-label": "Updated" }, stamp(r.updatedAt)),
+    h("td", { "data-label": "Error", class: r.error ? "error" : "" }, r.error || ""),
+    h("td", { "data-label": "Note" }, r.note || "")));
 }
 
 window.addEventListener("hashchange", () => {
   document.getElementById("toast").textContent = ""; // a message belongs to the view it came from
+  loaded.clear(); // a new view starts at the first page of each list
   render();
 });
 window.addEventListener("DOMContentLoaded", () => {

@@ -143,11 +143,15 @@ const ID_KINDS = {
 };
 const KIND_NAMES = { eventId: "Event id", sessionId: "Session id", messageId: "Message id", externalJobId: "External job id" };
 
-function summaryTable(items, { select, matched } = {}) {
+function summaryTable(rows, { matched } = {}) {
   return h("div", { class: "scroll" }, h("table", { class: "stack" },
-    h("thead", {}, h("tr", {}, select ? h("th", {}, h("span", { class: "sr" }, "Select")) : null,
+    h("thead", {}, h("tr", {},
       [...(matched ? ["Matched"] : []), "Endpoint", "Event", "Status", "Type", "Session", "Changed", "Reason"].map((t) => h("th", {}, t)))),
-    h("tbody", {}, items.map((e) => h("tr", { "data-event": e.eventId, "data-endpoint-row": e.endpointId, "data-matched": e.matchedBy || null },
+    h("tbody", {}, rows)));
+}
+
+function summaryRows(items, { matched } = {}) {
+  return items.map((e) => h("tr", { "data-event": e.eventId, "data-endpoint-row": e.endpointId, "data-matched": e.matchedBy || null },
       matched ? h("td", { "data-label": "Matched" }, (e.matches || []).flatMap((m, i) => [i ? ", " : "",
         h("span", { class: "match", "data-kind": m.kind }, `${KIND_NAMES[m.kind] || m.kind} `, h("code", {}, m.value))])) : null,
       h("td", { "data-label": "Endpoint" }, h("a", { href: `#/endpoint/${segment(e.endpointId)}` }, e.endpointId)),
@@ -156,8 +160,19 @@ function summaryTable(items, { select, matched } = {}) {
       h("td", { "data-label": "Type" }, asSent(e.eventTypeId)),
       h("td", { "data-label": "Session" }, e.sessionId ? idLink(`#/session/${segment(e.sessionId)}`, e.sessionId) : asSent(e.sessionId)),
       h("td", { "data-label": "Changed" }, stamp(e.updatedAt)),
-      h("td", { "data-label": "Reason" }, e.reason || ""))))));
+      h("td", { "data-label": "Reason" }, e.reason || "")));
 }
+
+// A list of hand-offs the API pages (find, a session, failed), with "More"; rows(items) may filter them.
+function summaryList(name, list, path, { matched, heading, label, empty, rows }) {
+  return pagedList(name, list, {
+    path, pageSize: LIST_PAGE, heading, label, empty,
+    rows: rows || ((items) => summaryRows(items, { matched })),
+    table: (first) => summaryTable(first, { matched }),
+  });
+}
+
+const LIST_PAGE = 50; // find and failed: the API's default page
 
 async function findView(route) {
   const q = (route.params.get("q") || "").trim();
@@ -175,11 +190,16 @@ async function findView(route) {
     h("button", { type: "submit", id: "find-go" }, "Find"));
   let results = h("p", { class: "muted" }, "Looks in every endpoint: the job number the other team gave, a session, a message id, an event id or its first 3 characters, in any case.");
   if (q) {
-    const answer = await api(`find?${ID_KINDS[kind][0]}=${encodeURIComponent(q)}`);
-    const kinds = [...new Set(answer.items.map((e) => KIND_NAMES[e.matchedBy] || e.matchedBy))];
-    results = answer.items.length ? [
-      h("p", { id: "find-summary", role: "status" }, `${answer.items.length} hand-off${answer.items.length === 1 ? "" : "s"} by ${kinds.join(", ").toLowerCase()}.`),
-      summaryTable(answer.items, { matched: true })]
+    const path = `find?${ID_KINDS[kind][0]}=${encodeURIComponent(q)}`;
+    const answer = await listPages("find", path, LIST_PAGE, 200);
+    const summary = h("p", { id: "find-summary", role: "status" });
+    // What matched, over every row loaded so far ("More" adds rows, and perhaps kinds).
+    const says = (n) => {
+      const kinds = [...new Set(answer.items.map((e) => KIND_NAMES[e.matchedBy] || e.matchedBy))];
+      return `${n} hand-off${n === "1" ? "" : "s"} by ${kinds.join(", ").toLowerCase()}${answer.continuationToken ? `; ${answer.items.length} shown, more match` : ""}.`;
+    };
+    results = answer.items.length || answer.continuationToken ? [summary,
+      summaryList("find", answer, path, { matched: true, heading: summary, label: says })]
       : h("p", { id: "find-none", role: "status" }, `No hand-off on any endpoint has ${kind === "any" ? "an id" : KIND_NAMES[kind].toLowerCase()} "${q}"${kind === "any" || kind === "eventId" ? (q.length >= 3 ? " (or an event id starting with it)" : " (an event id prefix needs 3 characters)") : ""}.`);
     const only = answer.items.length === 1 ? answer.items[0] : null;
     if (only && route.params.get("go") === "1") {
@@ -192,27 +212,34 @@ async function findView(route) {
 
 async function sessionView(route) {
   const sessionId = route.parts[1] || "";
-  const answer = await api(`find?sessionId=${encodeURIComponent(sessionId)}`);
+  const path = `find?sessionId=${encodeURIComponent(sessionId)}`;
+  const answer = await listPages("session", path, LIST_PAGE, 200);
   const open = answer.items.filter((e) => !["Completed", "Skipped"].includes(e.resolutionStatus));
   const blocked = answer.items.find((e) => ["Failed", "DeadLettered"].includes(e.resolutionStatus));
+  const more = answer.continuationToken ? " (of the events loaded; more follow)" : "";
   return h("section", { "aria-labelledby": "session-title" },
     h("p", {}, h("a", { href: "#/find?by=sessionId" }, "← Find")),
     h("h1", { id: "session-title" }, `Session ${sessionId}`),
     h("p", { class: blocked ? "error" : "muted", "data-session-state": blocked ? "blocked" : "open" },
-      blocked ? `Blocked: ${blocked.eventId} on ${blocked.endpointId} is ${blocked.resolutionStatus}; ${open.length} event(s) of this session are not done.`
-        : `${answer.items.length} event(s), ${open.length} not done; nothing failed.`),
-    answer.items.length ? summaryTable(answer.items) : h("p", {}, "No event of this session on any endpoint."));
+      blocked ? `Blocked: ${blocked.eventId} on ${blocked.endpointId} is ${blocked.resolutionStatus}; ${open.length} event(s) of this session are not done${more}.`
+        : `${howMany(answer)} event(s), ${open.length} not done; nothing failed${more}.`),
+    summaryList("session", answer, path, { empty: h("p", {}, "No event of this session on any endpoint.") }));
 }
 
 async function failedView(route) {
-  const answer = await api("failed?pageSize=50");
+  const answer = await listPages("failed", "failed", LIST_PAGE, 200);
   const filter = route.params.get("errorText") || "";
   const shown = filterByError(answer.items, filter);
+  const count = h("h2", { id: "failed-count" });
+  // The error-text filter narrows the rows loaded: a page that adds none still offers the next.
+  const list = summaryList("failed", answer, "failed", { heading: count, label: (n) => `${n} failed event${n === "1" ? "" : "s"}`,
+    empty: h("p", {}, "Nothing failed."), rows: (items) => summaryRows(filterByError(items, filter)) });
   return h("section", { "aria-labelledby": "failed-title" },
     h("h1", { id: "failed-title" }, "Failed across endpoints"),
-    h("p", { class: "muted" }, "Failed and dead-lettered events of every endpoint, newest change first (50 per endpoint and status)."),
+    h("p", { class: "muted" }, `Failed and dead-lettered events of every endpoint, newest change first, ${LIST_PAGE} at a time.`),
     errorFilterForm("#/failed", new URLSearchParams(), filter, shown.length, answer.items.length),
-    shown.length ? summaryTable(shown) : h("p", {}, filter ? "No failed event's error matches." : "Nothing failed."));
+    count,
+    !shown.length && !answer.continuationToken ? h("p", {}, filter ? "No failed event's error matches." : "Nothing failed.") : list);
 }
 
 function filterByError(items, text) {
@@ -489,8 +516,6 @@ let stateQuery = null;
 
 function stateExtras(view) {
   if (!view.querySelector("#state-title")) return;
-  // The history and stuck tables gain the error and note columns; a stuck record links to its lookup.
-  for (const table of view.querySelectorAll("table.stack")) recordColumns(table);
   const browse = h("form", { class: "card filters", id: "browse", "aria-label": "Browse records", onsubmit: async (ev) => {
     ev.preventDefault();
     const data = new FormData(ev.target);
@@ -513,40 +538,7 @@ function stateExtras(view) {
     recordTable(stateQuery.page.items))) : null;
   const title = view.querySelector("h1");
   title.after(h("h2", {}, "Browse a node's records"), browse);
-  if (results) {
-    browse.after(results);
-    recordColumns(results.querySelector("table.stack"));
-  }
-  for (const holder of view.querySelectorAll("div.scroll")) linkLookups(holder);
-}
-
-function rememberItems(items, holder) {
-  holder.recordItems = items;
-  return holder;
-}
-
-function recordColumns(table) {
-  if (!table || table.dataset.extra) return;
-  table.dataset.extra = "1";
-  const items = table.parentElement.recordItems || [];
-  table.querySelector("thead tr").append(h("th", {}, "Error"), h("th", {}, "Note"));
-  table.querySelectorAll("tbody tr").forEach((row, i) => {
-    const r = items[i] || {};
-    row.append(h("td", { "data-label": "Error", class: r.error ? "error" : "" }, r.error || ""), h("td", { "data-label": "Note" }, r.note || ""));
-  });
-}
-
-function linkLookups(holder) {
-  const items = holder.recordItems || [];
-  holder.querySelectorAll("tbody tr").forEach((row, i) => {
-    const r = items[i];
-    if (!r) return;
-    const cell = row.querySelector('td[data-label="Item"]');
-    cell.replaceChildren(h("a", { href: "#/state", "data-lookup": r.itemKey, onclick: (ev) => {
-      ev.preventDefault();
-      lookUpRecord(r);
-    } }, `${r.itemEntityKey} / ${r.itemKey}`));
-  });
+  if (results) browse.after(results);
 }
 
 async function lookUpRecord(r) {

@@ -500,6 +500,18 @@ def test_find_past_fifty_says_more_match_and_all_lists_every_one(host: HostProce
     assert len(json.loads(few.stdout)) == 3
 
 
+def test_a_list_cut_short_says_of_how_many_where_the_answer_counts_them(host: HostProcess) -> None:
+    where = endpoint()
+    for _ in range(4):
+        park(host, where)
+    cut = settle(host, "events", where, "--status", "PendingHandoff", "--limit", "2")
+    assert cut.returncode == OK, cut.stderr
+    assert len(cut.stdout.strip().splitlines()) == 1 + 2
+    assert "showing the first 2 of 4 events; more match" in cut.stderr
+    whole = settle(host, "events", where, "--status", "PendingHandoff")
+    assert whole.returncode == OK and "more match" not in whole.stderr
+
+
 def test_a_closed_pipe_is_quiet(host: HostProcess) -> None:
     where = endpoint()
     session = f"pipe-{uuid.uuid4().hex[:8]}"

@@ -175,6 +175,16 @@ def test_ten_thousand_stuck_hand_offs_are_each_listed_once_and_counted_at_least(
         assert listed == event_ids, "most overdue first"
 
 
+def test_the_overview_says_its_stuck_counts_stopped_at_a_thousand(call, stuck_many) -> None:
+    endpoint, _ = stuck_many
+    overview = call("endpoints_overview", method="GET").json
+    item = next(i for i in overview["items"] if i["endpointId"] == endpoint)
+    assert (item["unconfirmed"], item["unconfirmedAtLeast"]) == (1000, True)
+    assert (item["overdueHandoffs"], item["overdueHandoffsAtLeast"]) == (1000, True)
+    others = [i for i in overview["items"] if i["endpointId"] != endpoint and i["unconfirmed"] < 1000]
+    assert all(not i["unconfirmedAtLeast"] and not i["overdueHandoffsAtLeast"] for i in others)
+
+
 @pytest.mark.parametrize("what", ["unconfirmed", "overdue"])
 def test_a_stuck_page_costs_one_read_and_one_count_per_shard(call, stuck_many, what: str) -> None:
     endpoint, _ = stuck_many

@@ -64,6 +64,23 @@ def test_listing_is_newest_change_first_and_filters_by_status_and_type(call, res
     assert failed["reason"] == "boom" and failed["resolutionStatus"] == "Failed"
 
 
+def test_a_listing_by_status_alone_carries_the_overview_count_of_that_status(call, resolve):
+    endpoint = "Count-" + uuid.uuid4().hex[:8]
+    seed(resolve, endpoint)
+    overview = call("endpoints_overview", method="GET").json
+    counts = next(i for i in overview["items"] if i["endpointId"] == endpoint)["counts"]
+    for status, key in (("Pending", "pending"), ("PendingHandoff", "pendingHandoff"), ("Failed", "failed")):
+        page = listing(call, endpoint, status=status, pageSize="1")
+        assert page.json["count"] == counts[key] == len(ids(listing(call, endpoint, status=status)))
+    assert listing(call, endpoint, status="Skipped").json["count"] == 0
+    token = listing(call, endpoint, status="Pending", pageSize="1").json["continuationToken"]
+    later = listing(call, endpoint, status="Pending", pageSize="1", continuationToken=token)
+    assert ids(later) == ["e0"] and later.json["count"] is None  # counted once, with the first page
+    # Nothing counted where the count would not be the listing's: no status, or another filter too
+    assert listing(call, endpoint).json["count"] is None
+    assert listing(call, endpoint, status="Failed", eventTypeId="Sales.OrderPlaced").json["count"] is None
+
+
 def test_listing_pages_with_a_continuation_token_it_checks(call, resolve):
     endpoint = "Page-" + uuid.uuid4().hex[:8]
     seed(resolve, endpoint)
@@ -84,8 +101,12 @@ def test_listing_filters_by_time_and_reads_one_page(call, resolve, handoff_shard
     future = (datetime.now(UTC) + timedelta(hours=1)).isoformat().replace("+00:00", "Z")
     assert ids(listing(call, endpoint, **{"from": future})) == []
     with ROUND_TRIPS.measure() as tally:
-        assert ids(listing(call, endpoint, status="Failed")) == ["e2"]
+        assert ids(listing(call, endpoint, status="Failed", eventTypeId="Billing.InvoiceCreated")) == ["e2"]
     assert tally.requests == handoff_shards  # one page per shard, merged newest first
+    # By status alone the first page also counts them: the counts' snapshot and deltas, then its ETag
+    with ROUND_TRIPS.measure() as tally:
+        assert listing(call, endpoint, status="Failed").json["count"] == 1
+    assert tally.requests == handoff_shards + 2 * counts_partitions(handoff_shards)
     assert listing(call, endpoint, status="Bogus").status == 400
     assert listing(call, endpoint, to="yesterday").json["field"] == "to"
 
