@@ -89,13 +89,19 @@ WHY = {
 # The key fence (ADR-0020): a key created while an earlier layout is listed is first claimed in that layout's
 # partition (one insert per earlier partition), in place of the probe read such a creation made before.
 FENCED: dict[str, int] = {
-    "lock (new key), an earlier layout listed": 2,
+    "lock (new key), an earlier layout listed": 3,
     "resolver: EventRequest, an earlier layout listed": 7,
+    "lock (refused: held, other instance), an earlier layout listed": 1,
 }
 FENCED_WHY = {
+    "lock (refused: held, other instance), an earlier layout listed": (
+        "a key created after the change, locked by another instance: one read where it is created now "
+        "finds it (no claim, no probe); before the fence (dbde0bc): the same read"
+    ),
     "lock (new key), an earlier layout listed": (
-        "the claim in the earlier layout's partition (insert-only), then the head's insert; before the "
-        "fence (dbde0bc): 3, a probe read of both partitions and the insert"
+        "a read where the key is created now (a key already there costs nothing more), the claim in the "
+        "earlier layout's partition (insert-only), the head's insert; before the fence (dbde0bc): 3, a "
+        "probe read of both partitions and the insert"
     ),
     "resolver: EventRequest, an earlier layout listed": (
         "the EventRequest's 5, the event row looked for in the earlier partition (a miss), and the claim "
@@ -351,12 +357,18 @@ def _fenced(env: Environment, proxy: CountingProxy, counter: WireCount, state: S
             message = event_messages("Billing", 991_000 + int(uuid.uuid4().int % 8_000))[0][1]
             return lambda: env.app.message("resolver", message)
 
+        def lock_held() -> Callable[[], Any]:
+            key = new_key(prefix="fence")
+            state.acquire(key)
+            return lambda: expect(state.lock(key), 200, what="state_lock")
+
         figures = []
-        for name, prepare in (
-            ("lock (new key), an earlier layout listed", lock_new),
-            ("resolver: EventRequest, an earlier layout listed", first_message),
+        for name, prepare, other in (
+            ("lock (new key), an earlier layout listed", lock_new, False),
+            ("resolver: EventRequest, an earlier layout listed", first_message, False),
+            ("lock (refused: held, other instance), an earlier layout listed", lock_held, True),
         ):
-            case = Case(name, "state_lock", prepare)
+            case = Case(name, "state_lock", prepare, other_instance=other)
             per_round = [
                 counter.per_operation(case, env.sizes.roundtrip_ops, ignore=LAYOUT_READS) for _ in range(3)
             ]

@@ -318,9 +318,13 @@ class StateStore:
         key = request.key
         pk, rk = self.layout.partition(key), head_row_key(key)
         known, current = self._hints.get(pk, rk)
-        if known and current is not None and not may_lock(current, self.earliest()):
-            current = self.read_head(key)  # refusals are always confirmed by storage
         fence = self.fence_of(key)
+        if not known and fence is not None:
+            # Earlier layouts are listed: a key this instance does not know is read where it is created now
+            # (one read; a key that is there costs nothing more), and fenced below only if it is not there.
+            current = self._head_or_follow(pk, rk)
+        elif known and current is not None and not may_lock(current, self.earliest()):
+            current = self.read_head(key)  # refusals are always confirmed by storage
         for _ in range(_MAX_ATTEMPTS):
             if current is None and fence is not None:
                 # A first version while earlier layouts are listed: fence the key in their partitions
@@ -430,8 +434,13 @@ class StateStore:
         return self._unfenced(key, build, require_processing=require_processing)
 
     def _unfenced(self, key: RecordKey, build: Any, *, require_processing: bool) -> Head:
-        current = self.read_head(key)
         fence = self.fence_of(key)
+        if fence is None or require_processing:
+            current = self.read_head(key)  # a release needs the lock wherever it is: never a creation
+        else:
+            # Earlier layouts are listed: the key is read where it is created now, and the fence below finds
+            # a record of an earlier layout (the probes of read_head would only read them twice).
+            current = self._head_or_follow(fence.home, head_row_key(key))
         for _ in range(_MAX_ATTEMPTS):
             if require_processing:
                 check_release(current)
