@@ -1,4 +1,4 @@
-"""The key fence: one record per key across layout changes, whatever a write's delay (ADR-0024).
+"""The key fence: one record per key across layout changes, whatever a write's delay (ADR-0020).
 
 A layout decides the partition a key's first row is created in. A writer that decided under an earlier
 layout may land its insert long after the switch (a paused process, a slow network, a resend), so no clock
@@ -9,13 +9,17 @@ can say when the earlier layout is "done". The fence is in storage instead, per 
   only), naming ``home`` in ``MovedTo``. A late insert of an earlier layout meets the claim (409), reads it
   and follows it: it never creates a second record. A claim insert that meets a real row finds the key
   already created in an earlier layout: the writer uses that record instead (it never inserts a twin).
-* Readers that meet a claim follow ``MovedTo`` (one more point read). A writer whose layout does not know
-  the partition a claim names is behind a layout change: it forgets its copy of the layout and answers 503
+* Readers that meet a claim follow ``MovedTo`` (one more point read). Each claim carries ``Era``, the index
+  of its writer's layout: a writer that meets a claim of a newer layout than its own (or naming a partition
+  it does not know) is behind a change: it forgets its copy of the layout and answers 503
   (``layout-changing``, retry), so it never creates a record of a layout it cannot see.
+* An older layout's claim in an earlier partition is replaced by ours (If-Match its ETag), but only once
+  every earlier partition is claimed or read and none holds the record.
 * A claim where a key is about to be created (a return to an earlier shard count: 1 -> 4 -> 1) names the
-  partition an earlier writer aimed for. Once that partition is fenced by the writer's own claim and holds
-  no record, the claim is deleted (If-Match its ETag) and the record is inserted in its place: a late
-  writer of that partition then meets an insert conflict in the same partition, which decides as always.
+  partition an earlier writer aimed for. Written under an older layout, and that partition now fenced by
+  the writer's own claim and empty, it is deleted (If-Match its ETag) and the record is inserted in its
+  place: a late writer of that partition then meets an insert conflict in the same partition, which
+  decides as always. The argument that no interleaving makes two records is in ADR-0020.
 
 Cost: one insert-only entity write (one request) per earlier partition, only when a key is created while an
 earlier layout is listed; it takes the place of the probe read the creation made before. Nothing is paid by
