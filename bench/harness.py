@@ -327,7 +327,8 @@ def environment(
     sizes: Sizes, *, smoke: bool, connection: str | None = None, functions: Mapping[str, Any] | None = None
 ) -> Iterator[Environment]:
     """Start Azurite (unless ``connection`` is given), load the app, and restore ``os.environ`` after."""
-    saved = {k: os.environ.get(k) for k in ("SETTLE_TABLES", "SETTLE_TABLE_PREFIX", "SETTLE_LOOPBACK")}
+    names = ("SETTLE_TABLES", "SETTLE_TABLE_PREFIX", "SETTLE_LOOPBACK", "SETTLE_LAYOUT_REFRESH_SECONDS")
+    saved = {k: os.environ.get(k) for k in names}
     azurite = None
     try:
         if connection is None:

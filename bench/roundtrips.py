@@ -12,6 +12,7 @@ cached heads), after one uncounted operation of the same kind has created the cl
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from collections import Counter
@@ -331,6 +332,7 @@ def _fenced(env: Environment, proxy: CountingProxy, counter: WireCount, state: S
     from common import layouts
     from common.clock import earliest_now
 
+    before = os.environ.get(layouts.REFRESH_SETTING)
     env.use_fresh_prefix(
         connection=proxy.connection_string(env.connection),
         SETTLE_LOOPBACK="true",
@@ -379,6 +381,11 @@ def _fenced(env: Environment, proxy: CountingProxy, counter: WireCount, state: S
         return figures
     except (Unexpected, TimeoutError) as exc:
         return [missing(SECTION, name, f"<= {n} requests", str(exc)) for name, n in FENCED.items()]
+    finally:  # later sections (and a test process running the bench) record layouts at their own pace
+        if before is None:
+            os.environ.pop(layouts.REFRESH_SETTING, None)
+        else:
+            os.environ[layouts.REFRESH_SETTING] = before
 
 
 def run(env: Environment) -> list[Figure]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import json
 import uuid
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -16,6 +17,7 @@ import pytest
 
 from handoff import keys, service
 from handoff.ids import IdRef
+from tests.conftest import _use_tables, new_prefix
 from tests.handoff.conftest import Flow
 
 from .conftest import failed_event
@@ -78,6 +80,15 @@ def _seed(resolve: Any, tag: str, session: str) -> tuple[str, list[str]]:
         list(pool.map(lambda c: events_table.submit_transaction([("upsert", r) for r in c]), _chunks(events)))
         list(pool.map(lambda c: ids_table.submit_transaction([("upsert", r) for r in c]), _chunks(index)))
     return endpoint, [template.event_id, *event_ids]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def tables_of_this_module(azurite_connection: str, settle_tables: str) -> Iterator[None]:
+    """Tables of this module's own (a new prefix): its 10,000-row seedings stay out of the session's tables,
+    whose overview every later test reads."""
+    _use_tables(azurite_connection, new_prefix())
+    yield
+    _use_tables(azurite_connection, settle_tables)
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import base64
 import json
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -23,6 +23,7 @@ from common.roundtrips import ROUND_TRIPS
 from handoff import keys, service
 from handoff.contract import MessageType, ResolutionStatus
 from handoff.records import ExpiryRow, ListingRow, UnconfirmedRow
+from tests.conftest import _use_tables, new_prefix
 
 MANY = 10_000
 BASE = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -69,6 +70,15 @@ def edited(token: str) -> str:
 
 
 # -- failed across endpoints -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module", autouse=True)
+def tables_of_this_module(azurite_connection: str, settle_tables: str) -> Iterator[None]:
+    """Tables of this module's own (a new prefix): its 10,000-row seedings stay out of the session's tables,
+    whose overview every later test reads."""
+    _use_tables(azurite_connection, new_prefix())
+    yield
+    _use_tables(azurite_connection, settle_tables)
 
 
 @pytest.fixture(scope="module")
