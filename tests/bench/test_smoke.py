@@ -54,6 +54,15 @@ def test_smoke_run_writes_every_section(tmp_path, azurite_connection: str, funct
     assert written["machine"]["cpus"] and written["command"]
     names = {f["name"] for figures in written["sections"].values() for f in figures}
     assert "cold start (first invocation)" in names
+    # And the cold start's floor did, at the wire, exactly the storage work of Settle's first requests
+    assert written["details"]["coldstart"]["equivalent_at_the_wire"] == ""
+    wire = written["details"]["coldstart"]["wire"]
+    assert wire["equivalent"].keys() == wire["settle"].keys() == {"first lock", "first message"}
+    for phase, ours in wire["settle"].items():
+        floor = wire["equivalent"][phase]
+        for count in ("requests", "entities_written", "written_by_kind", "entities_read"):
+            assert floor[count] == ours[count], (phase, count)
+        assert 0.7 <= floor["bytes_sent"] / ours["bytes_sent"] <= 1.3, (phase, floor, ours)
     assert any("takeover" in n for n in names)
     catchup = {f["name"] for f in written["sections"]["catchup"]}
     assert any(n.startswith("index:") and n.endswith("live index rows") for n in catchup), catchup
