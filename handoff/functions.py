@@ -18,7 +18,7 @@ from common.openapi import resolve
 from common.principal import headers_vouched
 from common.settings import env_flag
 from handoff import limits, service
-from handoff.contract import MessageType
+from handoff.messages.contract import MessageType
 
 if TYPE_CHECKING:
     from handoff.models import (
@@ -108,7 +108,7 @@ def _settles(action: str, kind: MessageType, request: str, outcome: tuple[str, .
     names with one ``kind`` message, carrying the body's ``outcome`` fields."""
 
     def settle(req: func.HttpRequest) -> SettlementAccepted:
-        from handoff.settlement import Settlement
+        from handoff.settlement.settler import Settlement
 
         body: Any = parse_body(req, resolve(_MODELS + request))
         return service.settlement_service().settle(
@@ -233,7 +233,7 @@ def _route(req: func.HttpRequest, name: str) -> str:
     ),
 )
 def handoff_next(req: func.HttpRequest) -> PendingHandoffView | None:
-    from handoff.receive import long_poll
+    from handoff.receive.receiver import long_poll
 
     endpoint_id, types, wait = _route(req, "endpointId"), _event_types(req), _wait_seconds(req)
     with long_poll(wait):
@@ -276,7 +276,7 @@ _LEASE_RESPONSES = {
     ),
 )
 def handoff_receive(req: func.HttpRequest) -> LeasedHandoffView | None:
-    from handoff.receive import lease_length, long_poll
+    from handoff.receive.receiver import lease_length, long_poll
 
     endpoint_id, types, wait = _route(req, "endpointId"), _event_types(req), _wait_seconds(req)
     lease_for = lease_length(req.params.get("leaseSeconds"))
@@ -310,7 +310,7 @@ def _lease_request(req: func.HttpRequest) -> tuple[str, LeaseRequest]:
 
 @_lease("renew", "Renew a lease while its token still holds the hand-off", "LeaseView")
 def handoff_lease_renew(req: func.HttpRequest) -> LeaseView:
-    from handoff.receive import lease_length
+    from handoff.receive.receiver import lease_length
 
     endpoint_id, body = _lease_request(req)
     lease_for = lease_length(body.lease_seconds)
@@ -382,7 +382,7 @@ def handoff_sweeper(timer: func.TimerRequest, context: func.Context = None) -> N
         telemetry.invocation(context),
         telemetry.span("settle.sweeper.run", {"settle.sweeper.enabled": sweeping}),
     ):
-        from handoff.sweeper import tick
+        from handoff.timers.sweeper import tick
 
         report = tick(
             service.store(),

@@ -34,11 +34,11 @@ from common.clock import iso, utcnow
 from common.errors import Conflict, InvalidInput, NotFound, Unavailable
 from common.principal import Actor, allowed, denial
 from common.transactions import merge_if_unchanged
-from handoff import counts, keys, store
-from handoff.contract import Prop
-from handoff.records import AuditRow, PoisonRow
-from handoff.resolver import Outcome, ResolverService, TransientProjectionError, delta_entity
-from handoff.store import HandoffStore
+from handoff.messages.contract import Prop
+from handoff.projection.resolver import Outcome, ResolverService, TransientProjectionError, delta_entity
+from handoff.storage import counts, keys, store
+from handoff.storage.records import AuditRow, PoisonRow
+from handoff.storage.store import HandoffStore
 
 OPERATOR_AUDIT_TABLE = "hoaudit"
 PROJECTED = frozenset({Outcome.APPLIED.value, Outcome.REFUSED.value, Outcome.DUPLICATE.value})

@@ -16,7 +16,7 @@ from azure.core.pipeline.policies import SansIOHTTPPolicy
 from common import runtime
 from common.roundtrips import ROUND_TRIPS
 from handoff import service
-from handoff.resolver import Outcome, TransientProjectionError
+from handoff.projection.resolver import Outcome, TransientProjectionError
 
 from .conftest import Flow
 

@@ -14,8 +14,9 @@ from azure.core.pipeline import PipelineRequest, PipelineResponse
 from azure.core.pipeline.policies import HTTPPolicy
 
 from common import runtime
-from handoff import keys, service
-from handoff.layout import forget
+from handoff import service
+from handoff.storage import keys
+from handoff.storage.layout import forget
 
 from .conftest import Flow
 

@@ -15,9 +15,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from handoff import keys, service
-from handoff.resolver import ResolverService
-from handoff.store import HandoffStore
+from handoff import service
+from handoff.projection.resolver import ResolverService
+from handoff.storage import keys
+from handoff.storage.store import HandoffStore
 from tests.state.test_key_fence_interleavings import Turns
 from tests.support.memory_table import MemoryTables
 

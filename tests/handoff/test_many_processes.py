@@ -79,7 +79,7 @@ def test_identical_settlements_from_two_processes_all_get_202_and_one_message(ca
 
 
 def test_an_operator_retry_from_another_process_is_answered_from_the_claim(call: Caller, resolve):
-    from handoff.contract import MessageType
+    from handoff.messages.contract import MessageType
 
     endpoint = "Billing-" + uuid.uuid4().hex[:8]
     flows = [Flow(endpoint=endpoint, event_id=str(uuid.uuid4())) for _ in range(6)]

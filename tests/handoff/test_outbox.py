@@ -7,20 +7,20 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from handoff.contract import Coordinates, MessageType, control_message, settlement_content
-from handoff.outbox import (
+from handoff.messages.contract import Coordinates, MessageType, control_message, settlement_content
+from handoff.messages.outbound import OutboxMessage
+from handoff.settlement.claims import request_digest
+from handoff.settlement.timing import (
     CONFIRM_AFTER,
     RESEND_MARGIN,
-    ClaimState,
-    OutboxMessage,
     Step,
-    bounded_json,
     can_resend,
     follow_up_note,
     next_step,
     recheck_after,
-    request_digest,
 )
+from handoff.storage.claim_state import ClaimState
+from handoff.storage.json_text import bounded_json
 
 T0 = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)
 WINDOW = timedelta(minutes=10)

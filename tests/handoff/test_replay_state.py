@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from handoff.contract import Coordinates, MessageType
-from handoff.settlement import Settlement, SettlementService
+from handoff.messages.contract import Coordinates, MessageType
+from handoff.settlement.settler import Settlement, SettlementService
 
 from .broker import Broker
 from .conftest import Flow

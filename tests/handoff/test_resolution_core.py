@@ -1,4 +1,5 @@
-"""An operator's resolution of an unconfirmed settlement (``handoff.resolution``), decided without storage:
+"""An operator's resolution of an unconfirmed settlement (``handoff.settlement.unconfirmed_rules``), decided
+without storage:
 done already, refused, or to be written, and the one transaction that writes it."""
 
 from __future__ import annotations
@@ -9,11 +10,18 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from common.errors import Conflict, NotFound
-from handoff import keys
-from handoff.leases import UNCLAIMED
-from handoff.outbox import ClaimState
-from handoff.records import AuditRow, ClaimRow
-from handoff.resolution import DELIVERED, RELEASED, ClaimResolution, decide, needs_history, plan_resolution
+from handoff.receive.leases import UNCLAIMED
+from handoff.settlement.unconfirmed_rules import (
+    DELIVERED,
+    RELEASED,
+    ClaimResolution,
+    decide,
+    needs_history,
+    plan_resolution,
+)
+from handoff.storage import keys
+from handoff.storage.claim_state import ClaimState
+from handoff.storage.records import AuditRow, ClaimRow
 
 from .claim_rows import PK, QUEUE_KEY, claim_row, parked
 

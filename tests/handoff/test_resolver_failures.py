@@ -11,10 +11,10 @@ from azure.core.exceptions import ServiceRequestError
 from azure.core.pipeline.policies import SansIOHTTPPolicy
 
 from common import runtime
-from handoff import keys as handoff_keys
 from handoff import service
-from handoff.contract import MessageType
-from handoff.resolver import RETRY_BUDGET, Outcome, TransientProjectionError, retry_delay
+from handoff.messages.contract import MessageType
+from handoff.projection.resolver import RETRY_BUDGET, Outcome, TransientProjectionError, retry_delay
+from handoff.storage import keys as handoff_keys
 
 from .conftest import Flow, event_of, nimbus
 

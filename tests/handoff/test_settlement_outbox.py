@@ -17,7 +17,7 @@ from azure.core.pipeline.policies import HTTPPolicy
 from common import runtime
 from common.clock import utcnow
 from handoff import service
-from handoff.contract import MessageType
+from handoff.messages.contract import MessageType
 
 from .broker import Broker, BrokerTransport
 from .conftest import EVENT_TYPE, Flow, event_of
@@ -453,7 +453,7 @@ def test_a_retry_resending_while_the_first_send_is_refused_cannot_free_the_hando
     # the middle of re-sending the claim's message, which then reaches the broker
     import threading
 
-    from handoff.transport import SendRefused
+    from handoff.messages.transport import SendRefused
 
     parked(resolve, flow)
     retry_sending, first_done = threading.Event(), threading.Event()
@@ -494,7 +494,7 @@ def test_a_retry_answered_202_while_the_first_send_is_refused_keeps_its_claim(
     # just after a retry of the same settlement was answered from its claim
     import threading
 
-    from handoff.transport import SendRefused
+    from handoff.messages.transport import SendRefused
 
     broker.window = None
     parked(resolve, flow)

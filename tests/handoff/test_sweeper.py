@@ -16,8 +16,9 @@ from azure.functions.timer import TimerRequest
 
 from common import runtime
 from common.clock import utcnow
-from handoff import keys, service
-from handoff.sweeper import Sweeper
+from handoff import service
+from handoff.storage import keys
+from handoff.timers.sweeper import Sweeper
 
 from .broker import Broker, BrokerTransport
 from .conftest import Flow, event_of

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from handoff import service
-from handoff.contract import MessageType, parse_int
-from handoff.resolver import Outcome
+from handoff.messages.contract import MessageType, parse_int
+from handoff.projection.resolver import Outcome
 
 from .conftest import Flow, event_of, nimbus
 
@@ -209,7 +209,7 @@ def test_a_missing_events_table_is_a_503_and_the_resolver_retries_instead_of_poi
     call, fresh_tables: str, flow: Flow, no_sleep: list[float]
 ) -> None:
     from common import runtime
-    from handoff.keys import EVENTS_TABLE
+    from handoff.storage.keys import EVENTS_TABLE
 
     resolver = service.resolver_service()
     assert resolver.handle(flow.request()) is Outcome.APPLIED

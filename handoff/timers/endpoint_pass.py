@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, ClassVar
 
 if TYPE_CHECKING:
-    from handoff.settlement import SettlementService
+    from handoff.settlement.settler import SettlementService
 
 
 class EndpointPass:

@@ -2,7 +2,8 @@
 
 It runs on every tick of the ``handoff_sweeper`` timer (always on; only the timeout sweep is opt-in). For
 each endpoint that ever parked it reads the ``rc|`` index up to now, a bounded number of rows per run, and
-follows each claim up (:meth:`~handoff.settlement.SettlementService.follow_up`): the resolver's history
+follows each claim up (:meth:`~handoff.settlement.settler.SettlementService.follow_up`): the resolver's
+history
 proves delivery; otherwise the identical message is re-sent while the topic's duplicate detection covers
 it; otherwise the claim is marked ``unconfirmed`` (logged as an error, listed by
 ``GET /api/v1/handoffs/{endpointId}/unconfirmed``) and looked at again, less and less often, in case the
@@ -21,10 +22,11 @@ from functools import cached_property
 
 from common import telemetry
 from common import transactions as tx
-from handoff import ids
-from handoff.endpoint_pass import EndpointPass
-from handoff.outbox import RETRY_AFTER, ClaimState
-from handoff.records import ReconcileRow
+from handoff.settlement.timing import RETRY_AFTER
+from handoff.storage import ids
+from handoff.storage.claim_state import ClaimState
+from handoff.storage.records import ReconcileRow
+from handoff.timers.endpoint_pass import EndpointPass
 
 log = logging.getLogger("settle.reconciler")
 

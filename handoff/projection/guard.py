@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from handoff.contract import MessageType, ResolutionStatus
+from handoff.messages.contract import MessageType, ResolutionStatus
 
 TERMINAL = frozenset(
     {

@@ -31,9 +31,9 @@ from common.transactions import insert as insert
 from common.transactions import merge as merge
 from common.transactions import merge_if_unchanged
 from common.transactions import replace as replace
-from handoff import keys
-from handoff.counts import POISON, column
-from handoff.records import (
+from handoff.storage import keys
+from handoff.storage.counts import POISON, column
+from handoff.storage.records import (
     AuditRow,
     ClaimRow,
     EndpointRow,
@@ -49,11 +49,11 @@ from handoff.records import (
 if TYPE_CHECKING:
     from azure.data.tables import TableClient
 
-log = logging.getLogger("settle.handoff.store")
+log = logging.getLogger("settle.handoff.storage.store")
 
 
 class HandoffStore:
-    """The hand-off tables of one storage account (see :mod:`handoff.keys` for the layout)."""
+    """The hand-off tables of one storage account (see :mod:`handoff.storage.keys` for the layout)."""
 
     def __init__(self, tables: TableSource) -> None:
         self._tables = tables

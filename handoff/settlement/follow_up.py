@@ -1,8 +1,9 @@
 """Following up a settlement claim: confirm it, re-send it while that is safe, show it as unconfirmed, or
-release it after a send that certainly reached nothing. The I/O around :mod:`handoff.claims` (the rules)
+release it after a send that certainly reached nothing. The I/O around :mod:`handoff.settlement.claims` (the
+rules)
 and :mod:`handoff.outbox` (what to do next with a claim): read, ask, submit, ask again.
 
-:class:`ClaimFollowUp` is the part of :class:`~handoff.settlement.SettlementService` the reconciler, a
+:class:`ClaimFollowUp` is the part of :class:`~handoff.settlement.settler.SettlementService` the reconciler, a
 retried settlement and the first sender share.
 """
 
@@ -14,21 +15,21 @@ from datetime import datetime
 
 from common import telemetry
 from common.transactions import refusal
-from handoff import claims
-from handoff.in_flight import await_sender
-from handoff.outbox import (
+from handoff.messages.outbound import OutboxMessage
+from handoff.messages.transport import SendRefused, Transport
+from handoff.settlement import claims
+from handoff.settlement.in_flight import await_sender
+from handoff.settlement.timing import (
     CONFIRM_AFTER,
     RETRY_AFTER,
-    ClaimState,
-    OutboxMessage,
     Step,
     can_resend,
     next_step,
     recheck_after,
 )
-from handoff.records import ClaimRow, EventRow
-from handoff.store import HandoffStore
-from handoff.transport import SendRefused, Transport
+from handoff.storage.claim_state import ClaimState
+from handoff.storage.records import ClaimRow, EventRow
+from handoff.storage.store import HandoffStore
 
 log = logging.getLogger("settle.settlement")
 
@@ -174,7 +175,8 @@ class ClaimFollowUp:
         return self._transition(endpoint_id, taken, ClaimState.sent, sent=True)
 
     def _pinned(self, endpoint_id: str, claim: ClaimRow, *, count: bool) -> tuple[ClaimRow, bool]:
-        """The claim after its pin (:func:`handoff.claims.plan_pin`), and whether the write was ours.
+        """The claim after its pin (:func:`handoff.settlement.claims.plan_pin`), and whether the write was
+        ours.
 
         Another change won the race: the claim as it is now, and False. The claim is gone (released):
         503, the same settlement must start again.
@@ -204,11 +206,13 @@ class ClaimFollowUp:
         attempt: bool = False,
         again: int = 3,
     ) -> ClaimRow:
-        """Move the claim (:func:`handoff.claims.plan_transition`); best effort.
+        """Move the claim (:func:`handoff.settlement.claims.plan_transition`); best effort.
 
         A move that lost its ``If-Match`` reads the claim again: progress still ahead of it is applied again
-        while :func:`handoff.claims.redo` says so (a retry's pin or a reconciler's attempt count came
-        between); otherwise the claim is answered as storage holds it (:func:`handoff.claims.unrecorded`:
+        while :func:`handoff.settlement.claims.redo` says so (a retry's pin or a reconciler's attempt count
+        came
+        between); otherwise the claim is answered as storage holds it
+        (:func:`handoff.settlement.claims.unrecorded`:
         another replay's identical ``delivered`` won the race), or as it was after a storage fault. The
         reconciler looks again at whatever is still open.
         """
@@ -257,7 +261,8 @@ class ClaimFollowUp:
             return None
 
     def _release(self, endpoint_id: str, row: EventRow, claim: ClaimRow) -> bool:
-        """Undo a claim whose send certainly reached nothing (:func:`handoff.claims.plan_release`); False
+        """Undo a claim whose send certainly reached nothing (:func:`handoff.settlement.claims.plan_release`);
+        False
         when the claim may still stand."""
         release = claims.plan_release(self.store.event_partition(endpoint_id, row.event_id), row, claim)
         try:

@@ -1,5 +1,6 @@
 """The hand-off layout a process routes by: the one recorded in storage (``common/layouts.py``, family
-``handoff``), as S now and the earlier values of S still read (``handoff/keys.py`` "Sharded endpoints")."""
+``handoff``), as S now and the earlier values of S still read (``handoff/storage/keys.py`` "Sharded
+endpoints")."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import threading
 
 from common import layouts
 from common.layouts import HANDOFF, InForce
-from handoff import keys
+from handoff.storage import keys
 
 
 def configured() -> list[tuple[int, int]]:

@@ -1,6 +1,7 @@
 """The human way out of an unconfirmed settlement: an operator marks it delivered (checked at the endpoint)
 or releases it (the hand-off can be settled again), in one transaction with an audit row saying who, why
-and what was resolved. The rules are :mod:`handoff.resolution`; this module reads and writes.
+and what was resolved. The rules are :mod:`handoff.settlement.unconfirmed_rules`; this module reads and
+writes.
 
 Several operators (or one client retrying on a timeout) may send the same resolution at once. Whether it
 is already done is decided from storage read inside the retry loop, never from a list read before it: the
@@ -14,11 +15,11 @@ from __future__ import annotations
 
 from common.errors import Conflict
 from common.transactions import refusal
-from handoff import resolution as rules
-from handoff.records import AuditRow, EventRow
-from handoff.resolution import RESOLVE_AUDIT, ClaimResolution, resolution_audit
-from handoff.settlement import SettlementService
-from handoff.store import classify_event_rows
+from handoff.settlement import unconfirmed_rules as rules
+from handoff.settlement.settler import SettlementService
+from handoff.settlement.unconfirmed_rules import RESOLVE_AUDIT, ClaimResolution, resolution_audit
+from handoff.storage.records import AuditRow, EventRow
+from handoff.storage.store import classify_event_rows
 
 __all__ = ["RESOLVE_AUDIT", "ClaimResolution", "ClaimResolver"]  # the operator actions' names
 _ATTEMPTS = 3

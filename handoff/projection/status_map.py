@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from handoff.contract import HANDOFF_SUB_STATUS, MessageType, PoisonMessage, ResolutionStatus
+from handoff.messages.contract import HANDOFF_SUB_STATUS, MessageType, PoisonMessage, ResolutionStatus
 
 STATUS_MAP: dict[MessageType, ResolutionStatus] = {
     MessageType.EventRequest: ResolutionStatus.Pending,

@@ -14,10 +14,10 @@ import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
-from handoff.outbox import ClaimState
-from handoff.records import ClaimRow
-from handoff.store import HandoffStore
-from handoff.transport import SEND_WORST_CASE
+from handoff.messages.transport import SEND_WORST_CASE
+from handoff.storage.claim_state import ClaimState
+from handoff.storage.records import ClaimRow
+from handoff.storage.store import HandoffStore
 
 # A normal send returns well within this; a slower one is answered ``sending`` (the outcome is not known
 # yet), which the sender's own answer then agrees with only if it is unknown too.

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     import azure.functions as func
     from azure.servicebus import ServiceBusMessage as OutboundMessage
 
-    from handoff.outbox import OutboxMessage
+    from handoff.messages.outbound import OutboxMessage
 
 RESOLVER_ID = "Resolver"
 MANAGER_ID = "Manager"
@@ -453,7 +453,7 @@ def control_message(
     Each settlement gets a new MessageId (NimBus: a new GUID): different messages never share one, so
     duplicate detection can only ever drop a copy of the same message.
     """
-    from handoff.outbox import OutboxMessage
+    from handoff.messages.outbound import OutboxMessage
 
     properties: dict[str, Any] = {
         Prop.TO: endpoint_id,

@@ -1,6 +1,7 @@
 """The lookup index ``hoids``: which hand-offs carry an id, written with the projection, repaired if lost.
 
-The layout is :mod:`handoff.keys`' (``hoids``). The resolver sends a message's index rows as inserts beside
+The layout is :mod:`handoff.storage.keys`' (``hoids``). The resolver sends a message's index rows as inserts
+beside
 its event read (:meth:`IdsIndex.send`); an insert that fails does not hold the projection up: its rows go
 into the event's transaction as a reconcile row, which the reconciler replays (:meth:`IdsIndex.replay`).
 Every write is an insert; a row already there is success (the same row is written for the same id).
@@ -23,12 +24,12 @@ from typing import Any
 from common import transactions as tx
 from common.beside import Beside
 from common.transactions import Operation
-from handoff import keys
-from handoff.contract import InboundMessage
-from handoff.records import ReconcileRow
-from handoff.store import HandoffStore
+from handoff.messages.contract import InboundMessage
+from handoff.storage import keys
+from handoff.storage.records import ReconcileRow
+from handoff.storage.store import HandoffStore
 
-log = logging.getLogger("settle.handoff.ids")
+log = logging.getLogger("settle.handoff.storage.ids")
 
 IDS_TASK = "ids"
 # Rows this process wrote lately are not sent again (an event's id, session and job come with each of its
@@ -38,7 +39,7 @@ _REMEMBERED = 20_000
 
 @dataclass(frozen=True)
 class IdRef:
-    """One id of one hand-off: ``kind`` is one of :data:`handoff.keys.ID_KINDS`."""
+    """One id of one hand-off: ``kind`` is one of :data:`handoff.storage.keys.ID_KINDS`."""
 
     kind: str
     value: str

@@ -22,8 +22,7 @@ from common import transactions as tx
 from common.beside import Beside
 from common.clock import utcnow
 from common.errors import KeyTooLong, is_transient_storage_fault
-from handoff import ids
-from handoff.contract import (
+from handoff.messages.contract import (
     RESOLVER_ID,
     InboundMessage,
     MessageType,
@@ -35,13 +34,14 @@ from handoff.contract import (
     parse_message,
     properties_of,
 )
-from handoff.projection import ProjectionRefused, plan_projection, project, projection_refused
-from handoff.projection import delta_entity as delta_entity  # where the poison desk imports it from
-from handoff.records import (
+from handoff.projection.rules import ProjectionRefused, plan_projection, project, projection_refused
+from handoff.projection.rules import delta_entity as delta_entity  # where the poison desk imports it from
+from handoff.storage import ids
+from handoff.storage.records import (
     EventRow,
     PoisonRow,
 )
-from handoff.store import HandoffStore
+from handoff.storage.store import HandoffStore
 
 if TYPE_CHECKING:
     import azure.functions as func

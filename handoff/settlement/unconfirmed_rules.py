@@ -1,5 +1,6 @@
 """The rules of an operator's resolution of an unconfirmed settlement, pure: whether it is done already,
-refused, or to be written, and the one transaction that writes it. No I/O: :mod:`handoff.claim_resolution`
+refused, or to be written, and the one transaction that writes it. No I/O:
+:mod:`handoff.settlement.unconfirmed`
 reads the claim and the audits, asks :func:`decide`, submits :func:`plan_resolution` and asks again.
 
 An operator marks an unconfirmed claim delivered (checked at the endpoint) or releases it (the hand-off can
@@ -16,10 +17,11 @@ from common import transactions as tx
 from common.clock import iso
 from common.errors import Conflict, NotFound
 from common.transactions import Operation
-from handoff import keys
-from handoff.leases import UNCLAIMED
-from handoff.outbox import ClaimState, text_at
-from handoff.records import AuditRow, ClaimRow, EventRow
+from handoff.receive.leases import UNCLAIMED
+from handoff.storage import keys
+from handoff.storage.claim_state import ClaimState
+from handoff.storage.json_text import text_at
+from handoff.storage.records import AuditRow, ClaimRow, EventRow
 
 RESOLVE_AUDIT = "ResolveSettlement"
 DELIVERED, RELEASED = "delivered", "released"

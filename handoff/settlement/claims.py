@@ -1,7 +1,8 @@
 """The rules of a settlement claim, pure: when a claim may be taken, replayed, moved or released, and the
 table operations that do it. No I/O.
 
-:class:`~handoff.settlement.SettlementService` and its follow-up (:mod:`handoff.follow_up`) read the rows,
+:class:`~handoff.settlement.settler.SettlementService` and its follow-up (:mod:`handoff.settlement.follow_up`)
+read the rows,
 ask these functions, submit what they return, hand a refused write to :func:`common.transactions.refusal`
 and ask again. Every rule is here once:
 
@@ -16,6 +17,8 @@ and ask again. Every rule is here once:
 
 from __future__ import annotations
 
+import hashlib
+import json
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
@@ -25,11 +28,13 @@ from typing import Any
 from common import transactions as tx
 from common.errors import Conflict
 from common.transactions import Operation, Refusal
-from handoff import keys
-from handoff.contract import MessageType
-from handoff.leases import CLAIMED, UNCLAIMED, LeaseLost
-from handoff.outbox import CONFIRM_AFTER, ClaimState, OutboxMessage
-from handoff.records import (
+from handoff.messages.contract import MessageType
+from handoff.messages.outbound import OutboxMessage
+from handoff.receive.leases import CLAIMED, UNCLAIMED, LeaseLost
+from handoff.settlement.timing import CONFIRM_AFTER
+from handoff.storage import keys
+from handoff.storage.claim_state import ClaimState
+from handoff.storage.records import (
     AuditRow,
     ClaimRow,
     EventRow,
@@ -379,3 +384,34 @@ def plan_release(pk: str, row: EventRow, claim: ClaimRow) -> Release:
         mark = len(ops)
         ops.append(tx.merge({"PartitionKey": pk, "RowKey": row.queue_key, "ClaimedUntil": UNCLAIMED}))
     return Release(ops, mark)
+
+
+def request_digest(
+    *,
+    kind: str,
+    endpoint_id: str,
+    event_id: str,
+    addressed_message_id: str,
+    settled_by: str,
+    principal_id: str | None,
+    result_json: str | None,
+    error_text: str | None,
+    error_type: str | None,
+) -> str:
+    """Identity of one settlement request: a retry of it has the same digest, another request does not.
+
+    Who asked is part of it: a second agent completing the same hand-off is another settlement (and is
+    refused), the same caller retrying is the same one (and gets the same answer).
+    """
+    parts = [
+        kind,
+        endpoint_id,
+        event_id,
+        addressed_message_id,
+        settled_by,
+        principal_id,
+        result_json,
+        error_text,
+        error_type,
+    ]
+    return hashlib.sha256(json.dumps(parts, ensure_ascii=False).encode("utf-8")).hexdigest()

@@ -3,7 +3,7 @@
 Given the typed message and the current event row (or none), decide: the new row (applied) or a refusal
 (Spec 030), and the bookkeeping the next projection needs (:func:`project`); then the one transaction
 that writes it (:func:`plan_projection`) and what a refusal of that transaction means
-(:func:`projection_refused`). No I/O; :mod:`handoff.resolver` reads, submits and decides again.
+(:func:`projection_refused`). No I/O; :mod:`handoff.projection.resolver` reads, submits and decides again.
 """
 
 from __future__ import annotations
@@ -18,10 +18,12 @@ from common import transactions as tx
 from common.errors import KeyTooLong
 from common.models import from_fields
 from common.transactions import Operation, Refusal
-from handoff import counts, guard, keys
-from handoff.contract import MANAGER_ID, InboundMessage, MessageType, ResolutionStatus
-from handoff.outbox import text_at
-from handoff.records import (
+from handoff.messages.contract import MANAGER_ID, InboundMessage, MessageType, ResolutionStatus
+from handoff.projection import guard
+from handoff.projection.status_map import overrides_processing_time, pending_sub_status, status_for
+from handoff.storage import counts, keys
+from handoff.storage.json_text import text_at
+from handoff.storage.records import (
     AuditRow,
     EventRow,
     ExpiryRow,
@@ -35,7 +37,6 @@ from handoff.records import (
     columns_of,
     int64,
 )
-from handoff.status_map import overrides_processing_time, pending_sub_status, status_for
 
 RESOLVER_AUDITOR = "Resolver"
 
@@ -336,7 +337,7 @@ def _refused_ops(
 
 
 def delta_entity(pk: str, at: datetime, change: dict[str, int]) -> dict[str, Any]:
-    """A counts delta row (insert-only; see :mod:`handoff.counts`)."""
+    """A counts delta row (insert-only; see :mod:`handoff.storage.counts`)."""
     entity: dict[str, Any] = {"PartitionKey": pk, "RowKey": keys.delta_row(at, uuid.uuid4().hex)}
     entity.update({counts.column(bucket): value for bucket, value in change.items()})
     return entity

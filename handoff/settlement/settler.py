@@ -5,7 +5,8 @@ written in one transaction with the audit row, the reconcile index row and the q
 mark, *before* the send (``docs/adr/0012-settlement-outbox.md``):
 
 * the send succeeds → the claim becomes ``sent`` → 202 ``confirmed: true``;
-* the send certainly reached nothing (:class:`~handoff.transport.SendRefused`) → claim, audit, reconcile
+* the send certainly reached nothing (:class:`~handoff.messages.transport.SendRefused`) → claim, audit,
+reconcile
   row and mark are deleted in one transaction → 503, and a retry starts clean;
 * anything else (a timeout, a link lost during the send, the process killed) → the claim stays
   ``sending`` → 202 ``confirmed: false``; the reconciler confirms it from the resolver's history, re-sends
@@ -16,8 +17,10 @@ hand-off is a 409 ``settlement-in-flight`` however old the claim is. The same se
 kind, request and caller) is answered from its claim with the same ``controlMessageId``. Two settlements
 of one hand-off can never both be sent, on any number of instances: the claim is insert-only.
 
-The rules (when a claim is taken, replayed, moved, released) are :mod:`handoff.claims`; following up a claim
-(the reconciler, a retry, a refused send) is :mod:`handoff.follow_up`. This module reads, asks, submits.
+The rules (when a claim is taken, replayed, moved, released) are :mod:`handoff.settlement.claims`; following
+up a claim
+(the reconciler, a retry, a refused send) is :mod:`handoff.settlement.follow_up`. This module reads, asks,
+submits.
 """
 
 from __future__ import annotations
@@ -37,30 +40,25 @@ from common.clock import utcnow
 from common.errors import Conflict, NotFound, PayloadTooLarge, SettleError
 from common.http import dependency_problem
 from common.models import from_fields
-from handoff import claims
-from handoff.claims import ClaimOrder as ClaimOrder  # where the operator actions import it from
-from handoff.claims import ClaimRefused, SettlementInFlight
-from handoff.contract import (
+from handoff.messages.contract import (
     Coordinates,
     MessageType,
     control_message,
     settlement_content,
 )
-from handoff.follow_up import ClaimFollowUp
-from handoff.in_flight import await_sender, first_send_in_flight
+from handoff.messages.outbound import OutboxMessage
+from handoff.messages.transport import MAX_SEND_BYTES, SendRefused, Transport, encoded_size
 from handoff.models import SettlementAccepted
-from handoff.outbox import (
-    CONFIRM_AFTER,
-    SEND_DEADLINE,
-    ClaimState,
-    OutboxMessage,
-    bounded_json,
-    follow_up_note,
-    request_digest,
-)
-from handoff.records import ClaimRow, EventRow
-from handoff.store import HandoffStore
-from handoff.transport import MAX_SEND_BYTES, SendRefused, Transport, encoded_size
+from handoff.settlement import claims
+from handoff.settlement.claims import ClaimOrder as ClaimOrder  # where the operator actions import it from
+from handoff.settlement.claims import ClaimRefused, SettlementInFlight, request_digest
+from handoff.settlement.follow_up import ClaimFollowUp
+from handoff.settlement.in_flight import await_sender, first_send_in_flight
+from handoff.settlement.timing import CONFIRM_AFTER, SEND_DEADLINE, follow_up_note
+from handoff.storage.claim_state import ClaimState
+from handoff.storage.json_text import bounded_json
+from handoff.storage.records import ClaimRow, EventRow
+from handoff.storage.store import HandoffStore
 
 log = logging.getLogger("settle.settlement")
 
@@ -294,7 +292,8 @@ class SettlementService(ClaimFollowUp):
     def _claim(
         self, s: ClaimOrder, row: EventRow, message: OutboxMessage, data: str
     ) -> tuple[ClaimRow, ClaimRow | None]:
-        """Write the claim transaction (:func:`handoff.claims.plan_claim`); or return the claim already
+        """Write the claim transaction (:func:`handoff.settlement.claims.plan_claim`); or return the claim
+        already
         there for this request (a retry)."""
         plan = claims.plan_claim(
             s,

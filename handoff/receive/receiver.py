@@ -4,7 +4,7 @@
 * leased receive: the oldest parked hand-off no one holds, claimed for a lease with one
   conditional write on its queue row (``ClaimedUntil`` = the lease's end, ``LeaseToken``); renewable,
   released on request, taken over by anyone once expired. A settlement carrying the token is fenced by it
-  (:mod:`handoff.settlement`). Its rules are :mod:`handoff.leases`.
+  (:mod:`handoff.settlement.settler`). Its rules are :mod:`handoff.receive.leases`.
 * Long-polls (``waitSeconds`` > 0) hold one of ``LONG_POLL_PERMITS`` per instance; beyond that, 429 with
   ``Retry-After`` (NimBus's ``nimbus-agent-receive`` concurrency limiter: PermitLimit 20).
 """
@@ -24,8 +24,6 @@ from common.clock import iso, utcnow
 from common.errors import InvalidInput, NotFound, SettleError
 from common.models import from_fields
 from common.transactions import refusal
-from handoff import leases
-from handoff.leases import LeaseLost
 from handoff.models import (
     EventView,
     LeasedHandoffView,
@@ -34,8 +32,10 @@ from handoff.models import (
     UnconfirmedClaim,
     UnconfirmedList,
 )
-from handoff.records import QueueRow
-from handoff.store import HandoffStore, classify_event_rows
+from handoff.receive import leases
+from handoff.receive.leases import LeaseLost
+from handoff.storage.records import QueueRow
+from handoff.storage.store import HandoffStore, classify_event_rows
 
 _POLL_INTERVAL_S = 0.5
 # NimBus WebApp ``/api/agent/receive``: concurrency limiter PermitLimit 20, rejection 429 (contract §4.6).

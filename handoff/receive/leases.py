@@ -1,5 +1,5 @@
 """The rules of a leased receive, pure: when a lease holds a hand-off, and the one conditional write on the
-queue row that takes, renews or gives back a lease. No I/O: :mod:`handoff.receive` reads and submits.
+queue row that takes, renews or gives back a lease. No I/O: :mod:`handoff.receive.receiver` reads and submits.
 
 A lease is the queue row's ``ClaimedUntil`` (the lease's end) and ``LeaseToken``, written ``If-Match`` the
 row as read: of agents racing for one hand-off, one write wins; a refused write (the row changed, or left
@@ -14,7 +14,7 @@ from common import transactions as tx
 from common.clock import iso
 from common.errors import Conflict
 from common.transactions import Operation, Refusal
-from handoff.records import QueueRow
+from handoff.storage.records import QueueRow
 
 # ``ClaimedUntil`` of a hand-off no one holds: it sorts before every time, so the column always exists (a
 # filter on a missing property never matches).

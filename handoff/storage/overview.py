@@ -3,7 +3,8 @@
 It lives with the hand-off tables it reads: the resolver writes the counts' deltas and the sweeper's tick
 folds them, both below the operator API that shows them.
 
-Counts (``handoff/counts.py``): a snapshot row ``ct|0`` plus insert-only delta rows ``ct|d|…`` that the
+Counts (``handoff/storage/counts.py``): a snapshot row ``ct|0`` plus insert-only delta rows ``ct|d|…`` that
+the
 resolver writes in the same transaction as the change they count. Reading them is one range query
 (snapshot first, then the deltas) followed by a point read of the snapshot: an unchanged ETag proves no
 fold ran in between (a fold changes the snapshot and deletes the deltas it folded in one transaction),
@@ -31,9 +32,9 @@ from common import page_tokens
 from common.clock import utcnow
 from common.errors import Conflict
 from common.tables import first_rows, quoted
-from handoff import counts, keys, store
-from handoff.records import ListingRow, SinceRow
-from handoff.store import HandoffStore, Operation
+from handoff.storage import counts, keys, store
+from handoff.storage.records import ListingRow, SinceRow
+from handoff.storage.store import HandoffStore, Operation
 
 log = logging.getLogger("settle.management")
 

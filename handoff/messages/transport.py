@@ -34,13 +34,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 from common.clock import utcnow
 from common.errors import Unavailable
 from common.settings import env, env_flag
-from handoff.contract import Prop, properties_of
+from handoff.messages.contract import Prop, properties_of
 
 if TYPE_CHECKING:
     import azure.functions as func
     from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusSender
 
-    from handoff.outbox import OutboxMessage
+    from handoff.messages.outbound import OutboxMessage
 
 log = logging.getLogger("settle.transport")
 
@@ -61,7 +61,7 @@ _OPEN_ATTEMPTS = 3
 # Opening the link (with its retries) may take this long; a send whose link took longer is not attempted
 # (SendRefused: nothing left). So a send starts within this of the call and is bounded by its timeout:
 # ``SEND_WORST_CASE`` is how long after the deadline check a copy can still reach the broker, which the
-# re-send margin (``handoff.outbox.RESEND_MARGIN``) must exceed.
+# re-send margin (``handoff.settlement.timing.RESEND_MARGIN``) must exceed.
 _OPEN_BUDGET_S = 15.0
 SEND_WORST_CASE = timedelta(seconds=_OPEN_BUDGET_S + _SEND_TIMEOUT_S)
 # With azure-core tracing on (Settle's telemetry turns it on), azure-servicebus writes the context of its

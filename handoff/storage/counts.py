@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from handoff.contract import HANDOFF_SUB_STATUS, ResolutionStatus
+from handoff.messages.contract import HANDOFF_SUB_STATUS, ResolutionStatus
 
 PENDING_HANDOFF = "PendingHandoff"
 POISON = "Poison"

@@ -6,7 +6,8 @@ a cursor (``SweepCursor``, ``If-Match`` its ETag), so the next run on any instan
 rows that cannot be swept never hide the ones behind them. Every due row goes through the normal
 settlement path (claim → send → audit) with errorType ``TimeoutExpired``:
 
-* exactly once: the claim is the outbox (:mod:`handoff.settlement`); a run that meets its own claim (the
+* exactly once: the claim is the outbox (:mod:`handoff.settlement.settler`); a run that meets its own claim
+(the
   claim transaction applied but its answer was lost) is the same settlement and continues from it;
 * no audit without a message: a send that certainly reached nothing releases the claim and its audit;
 * another settlement in flight (an agent was faster) wins: the row is skipped;
@@ -25,15 +26,15 @@ from typing import TYPE_CHECKING
 from common import telemetry
 from common.clock import iso
 from common.errors import Conflict, NotFound
-from handoff import keys
-from handoff.contract import Coordinates, MessageType
-from handoff.endpoint_pass import EndpointPass
-from handoff.records import EndpointRow
-from handoff.settlement import Settlement
-from handoff.store import HandoffStore
+from handoff.messages.contract import Coordinates, MessageType
+from handoff.settlement.settler import Settlement
+from handoff.storage import keys
+from handoff.storage.records import EndpointRow
+from handoff.storage.store import HandoffStore
+from handoff.timers.endpoint_pass import EndpointPass
 
 if TYPE_CHECKING:
-    from handoff.reconciler import Reconciler
+    from handoff.timers.reconciler import Reconciler
 
 log = logging.getLogger("settle.sweeper")
 

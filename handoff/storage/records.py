@@ -30,8 +30,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_pascal
 
 from common.models import from_fields
-from handoff.contract import HANDOFF_SUB_STATUS, MessageType, ResolutionStatus
-from handoff.outbox import ClaimState, OutboxMessage
+from handoff.messages.contract import HANDOFF_SUB_STATUS, MessageType, ResolutionStatus
+from handoff.messages.outbound import OutboxMessage
+from handoff.storage.claim_state import ClaimState
 
 # 15,000 characters is at most 60 KB as UTF-16 even if every character is a surrogate pair.
 _CHUNK_CHARS = 15_000
@@ -224,7 +225,7 @@ class EventRow(MessageColumns):
     queue_key: str | None = None
     job_key: str | None = None
     expiry_key: str | None = None
-    # Operator listings and counts (handoff/counts.py): whether this row's buckets are in the counts,
+    # Operator listings and counts (handoff/storage/counts.py): whether this row's buckets are in the counts,
     # the keys of its listing rows (``ad|``, ``sd|`` newline-joined) and of its oldest-first row
     # (``sa|``) with the time it entered that group.
     counted: bool = False
