@@ -7,6 +7,8 @@ settlement, the reconciler and the resolver's redelivery alike, so :func:`use_tr
 all of them at once.
 
 Each service's module is imported inside its builder, so the worker's indexing of the app loads none of them.
+Keys route by the layout recorded in storage on their own (``handoff/storage/keys.py``): nothing here is
+installed into another module.
 """
 
 from __future__ import annotations
@@ -14,8 +16,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from common import runtime
-from handoff.storage import keys
-from handoff.storage.layout import forget, recorded_counts, recorded_era
 
 if TYPE_CHECKING:
     from handoff.messages.transport import Transport
@@ -107,12 +107,3 @@ def reset() -> None:
     transport is closed first. :func:`common.runtime.reset` drops them too."""
     for built in _SERVICES:
         built.drop()
-
-
-def _follow_the_recorded_layout() -> None:
-    """Every hand-off key routes by the layout recorded in storage (common/layouts.py), not the setting."""
-
-    keys.follow(recorded_counts, recorded_era, forget)
-
-
-_follow_the_recorded_layout()

@@ -1,10 +1,9 @@
 """Following up a settlement claim: confirm it, re-send it while that is safe, show it as unconfirmed, or
-release it after a send that certainly reached nothing. The I/O around :mod:`handoff.settlement.claims` (the
-rules)
-and :mod:`handoff.outbox` (what to do next with a claim): read, ask, submit, ask again.
+release it after a send that certainly reached nothing. The I/O around :mod:`handoff.settlement.claims`
+(the rules) and :mod:`handoff.settlement.timing` (what to do next with a claim): read, ask, submit, ask again.
 
-:class:`ClaimFollowUp` is the part of :class:`~handoff.settlement.settler.SettlementService` the reconciler, a
-retried settlement and the first sender share.
+:class:`ClaimFollowUp` is held by :class:`~handoff.settlement.settler.SettlementService` (its ``follow_up``):
+the reconciler, a retried settlement and the first sender share it.
 """
 
 from __future__ import annotations
@@ -35,13 +34,17 @@ log = logging.getLogger("settle.settlement")
 
 
 class ClaimFollowUp:
-    """Moves open claims on; the settlement service's store, transport and clock."""
+    """Moves open claims on, with the settlement service's store, transport and clock."""
 
-    store: HandoffStore
-    transport: Callable[[], Transport]
-    clock: Callable[[], datetime]
+    def __init__(
+        self, store: HandoffStore, transport: Callable[[], Transport], clock: Callable[[], datetime]
+    ) -> None:
+        self.store = store
+        # Looked up at each use: ``service.use_transport`` changes it for everyone at once.
+        self.transport = transport
+        self.clock = clock
 
-    def follow_up(self, endpoint_id: str, claim: ClaimRow, *, bookkeeping: bool = True) -> ClaimRow:
+    def advance(self, endpoint_id: str, claim: ClaimRow, *, bookkeeping: bool = True) -> ClaimRow:
         """Confirm an open claim, re-send it when that is safe, or (``bookkeeping``) say it cannot.
 
         The reconciler calls this for every due claim; a retried settlement calls it without the
@@ -66,7 +69,7 @@ class ClaimFollowUp:
             # A retry re-sends at once when that is safe, else only answers.
             step = Step.RESEND if can_resend(claim.claimed_at, now, window) else Step.WAIT
         if step is Step.DELIVERED:
-            return self._transition(endpoint_id, claim, ClaimState.delivered)
+            return self.transition(endpoint_id, claim, ClaimState.delivered)
         if step is Step.SUPERSEDED:
             log.warning(
                 "event %s/%s moved on before %s %s was confirmed; the claim is superseded",
@@ -75,7 +78,7 @@ class ClaimFollowUp:
                 claim.message_type.name,
                 claim.control_message_id,
             )
-            return self._transition(endpoint_id, claim, ClaimState.superseded)
+            return self.transition(endpoint_id, claim, ClaimState.superseded)
         if step is Step.RESEND:
             return self._resend(endpoint_id, claim, bookkeeping=bookkeeping)
         if step is Step.UNCONFIRMED and bookkeeping:
@@ -90,11 +93,11 @@ class ClaimFollowUp:
                     claim.settled_by,
                     "off" if window is None else f"window {window} passed",
                 )
-            return self._transition(
+            return self.transition(
                 endpoint_id, claim, ClaimState.unconfirmed, due=now + recheck_after(claim.claimed_at, now)
             )
         if step is Step.WAIT and bookkeeping:
-            return self._transition(endpoint_id, claim, claim.state, due=claim.claimed_at + CONFIRM_AFTER)
+            return self.transition(endpoint_id, claim, claim.state, due=claim.claimed_at + CONFIRM_AFTER)
         if step is Step.WAIT:
             # A retry about to answer 202 pins the claim (If-Match its ETag), so that a first sender whose
             # send is being refused right now cannot release it under that answer.
@@ -103,7 +106,7 @@ class ClaimFollowUp:
 
     def reschedule(self, endpoint_id: str, claim: ClaimRow, due: datetime) -> ClaimRow:
         """Look at an open claim again at ``due`` (its reconcile row moves)."""
-        return self._transition(endpoint_id, claim, claim.state, due=due)
+        return self.transition(endpoint_id, claim, claim.state, due=due)
 
     def _resend(self, endpoint_id: str, claim: ClaimRow, *, bookkeeping: bool) -> ClaimRow:
         """The identical message again (same MessageId, body, properties): the topic drops a second copy.
@@ -130,7 +133,7 @@ class ClaimFollowUp:
             )
             if not bookkeeping:
                 return taken
-            return self._transition(
+            return self.transition(
                 endpoint_id, taken, ClaimState.unconfirmed, due=now + recheck_after(claim.claimed_at, now)
             )
         message = taken.outbox_message()
@@ -169,10 +172,10 @@ class ClaimFollowUp:
             span.set_outcome("failed")
             if not bookkeeping:
                 return taken
-            return self._transition(endpoint_id, taken, taken.state, due=self.clock() + RETRY_AFTER)
+            return self.transition(endpoint_id, taken, taken.state, due=self.clock() + RETRY_AFTER)
         log.info("re-sent %s for %s/%s", claim.control_message_id, endpoint_id, claim.event_id)
         span.set_outcome("sent")
-        return self._transition(endpoint_id, taken, ClaimState.sent, sent=True)
+        return self.transition(endpoint_id, taken, ClaimState.sent, sent=True)
 
     def _pinned(self, endpoint_id: str, claim: ClaimRow, *, count: bool) -> tuple[ClaimRow, bool]:
         """The claim after its pin (:func:`handoff.settlement.claims.plan_pin`), and whether the write was
@@ -195,7 +198,7 @@ class ClaimFollowUp:
             return current, False
         return claims.pinned(claim, answer, now=now, count=count), True
 
-    def _transition(
+    def transition(
         self,
         endpoint_id: str,
         claim: ClaimRow,
@@ -230,7 +233,7 @@ class ClaimFollowUp:
                     claim.event_id,
                     state.name,
                 )
-                return self._transition(
+                return self.transition(
                     endpoint_id, current, state, due=due, sent=sent, attempt=attempt, again=again - 1
                 )
             answered = claims.unrecorded(claim, current, sent=sent)
@@ -260,7 +263,7 @@ class ClaimFollowUp:
             log.warning("claim of %s/%s: could not read it again", endpoint_id, claim.event_id, exc_info=True)
             return None
 
-    def _release(self, endpoint_id: str, row: EventRow, claim: ClaimRow) -> bool:
+    def release(self, endpoint_id: str, row: EventRow, claim: ClaimRow) -> bool:
         """Undo a claim whose send certainly reached nothing (:func:`handoff.settlement.claims.plan_release`);
         False
         when the claim may still stand."""

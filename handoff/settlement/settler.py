@@ -124,7 +124,7 @@ def result_json(result: Any) -> str | None:
     return json.dumps(result, separators=(",", ":"), ensure_ascii=False)
 
 
-class SettlementService(ClaimFollowUp):
+class SettlementService:
     """Settles parked hand-offs (and sends operator control messages) through the outbox, and follows up
     claims whose send was not confirmed."""
 
@@ -139,6 +139,8 @@ class SettlementService(ClaimFollowUp):
         # Looked up at each use: ``service.use_transport`` changes it for everyone at once.
         self.transport = transport
         self.clock = clock
+        # The follow-up asks this service's clock at each use, so a clock set on the service holds for both.
+        self.follow_up = ClaimFollowUp(store_, transport, lambda: self.clock())
 
     # -- settle ---------------------------------------------------------------------------------------
 
@@ -409,7 +411,7 @@ class SettlementService(ClaimFollowUp):
         try:
             transport.send(endpoint_id, claim.outbox_message().to_service_bus())
         except SendRefused:
-            if self._release(endpoint_id, row, claim):
+            if self.follow_up.release(endpoint_id, row, claim):
                 raise
             return self._answer(endpoint_id, claim, replayed=False)
         except Exception:
@@ -421,14 +423,14 @@ class SettlementService(ClaimFollowUp):
                 exc_info=True,
             )
             # Count the attempt (best effort); the claim stays ``sending`` and due for the reconciler.
-            claim = self._transition(
+            claim = self.follow_up.transition(
                 endpoint_id, claim, claim.state, due=claim.claimed_at + CONFIRM_AFTER, attempt=True
             )
             return self._answer(endpoint_id, claim, replayed=False)
         log.info(
             "%s sent for %s/%s by %s", claim.message_type.name, endpoint_id, row.event_id, claim.settled_by
         )
-        sent = self._transition(endpoint_id, claim, ClaimState.sent, sent=True, attempt=True)
+        sent = self.follow_up.transition(endpoint_id, claim, ClaimState.sent, sent=True, attempt=True)
         return self._answer(endpoint_id, sent, replayed=False, confirmed=True)
 
     def _answer(
@@ -437,7 +439,7 @@ class SettlementService(ClaimFollowUp):
         if replayed and first_send_in_flight(claim, self.clock()):
             claim = await_sender(self.store, endpoint_id, claim, clock=self.clock)  # one answer state
         if replayed and claim.state.open:
-            claim = self.follow_up(endpoint_id, claim, bookkeeping=False)
+            claim = self.follow_up.advance(endpoint_id, claim, bookkeeping=False)
         if confirmed is None:
             confirmed = claim.state in (ClaimState.sent, ClaimState.delivered)
         if replayed and claim.state is ClaimState.superseded:

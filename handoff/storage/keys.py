@@ -75,11 +75,14 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
 
+from common import layouts
 from common.errors import KeyTooLong
 from common.keys import MAX_KEY_BYTES, escape, key_bytes, unescape
+from common.layouts import HANDOFF, InForce
 
 EVENTS_TABLE = "hoevents"
 ENDPOINTS_TABLE = "hoendpoints"
@@ -134,8 +137,9 @@ def _shards(text: str, setting: str) -> int:
     return value
 
 
-# The layout in force is the one recorded in storage (common/layouts.py, family ``handoff``); the composition
-# root (handoff/service.py) installs its reader here. The settings only seed a first deployment's record.
+# The layout in force is the one recorded in storage (common/layouts.py, family ``handoff``): every key routes
+# by it, whatever was imported before (see "The layout in force" below). The settings only seed a first
+# deployment's record. ``follow`` puts a layout of a test's own in its place.
 _recorded: Callable[[], tuple[int, tuple[int, ...]]] | None = None
 _era: Callable[[], int] | None = None
 _forget: Callable[[], None] | None = None
@@ -146,31 +150,31 @@ def follow(
     era: Callable[[], int] | None = None,
     forget: Callable[[], None] | None = None,
 ) -> None:
-    """Route by ``recorded()`` (S now, earlier values of S) instead of the settings; ``era()`` is the index
-    of the layout in force and ``forget()`` drops the process's copy of it (``common/fence.py``)."""
+    """Route by ``recorded()`` (S now, earlier values of S) instead of the recorded layout; ``era()`` is the
+    index of the layout in force and ``forget()`` drops the process's copy of it (``common/fence.py``).
+    ``follow(None)`` routes by the recorded layout again."""
     global _recorded, _era, _forget
     _recorded, _era, _forget = recorded, era, forget
 
 
 def era_index() -> int:
-    """How many layouts came before the one in force (the settings': how many earlier values they list)."""
-    return _era() if _era is not None else len(configured_previous_shard_counts())
+    """How many layouts came before the one in force."""
+    return _era() if _era is not None else recorded_era()
 
 
 def forget_layout() -> None:
     """Drop this process's copy of the recorded layout (a claim of a newer one was met)."""
-    if _forget is not None:
-        _forget()
+    (_forget or forget)()
 
 
 def shard_count() -> int:
-    """The current layout's S: the recorded one (else ``SETTLE_HANDOFF_SHARDS``, default 1)."""
-    return _recorded()[0] if _recorded is not None else configured_shard_count()
+    """The current layout's S: the recorded one."""
+    return (_recorded or recorded_counts)()[0]
 
 
 def previous_shard_counts() -> tuple[int, ...]:
-    """Earlier values of S whose rows must still be found: the recorded ones (else the setting's)."""
-    return _recorded()[1] if _recorded is not None else configured_previous_shard_counts()
+    """Earlier values of S whose rows must still be found: the recorded ones."""
+    return (_recorded or recorded_counts)()[1]
 
 
 def configured_shard_count() -> int:
@@ -447,3 +451,46 @@ def event_id_exact_range(text: str) -> tuple[str, str]:
     :data:`MIN_PREFIX` takes only a whole id)."""
     low = _id_key(text)
     return low + "|", low + "}"
+
+
+# -- The layout in force ------------------------------------------------------------------------------------
+# The hand-off layout a process routes by: the one recorded in storage (``common/layouts.py``, family
+# ``handoff``), as S now and the earlier values of S still read.
+
+
+def configured() -> list[tuple[int, int]]:
+    """The layouts the settings describe (``SETTLE_HANDOFF_SHARDS``, ``..._PREVIOUS``), oldest first."""
+    earlier = [(s, 1) for s in configured_previous_shard_counts()]
+    return [*earlier, (configured_shard_count(), 1)]
+
+
+_lock = threading.Lock()
+_last: tuple[InForce, tuple[int, tuple[int, ...]]] | None = None
+
+
+def recorded_era() -> int:
+    """The index of the recorded layout in force (how many came before it): a claim's ``Era``."""
+    return len(layouts.book().in_force(HANDOFF, configured).earlier)
+
+
+def forget() -> None:
+    """Drop this process's copy of the recorded layouts (the next call reads them)."""
+    layouts.book().invalidate()
+
+
+def recorded_counts() -> tuple[int, tuple[int, ...]]:
+    """(S, earlier values of S) of the recorded layout in force now (kept: no request per call)."""
+    global _last
+    in_force = layouts.book().in_force(HANDOFF, configured)
+    last = _last
+    if last is not None and last[0] == in_force:
+        return last[1]
+    current = in_force.current.shards
+    earlier: list[int] = []
+    for era in reversed(in_force.earlier):  # newest earlier layout first: the likeliest home of a miss
+        if era.shards != current and era.shards not in earlier:
+            earlier.append(era.shards)
+    counts = (current, tuple(earlier))
+    with _lock:
+        _last = (in_force, counts)
+    return counts

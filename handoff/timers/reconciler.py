@@ -2,8 +2,7 @@
 
 It runs on every tick of the ``handoff_sweeper`` timer (always on; only the timeout sweep is opt-in). For
 each endpoint that ever parked it reads the ``rc|`` index up to now, a bounded number of rows per run, and
-follows each claim up (:meth:`~handoff.settlement.settler.SettlementService.follow_up`): the resolver's
-history
+follows each claim up (:meth:`~handoff.settlement.follow_up.ClaimFollowUp.advance`): the resolver's history
 proves delivery; otherwise the identical message is re-sent while the topic's duplicate detection covers
 it; otherwise the claim is marked ``unconfirmed`` (logged as an error, listed by
 ``GET /api/v1/handoffs/{endpointId}/unconfirmed``) and looked at again, less and less often, in case the
@@ -106,7 +105,7 @@ class Reconciler(EndpointPass):
             self._drop(endpoint_id, due)
             return
         before = claim.state
-        after = self.settlement.follow_up(endpoint_id, claim)
+        after = self.settlement.follow_up.advance(endpoint_id, claim)
         if after.state is ClaimState.delivered:
             report.delivered.append(claim.event_id)
         elif after.state is ClaimState.sent:
@@ -139,6 +138,6 @@ class Reconciler(EndpointPass):
             if claim is None or not claim.state.open:
                 self._drop(endpoint_id, due)
                 return
-            self.settlement.reschedule(endpoint_id, claim, self.clock() + RETRY_AFTER)
+            self.settlement.follow_up.reschedule(endpoint_id, claim, self.clock() + RETRY_AFTER)
         except Exception:
             log.debug("could not postpone %s/%s", endpoint_id, due.event_id, exc_info=True)

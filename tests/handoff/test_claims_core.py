@@ -24,7 +24,6 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from common.clock import iso
 from common.errors import Conflict
 from common.transactions import Refusal
-from handoff import service
 from handoff.messages.contract import MessageType, ResolutionStatus
 from handoff.receive import leases
 from handoff.receive.leases import LeaseLost
@@ -300,7 +299,7 @@ def one_partition_per_endpoint() -> Iterator[None]:
     """The hand-off keys route by S = 1 with no earlier layout (no recorded layout is read: no storage)."""
     keys.follow(lambda: (1, ()), lambda: 0, lambda: None)
     yield
-    service._follow_the_recorded_layout()
+    keys.follow(None)
 
 
 def take(table: MemoryTable, want: ClaimOrder, now: datetime) -> tuple[str, ClaimRow | None]:

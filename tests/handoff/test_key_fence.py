@@ -16,7 +16,7 @@ from azure.core.pipeline.policies import HTTPPolicy
 from common import runtime
 from handoff import service
 from handoff.storage import keys
-from handoff.storage.layout import forget
+from handoff.storage.keys import forget
 
 from .conftest import Flow
 
@@ -46,7 +46,7 @@ def layout() -> Iterator[Callable[[int, tuple[int, ...], int], None]]:
         keys.follow(lambda: (shards, earlier), lambda: era, forget)
 
     yield follow
-    service._follow_the_recorded_layout()
+    keys.follow(None)
 
 
 def event_rows(event_id: str) -> list[dict[str, Any]]:

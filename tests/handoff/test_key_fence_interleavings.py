@@ -15,7 +15,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from handoff import service
 from handoff.projection.resolver import ResolverService
 from handoff.storage import keys
 from handoff.storage.store import HandoffStore
@@ -42,7 +41,7 @@ ROUTING = Routing()
 def per_thread_layouts() -> Iterator[None]:
     keys.follow(lambda: LAYOUTS[ROUTING.era][0], lambda: LAYOUTS[ROUTING.era][1], lambda: None)
     yield
-    service._follow_the_recorded_layout()
+    keys.follow(None)
 
 
 def project_all(tables: MemoryTables, jobs: list[tuple[int, Any]], schedule: list[int]) -> None:
