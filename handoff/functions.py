@@ -10,11 +10,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import azure.functions as func
+from pydantic import BaseModel
 
 from common import invocation, telemetry
 from common.errors import InvalidInput
 from common.http import Handler, operation, parse_body, path_parameter
-from common.openapi import resolve
 from common.principal import headers_vouched
 from common.settings import env_flag
 from handoff import limits, service
@@ -32,8 +32,24 @@ if TYPE_CHECKING:
         UnconfirmedList,
     )
 
-# The OpenAPI document names the API's models as "module:Name".
-_MODELS = "handoff.models:"
+
+class _ApiModels:
+    """``handoff.models``, imported when a model is first asked for: the worker's indexing and a cold start
+    load none of the API's models. Routes name them as ``lambda: models.Name``, asked for when the OpenAPI
+    document is built and when a handler parses a body."""
+
+    def __getattr__(self, name: str) -> Any:
+        from handoff import models as loaded
+
+        return getattr(loaded, name)
+
+
+if TYPE_CHECKING:
+    from handoff import models
+else:
+    models = _ApiModels()
+
+Model = Callable[[], type[BaseModel]]
 
 # ``next`` long-polls at most this long: far below the 230 s HTTP limit of the Functions front end.
 MAX_WAIT_SECONDS = 20
@@ -103,14 +119,14 @@ def _header(req: func.HttpRequest, name: str) -> str | None:
     return value[:256] or None
 
 
-def _settles(action: str, kind: MessageType, request: str, outcome: tuple[str, ...], summary: str) -> None:
+def _settles(action: str, kind: MessageType, request: Model, outcome: tuple[str, ...], summary: str) -> None:
     """Registers ``handoff_<action>``: ``POST v1/handoffs/<action>`` settles the parked hand-off the body
     names with one ``kind`` message, carrying the body's ``outcome`` fields."""
 
     def settle(req: func.HttpRequest) -> SettlementAccepted:
         from handoff.settlement.settler import Settlement
 
-        body: Any = parse_body(req, resolve(_MODELS + request))
+        body: Any = parse_body(req, request())
         return service.settlement_service().settle(
             Settlement(
                 kind=kind,
@@ -129,8 +145,8 @@ def _settles(action: str, kind: MessageType, request: str, outcome: tuple[str, .
         route=f"v1/handoffs/{action}",
         method="POST",
         summary=summary,
-        request=_MODELS + request,
-        response=_MODELS + "SettlementAccepted",
+        request=request,
+        response=lambda: models.SettlementAccepted,
         responses=_SETTLE_RESPONSES,
         ok_status=202,
     )(settle)
@@ -139,14 +155,14 @@ def _settles(action: str, kind: MessageType, request: str, outcome: tuple[str, .
 _settles(
     "complete",
     MessageType.HandoffCompletedRequest,
-    "CompleteHandoffRequest",
+    lambda: models.CompleteHandoffRequest,
     ("result",),
     "Complete a parked hand-off (sends one HandoffCompletedRequest)",
 )
 _settles(
     "fail",
     MessageType.HandoffFailedRequest,
-    "FailHandoffRequest",
+    lambda: models.FailHandoffRequest,
     ("error_text", "error_type"),
     "Fail a parked hand-off (sends one HandoffFailedRequest)",
 )
@@ -157,9 +173,9 @@ def _per_endpoint(
     method: str,
     *,
     summary: str,
-    response: str,
+    response: Model,
     span: str | None = None,
-    request: str | None = None,
+    request: Model | None = None,
     responses: dict[int, str] | None = None,
     more: tuple[dict[str, Any], ...] = (),
     query: str | None = None,
@@ -172,8 +188,8 @@ def _per_endpoint(
         query_route=f"v1/handoffs/{query or what}",
         method=method,
         summary=summary,
-        request=None if request is None else _MODELS + request,
-        response=_MODELS + response,
+        request=request,
+        response=response,
         responses=responses,
         parameters=(_ENDPOINT, *more),
         span=f"settle.handoff.{span or what}",
@@ -213,7 +229,7 @@ def _route(req: func.HttpRequest, name: str) -> str:
     "next",
     "GET",
     summary=f"Oldest parked hand-off of an endpoint (non-claiming; waits up to {MAX_WAIT_SECONDS} s), or 204",
-    response="PendingHandoffView",
+    response=lambda: models.PendingHandoffView,
     responses={204: "No parked hand-off within the wait", 400: "Invalid parameter"},
     more=(
         {
@@ -252,7 +268,7 @@ _LEASE_RESPONSES = {
     "POST",
     summary="Lease the oldest parked hand-off no one holds (leased receive; waits up to "
     f"{MAX_WAIT_SECONDS} s), or 204",
-    response="LeasedHandoffView",
+    response=lambda: models.LeasedHandoffView,
     responses={
         204: "No parked hand-off free within the wait",
         400: "Invalid parameter",
@@ -286,14 +302,14 @@ def handoff_receive(req: func.HttpRequest) -> LeasedHandoffView | None:
         )
 
 
-def _lease(action: str, summary: str, response: str) -> Callable[[Handler], Any]:
+def _lease(action: str, summary: str, response: Model) -> Callable[[Handler], Any]:
     """Registers ``POST v1/handoffs/{endpointId}/leases/<action>`` (a ``LeaseRequest`` body), with its
     query twin and the span ``settle.handoff.lease.<action>``."""
     return _per_endpoint(
         f"leases/{action}",
         "POST",
         summary=summary,
-        request="LeaseRequest",
+        request=lambda: models.LeaseRequest,
         response=response,
         responses=_LEASE_RESPONSES,
         span=f"lease.{action}",
@@ -308,7 +324,7 @@ def _lease_request(req: func.HttpRequest) -> tuple[str, LeaseRequest]:
     return _route(req, "endpointId"), body
 
 
-@_lease("renew", "Renew a lease while its token still holds the hand-off", "LeaseView")
+@_lease("renew", "Renew a lease while its token still holds the hand-off", lambda: models.LeaseView)
 def handoff_lease_renew(req: func.HttpRequest) -> LeaseView:
     from handoff.receive.receiver import lease_length
 
@@ -317,7 +333,11 @@ def handoff_lease_renew(req: func.HttpRequest) -> LeaseView:
     return service.receive_service().renew(endpoint_id, body.event_id, body.lease_token, lease_for=lease_for)
 
 
-@_lease("release", "Release a lease: the hand-off is offered to the next receive at once", "LeaseReleased")
+@_lease(
+    "release",
+    "Release a lease: the hand-off is offered to the next receive at once",
+    lambda: models.LeaseReleased,
+)
 def handoff_lease_release(req: func.HttpRequest) -> LeaseReleased:
     from handoff.models import LeaseReleased
 
@@ -330,7 +350,7 @@ def handoff_lease_release(req: func.HttpRequest) -> LeaseReleased:
     "jobs/{externalJobId}",
     "GET",
     summary="The parked hand-off carrying an external job id",
-    response="PendingHandoffView",
+    response=lambda: models.PendingHandoffView,
     responses={404: "No parked hand-off with that job id"},
     more=(path_parameter("externalJobId"),),
     span="job",
@@ -344,7 +364,7 @@ def handoff_job(req: func.HttpRequest) -> PendingHandoffView:
     "unconfirmed",
     "GET",
     summary="Settlements Settle could neither confirm nor safely re-send (an operator must check them)",
-    response="UnconfirmedList",
+    response=lambda: models.UnconfirmedList,
 )
 def handoff_unconfirmed(req: func.HttpRequest) -> UnconfirmedList:
     return service.receive_service().unconfirmed(_route(req, "endpointId"))
@@ -356,7 +376,7 @@ def handoff_unconfirmed(req: func.HttpRequest) -> UnconfirmedList:
     query_route="v1/events",
     method="GET",
     summary="An event row with its message history and audits",
-    response=_MODELS + "EventView",
+    response=lambda: models.EventView,
     responses={404: "Unknown event"},
     parameters=(
         _ENDPOINT,
@@ -382,15 +402,7 @@ def handoff_sweeper(timer: func.TimerRequest, context: func.Context = None) -> N
         telemetry.invocation(context),
         telemetry.span("settle.sweeper.run", {"settle.sweeper.enabled": sweeping}),
     ):
-        from handoff.timers.sweeper import tick
-
-        report = tick(
-            service.store(),
-            service.reconciler(),
-            service.overview().fold_all,
-            service.sweeper() if sweeping else None,
-            gauges_at=service.settlement_service().clock if telemetry.enabled() else None,
-        )
+        report = service.timer_tick(sweeping=sweeping, gauges=telemetry.enabled())
         if report is not None:
             telemetry.annotate(
                 {"settle.sweeper.failed": len(report.failed), "settle.sweeper.skipped": len(report.skipped)}

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from handoff.storage.overview import Overview
     from handoff.storage.store import HandoffStore
     from handoff.timers.reconciler import Reconciler
-    from handoff.timers.sweeper import Sweeper
+    from handoff.timers.sweeper import Sweeper, SweepReport
 
 
 def _new_store() -> HandoffStore:
@@ -95,6 +95,20 @@ def overview() -> Overview:
     from handoff.storage.overview import Overview
 
     return Overview(store())
+
+
+def timer_tick(*, sweeping: bool, gauges: bool) -> SweepReport | None:
+    """One tick of the ``handoff_sweeper`` timer (:func:`handoff.timers.sweeper.tick`), wired to this
+    process's services: the sweep only when ``sweeping``, the parked gauges only when ``gauges``."""
+    from handoff.timers.sweeper import tick
+
+    return tick(
+        store(),
+        reconciler(),
+        overview().fold_all,
+        sweeper() if sweeping else None,
+        gauges_at=settlement_service().clock if gauges else None,
+    )
 
 
 def use_transport(replacement: Transport) -> None:

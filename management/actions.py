@@ -20,6 +20,7 @@ from datetime import datetime
 from common.clock import iso, utcnow
 from common.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge
 from common.principal import Actor, allowed, denial
+from common.transactions import insert
 from handoff.messages.contract import (
     Coordinates,
     EventPart,
@@ -30,10 +31,11 @@ from handoff.messages.contract import (
 )
 from handoff.messages.transport import MAX_SEND_BYTES, encoded_size
 from handoff.models import SettlementAccepted
-from handoff.settlement.claims import request_digest
-from handoff.settlement.settler import ClaimOrder, Settlement, SettlementService
-from handoff.settlement.unconfirmed import RESOLVE_AUDIT, ClaimResolution, ClaimResolver
-from handoff.storage import keys, store
+from handoff.settlement.claims import ClaimOrder, request_digest
+from handoff.settlement.settler import Settlement, SettlementService
+from handoff.settlement.unconfirmed import ClaimResolver
+from handoff.settlement.unconfirmed_rules import RESOLVE_AUDIT, ClaimResolution
+from handoff.storage import keys
 from handoff.storage.claim_state import ClaimState
 from handoff.storage.json_text import bounded_json
 from handoff.storage.records import AuditRow, ClaimRow, EventRow, HistoryRow
@@ -354,9 +356,7 @@ class OperatorActions:
             data=bounded_json({"principalName": actor.principal_name, "principalId": actor.principal_id}),
         )
         pk = self.store.event_partition(row.endpoint_id, row.event_id)
-        self.store.submit(
-            [store.insert(audit.to_entity(pk, keys.audit_row(row.event_id, now, uuid.uuid4().hex)))]
-        )
+        self.store.submit([insert(audit.to_entity(pk, keys.audit_row(row.event_id, now, uuid.uuid4().hex)))])
         mirror(self.store, audit)
         raise denial(actor)
 

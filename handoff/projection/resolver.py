@@ -35,7 +35,6 @@ from handoff.messages.contract import (
     properties_of,
 )
 from handoff.projection.rules import ProjectionRefused, plan_projection, project, projection_refused
-from handoff.projection.rules import delta_entity as delta_entity  # where the poison desk imports it from
 from handoff.storage import ids
 from handoff.storage.records import (
     EventRow,

@@ -50,8 +50,7 @@ from handoff.messages.outbound import OutboxMessage
 from handoff.messages.transport import MAX_SEND_BYTES, SendRefused, Transport, encoded_size
 from handoff.models import SettlementAccepted
 from handoff.settlement import claims
-from handoff.settlement.claims import ClaimOrder as ClaimOrder  # where the operator actions import it from
-from handoff.settlement.claims import ClaimRefused, SettlementInFlight, request_digest
+from handoff.settlement.claims import ClaimOrder, ClaimRefused, SettlementInFlight, request_digest
 from handoff.settlement.follow_up import ClaimFollowUp
 from handoff.settlement.in_flight import await_sender, first_send_in_flight
 from handoff.settlement.timing import CONFIRM_AFTER, SEND_DEADLINE, follow_up_note

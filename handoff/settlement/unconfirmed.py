@@ -17,11 +17,10 @@ from common.errors import Conflict
 from common.transactions import refusal
 from handoff.settlement import unconfirmed_rules as rules
 from handoff.settlement.settler import SettlementService
-from handoff.settlement.unconfirmed_rules import RESOLVE_AUDIT, ClaimResolution, resolution_audit
+from handoff.settlement.unconfirmed_rules import ClaimResolution, resolution_audit
 from handoff.storage.records import AuditRow, EventRow
 from handoff.storage.store import classify_event_rows
 
-__all__ = ["RESOLVE_AUDIT", "ClaimResolution", "ClaimResolver"]  # the operator actions' names
 _ATTEMPTS = 3
 
 

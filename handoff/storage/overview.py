@@ -32,9 +32,10 @@ from common import page_tokens
 from common.clock import utcnow
 from common.errors import Conflict
 from common.tables import first_rows, quoted
-from handoff.storage import counts, keys, store
+from common.transactions import Operation, delete, insert, replace
+from handoff.storage import counts, keys
 from handoff.storage.records import ListingRow, SinceRow
-from handoff.storage.store import HandoffStore, Operation
+from handoff.storage.store import HandoffStore
 
 log = logging.getLogger("settle.management")
 
@@ -147,11 +148,9 @@ class Overview:
         snapshot = {"PartitionKey": pk, "RowKey": keys.COUNTS_SNAPSHOT, "FoldedAt": self.clock()}
         snapshot.update({counts.column(b): v for b, v in totals.items()})
         ops: list[Operation] = [
-            store.insert(snapshot)
-            if read.snapshot is None
-            else store.replace(snapshot, read.snapshot.metadata["etag"])
+            insert(snapshot) if read.snapshot is None else replace(snapshot, read.snapshot.metadata["etag"])
         ]
-        ops += [store.delete(pk, str(entity["RowKey"])) for entity in batch]
+        ops += [delete(pk, str(entity["RowKey"])) for entity in batch]
         try:
             self.store.submit(ops)
         except TableTransactionError:

@@ -24,13 +24,7 @@ from common.table_protocol import TableSource
 from common.tables import first_rows, quoted
 
 # The operation builders live in ``common.transactions``; the operator modules still import them from here.
-from common.transactions import MAX_TRANSACTION_OPS as MAX_TRANSACTION_OPS
-from common.transactions import Operation as Operation
-from common.transactions import delete as delete
-from common.transactions import insert as insert
-from common.transactions import merge as merge
-from common.transactions import merge_if_unchanged
-from common.transactions import replace as replace
+from common.transactions import MAX_TRANSACTION_OPS, Operation, insert, merge_if_unchanged
 from handoff.storage import keys
 from handoff.storage.counts import POISON, column
 from handoff.storage.records import (
