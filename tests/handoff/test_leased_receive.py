@@ -1,4 +1,4 @@
-"""Leased receive (issue 22, item 1): agents that share an endpoint split its parked hand-offs.
+"""Leased receive: agents that share an endpoint split its parked hand-offs.
 
 A receive claims the oldest parked hand-off no one holds for a lease and answers it with a lease token;
 hand-offs under a live lease are skipped (one unfinished hand-off never blocks the rest); a settlement

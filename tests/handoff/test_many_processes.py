@@ -1,4 +1,4 @@
-"""Many hands on two OS processes against Azurite (issue 22): identical settlements and identical
+"""Many hands on two OS processes against Azurite: identical settlements and identical
 operator retries racing from two processes, each projecting what it sends (the loopback transport).
 
 Every answer is 202 with one ``controlMessageId`` per hand-off, no claim is ``superseded``, one audit.

@@ -1,4 +1,4 @@
-"""One settlement, one answer (issue 22, item 3): identical concurrent or retried settlements are all
+"""One settlement, one answer: identical concurrent or retried settlements are all
 202 with one ``controlMessageId``; a delivered control message is never recorded ``superseded`` nor
 listed ``unconfirmed``; a re-send never lands after the duplicate-detection window.
 

@@ -1,4 +1,4 @@
-"""The reconciler finishes what a settlement started: confirm, re-send safely, or say it cannot (issue 11).
+"""The reconciler finishes what a settlement started: confirm, re-send safely, or say it cannot.
 
 It runs on every tick of the ``handoff_sweeper`` timer, whether or not timeouts are swept.
 """

@@ -1,4 +1,4 @@
-"""The timeout sweeper: exactly once, through every due row, surviving a failing endpoint (issue 11, 2)."""
+"""The timeout sweeper: exactly once, through every due row, surviving a failing endpoint."""
 
 from __future__ import annotations
 

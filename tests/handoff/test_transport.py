@@ -179,7 +179,7 @@ def test_the_size_of_a_message_is_measured_as_sent():
 
 @pytest.mark.parametrize("where", ["open", "send"])
 def test_a_topic_settle_may_not_send_to_names_the_endpoints_parameter(monkeypatch, where):
-    # Issue 26: Settle's identity is granted Data Sender per listed endpoint topic (infra `endpoints`); a
+    # Settle's identity is granted Data Sender per listed endpoint topic (infra `endpoints`); a
     # settlement to any other endpoint gets 401/403, and the error says why and what to change.
     from azure.servicebus.exceptions import ServiceBusAuthorizationError
 
@@ -196,7 +196,7 @@ def test_a_topic_settle_may_not_send_to_names_the_endpoints_parameter(monkeypatc
 def test_a_settlement_to_an_endpoint_settle_may_not_send_to_is_a_503_naming_the_parameter(
     call, resolve, flow, monkeypatch
 ):
-    # Issue 26, end to end: the settle request's problem detail carries the transport's explanation.
+    # End to end: the settle request's problem detail carries the transport's explanation.
     from azure.servicebus.exceptions import ServiceBusAuthorizationError
 
     from handoff import service

@@ -1,6 +1,5 @@
 """An operator's resolution of an unconfirmed settlement (``handoff.settlement.unconfirmed_rules``), decided
-without storage:
-done already, refused, or to be written, and the one transaction that writes it."""
+without storage: done already, refused, or to be written, and the one transaction that writes it."""
 
 from __future__ import annotations
 

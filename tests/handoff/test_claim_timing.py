@@ -1,4 +1,5 @@
-"""The outbox rules, without storage: when a re-send is safe, what the reconciler does, the audit JSON."""
+"""A claim's timing rules (``handoff.settlement.timing``) and the request digest, without storage: when a
+re-send is safe, what the reconciler does, the audit JSON."""
 
 from __future__ import annotations
 
