@@ -340,7 +340,7 @@ class ClaimRow(TableRecord):
     """The settlement of one parked message: an outbox record holding the exact control message.
 
     Inserted (with its audit row) before the send; never taken over; deleted only after a send that
-    certainly reached nothing. See :mod:`handoff.outbox` for the states.
+    certainly reached nothing. See :mod:`handoff.storage.claim_state` for the states.
     """
 
     event_id: str
