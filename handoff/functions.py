@@ -15,6 +15,7 @@ from pydantic import BaseModel
 from common import invocation, telemetry
 from common.errors import InvalidInput
 from common.http import Handler, operation, parse_body, path_parameter
+from common.models import from_fields
 from common.principal import headers_vouched
 from common.settings import env_flag
 from handoff import limits, service
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
         SettlementAccepted,
         UnconfirmedList,
     )
+    from handoff.receive.receiver import Lease
 
 
 class _ApiModels:
@@ -253,7 +255,8 @@ def handoff_next(req: func.HttpRequest) -> PendingHandoffView | None:
 
     endpoint_id, types, wait = _route(req, "endpointId"), _event_types(req), _wait_seconds(req)
     with long_poll(wait):
-        return service.receive_service().next(endpoint_id, types, wait)
+        row = service.receive_service().next(endpoint_id, types, wait)
+        return None if row is None else models.PendingHandoffView.of(row)
 
 
 _LEASE_RESPONSES = {
@@ -297,9 +300,24 @@ def handoff_receive(req: func.HttpRequest) -> LeasedHandoffView | None:
     endpoint_id, types, wait = _route(req, "endpointId"), _event_types(req), _wait_seconds(req)
     lease_for = lease_length(req.params.get("leaseSeconds"))
     with long_poll(wait):
-        return service.receive_service().lease(
+        leased = service.receive_service().lease(
             endpoint_id, types, wait, lease_for=lease_for, agent_id=limits.agent_id(req)
         )
+        if leased is None:
+            return None
+        return models.LeasedHandoffView(
+            **models.PendingHandoffView.of(leased.row).model_dump(by_alias=False),
+            lease=_lease_view(leased.lease),
+        )
+
+
+def _lease_view(lease: Lease) -> LeaseView:
+    return models.LeaseView(
+        token=lease.token,
+        expires_at=lease.expires_at,
+        lease_seconds=int(lease.lease_for.total_seconds()),
+        leased_by=lease.leased_by,
+    )
 
 
 def _lease(action: str, summary: str, response: Model) -> Callable[[Handler], Any]:
@@ -330,7 +348,9 @@ def handoff_lease_renew(req: func.HttpRequest) -> LeaseView:
 
     endpoint_id, body = _lease_request(req)
     lease_for = lease_length(body.lease_seconds)
-    return service.receive_service().renew(endpoint_id, body.event_id, body.lease_token, lease_for=lease_for)
+    return _lease_view(
+        service.receive_service().renew(endpoint_id, body.event_id, body.lease_token, lease_for=lease_for)
+    )
 
 
 @_lease(
@@ -357,7 +377,8 @@ def handoff_lease_release(req: func.HttpRequest) -> LeaseReleased:
     query="jobs",
 )
 def handoff_job(req: func.HttpRequest) -> PendingHandoffView:
-    return service.receive_service().job(_route(req, "endpointId"), _route(req, "externalJobId"))
+    row = service.receive_service().job(_route(req, "endpointId"), _route(req, "externalJobId"))
+    return models.PendingHandoffView.of(row)
 
 
 @_per_endpoint(
@@ -367,7 +388,10 @@ def handoff_job(req: func.HttpRequest) -> PendingHandoffView:
     response=lambda: models.UnconfirmedList,
 )
 def handoff_unconfirmed(req: func.HttpRequest) -> UnconfirmedList:
-    return service.receive_service().unconfirmed(_route(req, "endpointId"))
+    endpoint_id = _route(req, "endpointId")
+    rows = service.receive_service().unconfirmed(endpoint_id)
+    items = [from_fields(models.UnconfirmedClaim, r, message_type=r.message_type.name) for r in rows]
+    return models.UnconfirmedList(endpoint_id=endpoint_id, count=len(items), items=items)
 
 
 @operation(
@@ -385,7 +409,8 @@ def handoff_unconfirmed(req: func.HttpRequest) -> UnconfirmedList:
     span="settle.events.get",
 )
 def event_get(req: func.HttpRequest) -> EventView:
-    return service.receive_service().event(_route(req, "endpointId"), _route(req, "eventId"))
+    found = service.receive_service().event(_route(req, "endpointId"), _route(req, "eventId"))
+    return models.EventView.of(found.row, found.history, found.audits)
 
 
 @bp.function_name("handoff_sweeper")

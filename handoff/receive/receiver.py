@@ -17,24 +17,16 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from common import invocation
 from common.clock import iso, utcnow
 from common.errors import InvalidInput, NotFound, SettleError
-from common.models import from_fields
 from common.transactions import refusal
-from handoff.models import (
-    EventView,
-    LeasedHandoffView,
-    LeaseView,
-    PendingHandoffView,
-    UnconfirmedClaim,
-    UnconfirmedList,
-)
 from handoff.receive import leases
 from handoff.receive.leases import LeaseLost
-from handoff.storage.records import QueueRow
+from handoff.storage.records import AuditRow, EventRow, HistoryRow, QueueRow, UnconfirmedRow
 from handoff.storage.store import HandoffStore, classify_event_rows
 
 _POLL_INTERVAL_S = 0.5
@@ -99,8 +91,35 @@ def long_poll(wait_seconds: float) -> Iterator[None]:
         long_polls.release()
 
 
+@dataclass(frozen=True)
+class Lease:
+    """A lease a token holds on one parked hand-off, until ``expires_at``."""
+
+    token: str
+    expires_at: datetime
+    lease_for: timedelta
+    leased_by: str | None
+
+
+@dataclass(frozen=True)
+class Leased:
+    """A parked hand-off (its event row) and the lease just written on it."""
+
+    row: EventRow
+    lease: Lease
+
+
+@dataclass(frozen=True)
+class EventRecord:
+    """An event row with its message history and audits, as one range read found them."""
+
+    row: EventRow
+    history: list[HistoryRow]
+    audits: list[AuditRow]
+
+
 class ReceiveService:
-    """Reads for agents and operators."""
+    """Reads for agents and operators; answers with rows and leases (the blueprint shapes the views)."""
 
     def __init__(
         self,
@@ -117,7 +136,7 @@ class ReceiveService:
 
     def next(
         self, endpoint_id: str, event_type_ids: Sequence[str] = (), wait_seconds: float = 0
-    ) -> PendingHandoffView | None:
+    ) -> EventRow | None:
         """The oldest Pending + Handoff event not being settled, polling up to ``wait_seconds``; else None."""
         deadline = self.monotonic() + max(0.0, wait_seconds)
         while True:
@@ -126,7 +145,7 @@ class ReceiveService:
                 return found
             self.sleep(_POLL_INTERVAL_S)
 
-    def _next_once(self, endpoint_id: str, event_type_ids: Sequence[str]) -> PendingHandoffView | None:
+    def _next_once(self, endpoint_id: str, event_type_ids: Sequence[str]) -> EventRow | None:
         for entry in self.store.queued(
             endpoint_id, claimed_before=iso(self.clock()), event_type_ids=event_type_ids
         ):
@@ -134,7 +153,7 @@ class ReceiveService:
             # The index changes with the event row in one transaction; the check only guards a reader
             # that saw the index just before a projection removed it.
             if row is not None and row.is_pending_handoff and row.last_message_id == entry.parked_message_id:
-                return PendingHandoffView.of(row)
+                return row
         return None
 
     # -- leased receive ------------------------------------------------------------------------------
@@ -147,7 +166,7 @@ class ReceiveService:
         *,
         lease_for: timedelta = DEFAULT_LEASE,
         agent_id: str | None = None,
-    ) -> LeasedHandoffView | None:
+    ) -> Leased | None:
         """Claim the oldest parked hand-off no one holds for ``lease_for``, polling up to ``wait_seconds``."""
         deadline = self.monotonic() + max(0.0, wait_seconds)
         while True:
@@ -158,7 +177,7 @@ class ReceiveService:
 
     def _lease_once(
         self, endpoint_id: str, event_type_ids: Sequence[str], lease_for: timedelta, agent_id: str | None
-    ) -> LeasedHandoffView | None:
+    ) -> Leased | None:
         """Lease the oldest free hand-off; None only when a read of the index found none free.
 
         A candidate we lose (another agent leased it, a settlement claimed it, or a projection removed it
@@ -190,15 +209,7 @@ class ReceiveService:
                 token = uuid.uuid4().hex
                 until = now + lease_for
                 if self._write_lease(endpoint_id, entry, token, until, agent_id, now):
-                    return LeasedHandoffView(
-                        **PendingHandoffView.of(row).model_dump(by_alias=False),
-                        lease=LeaseView(
-                            token=token,
-                            expires_at=until,
-                            lease_seconds=int(lease_for.total_seconds()),
-                            leased_by=agent_id,
-                        ),
-                    )
+                    return Leased(row, Lease(token, until, lease_for, agent_id))
                 # another agent leased it (or a settlement claimed it) between our read and our write
                 lost = True
             if not lost:
@@ -227,19 +238,14 @@ class ReceiveService:
 
     def renew(
         self, endpoint_id: str, event_id: str, token: str, *, lease_for: timedelta = DEFAULT_LEASE
-    ) -> LeaseView:
+    ) -> Lease:
         """Extend a lease the token still holds (also one that expired while no one took it)."""
         entry = self._held(endpoint_id, event_id, token)
         now = self.clock()
         until = now + lease_for
         if not self._write_lease(endpoint_id, entry, token, until, entry.leased_by, entry.leased_at or now):
             raise self._lost(event_id)
-        return LeaseView(
-            token=token,
-            expires_at=until,
-            lease_seconds=int(lease_for.total_seconds()),
-            leased_by=entry.leased_by or None,
-        )
+        return Lease(token, until, lease_for, entry.leased_by or None)
 
     def release(self, endpoint_id: str, event_id: str, token: str) -> None:
         """Give the hand-off back at once (the next receive gets it)."""
@@ -270,23 +276,21 @@ class ReceiveService:
             field="leaseToken",
         )
 
-    def job(self, endpoint_id: str, external_job_id: str) -> PendingHandoffView:
+    def job(self, endpoint_id: str, external_job_id: str) -> EventRow:
         """The parked event carrying ``external_job_id``, or 404."""
         for entry in self.store.jobs(endpoint_id, external_job_id):
             row = self.store.get_event(endpoint_id, entry.event_id)
             if row is not None and row.is_pending_handoff and row.external_job_id == external_job_id:
-                return PendingHandoffView.of(row)
+                return row
         raise NotFound(f"No parked hand-off with external job id {external_job_id!r} on {endpoint_id!r}.")
 
-    def event(self, endpoint_id: str, event_id: str) -> EventView:
+    def event(self, endpoint_id: str, event_id: str) -> EventRecord:
         """The event row with its history and audits (one range query), or 404."""
         row, history, audits = classify_event_rows(self.store.event_rows(endpoint_id, event_id))
         if row is None:
             raise NotFound(f"Event {event_id!r} is unknown on endpoint {endpoint_id!r}.")
-        return EventView.of(row, history, audits)
+        return EventRecord(row, history, audits)
 
-    def unconfirmed(self, endpoint_id: str) -> UnconfirmedList:
+    def unconfirmed(self, endpoint_id: str) -> list[UnconfirmedRow]:
         """Settlements that could neither be confirmed nor safely re-sent (one range read)."""
-        rows = self.store.unconfirmed(endpoint_id)
-        items = [from_fields(UnconfirmedClaim, r, message_type=r.message_type.name) for r in rows]
-        return UnconfirmedList(endpoint_id=endpoint_id, count=len(items), items=items)
+        return self.store.unconfirmed(endpoint_id)
