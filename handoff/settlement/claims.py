@@ -2,9 +2,8 @@
 table operations that do it. No I/O.
 
 :class:`~handoff.settlement.settler.SettlementService` and its follow-up (:mod:`handoff.settlement.follow_up`)
-read the rows,
-ask these functions, submit what they return, hand a refused write to :func:`common.transactions.refusal`
-and ask again. Every rule is here once:
+read the rows, ask these functions, submit what they return, hand a refused write to
+:func:`common.transactions.refusal` and ask again. Every rule is here once:
 
 * taken: :func:`plan_claim` (insert-only, so of two settlements of one hand-off only one is ever written),
   fenced by a lease (:func:`holds_lease`) and refused as :func:`claim_refused` says;
