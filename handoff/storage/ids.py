@@ -29,7 +29,7 @@ from handoff.storage import keys
 from handoff.storage.records import ReconcileRow
 from handoff.storage.store import HandoffStore
 
-log = logging.getLogger("settle.handoff.storage.ids")
+log = logging.getLogger("settle.handoff.ids")
 
 IDS_TASK = "ids"
 # Rows this process wrote lately are not sent again (an event's id, session and job come with each of its

@@ -43,7 +43,7 @@ from handoff.storage.records import (
 if TYPE_CHECKING:
     from azure.data.tables import TableClient
 
-log = logging.getLogger("settle.handoff.storage.store")
+log = logging.getLogger("settle.handoff.store")
 
 
 class HandoffStore:
