@@ -27,7 +27,7 @@ from azure.functions.servicebus import ServiceBusMessage
 
 from bench.harness import Environment, Figure, HttpAnswer, at_most, verdict_at_least, verdict_equal
 from handoff import service
-from handoff.transport import LoopbackTransport
+from handoff.messages.transport import LoopbackTransport
 
 SECTION = "agents"
 AGENTS = (1, 2, 4, 8)

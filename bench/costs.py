@@ -159,7 +159,7 @@ def _counted(proxy: CountingProxy, quiet_s: float, steps: list[tuple[str, Callab
 def handoff(app: App, proxy: CountingProxy, *, quiet_s: float, endpoint: str = ENDPOINT) -> Measured:
     """One full hand-off on ``endpoint`` (nothing else parked there), step by step (:data:`HANDOFF`)."""
     from handoff import service
-    from handoff.transport import LoopbackTransport
+    from handoff.messages.transport import LoopbackTransport
 
     sent: list[Any] = []
     service.use_transport(LoopbackTransport(sent.append))  # the control message is captured, not projected

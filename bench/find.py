@@ -24,7 +24,8 @@ from typing import Any
 from bench.harness import Environment, Figure, missing, ratio, verdict_at_most
 from bench.proxy import CountingProxy
 from bench.workload import expect, nimbus_message
-from handoff import keys, service
+from handoff import service
+from handoff.storage import keys
 
 SECTION = "find"
 SHARDS = 4

@@ -60,9 +60,9 @@ from bench.throttle import SCALE, Budget
 from common import runtime
 from devtools.azurite import Azurite
 from handoff import service
-from handoff.contract import Prop, properties_of
-from handoff.keys import EVENTS_TABLE, shard_of
-from handoff.resolver import Outcome
+from handoff.messages.contract import Prop, properties_of
+from handoff.projection.resolver import Outcome
+from handoff.storage.keys import EVENTS_TABLE, shard_of
 
 SECTION = "scaleout"
 SHARD_COUNTS = (1, 4, 16)

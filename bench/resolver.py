@@ -36,7 +36,7 @@ from azure.data.tables import TableClient
 from bench.harness import Environment, Figure, median, missing, verdict_at_least
 from bench.workload import event_messages, raw_entity, unique_row
 from common import runtime
-from handoff.keys import IDS_TABLE
+from handoff.storage.keys import IDS_TABLE
 
 SECTION = "resolver"
 TARGET = 0.8

@@ -12,7 +12,7 @@ retries and back-off included, gets the time that is left as its total, and each
 read timeouts are cut to it; once it is spent no request is sent, the call fails as a timeout, and the
 HTTP layer answers 503 problem+json with ``Retry-After`` (:func:`common.http.within_deadline`).
 
-A long poll (``handoff.receive.long_poll``) has its wait added to its deadline.
+A long poll (``handoff.receive.receiver.long_poll``) has its wait added to its deadline.
 
 What it did: each write request sent (a per-attempt policy on the table clients,
 ``common.tables.WriteWatch``) counts as *maybe applied* unless storage answered with a refusal that

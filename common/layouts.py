@@ -1,6 +1,6 @@
 """The shard layout in force, recorded in storage: one row per table family, read once per process.
 
-A layout decides which partition a record is created in (``state/keys.py`` ``Layout``, ``handoff/keys.py``
+A layout picks the partition a new record goes to (``state/keys.py`` ``Layout``, ``handoff/storage/keys.py``
 "Sharded endpoints"). It used to be an app setting each instance read alone, so an instance whose setting
 differed (a forgotten ``..._PREVIOUS``, a rollout that reaches instances minutes apart) routed records into
 partitions where the others never look: a settled key answered ``exists: false`` and a second lock was

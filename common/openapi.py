@@ -9,6 +9,7 @@ start does not call costs it nothing; so is pydantic's JSON schema generator.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
@@ -39,16 +40,20 @@ PROBLEM_SCHEMA: dict[str, Any] = {
 }
 
 
-# A model class, or "module:Name" for one imported only when the document is built.
-ModelRef = type[BaseModel] | str
+# A model class; a function that returns one, asked only when the document is built (``lambda: models.Name``,
+# so that indexing the app loads no model); or "module:Name", imported then.
+ModelRef = type[BaseModel] | Callable[[], type[BaseModel]] | str
 
 
 def resolve(model: ModelRef) -> type[BaseModel]:
-    """The model class ``model`` names (``"module:Name"`` is imported now)."""
-    if not isinstance(model, str):
+    """The model class ``model`` names (a function is called now, ``"module:Name"`` is imported now)."""
+    if isinstance(model, type):
         return model
-    module, _, name = model.partition(":")
-    found = getattr(importlib.import_module(module), name)
+    if not isinstance(model, str):
+        found: Any = model()
+    else:
+        module, _, name = model.partition(":")
+        found = getattr(importlib.import_module(module), name)
     if not (isinstance(found, type) and issubclass(found, BaseModel)):
         raise TypeError(f"{model} is not a pydantic model")
     return found

@@ -10,15 +10,16 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import azure.functions as func
+from pydantic import BaseModel
 
 from common import invocation, telemetry
 from common.errors import InvalidInput
 from common.http import Handler, operation, parse_body, path_parameter
-from common.openapi import resolve
+from common.models import from_fields
 from common.principal import headers_vouched
 from common.settings import env_flag
 from handoff import limits, service
-from handoff.contract import MessageType
+from handoff.messages.contract import MessageType
 
 if TYPE_CHECKING:
     from handoff.models import (
@@ -31,9 +32,26 @@ if TYPE_CHECKING:
         SettlementAccepted,
         UnconfirmedList,
     )
+    from handoff.receive.receiver import Lease
 
-# The OpenAPI document names the API's models as "module:Name".
-_MODELS = "handoff.models:"
+
+class _ApiModels:
+    """``handoff.models``, imported when a model is first asked for: the worker's indexing and a cold start
+    load none of the API's models. Routes name them as ``lambda: models.Name``, asked for when the OpenAPI
+    document is built and when a handler parses a body."""
+
+    def __getattr__(self, name: str) -> Any:
+        from handoff import models as loaded
+
+        return getattr(loaded, name)
+
+
+if TYPE_CHECKING:
+    from handoff import models
+else:
+    models = _ApiModels()
+
+Model = Callable[[], type[BaseModel]]
 
 # ``next`` long-polls at most this long: far below the 230 s HTTP limit of the Functions front end.
 MAX_WAIT_SECONDS = 20
@@ -103,14 +121,14 @@ def _header(req: func.HttpRequest, name: str) -> str | None:
     return value[:256] or None
 
 
-def _settles(action: str, kind: MessageType, request: str, outcome: tuple[str, ...], summary: str) -> None:
+def _settles(action: str, kind: MessageType, request: Model, outcome: tuple[str, ...], summary: str) -> None:
     """Registers ``handoff_<action>``: ``POST v1/handoffs/<action>`` settles the parked hand-off the body
     names with one ``kind`` message, carrying the body's ``outcome`` fields."""
 
     def settle(req: func.HttpRequest) -> SettlementAccepted:
-        from handoff.settlement import Settlement
+        from handoff.settlement.settler import Settlement
 
-        body: Any = parse_body(req, resolve(_MODELS + request))
+        body: Any = parse_body(req, request())
         return service.settlement_service().settle(
             Settlement(
                 kind=kind,
@@ -129,8 +147,8 @@ def _settles(action: str, kind: MessageType, request: str, outcome: tuple[str, .
         route=f"v1/handoffs/{action}",
         method="POST",
         summary=summary,
-        request=_MODELS + request,
-        response=_MODELS + "SettlementAccepted",
+        request=request,
+        response=lambda: models.SettlementAccepted,
         responses=_SETTLE_RESPONSES,
         ok_status=202,
     )(settle)
@@ -139,14 +157,14 @@ def _settles(action: str, kind: MessageType, request: str, outcome: tuple[str, .
 _settles(
     "complete",
     MessageType.HandoffCompletedRequest,
-    "CompleteHandoffRequest",
+    lambda: models.CompleteHandoffRequest,
     ("result",),
     "Complete a parked hand-off (sends one HandoffCompletedRequest)",
 )
 _settles(
     "fail",
     MessageType.HandoffFailedRequest,
-    "FailHandoffRequest",
+    lambda: models.FailHandoffRequest,
     ("error_text", "error_type"),
     "Fail a parked hand-off (sends one HandoffFailedRequest)",
 )
@@ -157,9 +175,9 @@ def _per_endpoint(
     method: str,
     *,
     summary: str,
-    response: str,
+    response: Model,
     span: str | None = None,
-    request: str | None = None,
+    request: Model | None = None,
     responses: dict[int, str] | None = None,
     more: tuple[dict[str, Any], ...] = (),
     query: str | None = None,
@@ -172,8 +190,8 @@ def _per_endpoint(
         query_route=f"v1/handoffs/{query or what}",
         method=method,
         summary=summary,
-        request=None if request is None else _MODELS + request,
-        response=_MODELS + response,
+        request=request,
+        response=response,
         responses=responses,
         parameters=(_ENDPOINT, *more),
         span=f"settle.handoff.{span or what}",
@@ -213,7 +231,7 @@ def _route(req: func.HttpRequest, name: str) -> str:
     "next",
     "GET",
     summary=f"Oldest parked hand-off of an endpoint (non-claiming; waits up to {MAX_WAIT_SECONDS} s), or 204",
-    response="PendingHandoffView",
+    response=lambda: models.PendingHandoffView,
     responses={204: "No parked hand-off within the wait", 400: "Invalid parameter"},
     more=(
         {
@@ -233,11 +251,12 @@ def _route(req: func.HttpRequest, name: str) -> str:
     ),
 )
 def handoff_next(req: func.HttpRequest) -> PendingHandoffView | None:
-    from handoff.receive import long_poll
+    from handoff.receive.receiver import long_poll
 
     endpoint_id, types, wait = _route(req, "endpointId"), _event_types(req), _wait_seconds(req)
     with long_poll(wait):
-        return service.receive_service().next(endpoint_id, types, wait)
+        row = service.receive_service().next(endpoint_id, types, wait)
+        return None if row is None else models.PendingHandoffView.of(row)
 
 
 _LEASE_RESPONSES = {
@@ -252,7 +271,7 @@ _LEASE_RESPONSES = {
     "POST",
     summary="Lease the oldest parked hand-off no one holds (leased receive; waits up to "
     f"{MAX_WAIT_SECONDS} s), or 204",
-    response="LeasedHandoffView",
+    response=lambda: models.LeasedHandoffView,
     responses={
         204: "No parked hand-off free within the wait",
         400: "Invalid parameter",
@@ -276,24 +295,39 @@ _LEASE_RESPONSES = {
     ),
 )
 def handoff_receive(req: func.HttpRequest) -> LeasedHandoffView | None:
-    from handoff.receive import lease_length, long_poll
+    from handoff.receive.receiver import lease_length, long_poll
 
     endpoint_id, types, wait = _route(req, "endpointId"), _event_types(req), _wait_seconds(req)
     lease_for = lease_length(req.params.get("leaseSeconds"))
     with long_poll(wait):
-        return service.receive_service().lease(
+        leased = service.receive_service().lease(
             endpoint_id, types, wait, lease_for=lease_for, agent_id=limits.agent_id(req)
+        )
+        if leased is None:
+            return None
+        return models.LeasedHandoffView(
+            **models.PendingHandoffView.of(leased.row).model_dump(by_alias=False),
+            lease=_lease_view(leased.lease),
         )
 
 
-def _lease(action: str, summary: str, response: str) -> Callable[[Handler], Any]:
+def _lease_view(lease: Lease) -> LeaseView:
+    return models.LeaseView(
+        token=lease.token,
+        expires_at=lease.expires_at,
+        lease_seconds=int(lease.lease_for.total_seconds()),
+        leased_by=lease.leased_by,
+    )
+
+
+def _lease(action: str, summary: str, response: Model) -> Callable[[Handler], Any]:
     """Registers ``POST v1/handoffs/{endpointId}/leases/<action>`` (a ``LeaseRequest`` body), with its
     query twin and the span ``settle.handoff.lease.<action>``."""
     return _per_endpoint(
         f"leases/{action}",
         "POST",
         summary=summary,
-        request="LeaseRequest",
+        request=lambda: models.LeaseRequest,
         response=response,
         responses=_LEASE_RESPONSES,
         span=f"lease.{action}",
@@ -308,16 +342,22 @@ def _lease_request(req: func.HttpRequest) -> tuple[str, LeaseRequest]:
     return _route(req, "endpointId"), body
 
 
-@_lease("renew", "Renew a lease while its token still holds the hand-off", "LeaseView")
+@_lease("renew", "Renew a lease while its token still holds the hand-off", lambda: models.LeaseView)
 def handoff_lease_renew(req: func.HttpRequest) -> LeaseView:
-    from handoff.receive import lease_length
+    from handoff.receive.receiver import lease_length
 
     endpoint_id, body = _lease_request(req)
     lease_for = lease_length(body.lease_seconds)
-    return service.receive_service().renew(endpoint_id, body.event_id, body.lease_token, lease_for=lease_for)
+    return _lease_view(
+        service.receive_service().renew(endpoint_id, body.event_id, body.lease_token, lease_for=lease_for)
+    )
 
 
-@_lease("release", "Release a lease: the hand-off is offered to the next receive at once", "LeaseReleased")
+@_lease(
+    "release",
+    "Release a lease: the hand-off is offered to the next receive at once",
+    lambda: models.LeaseReleased,
+)
 def handoff_lease_release(req: func.HttpRequest) -> LeaseReleased:
     from handoff.models import LeaseReleased
 
@@ -330,24 +370,28 @@ def handoff_lease_release(req: func.HttpRequest) -> LeaseReleased:
     "jobs/{externalJobId}",
     "GET",
     summary="The parked hand-off carrying an external job id",
-    response="PendingHandoffView",
+    response=lambda: models.PendingHandoffView,
     responses={404: "No parked hand-off with that job id"},
     more=(path_parameter("externalJobId"),),
     span="job",
     query="jobs",
 )
 def handoff_job(req: func.HttpRequest) -> PendingHandoffView:
-    return service.receive_service().job(_route(req, "endpointId"), _route(req, "externalJobId"))
+    row = service.receive_service().job(_route(req, "endpointId"), _route(req, "externalJobId"))
+    return models.PendingHandoffView.of(row)
 
 
 @_per_endpoint(
     "unconfirmed",
     "GET",
     summary="Settlements Settle could neither confirm nor safely re-send (an operator must check them)",
-    response="UnconfirmedList",
+    response=lambda: models.UnconfirmedList,
 )
 def handoff_unconfirmed(req: func.HttpRequest) -> UnconfirmedList:
-    return service.receive_service().unconfirmed(_route(req, "endpointId"))
+    endpoint_id = _route(req, "endpointId")
+    rows = service.receive_service().unconfirmed(endpoint_id)
+    items = [from_fields(models.UnconfirmedClaim, r, message_type=r.message_type.name) for r in rows]
+    return models.UnconfirmedList(endpoint_id=endpoint_id, count=len(items), items=items)
 
 
 @operation(
@@ -356,7 +400,7 @@ def handoff_unconfirmed(req: func.HttpRequest) -> UnconfirmedList:
     query_route="v1/events",
     method="GET",
     summary="An event row with its message history and audits",
-    response=_MODELS + "EventView",
+    response=lambda: models.EventView,
     responses={404: "Unknown event"},
     parameters=(
         _ENDPOINT,
@@ -365,7 +409,8 @@ def handoff_unconfirmed(req: func.HttpRequest) -> UnconfirmedList:
     span="settle.events.get",
 )
 def event_get(req: func.HttpRequest) -> EventView:
-    return service.receive_service().event(_route(req, "endpointId"), _route(req, "eventId"))
+    found = service.receive_service().event(_route(req, "endpointId"), _route(req, "eventId"))
+    return models.EventView.of(found.row, found.history, found.audits)
 
 
 @bp.function_name("handoff_sweeper")
@@ -382,15 +427,7 @@ def handoff_sweeper(timer: func.TimerRequest, context: func.Context = None) -> N
         telemetry.invocation(context),
         telemetry.span("settle.sweeper.run", {"settle.sweeper.enabled": sweeping}),
     ):
-        from handoff.sweeper import tick
-
-        report = tick(
-            service.store(),
-            service.reconciler(),
-            service.overview().fold_all,
-            service.sweeper() if sweeping else None,
-            gauges_at=service.settlement_service().clock if telemetry.enabled() else None,
-        )
+        report = service.timer_tick(sweeping=sweeping, gauges=telemetry.enabled())
         if report is not None:
             telemetry.annotate(
                 {"settle.sweeper.failed": len(report.failed), "settle.sweeper.skipped": len(report.skipped)}

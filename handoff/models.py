@@ -9,10 +9,10 @@ from typing import Annotated, Any
 from pydantic import Field, StringConstraints
 
 from common.models import ApiModel, RequestModel, from_fields
-from handoff.contract import Coordinates
 from handoff.limits import MAX_ENDPOINT_ID, MAX_ID
-from handoff.outbox import text_at
-from handoff.records import AuditRow, EventRow, HistoryRow
+from handoff.messages.contract import Coordinates
+from handoff.storage.json_text import text_at
+from handoff.storage.records import AuditRow, EventRow, HistoryRow
 
 Text = Annotated[str, StringConstraints(min_length=1, max_length=1000)]
 # Identifiers, bounded as README "Limits" documents (handoff/limits.py says why these maxima).

@@ -7,6 +7,8 @@ settlement, the reconciler and the resolver's redelivery alike, so :func:`use_tr
 all of them at once.
 
 Each service's module is imported inside its builder, so the worker's indexing of the app loads none of them.
+Keys route by the layout recorded in storage on their own (``handoff/storage/keys.py``): nothing here is
+installed into another module.
 """
 
 from __future__ import annotations
@@ -14,28 +16,26 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from common import runtime
-from handoff import keys
-from handoff.layout import forget, recorded_counts, recorded_era
 
 if TYPE_CHECKING:
-    from handoff.overview import Overview
-    from handoff.receive import ReceiveService
-    from handoff.reconciler import Reconciler
-    from handoff.resolver import Redelivery, ResolverService
-    from handoff.settlement import SettlementService
-    from handoff.store import HandoffStore
-    from handoff.sweeper import Sweeper
-    from handoff.transport import Transport
+    from handoff.messages.transport import Transport
+    from handoff.projection.resolver import Redelivery, ResolverService
+    from handoff.receive.receiver import ReceiveService
+    from handoff.settlement.settler import SettlementService
+    from handoff.storage.overview import Overview
+    from handoff.storage.store import HandoffStore
+    from handoff.timers.reconciler import Reconciler
+    from handoff.timers.sweeper import Sweeper, SweepReport
 
 
 def _new_store() -> HandoffStore:
-    from handoff.store import HandoffStore
+    from handoff.storage.store import HandoffStore
 
     return HandoffStore(runtime.tables())
 
 
 def _new_transport() -> Transport:
-    from handoff.transport import transport_from_env
+    from handoff.messages.transport import transport_from_env
 
     return transport_from_env(lambda msg: resolver_service().handle(msg))
 
@@ -47,19 +47,19 @@ def _redelivery() -> Redelivery | None:
 
 
 def _new_settlement() -> SettlementService:
-    from handoff.settlement import SettlementService
+    from handoff.settlement.settler import SettlementService
 
     return SettlementService(store(), transport)
 
 
 def _new_resolver() -> ResolverService:
-    from handoff.resolver import ResolverService
+    from handoff.projection.resolver import ResolverService
 
     return ResolverService(store(), redelivery=_redelivery)
 
 
 def _new_receive() -> ReceiveService:
-    from handoff.receive import ReceiveService
+    from handoff.receive.receiver import ReceiveService
 
     return ReceiveService(store())
 
@@ -71,7 +71,7 @@ def _close(transport: Transport) -> None:
 
 
 store = runtime.Lazy(_new_store)
-# The control-message transport chosen from the environment (see :mod:`handoff.transport`).
+# The control-message transport chosen from the environment (see :mod:`handoff.messages.transport`).
 transport = runtime.Lazy(_new_transport, close=_close)
 settlement_service = runtime.Lazy(_new_settlement)
 resolver_service = runtime.Lazy(_new_resolver)
@@ -80,21 +80,35 @@ _SERVICES = (store, transport, settlement_service, resolver_service, receive_ser
 
 
 def sweeper() -> Sweeper:
-    from handoff.sweeper import Sweeper
+    from handoff.timers.sweeper import Sweeper
 
     return Sweeper(settlement_service())
 
 
 def reconciler() -> Reconciler:
-    from handoff.reconciler import Reconciler
+    from handoff.timers.reconciler import Reconciler
 
     return Reconciler(settlement_service())
 
 
 def overview() -> Overview:
-    from handoff.overview import Overview
+    from handoff.storage.overview import Overview
 
     return Overview(store())
+
+
+def timer_tick(*, sweeping: bool, gauges: bool) -> SweepReport | None:
+    """One tick of the ``handoff_sweeper`` timer (:func:`handoff.timers.sweeper.tick`), wired to this
+    process's services: the sweep only when ``sweeping``, the parked gauges only when ``gauges``."""
+    from handoff.timers.sweeper import tick
+
+    return tick(
+        store(),
+        reconciler(),
+        overview().fold_all,
+        sweeper() if sweeping else None,
+        gauges_at=settlement_service().clock if gauges else None,
+    )
 
 
 def use_transport(replacement: Transport) -> None:
@@ -107,12 +121,3 @@ def reset() -> None:
     transport is closed first. :func:`common.runtime.reset` drops them too."""
     for built in _SERVICES:
         built.drop()
-
-
-def _follow_the_recorded_layout() -> None:
-    """Every hand-off key routes by the layout recorded in storage (common/layouts.py), not the setting."""
-
-    keys.follow(recorded_counts, recorded_era, forget)
-
-
-_follow_the_recorded_layout()

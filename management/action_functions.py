@@ -17,8 +17,8 @@ from common.http import Handler, parse_body
 from common.openapi import resolve
 from common.principal import actor_of, allowed, denial
 from handoff import service
-from handoff.contract import MessageType
 from handoff.limits import route_value
+from handoff.messages.contract import MessageType
 from management import services
 from management.api import ACTION, AUTH, MODELS, acting, on_item
 

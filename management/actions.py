@@ -1,5 +1,5 @@
 """Operator actions on an event: resubmit (as is, or with an edited payload), skip, and settling a parked
-hand-off from the console. Each goes through the settlement outbox (:mod:`handoff.settlement`): one
+hand-off from the console. Each goes through the settlement outbox (:mod:`handoff.settlement.settler`): one
 claim, one control message, one audit row, a retry answered from its claim, the reconciler behind it.
 
 Wire shape (``reference/nimbus-contract.md`` §1.5, ``ManagerClient``): ``ResubmissionRequest`` carries
@@ -20,9 +20,8 @@ from datetime import datetime
 from common.clock import iso, utcnow
 from common.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge
 from common.principal import Actor, allowed, denial
-from handoff import keys, store
-from handoff.claim_resolution import RESOLVE_AUDIT, ClaimResolution, ClaimResolver
-from handoff.contract import (
+from common.transactions import insert
+from handoff.messages.contract import (
     Coordinates,
     EventPart,
     MessageContent,
@@ -30,12 +29,17 @@ from handoff.contract import (
     ResolutionStatus,
     control_message,
 )
+from handoff.messages.transport import MAX_SEND_BYTES, encoded_size
 from handoff.models import SettlementAccepted
-from handoff.outbox import ClaimState, bounded_json, request_digest
-from handoff.records import AuditRow, ClaimRow, EventRow, HistoryRow
-from handoff.settlement import ClaimOrder, Settlement, SettlementService
-from handoff.store import classify_event_rows
-from handoff.transport import MAX_SEND_BYTES, encoded_size
+from handoff.settlement.claims import ClaimOrder, request_digest
+from handoff.settlement.settler import Settlement, SettlementService
+from handoff.settlement.unconfirmed import ClaimResolver
+from handoff.settlement.unconfirmed_rules import RESOLVE_AUDIT, ClaimResolution
+from handoff.storage import keys
+from handoff.storage.claim_state import ClaimState
+from handoff.storage.json_text import bounded_json
+from handoff.storage.records import AuditRow, ClaimRow, EventRow, HistoryRow
+from handoff.storage.store import classify_event_rows
 from management.audits import mirror
 
 RESUBMIT = "Resubmit"
@@ -352,9 +356,7 @@ class OperatorActions:
             data=bounded_json({"principalName": actor.principal_name, "principalId": actor.principal_id}),
         )
         pk = self.store.event_partition(row.endpoint_id, row.event_id)
-        self.store.submit(
-            [store.insert(audit.to_entity(pk, keys.audit_row(row.event_id, now, uuid.uuid4().hex)))]
-        )
+        self.store.submit([insert(audit.to_entity(pk, keys.audit_row(row.event_id, now, uuid.uuid4().hex)))])
         mirror(self.store, audit)
         raise denial(actor)
 

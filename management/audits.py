@@ -28,9 +28,9 @@ from datetime import UTC, datetime, timedelta
 
 from common.errors import InvalidInput
 from common.tables import quoted
-from handoff import keys
-from handoff.records import AuditRow
-from handoff.store import HandoffStore
+from handoff.storage import keys
+from handoff.storage.records import AuditRow
+from handoff.storage.store import HandoffStore
 
 log = logging.getLogger("settle.management")
 

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 from common import page_tokens
 from common.tables import quoted
-from handoff import keys
-from handoff.records import ListingRow
-from handoff.store import HandoffStore
+from handoff.storage import keys
+from handoff.storage.records import ListingRow
+from handoff.storage.store import HandoffStore
 from management.models import FoundEvent
 
 BUCKETS = ("Failed", "DeadLettered")

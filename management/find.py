@@ -1,7 +1,7 @@
 """Find, across endpoints: a hand-off by any id the other team gives (failed events: management.failed).
 
 Never a scan, and a find's cost does not grow with the endpoints or their shards: the ids live in the
-lookup index ``hoids`` (layout: :mod:`handoff.keys`, docs/tables.md), written with the projection.
+lookup index ``hoids`` (layout: :mod:`handoff.storage.keys`, docs/tables.md), written with the projection.
 
 - **q** (``GET v1/find?q=``): an event id or its first characters (at least :data:`MIN_PREFIX`; fewer take
   only a whole id), a session id, a message id or an external job id, in any case. Two reads, sent
@@ -31,10 +31,10 @@ from typing import Any
 from common.beside import Beside, side_by_side
 from common.errors import InvalidInput
 from common.tables import quoted
-from handoff import keys
-from handoff.projection import error_text
-from handoff.records import EventRow
-from handoff.store import HandoffStore
+from handoff.projection.rules import error_text
+from handoff.storage import keys
+from handoff.storage.records import EventRow
+from handoff.storage.store import HandoffStore
 from management.models import FindAnswer, FoundEvent, IdMatch
 
 MIN_PREFIX = keys.MIN_PREFIX

@@ -18,8 +18,9 @@ from common.clock import utcnow
 from common.errors import InvalidInput, NotFound
 from common.http import Handler
 from common.layouts import operator_warnings
-from handoff import keys, service
+from handoff import service
 from handoff.limits import query_value, route_value
+from handoff.storage import keys
 from management.api import (
     AUTH,
     BUCKET_NAMES,
@@ -82,7 +83,7 @@ def _per_endpoint(
     MODELS + "EndpointsOverview",
 )
 def endpoints_overview(req: func.HttpRequest) -> EndpointsOverview:
-    from handoff.counts import FAILED_GROUP, PENDING_GROUP, POISON
+    from handoff.storage.counts import FAILED_GROUP, PENDING_GROUP, POISON
     from management.models import Counts, EndpointsOverview, EndpointSummary
 
     overview = service.overview()
@@ -176,8 +177,8 @@ def endpoint_events(req: func.HttpRequest) -> EventPage:
 )
 def endpoint_event(req: func.HttpRequest) -> OperatorEventView:
     from handoff.models import EventView
-    from handoff.records import ClaimRow
-    from handoff.store import classify_event_rows
+    from handoff.storage.records import ClaimRow
+    from handoff.storage.store import classify_event_rows
     from management.actions import offered_actions, payload_of
     from management.models import OperatorEventView
 
@@ -288,7 +289,7 @@ def endpoint_unconfirmed(req: func.HttpRequest) -> UnconfirmedSettlements:
     more=(INDEX_PAGE_SIZE, CONTINUATION),
 )
 def endpoint_overdue(req: func.HttpRequest) -> OverdueHandoffs:
-    from handoff.records import ExpiryRow
+    from handoff.storage.records import ExpiryRow
     from management.models import OverdueHandoff, OverdueHandoffs
 
     endpoint_id = route_value(req, "endpointId")

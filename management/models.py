@@ -11,7 +11,7 @@ from pydantic import Field, StringConstraints
 from common.models import ApiModel, RequestModel, from_fields
 from handoff.limits import MAX_ID
 from handoff.models import AuditEntry, EventView, SettlementAccepted
-from handoff.records import EventRow, ListingRow, PoisonRow
+from handoff.storage.records import EventRow, ListingRow, PoisonRow
 from state.schemas import Record, RecordPage
 
 Name = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=256)]

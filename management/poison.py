@@ -33,12 +33,13 @@ from azure.functions.servicebus import ServiceBusMessage
 from common.clock import iso, utcnow
 from common.errors import Conflict, InvalidInput, NotFound, Unavailable
 from common.principal import Actor, allowed, denial
-from common.transactions import merge_if_unchanged
-from handoff import counts, keys, store
-from handoff.contract import Prop
-from handoff.records import AuditRow, PoisonRow
-from handoff.resolver import Outcome, ResolverService, TransientProjectionError, delta_entity
-from handoff.store import HandoffStore
+from common.transactions import delete, insert, merge_if_unchanged
+from handoff.messages.contract import Prop
+from handoff.projection.resolver import Outcome, ResolverService, TransientProjectionError
+from handoff.projection.rules import delta_entity
+from handoff.storage import counts, keys
+from handoff.storage.records import AuditRow, PoisonRow
+from handoff.storage.store import HandoffStore
 
 OPERATOR_AUDIT_TABLE = "hoaudit"
 PROJECTED = frozenset({Outcome.APPLIED.value, Outcome.REFUSED.value, Outcome.DUPLICATE.value})
@@ -270,8 +271,8 @@ class PoisonDesk:
 
         pk = self.store.poison_partition(row.endpoint_id)
         ops = [
-            store.delete(pk, keys.poison_index_row(day, row_key)),
-            store.insert(delta_entity(pk, self.clock(), {counts.POISON: -1})),
+            delete(pk, keys.poison_index_row(day, row_key)),
+            insert(delta_entity(pk, self.clock(), {counts.POISON: -1})),
         ]
         with contextlib.suppress(TableTransactionError):  # not counted (or uncounted already)
             self.store.submit(ops)

@@ -13,13 +13,13 @@ from tests.telemetry.test_export import clean_env, run_probe
 # Loaded only when an operator or a hand-off agent calls its API (or the OpenAPI document is asked for).
 NOT_AT_COLD_START = (
     "handoff.models",
-    "handoff.receive",
-    "handoff.settlement",
+    "handoff.receive.receiver",
+    "handoff.settlement.settler",
     "management.models",
     "management.actions",
     "management.find",
     "management.bulk",
-    "handoff.overview",
+    "handoff.storage.overview",
     "management.poison",
     "management.audits",
     "management.records",

@@ -197,7 +197,7 @@ def test_a_nested_invocation_ends_no_later_than_the_one_around_it() -> None:
 
 def test_a_long_poll_has_its_wait_on_top_of_the_deadline() -> None:
     # ``next?waitSeconds=20`` polls for 20 s: its last read must not find the 20 s deadline spent.
-    from handoff.receive import long_poll
+    from handoff.receive.receiver import long_poll
 
     with invocation.within(20.0) as budget:
         with long_poll(15.0):

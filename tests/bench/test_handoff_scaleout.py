@@ -8,9 +8,9 @@ import pytest
 
 from bench import handoff_scaleout as bench
 from bench.throttle import Budget
-from handoff import keys
-from handoff.contract import ResolutionStatus
-from handoff.records import EventRow
+from handoff.messages.contract import ResolutionStatus
+from handoff.storage import keys
+from handoff.storage.records import EventRow
 
 PARTITION, ACCOUNT = 10.0, 100.0  # Budget.scaled(): Azure's targets / 200
 

@@ -267,8 +267,8 @@ def unconfirmed_settlement(prefix: str, endpoint_id: str, event_id: str) -> None
     on topics without duplicate detection, the reconciler past its wait (this process, the host's tables)."""
     from common import runtime
     from handoff import service
-    from handoff.contract import Coordinates, MessageType
-    from handoff.settlement import Settlement
+    from handoff.messages.contract import Coordinates, MessageType
+    from handoff.settlement.settler import Settlement
     from tests.handoff.broker import Broker, BrokerTransport
 
     saved = os.environ.get("SETTLE_TABLE_PREFIX")

@@ -22,7 +22,7 @@ def _rows(connection: str, prefix: str) -> dict[str, Counter[str]]:
     """Per event: claims (c), audits (a) and control messages projected back (ctl)."""
     from common.settings import TableSettings
     from common.tables import Tables
-    from handoff import keys
+    from handoff.storage import keys
 
     tables = Tables(
         TableSettings(connection_string=connection, service_uri=None, client_id=None, prefix=prefix)

@@ -107,8 +107,8 @@ def _store_budget_poison(connection: str, prefix: str) -> str:
 
     from common.settings import TableSettings
     from common.tables import Tables
-    from handoff.records import PoisonRow
-    from handoff.store import HandoffStore
+    from handoff.storage.records import PoisonRow
+    from handoff.storage.store import HandoffStore
 
     message = nimbus_message(
         "EventRequest", endpoint=BILLING, event_id="evt-replayed", message_id="evt-replayed-req"

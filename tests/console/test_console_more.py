@@ -73,10 +73,11 @@ def leave_the_page(browser_page: Any, console_host: Any) -> Any:
 def many(console_host: Any, settle_tables: str) -> dict[str, str]:
     """More of each list than a page: hand-offs sharing an event-id prefix and a session, failed events,
     unconfirmed settlements, overdue hand-offs and records stuck in Processing."""
-    from handoff import keys, service
-    from handoff.contract import MessageType, ResolutionStatus
-    from handoff.ids import IdRef
-    from handoff.records import ExpiryRow, ListingRow, UnconfirmedRow
+    from handoff import service
+    from handoff.messages.contract import MessageType, ResolutionStatus
+    from handoff.storage import keys
+    from handoff.storage.ids import IdRef
+    from handoff.storage.records import ExpiryRow, ListingRow, UnconfirmedRow
     from management.records import _LOCK_COLUMN
     from state import service as state_service
     from state.keys import head_row_key

@@ -25,8 +25,8 @@ def unconfirmed_settlement(azurite: str, prefix: str, event_id: str) -> None:
     a send whose outcome is unknown, the reconciler past its wait (this process, the host's tables)."""
     from common import runtime
     from handoff import service
-    from handoff.contract import Coordinates, MessageType
-    from handoff.settlement import Settlement
+    from handoff.messages.contract import Coordinates, MessageType
+    from handoff.settlement.settler import Settlement
     from tests.handoff.broker import Broker, BrokerTransport
 
     saved = os.environ.get("SETTLE_TABLE_PREFIX")

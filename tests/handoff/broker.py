@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from handoff.transport import SendRefused, message_body, to_trigger_message
+from handoff.messages.transport import SendRefused, message_body, to_trigger_message
 
 DETECTION_WINDOW = timedelta(minutes=10)
 

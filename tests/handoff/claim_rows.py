@@ -5,11 +5,12 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime
 
-from handoff import claims, keys
-from handoff.claims import ClaimOrder
-from handoff.contract import MessageType, ResolutionStatus
-from handoff.outbox import OutboxMessage
-from handoff.records import ClaimRow, EventRow
+from handoff.messages.contract import MessageType, ResolutionStatus
+from handoff.messages.outbound import OutboxMessage
+from handoff.settlement import claims
+from handoff.settlement.claims import ClaimOrder
+from handoff.storage import keys
+from handoff.storage.records import ClaimRow, EventRow
 
 T0 = datetime(2026, 12, 1, 9, 0, 0, tzinfo=UTC)
 PK = keys.partition("Billing")  # the endpoint's one partition (S = 1)

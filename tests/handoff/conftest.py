@@ -13,12 +13,12 @@ import pytest
 from azure.functions.servicebus import ServiceBusMessage
 
 from handoff import service
-from handoff.contract import MessageType
+from handoff.messages.contract import MessageType
 
 from .broker import Broker, BrokerTransport
 
 if TYPE_CHECKING:
-    from handoff.settlement import SettlementService
+    from handoff.settlement.settler import SettlementService
 
 EVENT_TYPE = "Billing.InvoiceCreated"
 T0 = datetime(2026, 11, 30, 9, 0, 0, tzinfo=UTC)
@@ -159,7 +159,7 @@ class CaptureTransport:
     duplicate_window: timedelta | None = None
 
     def send(self, topic: str, message: Any) -> None:
-        from handoff.transport import SendRefused, to_trigger_message
+        from handoff.messages.transport import SendRefused, to_trigger_message
 
         if self.fail:
             raise SendRefused("Service Bus is down (test)")
@@ -190,8 +190,8 @@ def delivered_then_raised() -> Iterator[Broker]:
 def other_instance(delivered_then_raised: Broker) -> SettlementService:
     """A second instance's settlement service: its own objects on the same tables and transport."""
     from common import runtime
-    from handoff.settlement import SettlementService
-    from handoff.store import HandoffStore
+    from handoff.settlement.settler import SettlementService
+    from handoff.storage.store import HandoffStore
 
     return SettlementService(HandoffStore(runtime.tables()), service.transport)
 

@@ -10,8 +10,8 @@ from typing import Any, TypeVar
 from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
 
 from common.transactions import Operation, Refusal, refusal
-from handoff import keys
-from handoff.records import TableRecord
+from handoff.storage import keys
+from handoff.storage.records import TableRecord
 from tests.support.memory_table import MemoryTables
 
 R = TypeVar("R", bound=TableRecord)

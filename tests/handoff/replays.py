@@ -1,4 +1,4 @@
-"""Identical requests racing on two instances, and what their answers must say (issue 44, item 4).
+"""Identical requests racing on two instances, and what their answers must say.
 
 Used by ``tests/handoff/test_replay_state.py`` (settlements) and ``tests/operator/test_replay_state.py``
 (the operator's actions, through the same claim); the fixtures are ``delivered_then_raised`` and

@@ -1,4 +1,5 @@
-"""The claim rules (``handoff.claims``) and the lease rules (``handoff.leases``) on their own: no storage.
+"""The claim rules (``handoff.settlement.claims``) and the lease rules (``handoff.receive.leases``) on their
+own: no storage.
 
 Example tests name one rule each; the property test drives many settlers, lease holders, re-senders and
 releases at random times against an in-memory table (``memory_table``) and checks that two different
@@ -23,14 +24,16 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from common.clock import iso
 from common.errors import Conflict
 from common.transactions import Refusal
-from handoff import claims, keys, leases, service
-from handoff.claims import ClaimOrder, ClaimRefused, SettlementInFlight
-from handoff.contract import MessageType, ResolutionStatus
-from handoff.leases import LeaseLost
-from handoff.outbox import ClaimState
-from handoff.records import ClaimRow, QueueRow
-from handoff.settlement import SettlementService
-from handoff.store import HandoffStore
+from handoff.messages.contract import MessageType, ResolutionStatus
+from handoff.receive import leases
+from handoff.receive.leases import LeaseLost
+from handoff.settlement import claims
+from handoff.settlement.claims import ClaimOrder, ClaimRefused, SettlementInFlight
+from handoff.settlement.settler import SettlementService
+from handoff.storage import keys
+from handoff.storage.claim_state import ClaimState
+from handoff.storage.records import ClaimRow, QueueRow
+from handoff.storage.store import HandoffStore
 
 from .claim_rows import CLAIM_KEY, EVENT, PARKED, PK, QUEUE_KEY, T0, claim_row, message, order, parked
 from .memory_table import MemoryTable, Refused
@@ -296,7 +299,7 @@ def one_partition_per_endpoint() -> Iterator[None]:
     """The hand-off keys route by S = 1 with no earlier layout (no recorded layout is read: no storage)."""
     keys.follow(lambda: (1, ()), lambda: 0, lambda: None)
     yield
-    service._follow_the_recorded_layout()
+    keys.follow(None)
 
 
 def take(table: MemoryTable, want: ClaimOrder, now: datetime) -> tuple[str, ClaimRow | None]:

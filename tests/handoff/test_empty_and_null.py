@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from handoff import service
-from handoff.contract import MessageType
-from handoff.records import HistoryRow
+from handoff.messages.contract import MessageType
+from handoff.storage.records import HistoryRow
 
 from .conftest import Flow, event_of
 

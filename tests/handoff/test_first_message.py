@@ -1,5 +1,5 @@
 """A cold instance's first message for an endpoint lists the endpoint beside the event's read
-(``common.beside``), and never writes an event of an endpoint it could not list (issue 21, cold start):
+(``common.beside``), and never writes an event of an endpoint it could not list:
 the operator overview, the sweeper and the reconciler only walk listed endpoints.
 """
 
@@ -16,7 +16,7 @@ from azure.core.pipeline.policies import SansIOHTTPPolicy
 from common import runtime
 from common.roundtrips import ROUND_TRIPS
 from handoff import service
-from handoff.resolver import Outcome, TransientProjectionError
+from handoff.projection.resolver import Outcome, TransientProjectionError
 
 from .conftest import Flow
 

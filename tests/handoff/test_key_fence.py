@@ -14,8 +14,9 @@ from azure.core.pipeline import PipelineRequest, PipelineResponse
 from azure.core.pipeline.policies import HTTPPolicy
 
 from common import runtime
-from handoff import keys, service
-from handoff.layout import forget
+from handoff import service
+from handoff.storage import keys
+from handoff.storage.keys import forget
 
 from .conftest import Flow
 
@@ -45,7 +46,7 @@ def layout() -> Iterator[Callable[[int, tuple[int, ...], int], None]]:
         keys.follow(lambda: (shards, earlier), lambda: era, forget)
 
     yield follow
-    service._follow_the_recorded_layout()
+    keys.follow(None)
 
 
 def event_rows(event_id: str) -> list[dict[str, Any]]:

@@ -15,9 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from handoff import keys, service
-from handoff.resolver import ResolverService
-from handoff.store import HandoffStore
+from handoff.projection.resolver import ResolverService
+from handoff.storage import keys
+from handoff.storage.store import HandoffStore
 from tests.state.test_key_fence_interleavings import Turns
 from tests.support.memory_table import MemoryTables
 
@@ -41,7 +41,7 @@ ROUTING = Routing()
 def per_thread_layouts() -> Iterator[None]:
     keys.follow(lambda: LAYOUTS[ROUTING.era][0], lambda: LAYOUTS[ROUTING.era][1], lambda: None)
     yield
-    service._follow_the_recorded_layout()
+    keys.follow(None)
 
 
 def project_all(tables: MemoryTables, jobs: list[tuple[int, Any]], schedule: list[int]) -> None:

@@ -1,4 +1,4 @@
-"""Leased receive (issue 22, item 1): agents that share an endpoint split its parked hand-offs.
+"""Leased receive: agents that share an endpoint split its parked hand-offs.
 
 A receive claims the oldest parked hand-off no one holds for a lease and answers it with a lease token;
 hand-offs under a live lease are skipped (one unfinished hand-off never blocks the rest); a settlement
@@ -218,7 +218,7 @@ def test_a_lease_length_out_of_bounds_is_400_naming_it(call, resolve, broker, va
 
 
 def test_long_polls_beyond_the_instances_permits_are_429_with_retry_after(call, broker):
-    from handoff.receive import LONG_POLL_PERMITS, long_polls
+    from handoff.receive.receiver import LONG_POLL_PERMITS, long_polls
 
     assert LONG_POLL_PERMITS == 20  # NimBus's nimbus-agent-receive limiter
     held = [long_polls.acquire(blocking=False) for _ in range(LONG_POLL_PERMITS)]
@@ -295,7 +295,7 @@ def test_a_receive_that_keeps_losing_to_faster_agents_reads_on_instead_of_answer
     """The adversary is always faster: right after each of the first eight index reads, other agents lease
     every candidate on the page. A receive that gave up after a fixed number of lost rounds answered 204
     while hand-offs were still free; it must read again (the taken ones are skipped) and lease one."""
-    from handoff import receive as receive_module
+    from handoff.receive import receiver as receive_module
 
     monkeypatch.setattr(receive_module, "_LEASE_CANDIDATES", 3)
     monkeypatch.setattr(receive_module, "_LEASE_CANDIDATES_MAX", 3, raising=False)
@@ -399,7 +399,7 @@ def test_an_empty_first_page_with_a_continuation_token_is_not_read_as_no_hand_of
 
 
 def test_the_oldest_pending_age_survives_an_empty_first_page_with_a_continuation_token(call, resolve, broker):
-    from handoff.counts import PENDING_GROUP
+    from handoff.storage.counts import PENDING_GROUP
 
     endpoint = "Billing-" + uuid.uuid4().hex[:8]
     parked_many(resolve, endpoint, 3)

@@ -15,8 +15,8 @@ import uuid
 import pytest
 
 from handoff import service
-from handoff.contract import Coordinates, MessageType, build_control_message, settlement_content
-from handoff.transport import ServiceBusTransport
+from handoff.messages.contract import Coordinates, MessageType, build_control_message, settlement_content
+from handoff.messages.transport import ServiceBusTransport
 
 pytestmark = pytest.mark.live
 

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from handoff import service
-from handoff.contract import MessageType
+from handoff.messages.contract import MessageType
 
 from .conftest import Flow, event_of
 

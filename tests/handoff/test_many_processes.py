@@ -1,4 +1,4 @@
-"""Many hands on two OS processes against Azurite (issue 22): identical settlements and identical
+"""Many hands on two OS processes against Azurite: identical settlements and identical
 operator retries racing from two processes, each projecting what it sends (the loopback transport).
 
 Every answer is 202 with one ``controlMessageId`` per hand-off, no claim is ``superseded``, one audit.
@@ -79,7 +79,7 @@ def test_identical_settlements_from_two_processes_all_get_202_and_one_message(ca
 
 
 def test_an_operator_retry_from_another_process_is_answered_from_the_claim(call: Caller, resolve):
-    from handoff.contract import MessageType
+    from handoff.messages.contract import MessageType
 
     endpoint = "Billing-" + uuid.uuid4().hex[:8]
     flows = [Flow(endpoint=endpoint, event_id=str(uuid.uuid4())) for _ in range(6)]

@@ -1,4 +1,4 @@
-"""One settlement, one answer (issue 22, item 3): identical concurrent or retried settlements are all
+"""One settlement, one answer: identical concurrent or retried settlements are all
 202 with one ``controlMessageId``; a delivered control message is never recorded ``superseded`` nor
 listed ``unconfirmed``; a re-send never lands after the duplicate-detection window.
 
@@ -159,16 +159,16 @@ def test_identical_settlements_at_once_are_all_202_with_one_control_message(call
 
 
 def test_the_resend_margin_exceeds_the_send_paths_bounded_worst_case():
-    from handoff.outbox import RESEND_MARGIN
-    from handoff.transport import SEND_WORST_CASE
+    from handoff.messages.transport import SEND_WORST_CASE
+    from handoff.settlement.timing import RESEND_MARGIN
 
     clock_error = timedelta(seconds=30)
     assert SEND_WORST_CASE + clock_error < RESEND_MARGIN
 
 
 def test_a_link_that_took_longer_than_its_budget_to_open_sends_nothing(monkeypatch):
-    from handoff import transport as t
-    from handoff.transport import SendRefused, ServiceBusTransport
+    from handoff.messages import transport as t
+    from handoff.messages.transport import SendRefused, ServiceBusTransport
 
     bus = ServiceBusTransport(connection_string="Endpoint=sb://x/;SharedAccessKeyName=k;SharedAccessKey=v")
     sent: list[Any] = []
@@ -180,7 +180,9 @@ def test_a_link_that_took_longer_than_its_budget_to_open_sends_nothing(monkeypat
     ticks = iter([0.0, t._OPEN_BUDGET_S + 1])
     import types
 
-    monkeypatch.setattr("handoff.transport.time", types.SimpleNamespace(monotonic=lambda: next(ticks)))
+    monkeypatch.setattr(
+        "handoff.messages.transport.time", types.SimpleNamespace(monotonic=lambda: next(ticks))
+    )
     monkeypatch.setattr(bus, "_open", lambda topic: Sender())
     from azure.servicebus import ServiceBusMessage
 

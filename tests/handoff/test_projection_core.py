@@ -1,4 +1,4 @@
-"""The projection of a resolver message (``handoff.projection``) without storage: the transaction it
+"""The projection of a resolver message (``handoff.projection.rules``) without storage: the transaction it
 writes, what a refusal of it means, and the stale-write guard over any order of late copies."""
 
 from __future__ import annotations
@@ -10,15 +10,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from common.transactions import Refusal
-from handoff import keys
-from handoff.contract import InboundMessage, MessageContent, MessageType, ResolutionStatus
-from handoff.projection import (
+from handoff.messages.contract import InboundMessage, MessageContent, MessageType, ResolutionStatus
+from handoff.projection.rules import (
     ProjectionRefused,
     plan_projection,
     project,
     projection_refused,
 )
-from handoff.records import EventRow
+from handoff.storage import keys
+from handoff.storage.records import EventRow
 
 T0 = datetime(2026, 12, 1, 9, 0, 0, tzinfo=UTC)
 PK = "billing"

@@ -6,8 +6,9 @@ import time
 from datetime import UTC, datetime, timedelta
 
 from common.roundtrips import ROUND_TRIPS
-from handoff import keys, service
+from handoff import service
 from handoff.functions import MAX_WAIT_SECONDS
+from handoff.storage import keys
 
 from .conftest import Flow, event_of
 

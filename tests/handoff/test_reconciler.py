@@ -1,4 +1,4 @@
-"""The reconciler finishes what a settlement started: confirm, re-send safely, or say it cannot (issue 11).
+"""The reconciler finishes what a settlement started: confirm, re-send safely, or say it cannot.
 
 It runs on every tick of the ``handoff_sweeper`` timer, whether or not timeouts are swept.
 """
@@ -15,8 +15,9 @@ from azure.functions.timer import TimerRequest
 
 from common import runtime
 from common.clock import utcnow
-from handoff import keys, service
-from handoff.contract import MessageType
+from handoff import service
+from handoff.messages.contract import MessageType
+from handoff.storage import keys
 
 from .broker import Broker, BrokerTransport
 from .conftest import Flow, event_of

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from common import layouts, runtime
-from handoff import keys, service
+from handoff import service
+from handoff.storage import keys
 from tests.layouts import fast_changes, reshard
 
 from .broker import Broker, BrokerTransport
@@ -122,7 +123,7 @@ def test_a_change_made_the_explicit_way_loses_no_hand_off(call: Any, resolve: An
 def test_a_message_in_the_moment_before_a_change_is_retried_never_poisoned(
     call: Any, deployment: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from handoff.resolver import Outcome
+    from handoff.projection.resolver import Outcome
 
     from .test_resolver_failures import RecordingRedelivery
 

@@ -1,4 +1,4 @@
-"""One request, one answer state, when the send was delivered and then raised (issue 44, item 4).
+"""One request, one answer state, when the send was delivered and then raised.
 
 The broker kept the control message and the resolver projected it (as the loopback does, at once), but the
 sender saw an error: its claim stays ``sending``. Identical requests then race, half on this instance (the
@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from handoff.contract import Coordinates, MessageType
-from handoff.settlement import Settlement, SettlementService
+from handoff.messages.contract import Coordinates, MessageType
+from handoff.settlement.settler import Settlement, SettlementService
 
 from .broker import Broker
 from .conftest import Flow

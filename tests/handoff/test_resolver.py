@@ -8,9 +8,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from common.roundtrips import ROUND_TRIPS
-from handoff import keys, service
-from handoff.contract import MessageType
-from handoff.resolver import Outcome
+from handoff import service
+from handoff.messages.contract import MessageType
+from handoff.projection.resolver import Outcome
+from handoff.storage import keys
 
 from .conftest import EVENT_TYPE, Flow, event_of, nimbus
 

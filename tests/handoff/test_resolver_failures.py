@@ -11,10 +11,10 @@ from azure.core.exceptions import ServiceRequestError
 from azure.core.pipeline.policies import SansIOHTTPPolicy
 
 from common import runtime
-from handoff import keys as handoff_keys
 from handoff import service
-from handoff.contract import MessageType
-from handoff.resolver import RETRY_BUDGET, Outcome, TransientProjectionError, retry_delay
+from handoff.messages.contract import MessageType
+from handoff.projection.resolver import RETRY_BUDGET, Outcome, TransientProjectionError, retry_delay
+from handoff.storage import keys as handoff_keys
 
 from .conftest import Flow, event_of, nimbus
 
@@ -188,7 +188,7 @@ def test_an_unexpected_storage_rejection_is_stored_as_poison_not_retried(flow, m
     assert reason.startswith("Failed to handle message: HttpResponseError")
 
 
-# --- issue 11, item 6: transient faults are retried, never poison --------------------------------
+# --- transient faults are retried, never poison --------------------------------
 
 
 def _status_error(status: int | None) -> Exception:
@@ -300,7 +300,7 @@ def test_a_storage_answer_that_cannot_be_decoded_is_rescheduled_not_poisoned(flo
         runtime.reset()
 
 
-# --- item 11: a malformed ThrottleRetryCount counts as 0 ------------------------------------------
+# --- a malformed ThrottleRetryCount counts as 0 ------------------------------------------
 
 
 def test_a_non_numeric_throttle_retry_count_is_zero(flow, outage):
@@ -311,7 +311,7 @@ def test_a_non_numeric_throttle_retry_count_is_zero(flow, outage):
     assert redelivery.scheduled == [("req-1", 5.0, 1)]
 
 
-# --- item 10: heartbeats match NimBus's OrdinalIgnoreCase ----------------------------------------
+# --- heartbeats match NimBus's OrdinalIgnoreCase ----------------------------------------
 
 
 @pytest.mark.parametrize("event_type", ["nimbus.platform.heartbeat", "NIMBUS.PLATFORM.HEARTBEAT"])
@@ -325,7 +325,7 @@ def test_a_look_alike_of_the_heartbeat_is_projected(flow):
     assert service.resolver_service().handle(msg) is Outcome.APPLIED
 
 
-# --- item 13: one transport, used by settlement and by the resolver's redelivery -----------------
+# --- one transport, used by settlement and by the resolver's redelivery -----------------
 
 
 def test_a_transport_change_reaches_the_resolver_s_redelivery_too(flow, outage):
@@ -353,7 +353,7 @@ def test_a_transport_change_reaches_the_resolver_s_redelivery_too(flow, outage):
         service.reset()
 
 
-# --- item 5: a large body is projected, truncated where it must be; poison keeps the whole body ----
+# --- a large body is projected, truncated where it must be; poison keeps the whole body ----
 
 
 def test_a_terminal_response_too_large_for_a_row_still_settles_the_handoff(call, flow):

@@ -16,8 +16,8 @@ from bench.proxy import CountingProxy
 from bench.throttle import Budget, VirtualClock
 from common import runtime
 from handoff import service
-from handoff.contract import MessageType
-from handoff.resolver import Outcome
+from handoff.messages.contract import MessageType
+from handoff.projection.resolver import Outcome
 
 from .conftest import Flow
 
@@ -89,7 +89,7 @@ def test_beyond_the_budget_the_resolver_reschedules_and_every_event_is_projected
     # And, read from storage without the throttle, every event is Completed with its two history rows
     from azure.data.tables import TableServiceClient
 
-    from handoff import keys
+    from handoff.storage import keys
 
     name = runtime.tables().settings.table_name(keys.EVENTS_TABLE)
     table = TableServiceClient.from_connection_string(azurite_connection).get_table_client(name)

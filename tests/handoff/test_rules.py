@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from common.errors import KeyTooLong
-from handoff import keys
-from handoff.contract import MessageContent, MessageType, ResolutionStatus, parse_expected_by
-from handoff.guard import CurrentRow, allows
-from handoff.status_map import STATUS_MAP, pending_sub_status, status_for
+from handoff.messages.contract import MessageContent, MessageType, ResolutionStatus, parse_expected_by
+from handoff.projection.guard import CurrentRow, allows
+from handoff.projection.status_map import STATUS_MAP, pending_sub_status, status_for
+from handoff.storage import keys
 
 S = ResolutionStatus
 T = MessageType

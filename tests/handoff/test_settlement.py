@@ -9,7 +9,7 @@ import pytest
 
 from common.roundtrips import ROUND_TRIPS
 from handoff import service
-from handoff.contract import MessageType
+from handoff.messages.contract import MessageType
 
 from .conftest import EVENT_TYPE, Flow, event_of
 

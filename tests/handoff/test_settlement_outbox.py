@@ -1,4 +1,4 @@
-"""Settlement exactly once, whatever the send does: the claim is an outbox record (issue 11).
+"""Settlement exactly once, whatever the send does: the claim is an outbox record.
 
 Counted as the issue asks: messages that reached the endpoint topic (the broker model), audit rows,
 history rows of control messages, and the final row state.
@@ -17,7 +17,7 @@ from azure.core.pipeline.policies import HTTPPolicy
 from common import runtime
 from common.clock import utcnow
 from handoff import service
-from handoff.contract import MessageType
+from handoff.messages.contract import MessageType
 
 from .broker import Broker, BrokerTransport
 from .conftest import EVENT_TYPE, Flow, event_of
@@ -67,7 +67,7 @@ def reconcile() -> Any:
 SETTLED_COMPLETE = ("Pending", None, "HandoffCompletedRequest")
 
 
-# --- item 1: a send that delivers, then raises ---------------------------------------------------
+# --- a send that delivers, then raises ---------------------------------------------------
 
 
 def test_a_send_that_delivers_then_raises_settles_once_with_one_audit(call, resolve, flow, broker, bus):
@@ -148,7 +148,7 @@ def test_a_send_error_that_proves_nothing_is_accepted_and_the_reconciler_deliver
     assert len(audits(call, flow)) == 1 and state(call, flow) == SETTLED_COMPLETE
 
 
-# --- item 4: where a re-send is not safe, the answer says what remains and where operators see it ----
+# --- where a re-send is not safe, the answer says what remains and where operators see it ----
 
 
 def test_an_unconfirmed_answer_says_how_settle_follows_it_up(call, resolve, flow, broker, bus):
@@ -186,7 +186,7 @@ def test_a_confirmed_answer_has_no_follow_up(call, resolve, flow, broker, bus):
     assert accepted.json["confirmed"] is True and accepted.json["followUp"] is None
 
 
-# --- item 3: a sent message is never taken over; different messages, different ids ----------------
+# --- a sent message is never taken over; different messages, different ids ----------------
 
 
 def test_a_different_settlement_six_minutes_after_a_sent_one_is_refused(call, resolve, flow, broker, bus):
@@ -240,7 +240,7 @@ def test_a_retried_settlement_is_answered_from_its_claim_and_sends_nothing_more(
     assert fail(call, flow).status == 409
 
 
-# --- item 7: the size limit is checked on the message as it will be sent -----------------------
+# --- the size limit is checked on the message as it will be sent -----------------------
 
 
 def test_a_result_that_escapes_past_256_kb_on_the_wire_is_413(call, resolve, flow, broker, bus):
@@ -265,7 +265,7 @@ def test_a_large_result_that_fits_as_sent_is_accepted_and_sent_byte_for_byte(
     assert 150_000 < len(copy.body) < 256 * 1024
 
 
-# --- item 8: addressing by endpoint/event/message, session taken from the row -------------------
+# --- addressing by endpoint/event/message, session taken from the row -------------------
 
 
 def test_the_session_may_be_omitted_and_is_taken_from_the_row(call, resolve, flow, broker, bus):
@@ -285,7 +285,7 @@ def test_a_session_that_does_not_match_the_row_is_still_409(call, resolve, flow,
     assert result.status == 409 and result.json["field"] == "coordinates.sessionId"
 
 
-# --- item 9: storage throttling during a settlement is a 503 with Retry-After --------------------
+# --- storage throttling during a settlement is a 503 with Retry-After --------------------
 
 
 class Throttle(HTTPPolicy):  # type: ignore[type-arg]
@@ -379,7 +379,7 @@ def test_a_storage_answer_that_cannot_be_decoded_during_a_settlement_is_503(call
         runtime.reset()
 
 
-# --- item 12: the audit holds valid JSON ---------------------------------------------------------
+# --- the audit holds valid JSON ---------------------------------------------------------
 
 
 def test_the_audit_data_is_valid_json_whatever_the_result_size(call, resolve, flow, bus):
@@ -394,14 +394,14 @@ def test_the_audit_data_is_valid_json_whatever_the_result_size(call, resolve, fl
     assert json.dumps(result, separators=(",", ":")).startswith(data["result"])
 
 
-# --- item 14: who settled, as the platform authenticated them -----------------------------------
+# --- who settled, as the platform authenticated them -----------------------------------
 
 
 def test_the_authenticated_principal_is_recorded_with_the_caller_supplied_names(
     call, resolve, flow, bus, monkeypatch
 ):
     parked(resolve, flow)
-    # App Service authentication vouches for the principal headers (issue 23: only then are they recorded)
+    # App Service authentication vouches for the principal headers (only then are they recorded)
     monkeypatch.setenv("SETTLE_OPERATOR_AUTH", "required")
     headers = {
         "x-agent-id": "enrichment-agent",
@@ -453,7 +453,7 @@ def test_a_retry_resending_while_the_first_send_is_refused_cannot_free_the_hando
     # the middle of re-sending the claim's message, which then reaches the broker
     import threading
 
-    from handoff.transport import SendRefused
+    from handoff.messages.transport import SendRefused
 
     parked(resolve, flow)
     retry_sending, first_done = threading.Event(), threading.Event()
@@ -494,7 +494,7 @@ def test_a_retry_answered_202_while_the_first_send_is_refused_keeps_its_claim(
     # just after a retry of the same settlement was answered from its claim
     import threading
 
-    from handoff.transport import SendRefused
+    from handoff.messages.transport import SendRefused
 
     broker.window = None
     parked(resolve, flow)

@@ -12,8 +12,9 @@ import pytest
 from azure.functions.timer import TimerRequest
 
 from common import layouts
-from handoff import keys, service
-from handoff.contract import MessageType
+from handoff import service
+from handoff.messages.contract import MessageType
+from handoff.storage import keys
 from tests.layouts import fast_changes, reshard
 
 from .conftest import Flow, event_of

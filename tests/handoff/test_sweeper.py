@@ -1,4 +1,4 @@
-"""The timeout sweeper: exactly once, through every due row, surviving a failing endpoint (issue 11, 2)."""
+"""The timeout sweeper: exactly once, through every due row, surviving a failing endpoint."""
 
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ from azure.functions.timer import TimerRequest
 
 from common import runtime
 from common.clock import utcnow
-from handoff import keys, service
-from handoff.sweeper import Sweeper
+from handoff import service
+from handoff.storage import keys
+from handoff.timers.sweeper import Sweeper
 
 from .broker import Broker, BrokerTransport
 from .conftest import Flow, event_of

@@ -1,10 +1,11 @@
-"""handoff.outbox.text_at: one string member of a JSON text (an audit's Data, a stored body), or None."""
+"""handoff.storage.json_text.text_at: one string member of a JSON text (an audit's Data, a stored body), or
+None."""
 
 from __future__ import annotations
 
 import pytest
 
-from handoff.outbox import text_at
+from handoff.storage.json_text import text_at
 
 
 @pytest.mark.parametrize(

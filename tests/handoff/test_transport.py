@@ -7,14 +7,14 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from common.errors import Unavailable
-from handoff.contract import (
+from handoff.messages.contract import (
     Coordinates,
     MessageType,
     build_control_message,
     settlement_content,
 )
-from handoff.contract import control_message as outbox_message
-from handoff.transport import (
+from handoff.messages.contract import control_message as outbox_message
+from handoff.messages.transport import (
     LoopbackTransport,
     SendRefused,
     SendUnconfirmed,
@@ -83,7 +83,7 @@ def _transport_with(sender: FakeSender) -> ServiceBusTransport:
 
 
 def test_a_link_that_cannot_be_opened_is_a_refusal_nothing_was_sent(monkeypatch):
-    monkeypatch.setattr("handoff.transport.time.sleep", lambda _s: None)
+    monkeypatch.setattr("handoff.messages.transport.time.sleep", lambda _s: None)
     sender = FakeSender(open_error=ConnectionError("connection refused"))
     with pytest.raises(SendRefused) as err:
         _transport_with(sender).send("Billing", control_message())
@@ -179,11 +179,11 @@ def test_the_size_of_a_message_is_measured_as_sent():
 
 @pytest.mark.parametrize("where", ["open", "send"])
 def test_a_topic_settle_may_not_send_to_names_the_endpoints_parameter(monkeypatch, where):
-    # Issue 26: Settle's identity is granted Data Sender per listed endpoint topic (infra `endpoints`); a
+    # Settle's identity is granted Data Sender per listed endpoint topic (infra `endpoints`); a
     # settlement to any other endpoint gets 401/403, and the error says why and what to change.
     from azure.servicebus.exceptions import ServiceBusAuthorizationError
 
-    monkeypatch.setattr("handoff.transport.time.sleep", lambda _s: None)
+    monkeypatch.setattr("handoff.messages.transport.time.sleep", lambda _s: None)
     error = ServiceBusAuthorizationError(message="Unauthorized access. 'Send' claim(s) are required")
     sender = FakeSender(**{f"{where}_error": error})
     with pytest.raises(SendRefused) as refused:
@@ -196,13 +196,13 @@ def test_a_topic_settle_may_not_send_to_names_the_endpoints_parameter(monkeypatc
 def test_a_settlement_to_an_endpoint_settle_may_not_send_to_is_a_503_naming_the_parameter(
     call, resolve, flow, monkeypatch
 ):
-    # Issue 26, end to end: the settle request's problem detail carries the transport's explanation.
+    # End to end: the settle request's problem detail carries the transport's explanation.
     from azure.servicebus.exceptions import ServiceBusAuthorizationError
 
     from handoff import service
     from tests.handoff.test_settlement import complete, parked
 
-    monkeypatch.setattr("handoff.transport.time.sleep", lambda _s: None)
+    monkeypatch.setattr("handoff.messages.transport.time.sleep", lambda _s: None)
     refusal = ServiceBusAuthorizationError(message="Unauthorized access. 'Send' claim(s) are required")
     service.use_transport(_transport_with(FakeSender(open_error=refusal)))
     try:

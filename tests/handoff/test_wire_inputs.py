@@ -1,4 +1,4 @@
-"""Every value the wire can carry (issue 23, items 1-4): the resolver never raises before its poison
+"""Every value the wire can carry: the resolver never raises before its poison
 handling, never loses a park to a header it cannot store, and sizes what it stores as storage counts."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from handoff import service
-from handoff.contract import MessageType, parse_int
-from handoff.resolver import Outcome
+from handoff.messages.contract import MessageType, parse_int
+from handoff.projection.resolver import Outcome
 
 from .conftest import Flow, event_of, nimbus
 
@@ -27,7 +27,7 @@ def _poison_reasons(msg: Any) -> list[str]:
     return [p.reason for p in service.store().poison_rows(day) if p.message_id == msg.message_id]
 
 
-# --- item 1: MessageType is read as .NET's Enum.TryParse reads it ---------------------------------
+# --- MessageType is read as .NET's Enum.TryParse reads it ---------------------------------
 
 
 @pytest.mark.parametrize(
@@ -72,7 +72,7 @@ def test_a_delivery_count_or_trace_header_the_resolver_cannot_read_does_not_rais
     assert service.resolver_service().handle(msg) is Outcome.APPLIED
 
 
-# --- item 2: header values outside what Table Storage can store keep the park ----------------------
+# --- header values outside what Table Storage can store keep the park ----------------------
 
 
 @pytest.mark.parametrize(
@@ -150,7 +150,7 @@ def test_an_external_job_id_too_long_for_the_job_index_keeps_the_park(call, flow
     assert event_of(call, flow)["resolutionStatus"] == "Completed"
 
 
-# --- item 4: size stored text by what storage counts -----------------------------------------------
+# --- size stored text by what storage counts -----------------------------------------------
 
 
 @pytest.mark.parametrize("char", ["a", "é", "中", "\U0001f600"], ids=["ascii", "latin", "cjk", "astral"])
@@ -167,7 +167,7 @@ def test_a_large_terminal_response_settles_whatever_its_script(call, flow: Flow,
     assert row["resolutionStatus"] == "Completed"
 
 
-# --- item 8: one row per (endpoint, event); a park is never lost to another session's message -------
+# --- one row per (endpoint, event); a park is never lost to another session's message -------
 
 
 def test_a_failure_in_another_session_does_not_take_the_park_away(call, flow: Flow) -> None:
@@ -202,14 +202,14 @@ def test_a_message_of_another_session_applies_once_nothing_is_parked(call, flow:
     assert event_of(call, flow)["resolutionStatus"] == "Failed"
 
 
-# --- item 14 on the hand-off side: a table deleted by hand is a 503 naming it, and retried, never poison ---
+# --- a table deleted by hand is a 503 naming it, and retried, never poison ---
 
 
 def test_a_missing_events_table_is_a_503_and_the_resolver_retries_instead_of_poisoning(
     call, fresh_tables: str, flow: Flow, no_sleep: list[float]
 ) -> None:
     from common import runtime
-    from handoff.keys import EVENTS_TABLE
+    from handoff.storage.keys import EVENTS_TABLE
 
     resolver = service.resolver_service()
     assert resolver.handle(flow.request()) is Outcome.APPLIED

@@ -206,7 +206,7 @@ def test_yes_deploys_infrastructure_then_the_code_package(deploy: Deploy) -> Non
     )
     # The code package is the app and nothing else (tests/infra/test_package.py pins the list).
     names = zipfile.ZipFile(run.package).namelist()
-    assert {"function_app.py", "host.json", "requirements.txt", "handoff/settlement.py"} <= set(names)
+    assert {"function_app.py", "host.json", "requirements.txt", "handoff/settlement/settler.py"} <= set(names)
     assert not [n for n in names if n.startswith(("tests/", "infra/", ".venv", "bench/"))]
     # Its only pycs are the shipped modules' own, compiled by infra/package.py for the app's Python.
     shipped = {n for n in names if n.endswith(".py")}

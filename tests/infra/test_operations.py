@@ -293,7 +293,7 @@ def test_the_window_the_topics_get_is_the_one_the_reconciler_assumes(monkeypatch
     # HANDOFF_DUPLICATE_DETECTION=true (what infra/ sets) means DEFAULT_DUPLICATE_WINDOW to the reconciler,
     # which re-sends an unconfirmed control message only within that window (ADR-0012): a shorter window
     # on the topics than in the code would let a re-sent copy reach the endpoint a second time.
-    from handoff import transport
+    from handoff.messages import transport
 
     window = resource("modules/servicebus.bicep", "endpointTopics").body["properties"][
         "duplicateDetectionHistoryTimeWindow"

@@ -9,9 +9,10 @@ from typing import Any
 
 import pytest
 
-from handoff import counts, keys, service
-from handoff.contract import ResolutionStatus
-from handoff.records import EventRow
+from handoff import service
+from handoff.messages.contract import ResolutionStatus
+from handoff.storage import counts, keys
+from handoff.storage.records import EventRow
 from tests.handoff.broker import Broker, BrokerTransport
 from tests.handoff.conftest import (  # noqa: F401  (fixtures shared with the hand-off suite)
     CaptureTransport,
@@ -97,7 +98,7 @@ def failed_event(project: Any, event: Flow, *, error_message_id: str = "err-1") 
 
 
 def _error() -> Any:
-    from handoff.contract import MessageType
+    from handoff.messages.contract import MessageType
 
     return MessageType.ErrorResponse
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from handoff import service
-from handoff.contract import MessageType
+from handoff.messages.contract import MessageType
 from tests.handoff.broker import Broker, BrokerTransport
 from tests.handoff.conftest import Flow, event_of
 

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from handoff import service
-from handoff.contract import MessageType
-from handoff.reconciler import Reconciler
+from handoff.messages.contract import MessageType
+from handoff.timers.reconciler import Reconciler
 from tests.handoff.broker import Broker, BrokerTransport
 from tests.handoff.conftest import Flow, event_of
 
@@ -44,7 +44,7 @@ def props(message) -> dict[str, Any]:
 
 
 def body_of(message) -> Any:
-    from handoff.transport import message_body
+    from handoff.messages.transport import message_body
 
     return json.loads(message_body(message))
 

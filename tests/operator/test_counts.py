@@ -8,8 +8,9 @@ import uuid
 from typing import Any
 
 from common.roundtrips import ROUND_TRIPS
-from handoff import keys, service
-from handoff.contract import MessageType
+from handoff import service
+from handoff.messages.contract import MessageType
+from handoff.storage import keys
 from tests.handoff.conftest import Flow, nimbus
 
 from .conftest import counted, counts_partitions, recount
@@ -164,7 +165,7 @@ def test_counts_stay_exact_when_operator_actions_race_projections_replays_and_fo
     call, resolve, transport, monkeypatch
 ):
     # Given one endpoint with 18 failed events and 4 poison messages (2 replayable, 2 that stay poison)
-    from handoff import overview as overview_module
+    from handoff.storage import overview as overview_module
     from tests.operator.test_listings_and_poison import _day, _poison_after_budget
 
     endpoint = "Ops-" + uuid.uuid4().hex[:8]

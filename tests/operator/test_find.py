@@ -13,8 +13,9 @@ from azure.core.pipeline.policies import SansIOHTTPPolicy
 
 from common import runtime
 from common.roundtrips import ROUND_TRIPS
-from handoff import keys, service
-from handoff.contract import MessageType
+from handoff import service
+from handoff.messages.contract import MessageType
+from handoff.storage import keys
 from tests.handoff.conftest import Flow, nimbus
 
 from .conftest import failed_event

@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 
-from handoff import keys, service
-from handoff.ids import IdRef
+from handoff import service
+from handoff.storage import keys
+from handoff.storage.ids import IdRef
 from tests.conftest import _use_tables, new_prefix
 from tests.handoff.conftest import Flow
 

@@ -20,9 +20,10 @@ import pytest
 
 from common import page_tokens
 from common.roundtrips import ROUND_TRIPS
-from handoff import keys, service
-from handoff.contract import MessageType, ResolutionStatus
-from handoff.records import ExpiryRow, ListingRow, UnconfirmedRow
+from handoff import service
+from handoff.messages.contract import MessageType, ResolutionStatus
+from handoff.storage import keys
+from handoff.storage.records import ExpiryRow, ListingRow, UnconfirmedRow
 from tests.conftest import _use_tables, new_prefix
 
 MANY = 10_000

@@ -7,8 +7,8 @@ from datetime import UTC, datetime, timedelta
 
 from common.roundtrips import ROUND_TRIPS
 from handoff import service
-from handoff.contract import MessageType
-from handoff.resolver import RETRY_BUDGET, Outcome
+from handoff.messages.contract import MessageType
+from handoff.projection.resolver import RETRY_BUDGET, Outcome
 from tests.handoff.conftest import Flow, nimbus
 
 from .conftest import counts_partitions, principal_headers

@@ -12,7 +12,8 @@ import pytest
 from azure.core.pipeline.policies import SansIOHTTPPolicy
 
 from common.clock import iso
-from handoff import keys, service
+from handoff import service
+from handoff.storage import keys
 from tests.handoff.conftest import Flow, nimbus
 
 from .conftest import failed_event, principal_headers

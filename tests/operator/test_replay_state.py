@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from common.principal import Actor
-from handoff.contract import MessageType
-from handoff.settlement import SettlementService
+from handoff.messages.contract import MessageType
+from handoff.settlement.settler import SettlementService
 from management.actions import OperatorActions
 from tests.handoff.broker import Broker
 from tests.handoff.conftest import Flow

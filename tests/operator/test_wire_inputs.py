@@ -11,7 +11,7 @@ import pytest
 
 from common.principal import Unauthenticated, actor_of, allowed
 from handoff import service
-from handoff.resolver import Outcome
+from handoff.projection.resolver import Outcome
 from tests.handoff.conftest import Flow, event_of, nimbus
 
 from .conftest import failed_event, principal_headers

@@ -143,7 +143,7 @@ def _use(connection: str, prefix: str, *, faults: bool) -> None:
         runtime.reset()
         return
     # Create every table now, so request numbers count only the operation's own requests.
-    from handoff import keys as handoff_keys
+    from handoff.storage import keys as handoff_keys
     from state import keys as state_keys
 
     for name in (

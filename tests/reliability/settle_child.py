@@ -109,7 +109,7 @@ def main(args: dict[str, Any]) -> None:
     runtime.reset(policies=[KillAfterClaim()] if kill == "claim-applied" else [])
     if args.get("transport") == "loopback":
         # The real learning transport: this process's resolver projects what it sends (issue 22's races).
-        from handoff.transport import LoopbackTransport
+        from handoff.messages.transport import LoopbackTransport
 
         service.use_transport(LoopbackTransport(lambda msg: service.resolver_service().handle(msg)))
     else:

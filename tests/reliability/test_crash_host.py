@@ -34,7 +34,7 @@ import pytest
 from common.clock import iso, utcnow
 from devtools.azurite import free_port
 from handoff import service
-from handoff.transport import LoopbackTransport
+from handoff.messages.transport import LoopbackTransport
 from tests.conftest import Caller, _use_tables, new_prefix
 from tests.reliability.tally import TALLY, sized
 from tests.reliability.test_state_adversary import catch_up_until_quiet, check_every_lock_concluded

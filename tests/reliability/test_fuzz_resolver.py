@@ -174,7 +174,7 @@ def parks(draw: st.DrawFn) -> tuple[ServiceBusMessage, ServiceBusMessage]:
 )
 @given(flow=parks())
 def test_a_park_with_headers_storage_cannot_hold_is_kept_and_settles(faulty_tables, flow):
-    from handoff.resolver import Outcome
+    from handoff.projection.resolver import Outcome
 
     resolver = service.resolver_service()
     for msg in flow:

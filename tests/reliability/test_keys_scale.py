@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from handoff import keys as hk
+from handoff.storage import keys as hk
 from state.keys import escape, head_row_key, history_row_key, parse_row_key, partition_key, unescape
 from state.model import RecordKey, Scope
 from tests.reliability.tally import TALLY, sized

@@ -18,7 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from common import runtime
-from handoff import keys, service
+from handoff import service
+from handoff.storage import keys
 from tests.conftest import Caller
 from tests.reliability.faults import WHENS, FaultPolicy, is_throttle_refusal, throttle_scale
 from tests.reliability.nimbus_model import (

@@ -28,7 +28,7 @@ import pytest
 
 from common.clock import utcnow
 from handoff import service
-from handoff.sweeper import Sweeper
+from handoff.timers.sweeper import Sweeper
 from tests.conftest import Caller, HttpResult
 from tests.handoff.broker import Broker, BrokerTransport
 from tests.reliability.faults import FAULTS, WHENS

@@ -277,7 +277,7 @@ def test_no_settlement_result_or_error_text_reaches_a_span_an_event_or_a_log_lin
         assert complete(call, done, result={"secret": SECRET_DATA}).status == 202
         assert fail(call, failed, errorText="rejected: " + SECRET_DATA).status == 202
         assert len(transport.sent) == 2
-        from handoff.transport import message_body
+        from handoff.messages.transport import message_body
 
         # The secret did go through: it is in both control messages, and nowhere else.
         assert all(SECRET_DATA in message_body(m).decode() for _, m in transport.sent)

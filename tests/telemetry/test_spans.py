@@ -15,7 +15,7 @@ from opentelemetry.trace import StatusCode
 
 from common.clock import utcnow
 from handoff import service
-from handoff.contract import MessageType
+from handoff.messages.contract import MessageType
 from tests.handoff.conftest import CaptureTransport, Flow, nimbus
 from tests.handoff.test_settlement import complete, parked
 from tests.telemetry.conftest import Recorded, attrs, parent_of
@@ -197,7 +197,7 @@ def test_a_settlement_s_control_message_carries_the_settlement_span_s_context(
     assert attrs(settled)["settle.status_before"] == "Pending+Handoff"
 
     # The resolver's projection of that control message continues the settlement's trace.
-    from handoff.transport import to_trigger_message
+    from handoff.messages.transport import to_trigger_message
 
     resolve(to_trigger_message(message, enqueued=utcnow()))
     projected = otel.spans("settle.resolver.project")[-1]

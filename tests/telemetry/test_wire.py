@@ -21,7 +21,7 @@ from azure.functions import meta
 from azure.functions.servicebus import ServiceBusMessageInConverter
 
 from handoff import service
-from handoff.transport import ServiceBusTransport
+from handoff.messages.transport import ServiceBusTransport
 from tests.handoff.conftest import Flow
 from tests.handoff.test_settlement import complete, parked
 from tests.telemetry.conftest import Recorded, parent_of

@@ -21,7 +21,7 @@ import pytest
 from devtools import indexing
 from devtools.routing import decode_path
 from devtools.worker import Worker
-from handoff.contract import MessageType
+from handoff.messages.contract import MessageType
 from tests.handoff.conftest import Flow
 from tests.telemetry.conftest import HOST_SPAN, HOST_TRACE, Recorded, child_of_host
 
