@@ -32,7 +32,6 @@ _FAMILY = {
     "required": True,
     "schema": {"type": "string", "enum": list(layouts.FAMILIES)},
 }
-_MODELS = "management.layout_functions:"
 # One partition of Table Storage takes ~2,000 entities/s; a lock + set writes 6 (docs/benchmark.md,
 # "Scale-out under a storage budget"): one shard carries about this many items/s of one node or endpoint.
 ITEMS_PER_SHARD_S = 250
@@ -133,7 +132,7 @@ def all_views() -> Layouts:
     bp,
     "v1/layout",
     "The recorded shard layouts (state, hand-off), pending changes and their audit",
-    _MODELS + "Layouts",
+    Layouts,
 )
 def layout_show(req: func.HttpRequest) -> Layouts:
     return all_views()
@@ -144,8 +143,8 @@ def layout_show(req: func.HttpRequest) -> Layouts:
     route="v1/layout/{family}",
     method="POST",
     summary="Change a family's shard layout (the earlier one is still read): one audited step",
-    request=_MODELS + "LayoutChangeRequest",
-    response=_MODELS + "LayoutView",
+    request=LayoutChangeRequest,
+    response=LayoutView,
     responses={
         **AUTH,
         400: "Invalid input (the problem names the field)",
