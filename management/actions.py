@@ -21,11 +21,13 @@ from common.errors import NotFound
 from common.principal import Actor, allowed, denial
 from common.transactions import insert
 from handoff import keys
-from handoff.claim_resolution import RESOLVE_AUDIT, ClaimResolution, ClaimResolver
+from handoff.claim_resolution import ClaimResolver
+from handoff.claims import ClaimOrder
 from handoff.contract import Coordinates, EventPart, MessageContent, MessageType, control_message
 from handoff.models import SettlementAccepted
 from handoff.records import AuditRow, EventRow, HistoryRow
-from handoff.settlement import ClaimOrder, Settlement, SettlementService
+from handoff.resolution import RESOLVE_AUDIT, ClaimResolution
+from handoff.settlement import Settlement, SettlementService
 from handoff.store import classify_event_rows
 from handoff.transport import encoded_size
 from management import rules
