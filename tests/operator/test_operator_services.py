@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from common.errors import Conflict, NotFound
+from common.errors import Conflict, NotFound, PayloadTooLarge
 from common.principal import Actor
 from handoff import keys, service
 from handoff.contract import MessageType
@@ -22,6 +22,7 @@ from handoff.resolver import ResolverService
 from handoff.settlement import SettlementService
 from handoff.store import HandoffStore
 from handoff.transport import message_body
+from management import bulk
 from management.actions import OperatorActions
 from management.audits import AUDIT_TABLE
 from management.poison import PoisonDesk
@@ -134,3 +135,20 @@ def test_a_dismissed_poison_message_is_not_replayed(desk: Desk) -> None:
     poison_desk.dismiss(day, row_key, OPS, "no fix will project it")
     with pytest.raises(AlreadyDismissed):
         poison_desk.replay(day, row_key, OPS)
+
+
+def test_a_bulk_action_acts_once_per_selected_event_and_a_refusal_is_that_events_result(desk: Desk) -> None:
+    desk.failed()
+    items = bulk.run(desk.actions, ENDPOINT, [EVENT, "unknown", EVENT], OPS, action="skip", reason=None)
+    results = [(i.event_id, i.status, i.slug) for i in items]
+    assert results == [(EVENT, 202, None), ("unknown", 404, "not-found")]
+    assert len(desk.transport.sent) == 1
+
+
+def test_a_resubmission_larger_than_service_bus_takes_is_refused_before_any_claim(desk: Desk) -> None:
+    desk.failed()
+    huge = json.dumps({"blob": "x" * 300_000})
+    with pytest.raises(PayloadTooLarge):
+        desk.actions.resubmit(ENDPOINT, EVENT, OPS, event_json=huge, reason=None)
+    assert desk.transport.sent == []
+    assert desk.reads().event(ENDPOINT, EVENT).actions == ["resubmit", "skip"]  # no claim was taken
