@@ -9,8 +9,8 @@ addresses decides, and the loser's answer for that event is a 409 (or the winner
 was the same request). One event's refusal or fault is that event's result; the others go on. A bulk call
 is safe to repeat as a whole: events already acted on answer from their claims (``replayed``) or 409.
 
-The console sends a selection in chunks (:data:`management.rules.MAX_EVENTS` each) and shows the progress
-between them.
+The console sends a selection in chunks (at most 50 events each, ``BulkRequest``'s bound) and shows the
+progress between them.
 """
 
 from __future__ import annotations

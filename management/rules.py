@@ -298,9 +298,6 @@ def resolution_audit_data(
 
 # -- bulk ------------------------------------------------------------------------------------------
 
-# Events per bulk call (``BulkRequest`` holds the bound); the console sends a larger selection in chunks.
-MAX_EVENTS = 50
-
 
 def bulk_selection(event_ids: Iterable[str]) -> list[str]:
     """One action per event, however often it was selected, in the order first selected."""
