@@ -7,6 +7,9 @@ Wire shape (``reference/nimbus-contract.md`` §1.5, ``ManagerClient``): ``Resubm
 EventJson, or the edited payload); ``SkipRequest`` an empty body and CorrelationId = the addressed
 message. Both: To = the endpoint, From = Manager, SessionId from the row, ParentMessageId = the row's
 last message (the failed response), a new MessageId. NimBus's rules decide what is allowed (409 else).
+
+This module is the I/O: load the event, ask :mod:`management.rules`, claim and send through the settlement
+service, read back the audit and copy it to ``hoaudit``. What is allowed, sent and audited is the rules'.
 """
 
 from __future__ import annotations
