@@ -1,6 +1,7 @@
 """The operator's actions on events: resubmit, skip, complete, fail, resolve a settlement, and the bulk
 form of resubmit and skip. Each is audited (a refused one too) and counted in
-``settle.operator.actions``. Thin: parse, check who, call :class:`management.actions.OperatorActions`.
+``settle.operator.actions``. Thin: parse, check who, call :class:`management.actions.OperatorActions`
+(which writes each audit's ``hoaudit`` copy), shape the answer. Each route names the method that serves it.
 The models, the audit copies and the bulk runner are imported by the handler that needs them: indexing and
 a cold start load none of them.
 """
@@ -14,15 +15,14 @@ import azure.functions as func
 
 from common import telemetry
 from common.http import Handler, parse_body
-from common.openapi import resolve
 from common.principal import actor_of, allowed, denial
-from handoff import service
 from handoff.limits import route_value
 from handoff.messages.contract import MessageType
 from management import services
-from management.api import ACTION, AUTH, MODELS, acting, on_item
+from management.api import ACTION, AUTH, acting, on_item
 
 if TYPE_CHECKING:
+    from management.actions import ActionResult
     from management.models import (
         ActionAccepted,
         BulkAnswer,
@@ -38,12 +38,10 @@ _IDS = ("endpointId", "eventId")
 # -- actions ------------------------------------------------------------------------------------------
 
 
-def _accepted(result: Any) -> ActionAccepted:
+def _accepted(result: ActionResult) -> ActionAccepted:
     from handoff.models import AuditEntry
-    from management.audits import mirror
     from management.models import ActionAccepted
 
-    mirror(service.store(), result.audit)
     audit = AuditEntry.of(result.audit) if result.audit is not None else None
     accepted = result.accepted
     telemetry.current().set_outcome(
@@ -66,53 +64,83 @@ def _on_event(
     return on_item(bp, _EVENT, action, summary, request, response, responses, ok_status=ok_status, span=span)
 
 
-def _event_action(
-    action: str, summary: str, request: str, call: str, *, kind: MessageType | None = None, needs_body: bool
-) -> None:
-    """Registers ``event_<action>``: the body (or, when ``needs_body`` is false, its defaults) gives the
-    arguments of ``OperatorActions.<call>`` (each field but ``by``, which names the actor when no principal
-    is signed in), with the settlement ``kind`` when there is one; the answer is the accepted action."""
-
-    def act(req: func.HttpRequest) -> ActionAccepted:
-        model = resolve(MODELS + request)
-        with acting(action, req, model, *_IDS, needs_body=needs_body) as (body, actor, ids):
-            given = {name: getattr(body, name) for name in type(body).model_fields if name != "by"}
-            result = getattr(services.operator_actions(), call)(
-                *ids,
-                actor,
-                **({"kind": kind} if kind is not None else {}),
-                **given,
-            )
-            return _accepted(result)
-
-    act.__name__ = act.__qualname__ = f"event_{action}"
-    _on_event(action, summary, request)(act)
-
-
-_event_action(
+@_on_event(
     "resubmit",
     "Resubmit an event (optionally with an edited EventJson): one ResubmissionRequest, audited",
     "ResubmitRequest",
-    "resubmit",
-    needs_body=False,
 )
-_event_action("skip", "Skip an event: one SkipRequest, audited", "SkipRequest", "skip", needs_body=False)
-_event_action(
+def event_resubmit(req: func.HttpRequest) -> ActionAccepted:
+    from management.models import ResubmitRequest
+
+    acted = acting("resubmit", req, ResubmitRequest, *_IDS, needs_body=False)
+    with acted as (body, actor, (endpoint_id, event_id)):
+        return _accepted(
+            services.operator_actions().resubmit(
+                endpoint_id,
+                event_id,
+                actor,
+                message_id=body.message_id,
+                event_json=body.event_json,
+                reason=body.reason,
+            )
+        )
+
+
+@_on_event("skip", "Skip an event: one SkipRequest, audited", "SkipRequest")
+def event_skip(req: func.HttpRequest) -> ActionAccepted:
+    from management.models import SkipRequest
+
+    acted = acting("skip", req, SkipRequest, *_IDS, needs_body=False)
+    with acted as (body, actor, (endpoint_id, event_id)):
+        return _accepted(
+            services.operator_actions().skip(
+                endpoint_id, event_id, actor, message_id=body.message_id, reason=body.reason
+            )
+        )
+
+
+@_on_event(
     "complete",
     "Complete the event's parked hand-off as an operator (one HandoffCompletedRequest, audited)",
     "CompleteRequest",
-    "settle",
-    kind=MessageType.HandoffCompletedRequest,
-    needs_body=False,
 )
-_event_action(
+def event_complete(req: func.HttpRequest) -> ActionAccepted:
+    from management.models import CompleteRequest
+
+    acted = acting("complete", req, CompleteRequest, *_IDS, needs_body=False)
+    with acted as (body, actor, (endpoint_id, event_id)):
+        return _accepted(
+            services.operator_actions().settle(
+                endpoint_id,
+                event_id,
+                actor,
+                kind=MessageType.HandoffCompletedRequest,
+                message_id=body.message_id,
+                result=body.result,
+            )
+        )
+
+
+@_on_event(
     "fail",
     "Fail the event's parked hand-off as an operator (one HandoffFailedRequest, audited)",
     "FailRequest",
-    "settle",
-    kind=MessageType.HandoffFailedRequest,
-    needs_body=True,
 )
+def event_fail(req: func.HttpRequest) -> ActionAccepted:
+    from management.models import FailRequest
+
+    with acting("fail", req, FailRequest, *_IDS) as (body, actor, (endpoint_id, event_id)):
+        return _accepted(
+            services.operator_actions().settle(
+                endpoint_id,
+                event_id,
+                actor,
+                kind=MessageType.HandoffFailedRequest,
+                message_id=body.message_id,
+                error_text=body.error_text,
+                error_type=body.error_type,
+            )
+        )
 
 
 @_on_event(
@@ -127,7 +155,6 @@ _event_action(
 )
 def event_settlement_resolve(req: func.HttpRequest) -> SettlementResolved:
     from handoff.models import AuditEntry
-    from management.audits import mirror
     from management.models import ResolveSettlementRequest, SettlementResolved
 
     with acting("resolve", req, ResolveSettlementRequest, *_IDS) as (body, actor, (endpoint_id, event_id)):
@@ -140,9 +167,6 @@ def event_settlement_resolve(req: func.HttpRequest) -> SettlementResolved:
             reason=body.reason,
             control_message_id=body.control_message_id,
         )
-        # The copy is written after the resolution, as for the other actions: a retry (answered from the
-        # earlier resolution's audit) lands on the same row, or writes the copy a crash left missing.
-        mirror(service.store(), done.audit)
         telemetry.current().set_outcome("replayed" if done.replayed else done.state)
         return SettlementResolved(
             endpoint_id=endpoint_id,
@@ -168,24 +192,20 @@ def event_settlement_resolve(req: func.HttpRequest) -> SettlementResolved:
 def endpoint_bulk(req: func.HttpRequest) -> BulkAnswer:
     from handoff.models import AuditEntry
     from management import bulk
-    from management.audits import mirror
     from management.models import ActionAccepted, BulkAnswer, BulkItemAnswer, BulkRequest
 
     body: BulkRequest = parse_body(req, BulkRequest)
     actor = actor_of(req, body.by)
     endpoint_id = route_value(req, "endpointId")
-    store = service.store()
 
     def done(item: bulk.BulkItem) -> None:
         outcome = "accepted" if item.status == 202 else item.slug or "error"
         telemetry.add("settle.operator.actions", action=f"bulk-{body.action}", outcome=outcome)
-        if item.result is not None:
-            mirror(store, item.result.audit)
 
     items = bulk.run(
         services.operator_actions(),
         endpoint_id,
-        list(dict.fromkeys(body.event_ids)),  # one action per event, however often it was selected
+        body.event_ids,
         actor,
         action=body.action,
         reason=body.reason,

@@ -9,7 +9,8 @@ addresses decides, and the loser's answer for that event is a 409 (or the winner
 was the same request). One event's refusal or fault is that event's result; the others go on. A bulk call
 is safe to repeat as a whole: events already acted on answer from their claims (``replayed``) or 409.
 
-The console sends a selection in chunks (``MAX_EVENTS`` each) and shows the progress between them.
+The console sends a selection in chunks (at most 50 events each, ``BulkRequest``'s bound) and shows the
+progress between them.
 """
 
 from __future__ import annotations
@@ -21,9 +22,7 @@ from common.errors import SettleError
 from common.http import dependency_problem
 from common.principal import Actor
 from management.actions import ActionResult, OperatorActions
-
-MAX_EVENTS = 50
-ACTIONS = ("resubmit", "skip")
+from management.rules import bulk_selection
 
 
 @dataclass(frozen=True)
@@ -47,9 +46,9 @@ def run(
     on_done: Callable[[BulkItem], None] = lambda _item: None,
 ) -> list[BulkItem]:
     """``message_ids``: per event, the message the operator saw; each action addresses it (a retry is
-    answered from its claim), else the event's current message."""
+    answered from its claim), else the event's current message. An event selected twice is acted on once."""
     items: list[BulkItem] = []
-    for event_id in event_ids:
+    for event_id in bulk_selection(event_ids):
         message_id = (message_ids or {}).get(event_id)
         try:
             if action == "resubmit":

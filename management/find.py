@@ -3,10 +3,11 @@
 Never a scan, and a find's cost does not grow with the endpoints or their shards: the ids live in the
 lookup index ``hoids`` (layout: :mod:`handoff.storage.keys`, docs/tables.md), written with the projection.
 
-- **q** (``GET v1/find?q=``): an event id or its first characters (at least :data:`MIN_PREFIX`; fewer take
-  only a whole id), a session id, a message id or an external job id, in any case. Two reads, sent
-  together: the one partition of every other kind of id equal to ``q``, and the event-id range of ``q``
-  in its prefix partition. A fragment from the middle of an id is in neither.
+- **q** (``GET v1/find?q=``): an event id or its first characters (at least
+  :data:`handoff.storage.keys.MIN_PREFIX`; fewer take only a whole id), a session id, a message id or an
+  external job id, in any case. Two reads, sent together: the one partition of every other kind of id equal to
+  ``q``, and the event-id range of ``q`` in its prefix partition. A fragment from the middle of an id
+  is in neither.
 - **eventId= / sessionId= / messageId= / externalJobId=**: the same, one kind only (one read).
 - Then one point read of each hand-off found (its current row): a row written for an event whose
   projection never committed names nothing and is left out.
@@ -37,7 +38,6 @@ from handoff.storage.records import EventRow
 from handoff.storage.store import HandoffStore
 from management.models import FindAnswer, FoundEvent, IdMatch
 
-MIN_PREFIX = keys.MIN_PREFIX
 MAX_HITS = 50  # the default page
 MAX_PAGE = 200
 # Longer than any id a key can hold (1 KiB): a longer text names nothing.
@@ -69,8 +69,8 @@ def answer(store: HandoffStore, params: Mapping[str, str], *, page_size: int = M
             continue
         if len(text) > MAX_QUERY_CHARS:
             raise InvalidInput(f"{name} is longer than any id ({MAX_QUERY_CHARS} characters).", field=name)
-        if name == "eventId" and len(text) < MIN_PREFIX:
-            raise InvalidInput(f"eventId needs at least {MIN_PREFIX} characters.", field="eventId")
+        if name == "eventId" and len(text) < keys.MIN_PREFIX:
+            raise InvalidInput(f"eventId needs at least {keys.MIN_PREFIX} characters.", field="eventId")
         kinds = keys.ID_KINDS if name == "q" else (name,)
         items, after = find_page(
             store, text, kinds=kinds, page_size=page_size, after=params.get("continuationToken") or None
@@ -118,7 +118,8 @@ def _phases(text: str, kinds: tuple[str, ...]) -> list[_Phase]:
             )
         )
     if "eventId" in kinds:
-        low, high = keys.event_id_range(text) if len(text) >= MIN_PREFIX else keys.event_id_exact_range(text)
+        prefix = len(text) >= keys.MIN_PREFIX
+        low, high = keys.event_id_range(text) if prefix else keys.event_id_exact_range(text)
         # The key holds a long id cut: the whole id decides.
         phases.append(
             _Phase(
@@ -205,7 +206,8 @@ def _row_matches(row: EventRow, text: str, kinds: tuple[str, ...]) -> list[IdMat
         if value is None:
             continue
         whole = keys.fold(value) == folded
-        if whole or (kind == "eventId" and len(folded) >= MIN_PREFIX and keys.fold(value).startswith(folded)):
+        prefix = kind == "eventId" and len(folded) >= keys.MIN_PREFIX
+        if whole or (prefix and keys.fold(value).startswith(folded)):
             found.append(IdMatch(kind=kind, value=value))
     return found
 

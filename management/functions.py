@@ -1,9 +1,9 @@
 """The management API's reads: the endpoints' counts, an endpoint's events, one event with what it
 allows, stuck settlements and overdue hand-offs, find, failed events and the audit search.
 
-Thin: parse, check who (:func:`management.api.operator_read`), read, answer. The models, the storage
-rows and the operator modules are imported by the handler that needs them: indexing and a cold start load
-none of them.
+Thin: parse, check who (:func:`management.api.operator_read`), ask :class:`management.reads.OperatorReads`
+(:func:`management.services.operator_reads`), shape the answer. The models and the operator modules are
+imported by the handler that needs them: indexing and a cold start load none of them.
 """
 
 from __future__ import annotations
@@ -15,12 +15,11 @@ from typing import TYPE_CHECKING, Any
 import azure.functions as func
 
 from common.clock import utcnow
-from common.errors import InvalidInput, NotFound
+from common.errors import InvalidInput
 from common.http import Handler
 from common.layouts import operator_warnings
-from handoff import service
 from handoff.limits import query_value, route_value
-from handoff.storage import keys
+from management import services
 from management.api import (
     AUTH,
     BUCKET_NAMES,
@@ -38,6 +37,7 @@ from management.api import (
 )
 
 if TYPE_CHECKING:
+    from handoff.storage.records import ClaimRow, UnconfirmedRow
     from management.models import (
         AuditSearchPage,
         EndpointsOverview,
@@ -83,38 +83,36 @@ def _per_endpoint(
     MODELS + "EndpointsOverview",
 )
 def endpoints_overview(req: func.HttpRequest) -> EndpointsOverview:
-    from handoff.storage.counts import FAILED_GROUP, PENDING_GROUP, POISON
     from management.models import Counts, EndpointsOverview, EndpointSummary
 
-    overview = service.overview()
-    items = []
-    for endpoint_id in sorted(service.store().endpoints()):
-        totals = overview.counts(endpoint_id)
-        items.append(
-            EndpointSummary(
-                endpoint_id=endpoint_id,
-                counts=Counts(
-                    pending=totals["Pending"],
-                    pending_handoff=totals["PendingHandoff"],
-                    deferred=totals["Deferred"],
-                    failed=totals["Failed"],
-                    dead_lettered=totals["DeadLettered"],
-                    unsupported=totals["Unsupported"],
-                    completed=totals["Completed"],
-                    skipped=totals["Skipped"],
-                ),
-                oldest_pending_at=overview.oldest(endpoint_id, PENDING_GROUP),
-                oldest_failed_at=overview.oldest(endpoint_id, FAILED_GROUP),
-                poison=totals[POISON],
-                oldest_poison_day=overview.oldest_poison_day(endpoint_id) if totals[POISON] else None,
-                **_stuck_counts(endpoint_id),
-            )
-        )
-    unattributed = overview.counts(None)[POISON]
+    figures = services.operator_reads().figures()
     return EndpointsOverview(
-        items=items,
-        unattributed_poison=unattributed,
-        unattributed_oldest_poison_day=overview.oldest_poison_day(None) if unattributed else None,
+        items=[
+            EndpointSummary(
+                endpoint_id=e.endpoint_id,
+                counts=Counts(
+                    pending=e.totals["Pending"],
+                    pending_handoff=e.totals["PendingHandoff"],
+                    deferred=e.totals["Deferred"],
+                    failed=e.totals["Failed"],
+                    dead_lettered=e.totals["DeadLettered"],
+                    unsupported=e.totals["Unsupported"],
+                    completed=e.totals["Completed"],
+                    skipped=e.totals["Skipped"],
+                ),
+                oldest_pending_at=e.oldest_pending_at,
+                oldest_failed_at=e.oldest_failed_at,
+                poison=e.poison,
+                oldest_poison_day=e.oldest_poison_day,
+                unconfirmed=e.unconfirmed.count,
+                unconfirmed_at_least=e.unconfirmed.at_least,
+                overdue_handoffs=e.overdue.count,
+                overdue_handoffs_at_least=e.overdue.at_least,
+            )
+            for e in figures.endpoints
+        ],
+        unattributed_poison=figures.unattributed_poison,
+        unattributed_oldest_poison_day=figures.unattributed_oldest_poison_day,
         warnings=operator_warnings(),  # docs/adr/0017: near one partition's budget, a setting overridden
     )
 
@@ -146,7 +144,7 @@ def endpoint_events(req: func.HttpRequest) -> EventPage:
     oldest, newest = time_param(req, "from"), time_param(req, "to")
     if oldest and newest and oldest > newest:
         raise InvalidInput("from must not be after to.", field="from")
-    page = service.overview().events(
+    page = services.operator_reads().events(
         endpoint_id,
         bucket=status,
         event_type_ids=types,
@@ -155,14 +153,10 @@ def endpoint_events(req: func.HttpRequest) -> EventPage:
         page_size=page_size(req, 50, 200),
         continuation=req.params.get("continuationToken") or None,
     )
-    # The status's count is the overview's (snapshot + deltas: 2 round trips per counts partition), exact
-    # for the listing only while nothing else narrows it; read with the first page, which the rest follow.
-    first = not req.params.get("continuationToken")
-    counted = status if first and not (types or oldest or newest) else None
     return EventPage(
-        items=[EventSummary.of(endpoint_id, row) for row in page.items],
+        items=[EventSummary.of(endpoint_id, row) for row in page.rows],
         continuation_token=page.continuation,
-        count=service.overview().counts(endpoint_id)[counted] if counted else None,
+        count=page.count,
     )
 
 
@@ -177,50 +171,26 @@ def endpoint_events(req: func.HttpRequest) -> EventPage:
 )
 def endpoint_event(req: func.HttpRequest) -> OperatorEventView:
     from handoff.models import EventView
-    from handoff.storage.records import ClaimRow
-    from handoff.storage.store import classify_event_rows
-    from management.actions import offered_actions, payload_of
     from management.models import OperatorEventView
 
     endpoint_id, event_id = route_value(req, "endpointId"), route_value(req, "eventId")
-    rows = list(service.store().event_rows(endpoint_id, event_id))  # one range read, claims included
-    row, history, audits = classify_event_rows(iter(rows))
-    if row is None:
-        raise NotFound(f"Event {event_id!r} is unknown on endpoint {endpoint_id!r}.")
-    view = EventView.of(row, history, audits)
-    current = keys.claim_row(row.event_id, row.last_message_id) if row.last_message_id else None
-    claim = next((ClaimRow.from_entity(e) for e in rows if e["RowKey"] == current), None)
+    found = services.operator_reads().event(endpoint_id, event_id)
+    view = EventView.of(found.row, found.history, found.audits)
     return OperatorEventView(
         **view.model_dump(by_alias=False),
-        actions=offered_actions(row, claim),
-        event_json=payload_of(history, row)[1],
-        settlement=_settlement_view(claim) if claim is not None else None,
+        actions=found.actions,
+        event_json=found.event_json,
+        settlement=_settlement_view(found.claim, found.claim.state.name) if found.claim is not None else None,
     )
 
 
 # -- stuck settlements and overdue hand-offs (index rows only) ---------------------------------------
 
-# Index rows counted for an answer's ``count`` (keys only: one request per shard); beyond, "at least".
-_COUNT_CAP = 1000
 INDEX_PAGE_SIZE = {**PAGE_SIZE, "schema": {"type": "integer", "minimum": 1, "maximum": 1000}}
 
 
-def _stuck_counts(endpoint_id: str) -> dict[str, Any]:
-    """Unconfirmed settlements and overdue hand-offs of an endpoint, counted on their index rows up to
-    :data:`_COUNT_CAP` (beyond: "at least")."""
-    store = service.store()
-    unconfirmed = store.count_range(endpoint_id, *keys.UNCONFIRMED_RANGE, cap=_COUNT_CAP)
-    overdue = store.count_range(endpoint_id, *keys.expiry_range_until(utcnow()), cap=_COUNT_CAP)
-    return {
-        "unconfirmed": unconfirmed,
-        "unconfirmed_at_least": unconfirmed >= _COUNT_CAP,
-        "overdue_handoffs": overdue,
-        "overdue_handoffs_at_least": overdue >= _COUNT_CAP,
-    }
-
-
-def _settlement_view(claim: Any, state: str | None = None) -> SettlementView:
-    """A settlement claim (or an unconfirmed index row, its ``state`` given) as operators see it."""
+def _settlement_view(claim: ClaimRow | UnconfirmedRow, state: str) -> SettlementView:
+    """A settlement claim (or an unconfirmed index row) in ``state``, as operators see it."""
     from management.models import SettlementView
 
     return SettlementView(
@@ -228,17 +198,15 @@ def _settlement_view(claim: Any, state: str | None = None) -> SettlementView:
         addressed_message_id=claim.parked_message_id,
         control_message_id=claim.control_message_id,
         message_type=claim.message_type.name,
-        state=state or claim.state.name,
+        state=state,
         settled_by=claim.settled_by,
         claimed_at=claim.claimed_at,
     )
 
 
-def _index_page(
-    req: func.HttpRequest, what: str, span: tuple[str, str], read: Callable[[str | None, int], list[Any]]
-) -> dict[str, Any]:
-    """A page of an endpoint's index rows in ``span`` (``read(after, limit)``: the rows behind the key
-    ``after``, in key order over every shard) with the count of them all: what the model's fields hold."""
+def _index_position(req: func.HttpRequest, what: str) -> tuple[str, str | None, int, str]:
+    """The endpoint of an index listing, where its page starts (the token's key), its page size and what
+    binds its tokens."""
     from common import page_tokens
 
     endpoint_id = route_value(req, "endpointId")
@@ -246,18 +214,7 @@ def _index_page(
     bound = page_tokens.binding(what, endpoint_id)
     token = req.params.get("continuationToken")
     after = page_tokens.strings(page_tokens.decode(token, bound), 1)[0] if token else None
-    if after is not None and not span[0] <= after < span[1]:
-        raise page_tokens.refused()
-    rows = read(after, limit + 1)
-    count = service.store().count_range(endpoint_id, *span, cap=_COUNT_CAP)
-    more = len(rows) > limit
-    return {
-        "endpoint_id": endpoint_id,
-        "count": count,
-        "at_least": count >= _COUNT_CAP,
-        "rows": rows[:limit],
-        "continuation_token": page_tokens.encode(bound, [rows[limit - 1].row_key]) if more else None,
-    }
+    return endpoint_id, after, limit, bound
 
 
 @_per_endpoint(
@@ -268,17 +225,18 @@ def _index_page(
     more=(INDEX_PAGE_SIZE, CONTINUATION),
 )
 def endpoint_unconfirmed(req: func.HttpRequest) -> UnconfirmedSettlements:
+    from common import page_tokens
     from management.models import UnconfirmedSettlements
 
-    endpoint_id = route_value(req, "endpointId")
-    page = _index_page(
-        req,
-        "unconfirmed",
-        keys.UNCONFIRMED_RANGE,
-        lambda after, limit: service.store().unconfirmed(endpoint_id, after=after, limit=limit),
+    endpoint_id, after, limit, bound = _index_position(req, "unconfirmed")
+    page = services.operator_reads().unconfirmed(endpoint_id, after=after, limit=limit)
+    return UnconfirmedSettlements(
+        endpoint_id=endpoint_id,
+        count=page.count.count,
+        at_least=page.count.at_least,
+        items=[_settlement_view(r, "unconfirmed") for r in page.rows],
+        continuation_token=page_tokens.encode(bound, [page.last_key]) if page.last_key else None,
     )
-    rows = page.pop("rows")
-    return UnconfirmedSettlements(**page, items=[_settlement_view(r, "unconfirmed") for r in rows])
 
 
 @_per_endpoint(
@@ -289,21 +247,17 @@ def endpoint_unconfirmed(req: func.HttpRequest) -> UnconfirmedSettlements:
     more=(INDEX_PAGE_SIZE, CONTINUATION),
 )
 def endpoint_overdue(req: func.HttpRequest) -> OverdueHandoffs:
-    from handoff.storage.records import ExpiryRow
+    from common import page_tokens
     from management.models import OverdueHandoff, OverdueHandoffs
 
-    endpoint_id = route_value(req, "endpointId")
-    now = utcnow()
-    store = service.store()
-
-    def read(after: str | None, limit: int) -> list[ExpiryRow]:
-        behind = dict.fromkeys(store.endpoint_partitions(endpoint_id), after) if after else None
-        return [ExpiryRow.from_entity(e) for e in store.expired(endpoint_id, now, after=behind, limit=limit)]
-
-    page = _index_page(req, "overdue", keys.expiry_range_until(now), read)
-    rows = page.pop("rows")
+    endpoint_id, after, limit, bound = _index_position(req, "overdue")
+    page = services.operator_reads().overdue(endpoint_id, after=after, limit=limit)
     return OverdueHandoffs(
-        **page, items=[OverdueHandoff(event_id=r.event_id, expected_by=r.expected_by) for r in rows]
+        endpoint_id=endpoint_id,
+        count=page.count.count,
+        at_least=page.count.at_least,
+        items=[OverdueHandoff(event_id=r.event_id, expected_by=r.expected_by) for r in page.rows],
+        continuation_token=page_tokens.encode(bound, [page.last_key]) if page.last_key else None,
     )
 
 
@@ -327,7 +281,6 @@ def endpoint_overdue(req: func.HttpRequest) -> OverdueHandoffs:
 def audits_search(req: func.HttpRequest) -> AuditSearchPage:
     from common import page_tokens
     from handoff.models import AuditEntry
-    from management.audits import search
     from management.models import AuditSearchEntry, AuditSearchPage
 
     # No "to": up to now, plus the skew Settle's clock may move by (it follows storage's clock), so an
@@ -339,8 +292,7 @@ def audits_search(req: func.HttpRequest) -> AuditSearchPage:
         "audits", *(req.params.get(n) for n in ("from", "to", "endpointId", "auditType", "by"))
     )
     token = req.params.get("continuationToken")
-    found = search(
-        service.store(),
+    found = services.operator_reads().audit_search(
         oldest=oldest,
         newest=newest,
         endpoint_id=query_value(req, "endpointId"),
@@ -383,9 +335,9 @@ def audits_search(req: func.HttpRequest) -> AuditSearchPage:
     ),
 )
 def find_events(req: func.HttpRequest) -> FindAnswer:
-    from management import find
+    from management.find import MAX_HITS, MAX_PAGE
 
-    return find.answer(service.store(), req.params, page_size=page_size(req, find.MAX_HITS, find.MAX_PAGE))
+    return services.operator_reads().find_events(req.params, page_size=page_size(req, MAX_HITS, MAX_PAGE))
 
 
 @operator_read(
@@ -397,10 +349,9 @@ def find_events(req: func.HttpRequest) -> FindAnswer:
     parameters=(PAGE_SIZE, CONTINUATION),
 )
 def failed_events(req: func.HttpRequest) -> FindAnswer:
-    from management import failed
     from management.models import FindAnswer
 
-    items, token = failed.page(
-        service.store(), page_size=page_size(req, 50, 200), token=req.params.get("continuationToken") or None
+    items, token = services.operator_reads().failed_events(
+        page_size=page_size(req, 50, 200), token=req.params.get("continuationToken") or None
     )
     return FindAnswer(items=items, continuation_token=token)

@@ -30,8 +30,8 @@ from typing import Any
 
 from azure.functions.servicebus import ServiceBusMessage
 
-from common.clock import iso, utcnow
-from common.errors import Conflict, InvalidInput, NotFound, Unavailable
+from common.clock import utcnow
+from common.errors import Conflict, NotFound, Unavailable
 from common.principal import Actor, allowed, denial
 from common.transactions import delete, insert, merge_if_unchanged
 from handoff.messages.contract import Prop
@@ -40,18 +40,10 @@ from handoff.projection.rules import delta_entity
 from handoff.storage import counts, keys
 from handoff.storage.records import AuditRow, PoisonRow
 from handoff.storage.store import HandoffStore
+from management.audits import AUDIT_TABLE
+from management.rules import PROJECTED, check_day, dismissal_refusal, replay_kind, replay_refusal
 
-OPERATOR_AUDIT_TABLE = "hoaudit"
-PROJECTED = frozenset({Outcome.APPLIED.value, Outcome.REFUSED.value, Outcome.DUPLICATE.value})
 MAX_PAGE = 200
-
-
-class AlreadyReplayed(Conflict, slug="already-replayed", title="This poison message was replayed already"):
-    pass
-
-
-class AlreadyDismissed(Conflict, slug="already-dismissed", title="This poison message was dismissed"):
-    pass
 
 
 @dataclass(frozen=True)
@@ -73,16 +65,6 @@ class ReplayResult:
     outcome: str
     detail: str | None
     replayed: bool  # False: answered from an earlier replay
-
-
-def check_day(day: str) -> str:
-    if len(day) != 8 or not (day.isascii() and day.isdigit()):
-        raise InvalidInput("day must be a UTC date as YYYYMMDD.", field="day")
-    try:
-        datetime.strptime(day, "%Y%m%d")
-    except ValueError as exc:
-        raise InvalidInput("day must be a UTC date as YYYYMMDD.", field="day") from exc
-    return day
 
 
 class _ReplayResolver(ResolverService):
@@ -113,7 +95,7 @@ class PoisonDesk:
     def replay(self, day: str, row_key: str, actor: Actor, edits: Edits | None = None) -> ReplayResult:
         day = check_day(day)
         edits = edits or Edits()
-        kind = "ReplayPoisonWithChanges" if edits.any else "ReplayPoison"
+        kind = replay_kind(edits.any)
         row = self.store.get_poison(day, row_key)
         if not allowed(actor):  # before existence: a refused caller learns nothing about the row
             if row is not None:
@@ -121,18 +103,9 @@ class PoisonDesk:
             raise denial(actor)
         if row is None:
             raise NotFound(f"No poison message {row_key!r} on {day}.")
-        if row.dismissed_at is not None:
-            raise AlreadyDismissed(
-                f"Poison message {row_key!r} was dismissed at {_when(row.dismissed_at)} "
-                f"by {row.dismissed_by!r}: {row.dismiss_reason}",
-                field="id",
-            )
-        if row.replay_outcome in PROJECTED:
-            raise AlreadyReplayed(
-                f"Poison message {row_key!r} was replayed at {_when(row.replayed_at)} by {row.replayed_by!r} "
-                f"({row.replay_outcome}); a second replay could only be a duplicate.",
-                field="id",
-            )
+        refusal = replay_refusal(row, row_key)
+        if refusal is not None:
+            raise refusal
         outcome, detail = self._project(row, edits)
         recorded = self._record(day, row_key, row, actor, outcome, detail)
         if recorded is None:  # another replay recorded first: answer with its record
@@ -167,18 +140,9 @@ class PoisonDesk:
             raise denial(actor)
         if row is None:
             raise NotFound(f"No poison message {row_key!r} on {day}.")
-        if row.dismissed_at is not None:
-            raise AlreadyDismissed(
-                f"Poison message {row_key!r} was dismissed at {_when(row.dismissed_at)} "
-                f"by {row.dismissed_by!r}.",
-                field="id",
-            )
-        if row.replay_outcome in PROJECTED:
-            raise AlreadyReplayed(
-                f"Poison message {row_key!r} was projected by a replay ({row.replay_outcome}); "
-                "nothing to dismiss.",
-                field="id",
-            )
+        refusal = dismissal_refusal(row, row_key)
+        if refusal is not None:
+            raise refusal
         now = self.clock()
         try:
             dismissal = {
@@ -308,10 +272,5 @@ class PoisonDesk:
             principal_name=actor.principal_name,
             principal_id=actor.principal_id,
         )
-        table = self.store.table(OPERATOR_AUDIT_TABLE)
+        table = self.store.table(AUDIT_TABLE)
         table.create_entity(audit.to_entity(now.strftime("%Y%m%d"), f"{keys.stamp(now)}|{uuid.uuid4().hex}"))
-
-
-def _when(at: datetime | None) -> str:
-    """An instant in a message as the API writes instants (``2026-12-05T17:09:56.455Z``)."""
-    return iso(at) if at is not None else "an unknown time"

@@ -12,7 +12,7 @@ import sys
 
 from common import layouts
 from common.errors import SettleError
-from management.layout_functions import all_views, change
+from management.layout_changes import all_views, change
 
 
 def main(argv: list[str] | None = None) -> int:

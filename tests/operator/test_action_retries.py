@@ -1,4 +1,4 @@
-"""Operator actions retried safely: idempotent by the message they address (issue 22, item 2).
+"""Operator actions retried safely: idempotent by the message they address.
 
 The transport PROJECTS (the broker model forwards each kept copy to the resolver at once, like the
 loopback), so a retry arriving after the endpoint answered sees the event as it really moved on.

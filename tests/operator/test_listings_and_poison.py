@@ -228,7 +228,7 @@ def test_the_overview_costs_one_read_plus_six_per_endpoint_plus_two(
         result = call("endpoints_overview", method="GET")
     assert [i["endpointId"] for i in result.json["items"]] == ["Alpha", "Beta"]
     # the endpoint list; per endpoint: counts (range read + ETag check per counted partition), and per
-    # shard the two oldest-first rows and the unconfirmed / overdue index ranges (issue 22); the
+    # shard the two oldest-first rows and the unconfirmed / overdue index ranges; the
     # unattributed poison counts. Unsharded (S = 1): 1 + 6 per endpoint + 2.
     per_endpoint = 2 * counts_partitions(handoff_shards) + 4 * handoff_shards
     assert tally.requests == 1 + per_endpoint * 2 + 2

@@ -1,4 +1,4 @@
-"""Issue 25, the API under the console: poison dismissed and edit-and-replayed, bulk resubmit / skip
+"""The API under the console: poison dismissed and edit-and-replayed, bulk resubmit / skip
 (one claim, one message and one audit per event, per-event results, safe to retry), audit search."""
 
 from __future__ import annotations

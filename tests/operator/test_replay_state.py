@@ -1,4 +1,4 @@
-"""One request, one answer state for the operator's actions (issue 44, item 4): resubmit, skip, complete and
+"""One request, one answer state for the operator's actions resubmit, skip, complete and
 fail go through the settlement claim, so identical actions whose first send was delivered and then raised
 must all answer the claim as storage holds it, over two instances (``tests/handoff/replays.py`` has the
 race; ``tests/handoff/test_replay_state.py`` the settlements' own).

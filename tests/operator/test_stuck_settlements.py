@@ -1,9 +1,9 @@
-"""Every stuck settlement has a human way out (issue 22, item 4): an unconfirmed claim is listed, counted
-on the overview, and resolved by an operator (mark delivered / release), audited with who and why;
-overdue hand-offs are listed and counted; the event view offers only actions that can succeed.
+"""Every stuck settlement has a human way out: an unconfirmed claim is listed, counted on the overview,
+and resolved by an operator (mark delivered / release), audited with who and why; overdue hand-offs
+are listed and counted; the event view offers only actions that can succeed.
 
-The unconfirmed claim is made as the issue describes it: topics without duplicate detection, a send whose
-outcome is unknown, the reconciler past its confirmation wait (the test's clock).
+The unconfirmed claim is made the way it arises in service: topics without duplicate detection, a send
+whose outcome is unknown, the reconciler past its confirmation wait (the test's clock).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Operator and agent inputs (issue 23, items 3 and 5-7): deep JSON is a 400, a principal is recorded only
+"""Operator and agent inputs: deep JSON is a 400, a principal is recorded only
 where App Service authentication vouches for it, large principals work, and a replay is authorised before
 anything about the poison row is told."""
 
@@ -36,7 +36,7 @@ def test_a_resubmit_payload_nested_too_deep_is_a_400_naming_it(call, resolve, fl
     assert transport.sent == []
 
 
-# --- item 5: the agent settlement audit records a principal only where it is vouched for ------------
+# --- the agent settlement audit records a principal only where it is vouched for ------------
 
 
 def _parked(flow: Flow) -> None:
@@ -100,12 +100,12 @@ def test_optional_operator_auth_on_app_service_is_refused_not_anonymous(monkeypa
         actor_of(request(principal_headers("eve", "Settle.Operator")))
 
 
-# --- item 6: a principal with many group claims ------------------------------------------------------
+# --- a principal with many group claims -------------------------------------------------------------
 
 
 def large_principal(*roles: str) -> dict[str, str]:
     """The headers App Service passes for a user with 200 group claims: the principal document is over
-    16 KiB once base64-encoded (the issue measured 17,816 characters)."""
+    16 KiB once base64-encoded (17,816 characters were measured)."""
     groups = [{"typ": "groups", "val": f"{i:08d}-0000-0000-0000-000000000000"} for i in range(200)]
     document = {
         "auth_typ": "aad",
@@ -134,8 +134,9 @@ def test_an_operator_with_a_principal_header_over_16_kib_may_operate(monkeypatch
 def test_an_operator_with_a_principal_header_over_16_kib_reads_and_acts_through_the_routes(
     call, resolve, flow: Flow, transport, monkeypatch
 ) -> None:
-    """Item 6 through the HTTP functions (not only actor_of): on App Service, with authentication required,
-    the operator's reads answer 200 and an action is sent and audited under her name, not refused 403."""
+    """A large principal through the HTTP functions (not only actor_of): on App Service, with
+    authentication required, the operator's reads answer 200 and an action is sent and audited under her
+    name, not refused 403."""
     failed_event(resolve, flow)
     monkeypatch.setenv("WEBSITE_INSTANCE_ID", "abc123")
     monkeypatch.setenv("SETTLE_OPERATOR_AUTH", "required")
@@ -168,7 +169,7 @@ def test_an_operator_with_a_principal_header_over_16_kib_reads_and_acts_through_
     assert audits == [("Resubmit", "olivia", "olivia-id", False), ("Skip", "olivia", "olivia-id", True)]
 
 
-# --- item 7: authorisation before existence ---------------------------------------------------------
+# --- authorisation before existence ----------------------------------------------------------------
 
 
 @pytest.mark.parametrize("action", ["poison_replay", "poison_dismiss"])
