@@ -1,0 +1,215 @@
+"""The rules that live in ``StateStore``'s loops, through the real store on the in-memory table (no
+storage): a refusal is always confirmed by storage, the holder's token writes from the token alone, a token
+whose lock ended never writes, and a conclusion asked again is answered from the version it wrote."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from unittest import mock
+
+import pytest
+
+from common.errors import LockLost
+from state.keys import Layout
+from state.lifecycle import WriteContext
+from state.model import RecordKey, Scope, Status
+from state.store import StateStore
+from tests.support.memory_table import MemoryTables
+
+KEY = RecordKey(7, Scope.ELEMENT, 3, "invoice", "INV-store")
+OTHER = RecordKey(7, Scope.ELEMENT, 3, "invoice", "INV-other")
+T0 = datetime(2026, 3, 1, tzinfo=UTC)
+CTX = WriteContext()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def passes(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+
+@pytest.fixture
+def clock() -> Iterator[Clock]:
+    """The store's clock (one reading: the storage clock is certain here)."""
+    at = Clock()
+    with mock.patch.multiple("state.store", utcnow=at, earliest_now=at, latest_now=at):
+        yield at
+
+
+@pytest.fixture
+def tables() -> MemoryTables:
+    return MemoryTables()
+
+
+def store_on(tables: MemoryTables) -> StateStore:
+    return StateStore(tables, layout=Layout(1))
+
+
+def calls_of(tables: MemoryTables) -> list[str]:
+    """The calls every table of ``tables`` receives from now on (state table only)."""
+    seen: list[str] = []
+
+    def gate(call: str, args: tuple[Any, ...]) -> None:
+        if str(args[0]).endswith("state"):
+            seen.append(call)
+
+    tables.gate = gate
+    return seen
+
+
+def record(store: StateStore, token: str, status: Status, digest: str | None = "d1") -> Any:
+    return store.record(
+        KEY,
+        CTX,
+        status=status,
+        envelope_props=None,
+        substatus=None,
+        error=None,
+        token_text=token,
+        digest=digest,
+    )
+
+
+def test_a_held_lock_refuses_another_caller_until_it_expires_and_is_taken_over(
+    clock: Clock, tables: MemoryTables
+) -> None:
+    store = store_on(tables)
+    first = store.lock(KEY, CTX, 30)
+    assert first.acquired and first.token is not None and not first.takeover
+
+    refused = store.lock(KEY, CTX, 30)
+    assert not refused.acquired and refused.token is None
+    assert refused.locked_until == T0 + timedelta(seconds=30)
+
+    clock.passes(31)
+    taken = store.lock(KEY, CTX, 30)
+    assert taken.acquired and taken.takeover
+    assert taken.previous is not None and taken.previous.lock_expired and taken.previous.version == 1
+
+
+def test_a_refusal_is_always_confirmed_by_storage(clock: Clock, tables: MemoryTables) -> None:
+    holder, other = store_on(tables), store_on(tables)
+    lock = holder.lock(KEY, CTX, 30)
+    assert lock.token is not None
+    assert not other.lock(KEY, CTX, 30).acquired  # ``other`` now remembers the head as held
+
+    record(holder, lock.token, Status.FAILED)  # the holder ends it: the record may be locked again
+
+    again = other.lock(KEY, CTX, 30)
+    assert again.acquired and not again.takeover
+    assert again.previous is not None and again.previous.error is None and not again.previous.lock_expired
+
+
+def test_the_holders_token_writes_in_one_transaction_without_reading(
+    clock: Clock, tables: MemoryTables
+) -> None:
+    store = store_on(tables)
+    lock = store.lock(KEY, CTX, 30)
+    assert lock.token is not None
+    calls = calls_of(tables)
+
+    head = record(store_on(tables), lock.token, Status.PROCESSED)
+
+    assert calls == ["submit_transaction"]
+    assert head.status is Status.PROCESSED and head.version == 2
+
+
+def test_a_token_at_the_end_of_its_lock_reads_the_head_and_is_lock_lost(
+    clock: Clock, tables: MemoryTables
+) -> None:
+    store = store_on(tables)
+    lock = store.lock(KEY, CTX, 30)
+    assert lock.token is not None
+    clock.passes(30)  # expired at this very instant: no longer valid
+    calls = calls_of(tables)
+
+    with pytest.raises(LockLost, match="The lock expired at"):
+        record(store, lock.token, Status.PROCESSED)
+
+    assert "submit_transaction" not in calls and calls[0] == "get_entity"
+    assert store.read_head(KEY) is not None and store.read_head(KEY).status is Status.PROCESSING  # type: ignore[union-attr]
+
+
+def test_a_token_whose_lock_was_taken_over_never_writes(clock: Clock, tables: MemoryTables) -> None:
+    store = store_on(tables)
+    old = store.lock(KEY, CTX, 10)
+    assert old.token is not None
+    clock.passes(11)
+    assert store.lock(KEY, CTX, 60).takeover
+
+    with pytest.raises(LockLost, match="another caller took the lock over"):
+        record(store, old.token, Status.PROCESSED)
+    head = store.read_head(KEY)
+    assert head is not None and head.status is Status.PROCESSING and head.version == 2
+
+
+def test_a_token_of_another_record_is_refused(clock: Clock, tables: MemoryTables) -> None:
+    store = store_on(tables)
+    lock = store.lock(KEY, CTX, 30)
+    assert lock.token is not None
+
+    with pytest.raises(LockLost) as refused:
+        store.record(
+            OTHER, CTX, status=Status.PROCESSED, envelope_props=None, substatus=None, error=None,
+            token_text=lock.token,
+        )  # fmt: skip
+    assert refused.value.field == "lockToken"
+    assert str(refused.value) == "The lock token belongs to another record."
+
+
+def test_a_conclusion_asked_again_is_answered_from_the_head_it_wrote(
+    clock: Clock, tables: MemoryTables
+) -> None:
+    store = store_on(tables)
+    lock = store.lock(KEY, CTX, 30)
+    assert lock.token is not None
+    done = record(store, lock.token, Status.PROCESSED, "d1")
+
+    again = record(store_on(tables), lock.token, Status.PROCESSED, "d1")
+
+    assert again.version == done.version == 2 and again.status is Status.PROCESSED
+    with pytest.raises(LockLost, match="already ended with Processed"):
+        record(store, lock.token, Status.PROCESSED, "another-request")
+    with pytest.raises(LockLost):
+        record(store, lock.token, Status.SKIPPED, "d1")
+
+
+def test_a_conclusion_asked_again_after_newer_versions_is_answered_as_it_was_written(
+    clock: Clock, tables: MemoryTables
+) -> None:
+    store = store_on(tables)
+    lock = store.lock(KEY, CTX, 30)
+    assert lock.token is not None
+    record(store, lock.token, Status.FAILED, "d1")
+    assert store.lock(KEY, CTX, 30).acquired  # a failed record is locked again: version 3
+
+    again = record(store_on(tables), lock.token, Status.FAILED, "d1")
+
+    assert again.status is Status.FAILED and again.version == 2
+    with pytest.raises(LockLost):
+        record(store, lock.token, Status.FAILED, "another-request")
+    head = store.read_head(KEY)
+    assert head is not None and head.version == 3 and head.status is Status.PROCESSING
+
+
+def test_an_extension_moves_the_expiry_of_the_holders_lock_only(clock: Clock, tables: MemoryTables) -> None:
+    store = store_on(tables)
+    lock = store.lock(KEY, CTX, 30)
+    assert lock.token is not None
+    clock.passes(20)
+
+    extended = store.extend(KEY, CTX, lock.token, 60)
+
+    assert extended.acquired and extended.locked_until == T0 + timedelta(seconds=80)
+    head = store.read_head(KEY)
+    assert head is not None and head.version == 1 and head.locked_until == T0 + timedelta(seconds=80)
+    clock.passes(61)
+    with pytest.raises(LockLost):
+        store.extend(KEY, CTX, lock.token, 60)
