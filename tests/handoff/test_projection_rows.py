@@ -266,5 +266,5 @@ def test_a_retry_request_is_audited_by_the_manager_in_the_same_transaction() -> 
 
     audit = ops[-1][1]
     assert ops[-1][0] == "create" and audit["AuditType"] == "Retry" and audit["AuditorName"] == "Manager"
-    assert audit["Data"] == "RetryRequest m-retry"
+    assert audit["Data"] == "RetryRequest m-retry" and audit["PartitionKey"] == PK
     assert str(audit["RowKey"]).startswith(keys.audit_row(EVENT, T0, ""))

@@ -1,0 +1,79 @@
+"""The claim rules (``handoff.claims``) an agent or operator reads the outcome of, one example each,
+checked exactly: a lost lease, a settlement already in flight, a pin and a claim's move applied."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from common import transactions as tx
+from handoff import claims, keys
+from handoff.claims import SettlementInFlight
+from handoff.leases import LeaseLost
+from handoff.outbox import ClaimState
+
+from .claim_rows import CLAIM_KEY, PK, T0, claim_row, order
+
+
+def test_retried_or_lost_answers_our_own_retry_from_its_claim() -> None:
+    ours = claim_row(request_digest="req-a")
+
+    assert claims.retried_or_lost(order("req-a"), ours) is ours
+
+
+@pytest.mark.parametrize("existing", [None, claim_row(request_digest="req-b")])
+def test_retried_or_lost_refuses_anyone_else_as_lease_lost(existing: object) -> None:
+    with pytest.raises(LeaseLost) as lost:
+        claims.retried_or_lost(order("req-a"), existing)  # type: ignore[arg-type]
+
+    assert lost.value.field == "leaseToken"
+    assert str(lost.value) == (
+        "The lease on event 'ev-1' was lost (it expired and another agent holds it now, or it was released); "
+        "this settlement was not sent."
+    )
+
+
+def test_replay_refuses_another_request_naming_the_settlement_in_flight() -> None:
+    claim = claim_row(request_digest="req-a")
+
+    assert claims.replay(claim, "req-a") is claim
+    with pytest.raises(SettlementInFlight) as in_flight:
+        claims.replay(claim, "req-b")
+
+    assert in_flight.value.field == "coordinates.messageId"
+    assert str(in_flight.value) == (
+        "A settlement of event 'ev-1' (HandoffCompletedRequest by 'agent', sending) is already in flight."
+    )
+
+
+def test_plan_pin_writes_the_claim_if_match_its_etag_counting_an_attempt_when_asked() -> None:
+    claim = claim_row(attempts=2)
+    later = T0 + timedelta(seconds=5)
+
+    assert claims.plan_pin(PK, claim, now=later, count=True) == tx.merge(
+        {"PartitionKey": PK, "RowKey": CLAIM_KEY, "UpdatedAt": later, "Attempts": 3}, '"c1"'
+    )
+    assert claims.plan_pin(PK, claim.model_copy(update={"etag": None}), now=later, count=False) == tx.merge(
+        {"PartitionKey": PK, "RowKey": CLAIM_KEY, "UpdatedAt": later}, "*"
+    )
+
+
+def test_pinned_is_the_claim_with_the_new_etag_time_and_count() -> None:
+    claim = claim_row(attempts=2)
+    later = T0 + timedelta(seconds=5)
+
+    counted = claims.pinned(claim, {"etag": '"c2"'}, now=later, count=True)
+    kept = claims.pinned(claim, {"etag": '"c3"'}, now=later, count=False)
+
+    assert (counted.etag, counted.updated_at, counted.attempts) == ('"c2"', later, 3)
+    assert (kept.etag, kept.updated_at, kept.attempts) == ('"c3"', later, 2)
+
+
+def test_a_transition_applied_takes_the_new_etag_from_the_answer() -> None:
+    move = claims.plan_transition(PK, claim_row(), ClaimState.sent, now=T0, sent=True)
+
+    assert move.applied([{"etag": '"c9"'}]).etag == '"c9"'
+    assert move.applied([]).etag is None
+    assert move.applied([{"etag": '"c9"'}]).state is ClaimState.sent
+    assert move.ops[0][1]["RowKey"] == keys.claim_row("ev-1", "park-1")
