@@ -9,6 +9,7 @@ run takes tens of minutes. ``docs/mutation.md`` records the last run and why eac
 
     python -m devtools.mutation               # run (2 processes), then report
     python -m devtools.mutation --report      # report the last run only
+    python -m devtools.mutation --again       # run again only the mutants the last run did not kill
     python -m devtools.mutation --jobs 1 'handoff.guard.*'   # only these mutants (mutmut's names, globs)
 """
 
@@ -102,11 +103,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m devtools.mutation", description=__doc__.split("\n")[0])
     parser.add_argument("--jobs", type=int, default=2, help="processes (the machine is shared: 1-2)")
     parser.add_argument("--report", action="store_true", help="only report the last run")
+    parser.add_argument("--again", action="store_true", help="run only the mutants the last run did not kill")
     parser.add_argument("patterns", nargs="*", help="mutmut mutant names or globs (default: all targets)")
     args = parser.parse_args(argv)
     patterns = tuple(args.patterns) or TARGETS
     if not args.report:
-        command = [sys.executable, "-m", "mutmut", "run", "--max-children", str(args.jobs), *patterns]
+        chosen = patterns
+        if args.again:
+            last = _results()
+            chosen = tuple(k for k, v in sorted(last.items()) if _selected(k, patterns) and v not in KILLED)
+            if not chosen:
+                return report(patterns)
+        command = [sys.executable, "-m", "mutmut", "run", "--max-children", str(args.jobs), *chosen]
         subprocess.run(command, cwd=ROOT, check=False)
     return report(patterns)
 
