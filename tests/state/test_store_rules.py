@@ -12,7 +12,8 @@ from unittest import mock
 import pytest
 
 from common.errors import LockLost
-from state.keys import Layout
+from common.fence import MOVED_TO, LayoutBehind
+from state.keys import Layout, head_row_key
 from state.lifecycle import WriteContext
 from state.model import RecordKey, Scope, Status
 from state.store import StateStore
@@ -213,3 +214,71 @@ def test_an_extension_moves_the_expiry_of_the_holders_lock_only(clock: Clock, ta
     clock.passes(61)
     with pytest.raises(LockLost):
         store.extend(KEY, CTX, lock.token, 60)
+
+
+# -- while an earlier layout is listed (the key fence) -----------------------------------------------------
+
+EARLIER = Layout(1)
+NOW_FOUR = Layout.of_eras((4, 1), [(1, 1)])  # four partitions per entity now; one before
+
+
+def heads_of(tables: MemoryTables) -> list[tuple[str, str]]:
+    """Where the record's rows are: (partition, row key) of every head and claim of ``KEY``."""
+    rk = head_row_key(KEY)
+    return sorted((pk, r) for (pk, r) in tables.table("state").rows if r == rk)
+
+
+def test_a_key_created_under_the_earlier_layout_is_found_there_not_created_again(
+    clock: Clock, tables: MemoryTables
+) -> None:
+    old, new = StateStore(tables, layout=EARLIER), StateStore(tables, layout=NOW_FOUR)
+    assert old.lock(KEY, CTX, 30).acquired
+    before = heads_of(tables)
+
+    refused = new.lock(KEY, CTX, 30)
+
+    assert not refused.acquired and refused.locked_until == T0 + timedelta(seconds=30)
+    assert heads_of(tables) == before  # one record, nothing fenced: the key exists
+    clock.passes(31)
+    taken = new.lock(KEY, CTX, 30)
+    assert taken.acquired and taken.takeover and heads_of(tables) == before
+
+
+def test_a_key_created_now_is_fenced_in_the_earlier_layouts_partition(
+    clock: Clock, tables: MemoryTables
+) -> None:
+
+    new = StateStore(tables, layout=NOW_FOUR)
+
+    assert new.lock(KEY, CTX, 30).acquired
+
+    rows = tables.table("state").rows
+    where = heads_of(tables)
+    assert len(where) == 2
+    home = new.layout.partition(KEY)
+    earlier = EARLIER.partition(KEY)
+    assert {pk for pk, _ in where} == {home, earlier}
+    assert rows[(earlier, where[0][1])][MOVED_TO] == home
+    assert MOVED_TO not in rows[(home, where[0][1])]
+    # the earlier layout's writer meets the claim: it never creates a second record
+    late = StateStore(tables, layout=EARLIER)
+    with pytest.raises(LayoutBehind):
+        late.lock(KEY, CTX, 30)
+    assert heads_of(tables) == where
+
+
+def test_an_upsert_while_an_earlier_layout_is_listed_writes_one_record(
+    clock: Clock, tables: MemoryTables
+) -> None:
+    old, new = StateStore(tables, layout=EARLIER), StateStore(tables, layout=NOW_FOUR)
+    upsert: dict[str, Any] = {"envelope_props": None, "substatus": None, "error": None, "token_text": None}
+    old.record(KEY, CTX, status=Status.PROCESSED, **upsert)
+    before = heads_of(tables)
+
+    head = new.record(KEY, CTX, status=Status.SKIPPED, **upsert)
+
+    assert head.version == 2 and head.status is Status.SKIPPED
+    assert heads_of(tables) == before
+    fresh = RecordKey(7, Scope.ELEMENT, 3, "invoice", "INV-new")
+    made = new.record(fresh, CTX, status=Status.PROCESSED, **upsert)
+    assert made.version == 1 and new.read_head(fresh) is not None
