@@ -113,6 +113,7 @@ def test_coordinates_that_name_another_session_are_refused() -> None:
         settler(table, transport).settle(completion(session_id="s-2"))
 
     assert refused.value.field == "coordinates.sessionId"
+    assert str(refused.value) == "coordinates.sessionId does not match the parked event."
     assert transport.sent == [] and claim_in(table) is None
 
 
@@ -129,6 +130,9 @@ def test_coordinates_that_name_another_message_are_refused() -> None:
         settler(table, transport).settle(completion(message_id="an-older-park"))
 
     assert refused.value.field == "coordinates.messageId"
+    assert str(refused.value) == (
+        "coordinates.messageId does not address the parked message (a newer park replaced it?)."
+    )
     assert transport.sent == [] and claim_in(table) is None
 
 
