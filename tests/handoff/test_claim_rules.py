@@ -10,10 +10,11 @@ import pytest
 from common import transactions as tx
 from handoff import claims, keys
 from handoff.claims import SettlementInFlight
+from handoff.contract import MessageType
 from handoff.leases import LeaseLost
 from handoff.outbox import ClaimState
 
-from .claim_rows import CLAIM_KEY, PK, T0, claim_row, order
+from .claim_rows import CLAIM_KEY, PK, T0, claim_row, message, order, parked
 
 
 def test_retried_or_lost_answers_our_own_retry_from_its_claim() -> None:
@@ -77,3 +78,36 @@ def test_a_transition_applied_takes_the_new_etag_from_the_answer() -> None:
     assert move.applied([]).etag is None
     assert move.applied([{"etag": '"c9"'}]).state is ClaimState.sent
     assert move.ops[0][1]["RowKey"] == keys.claim_row("ev-1", "park-1")
+
+
+def test_moved_on_when_the_event_is_gone_or_parked_again_by_another_message() -> None:
+    claim = claim_row()
+
+    assert claims.moved_on(claim, None)
+    assert claims.moved_on(claim, parked().model_copy(update={"last_message_id": "park-2"}))
+    assert not claims.moved_on(claim, parked())
+
+
+def test_moved_on_a_settlement_kind_once_its_hand_off_is_no_longer_parked() -> None:
+    assert MessageType.HandoffCompletedRequest in claims.SETTLEMENT_KINDS
+    assert {MessageType.HandoffCompletedRequest, MessageType.HandoffFailedRequest} == claims.SETTLEMENT_KINDS
+    answered = parked().model_copy(update={"pending_sub_status": None})
+
+    assert claims.moved_on(claim_row(), answered)
+    operator = claim_row(message_type=MessageType.ResubmissionRequest)
+    assert not claims.moved_on(operator, answered)  # an operator action's event moves on by a newer message
+
+
+def test_a_claim_plan_holds_the_claim_and_its_transaction() -> None:
+    plan = claims.plan_claim(order(), parked(), message("ctl-1"), "{}", pk=PK, now=T0)
+
+    assert isinstance(plan, claims.ClaimPlan)
+    assert plan.claim.control_message_id == "ctl-1" and plan.claim.state is ClaimState.sending
+    assert plan.ops[0][1]["RowKey"] == CLAIM_KEY and plan.fence is None and plan.pin is None
+
+
+def test_a_transition_is_the_claims_move_and_the_claim_once_moved() -> None:
+    move = claims.plan_transition(PK, claim_row(), ClaimState.unconfirmed, now=T0)
+
+    assert isinstance(move, claims.Transition)
+    assert move.moved.state is ClaimState.unconfirmed and move.ops[0][2]["etag"] == '"c1"'

@@ -12,6 +12,8 @@ from handoff import counts, keys
 from handoff.contract import HANDOFF_SUB_STATUS, InboundMessage, MessageContent, MessageType, ResolutionStatus
 from handoff.guard import CONTROL_REQUESTS, TERMINAL, CurrentRow, allows, is_guarded
 from handoff.projection import (
+    RESOLVER_AUDITOR,
+    Projection,
     delta_entity,
     other_session_than_park,
     plan_projection,
@@ -310,3 +312,31 @@ def test_a_projection_that_moves_an_event_between_buckets_writes_its_count_delta
     deltas = [op[1] for op in ops if any(str(k).startswith("N") for k in op[1])]
     assert len(deltas) == 1
     assert deltas[0][counts.column("Pending")] == -1 and deltas[0][counts.column("Completed")] == 1
+
+
+def test_a_projection_says_applied_with_the_new_row_or_refused_without_one() -> None:
+    applied = project(message(MessageType.EventRequest, "m-request"), None, now=T0)
+    assert isinstance(applied, Projection)
+    assert applied.applied and applied.row is not None and applied.refusal is None
+    assert applied.status is ResolutionStatus.Pending and applied.request_enqueued_at == T0
+    assert not applied.handoff_seen
+
+    park = parked_in("s-1")
+    refused = project(message(MessageType.ErrorResponse, "m-x", session="s-2"), park, now=T0)
+    assert not refused.applied and refused.row is None and refused.handoff_seen
+
+
+def test_the_resolver_is_the_auditor_of_a_refused_projections_comment() -> None:
+    done = written(message(MessageType.ResolutionResponse, "m-done"))
+    late = message(MessageType.EventRequest, "m-late", at=-5)
+
+    ops = plan_projection(PK, late, done, project(late, done, now=T0), now=T0)
+
+    assert RESOLVER_AUDITOR == "Resolver" and ops[1][1]["AuditorName"] == RESOLVER_AUDITOR
+
+
+def test_read_columns_reads_every_counted_bucket_and_skips_what_is_not_a_count() -> None:
+    assert counts.POISON in counts.COUNTED and set(counts.BUCKETS) < set(counts.COUNTED)
+    entity = {counts.column("Pending"): 3, counts.column(counts.POISON): "2", counts.column("Failed"): True}
+
+    assert counts.read_columns(entity) == {"Pending": 3, counts.POISON: 2}

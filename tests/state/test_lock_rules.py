@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from common.clock import iso
-from state.model import Status, held_reason, lock_decision, retry_after_seconds
+from state.model import LockDecision, Status, held_reason, lock_decision, retry_after_seconds
 
 NOW = datetime(2026, 12, 1, 9, 0, 0, tzinfo=UTC)
 
@@ -84,3 +84,8 @@ def test_held_reason_says_until_when_and_what_happens_after() -> None:
 )
 def test_retry_after_seconds_rounds_up_and_adds_the_clock_margin(left: timedelta, seconds: int) -> None:
     assert retry_after_seconds(NOW + left, NOW) == seconds
+
+
+def test_a_lock_decision_is_acquire_takeover_and_a_reason() -> None:
+    assert lock_decision(Status.NONE, None, NOW) == LockDecision(acquire=True, takeover=False, reason=None)
+    assert LockDecision(acquire=False).reason is None and not LockDecision(acquire=False).takeover
