@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from azure.data.tables import UpdateMode
 
 from common.fence import ERA, MOVED_TO, Fence, LayoutBehind, claim_row, era_of, is_claim, moved_to
 from tests.support.memory_table import MemoryTables
@@ -168,3 +169,55 @@ def test_behind_drops_the_layout_copy_and_asks_for_a_retry() -> None:
         "newer than this instance's copy. Retry: the next call reads the layout again."
     )
     assert refusal.headers.get("Retry-After") == "1"
+
+
+def test_an_older_claim_changed_meanwhile_is_read_again_not_overwritten() -> None:
+    """The replacement is If-Match the claim as read: a newer layout's claim written in between stands, and
+    this process learns it is behind."""
+    tables = MemoryTables()
+    t, (f, forget) = tables.table("state"), fence()
+    t.create_entity(claim_row(EARLY, RK, EARLIER, 1))
+
+    def a_newer_writer_first(call: str, args: tuple[Any, ...]) -> None:
+        if call == "update_entity":
+            tables.gate = None
+            t.update_entity(claim_row(EARLY, RK, "p-newer", 3), mode=UpdateMode.REPLACE)
+
+    tables.gate = a_newer_writer_first
+
+    with pytest.raises(LayoutBehind):
+        f.claim_earlier(t, RK)
+
+    assert row(t, EARLY) == claim_row(EARLY, RK, "p-newer", 3) and forget.times == 1
+
+
+def test_an_older_claim_is_replaced_with_one_write_each() -> None:
+    tables = MemoryTables()
+    t, (f, _) = tables.table("state"), fence()
+    t.create_entity(claim_row(EARLY, RK, EARLIER, 1))
+    calls: list[str] = []
+    tables.gate = lambda call, args: calls.append(call)
+
+    assert f.claim_earlier(t, RK) is None
+
+    # each earlier partition: the insert, a read of what stood there (EARLY only), one replacement
+    assert calls == ["create_entity", "get_entity", "create_entity", "update_entity"]
+
+
+def test_a_claim_at_home_changed_meanwhile_is_left_as_the_other_writer_left_it() -> None:
+    t, (f, _) = table(), fence()
+    t.create_entity(claim_row(HOME, RK, EARLY, 1))
+    found = t.get_entity(HOME, RK)
+    t.update_entity(claim_row(HOME, RK, EARLY, 1), mode=UpdateMode.REPLACE)  # another writer: a new ETag
+
+    f.clear_home(t, found)
+
+    assert row(t, HOME) == claim_row(HOME, RK, EARLY, 1)
+
+
+def test_a_claim_at_home_this_process_cannot_clear_names_where_it_points() -> None:
+    t, (f, _) = table(), fence()
+    t.create_entity(claim_row(HOME, RK, "p-unknown", 1))
+
+    with pytest.raises(LayoutBehind, match="partition 'p-unknown'"):
+        f.clear_home(t, t.get_entity(HOME, RK))

@@ -111,3 +111,15 @@ def test_a_transition_is_the_claims_move_and_the_claim_once_moved() -> None:
 
     assert isinstance(move, claims.Transition)
     assert move.moved.state is ClaimState.unconfirmed and move.ops[0][2]["etag"] == '"c1"'
+
+
+def test_a_fenced_claim_replaces_only_the_queue_mark_by_one_if_match_the_lease_read() -> None:
+    plan = claims.plan_claim(order(token="tok"), parked(), message("ctl-1"), "{}", pk=PK, now=T0)
+    assert plan.fence is not None
+
+    fenced = plan.fenced('"q7"')
+
+    at = plan.fence
+    assert len(fenced) == len(plan.ops)
+    assert fenced[:at] == plan.ops[:at] and fenced[at + 1 :] == plan.ops[at + 1 :]
+    assert fenced[at] == tx.merge(plan.ops[at][1], '"q7"')

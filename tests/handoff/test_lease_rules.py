@@ -66,3 +66,13 @@ def test_a_lease_write_is_lost_only_when_the_queue_row_changed_or_left() -> None
 def test_unclaimed_sorts_before_every_time_and_claimed_after() -> None:
     assert leases.UNCLAIMED < iso(datetime(1, 1, 1, tzinfo=UTC)) < leases.CLAIMED
     assert iso(datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC)) < leases.CLAIMED
+
+
+def test_a_lease_is_written_only_from_a_queue_row_as_read() -> None:
+    import pytest
+
+    for unread in (queued(etag=None), queued(row_key=None)):
+        with pytest.raises(AssertionError):
+            leases.plan_lease(PK, unread, "tok", T0, None, T0)
+        with pytest.raises(AssertionError):
+            leases.plan_give_back(PK, unread)

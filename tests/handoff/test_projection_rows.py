@@ -196,6 +196,7 @@ def test_the_first_message_writes_history_event_index_session_listing_since_and_
     assert len(ops) == len(expected) + 1
     delta = ops[-1][1]
     assert ops[-1][0] == "create" and str(delta["RowKey"]).startswith(keys.delta_row(T0, ""))
+    assert delta["PartitionKey"] == PK
     assert {k: v for k, v in delta.items() if k not in ("PartitionKey", "RowKey")} == {
         counts.column("Pending"): 1,
         counts.column(counts.PENDING_HANDOFF): 1,
@@ -203,7 +204,11 @@ def test_the_first_message_writes_history_event_index_session_listing_since_and_
 
 
 def test_a_later_message_replaces_the_row_as_read_and_moves_only_what_changed() -> None:
-    park = stored(applied(message(MessageType.PendingHandoffResponse, "m-park", external_job_id="job-9")))
+    park = stored(
+        applied(
+            message(MessageType.PendingHandoffResponse, "m-park", external_job_id="job-9", expected_by=T0)
+        )
+    )
     m = message(MessageType.ResolutionResponse, "m-done", at=5)
     later = T0 + timedelta(seconds=5)
     decision = project(m, park, now=later)
@@ -218,6 +223,7 @@ def test_a_later_message_replaces_the_row_as_read_and_moves_only_what_changed() 
         tx.replace(row.to_entity(PK, keys.event_row(EVENT)), '"e1"'),
         tx.delete(PK, str(park.queue_key)),
         tx.delete(PK, str(park.job_key)),
+        tx.delete(PK, str(park.expiry_key)),
         *[tx.delete(PK, key) for key in park.listing_keys],
         *[tx.insert(listing.to_entity(PK, key)) for key in row.listing_keys],
         tx.delete(PK, str(park.since_key)),
@@ -245,6 +251,9 @@ def test_a_refused_message_writes_its_history_its_comment_and_the_bookkeeping_on
     )
     audit = ops[1][1]
     assert ops[1][0] == "create" and audit["AuditorName"] == "Resolver" and audit["AuditType"] == "Comment"
+    assert audit["PartitionKey"] == PK
+    prefix = keys.audit_row(EVENT, T0, "")
+    assert str(audit["RowKey"]).startswith(prefix) and len(str(audit["RowKey"])) == len(prefix) + 32
     assert ops[2] == tx.merge(
         {
             "PartitionKey": PK,
@@ -268,3 +277,71 @@ def test_a_retry_request_is_audited_by_the_manager_in_the_same_transaction() -> 
     assert ops[-1][0] == "create" and audit["AuditType"] == "Retry" and audit["AuditorName"] == "Manager"
     assert audit["Data"] == "RetryRequest m-retry" and audit["PartitionKey"] == PK
     assert str(audit["RowKey"]).startswith(keys.audit_row(EVENT, T0, ""))
+
+
+def test_a_row_read_without_an_etag_is_replaced_if_match_any() -> None:
+    request = applied(message(MessageType.EventRequest, "m-request"))  # no ETag
+    m = message(MessageType.ErrorResponse, "m-err", at=5)
+
+    ops = plan_projection(PK, m, request, project(m, request, now=T0), now=T0)
+
+    assert ops[1] == tx.replace(ops[1][1], "*")
+
+
+def test_a_park_again_at_the_same_place_in_the_queue_still_moves_its_job_row() -> None:
+    first = stored(applied(message(MessageType.PendingHandoffResponse, "m-park-1", external_job_id="job-1")))
+    again = message(MessageType.PendingHandoffResponse, "m-park-2", external_job_id="job-2")  # same time
+
+    decision = project(again, first, now=T0)
+    ops = plan_projection(PK, again, first, decision, now=T0)
+
+    assert decision.row is not None and decision.row.queue_key == first.queue_key
+    written = [(op[0], op[1]["RowKey"]) for op in ops]
+    assert ("delete", keys.job_row("job-1", EVENT)) in written
+    assert ("create", keys.job_row("job-2", EVENT)) in written
+    assert all(key != first.queue_key for _, key in written)  # the queue row stays (it may hold a lease)
+
+
+def test_a_listing_row_that_stays_is_replaced_and_a_row_never_counted_is_counted_now() -> None:
+    first = stored(applied(message(MessageType.EventRequest, "m-request", at=10)))
+    copy = message(MessageType.EventRequest, "m-request-2", at=4)
+
+    ops = plan_projection(PK, copy, first, project(copy, first, now=T0), now=T0)
+    assert ("update", first.all_key) in [(op[0], op[1]["RowKey"]) for op in ops]
+    assert next(op for op in ops if op[1]["RowKey"] == first.all_key)[2]["etag"] == "*"
+    assert not any(str(op[1]["RowKey"]).startswith("ct|d|") for op in ops)  # same buckets: no delta
+
+    uncounted = first.model_copy(update={"counted": False})
+    ops = plan_projection(PK, copy, uncounted, project(copy, uncounted, now=T0), now=T0)
+    kinds = {str(op[1]["RowKey"]): op[0] for op in ops}
+    assert all(kinds[key] == "create" for key in first.listing_keys)  # nothing was listed: all inserted
+    assert kinds[str(first.since_key)] == "create"
+    delta = [op[1] for op in ops if str(op[1]["RowKey"]).startswith("ct|d|")]
+    assert len(delta) == 1 and delta[0][counts.column("Pending")] == 1
+
+
+def listed_reason(m: InboundMessage) -> object:
+    """The ``Reason`` of the all-events listing row the first message ``m`` writes."""
+    decision = project(m, None, now=T0)
+    assert decision.row is not None
+    ops = plan_projection(PK, m, None, decision, now=T0)
+    return next(op[1] for op in ops if op[1]["RowKey"] == decision.row.all_key)["Reason"]
+
+
+def test_a_listing_row_shows_the_reason_or_the_error_text_cut_to_300_characters() -> None:
+    def failed(text: str) -> InboundMessage:
+        body = json.dumps({"EventContent": None, "ErrorContent": {"ErrorText": text}})
+        return message(MessageType.ErrorResponse, "m-err", body_text=body)
+
+    assert listed_reason(failed("e" * 400)) == "e" * 299 + "…"
+    assert listed_reason(failed("e" * 300)) == "e" * 300
+    dead = message(MessageType.ErrorResponse, "m-dead", dead_letter_error_description="too many tries")
+    assert listed_reason(dead) == "too many tries"
+
+
+def test_error_text_reads_the_error_text_of_a_stored_body() -> None:
+    from handoff.projection import error_text
+
+    assert error_text(json.dumps({"ErrorContent": {"ErrorText": "boom"}})) == "boom"
+    assert error_text(json.dumps({"ErrorContent": None})) is None
+    assert error_text(None) is None

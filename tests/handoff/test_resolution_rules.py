@@ -291,5 +291,13 @@ def assert_audit_insert(op: tx.Operation, written: AuditRow) -> None:
     assert op[0] == "create"
     entity = op[1]
     assert entity["PartitionKey"] == PK
-    assert str(entity["RowKey"]).startswith(keys.audit_row("ev-1", written.audit_timestamp, ""))
+    prefix = keys.audit_row("ev-1", written.audit_timestamp, "")
+    assert str(entity["RowKey"]).startswith(prefix)
+    assert len(str(entity["RowKey"])) == len(prefix) + 32  # a random id: two audits never collide
     assert entity == written.to_entity(PK, str(entity["RowKey"]))
+
+
+def test_decide_answers_delivered_again_for_a_claim_the_reconciler_confirmed() -> None:
+    delivered = claim_row(state=ClaimState.delivered)
+
+    assert resolve(delivered, None, DELIVERED, None) == ClaimResolution(DELIVERED, True, delivered, None)
