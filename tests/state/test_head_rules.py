@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from common.clock import epoch_ms, iso
+from common.errors import Conflict, LockLost
 from state.keys import LOCK_KIND, RETENTION_KIND, head_row_key, history_row_key_of, index_row_key
 from state.lifecycle import (
     FINISHED,
@@ -23,11 +24,16 @@ from state.lifecycle import (
     WriteContext,
     WritePlan,
     as_written,
+    check_holder,
+    check_release,
     claims_of,
     closed_by,
     closes,
+    concluded,
+    conclusion_replayed,
     decide_lock,
     effective_status,
+    extended,
     head_columns,
     history_row,
     is_version,
@@ -324,3 +330,100 @@ def test_settled_tells_a_lost_write_that_applied_from_one_that_did_not() -> None
     assert settled(None, current, new) == "changed"  # deleted meanwhile
     assert settled(Head(current.entity, "e-other"), current, new) == "changed"
     assert settled(current, None, new) == "changed"  # created by another writer
+
+
+# -- what a refused writer reads, word for word -----------------------------------------------------------
+
+
+def lost_by(head: Head | None, token_head: Head, now: datetime) -> LockLost:
+    with pytest.raises(LockLost) as lost:
+        check_holder(head, claims_of(KEY, token_head), now)
+    assert lost.value.field == "lockToken"
+    return lost.value
+
+
+def test_check_holder_says_why_a_token_no_longer_holds_the_lock() -> None:
+    mine = locked(60)
+    taken = Head({**locked(60).entity}, "e2")  # another lock id
+
+    assert str(lost_by(None, mine, T0)) == (
+        "The lock is no longer held: the record does not exist. Nothing was written."
+    )
+    assert str(lost_by(taken, mine, T0)) == (
+        "The lock is no longer held: another caller took the lock over after it expired. Nothing was written."
+    )
+    done = Head({**mine.entity, "Status": int(Status.PROCESSED)}, "e3")
+    assert str(lost_by(done, mine, T0)) == (
+        "The lock is no longer held: the record is now Processed. Nothing was written."
+    )
+    assert str(lost_by(mine, mine, at(60))) == (
+        f"The lock expired at {iso(at(60))}; take the lock again. Nothing was written."
+    )
+    assert check_holder(mine, claims_of(KEY, mine), at(59)) is mine
+
+
+def test_check_release_says_there_is_no_lock_to_release() -> None:
+    for head, state in ((None, "no record"), (finished(Status.SKIPPED), "the record is Skipped")):
+        with pytest.raises(Conflict) as refused:
+            check_release(head)
+        assert refused.value.field == "key"
+        assert str(refused.value) == f"There is no lock to release: {state}."
+    check_release(locked())
+
+
+def test_conclusion_replayed_refuses_another_requests_conclusion_on_the_token() -> None:
+    done = Head({**finished(Status.PROCESSED).entity, "ClosedDigest": "d1"}, "e")
+
+    with pytest.raises(LockLost) as lost:
+        conclusion_replayed(done, Status.PROCESSED, "d2")
+
+    assert lost.value.field == "lockToken"
+    assert str(lost.value) == "This lock already ended with Processed (another request). Nothing was written."
+
+
+def test_catch_up_concludes_an_expired_lock_as_failed_keeping_identity_and_retention() -> None:
+    head = Head(
+        new_head(KEY, WriteContext(retention_seconds=30), Status.PROCESSING, T0, partition=PK), 'W/"1"'
+    )
+
+    new = concluded(head, Status.FAILED, substatus=LOCK_EXPIRED, error="gone", now=at(90))
+
+    assert new["Status"] == int(Status.FAILED) and new["Version"] == 2
+    assert (new["CreatedAt"], new["UpdatedAt"], new["Substatus"], new["Error"]) == (
+        T0,
+        at(90),
+        LOCK_EXPIRED,
+        "gone",
+    )
+    assert new["DataChunks"] == 0 and new["PartitionKey"] == PK and new["RowKey"] == head_row_key(KEY)
+    assert new["RetainUntil"] == at(120)
+    assert str(new["RetainIndexKey"]).startswith(index_row_key(RETENTION_KIND, epoch_ms(at(120)), ""))
+    plain = concluded(locked(), Status.FAILED, substatus=LOCK_EXPIRED, error=None, now=at(90))
+    assert plain["RetainUntil"] == NEVER and "RetainIndexKey" not in plain and "Error" not in plain
+    assert plain["CreatedAt"] == T0
+
+
+def test_catch_up_expires_a_finished_record_without_a_new_retention() -> None:
+    head = finished(Status.PROCESSED, retention=30)
+
+    new = concluded(head, Status.EXPIRED, substatus="RetentionExpired", error=None, now=at(31))
+
+    assert new["Status"] == int(Status.EXPIRED) and new["RetainUntil"] == NEVER
+    assert "RetainIndexKey" not in new and new["Substatus"] == "RetentionExpired"
+
+
+def test_an_extension_stamps_the_time_it_was_extended() -> None:
+    head = locked(60)
+
+    new = extended(head, at(10), 60)
+
+    assert new["UpdatedAt"] == at(10) and new["LockedUntil"] == at(70)
+    assert new["Version"] == head.version and new["LockId"] == head.entity["LockId"]
+
+
+def test_each_retention_index_row_has_its_own_id() -> None:
+    first, second = finished(Status.PROCESSED, retention=30), finished(Status.PROCESSED, retention=30)
+    prefix = index_row_key(RETENTION_KIND, epoch_ms(at(30)), "")
+
+    assert first.entity["RetainIndexKey"] != second.entity["RetainIndexKey"]
+    assert len(str(first.entity["RetainIndexKey"])) == len(prefix) + 32
