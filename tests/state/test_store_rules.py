@@ -11,9 +11,9 @@ from unittest import mock
 
 import pytest
 
-from common.errors import LockLost
+from common.errors import Conflict, LockLost
 from common.fence import MOVED_TO, LayoutBehind
-from state.keys import Layout, head_row_key
+from state.keys import Layout, head_row_key, history_row_key_of
 from state.lifecycle import WriteContext
 from state.model import RecordKey, Scope, Status
 from state.store import StateStore
@@ -102,8 +102,12 @@ def test_a_refusal_is_always_confirmed_by_storage(clock: Clock, tables: MemoryTa
     assert not other.lock(KEY, CTX, 30).acquired  # ``other`` now remembers the head as held
 
     record(holder, lock.token, Status.FAILED)  # the holder ends it: the record may be locked again
+    calls = calls_of(tables)
 
     again = other.lock(KEY, CTX, 30)
+
+    # one read confirms the remembered refusal before deciding; then the expiry minute and the write
+    assert calls.count("get_entity") == 1 and len(calls) == 3 and calls[-1] == "submit_transaction"
     assert again.acquired and not again.takeover
     assert again.previous is not None and again.previous.error is None and not again.previous.lock_expired
 
@@ -194,6 +198,7 @@ def test_a_conclusion_asked_again_after_newer_versions_is_answered_as_it_was_wri
     again = record(store_on(tables), lock.token, Status.FAILED, "d1")
 
     assert again.status is Status.FAILED and again.version == 2
+    assert again.entity["RowKey"] == head_row_key(KEY) and "RecordedStatus" not in again.entity
     with pytest.raises(LockLost):
         record(store, lock.token, Status.FAILED, "another-request")
     head = store.read_head(KEY)
@@ -239,6 +244,11 @@ def test_a_key_created_under_the_earlier_layout_is_found_there_not_created_again
 
     assert not refused.acquired and refused.locked_until == T0 + timedelta(seconds=30)
     assert heads_of(tables) == before  # one record, nothing fenced: the key exists
+    calls = calls_of(tables)
+    assert not StateStore(tables, layout=NOW_FOUR).lock(KEY, CTX, 30).acquired
+    # a key this instance does not know: read where it is created now, then fenced in the earlier partition,
+    # where the record is found (and decided on, never created again)
+    assert calls == ["get_entity", "create_entity", "get_entity"]
     clock.passes(31)
     taken = new.lock(KEY, CTX, 30)
     assert taken.acquired and taken.takeover and heads_of(tables) == before
@@ -282,3 +292,62 @@ def test_an_upsert_while_an_earlier_layout_is_listed_writes_one_record(
     fresh = RecordKey(7, Scope.ELEMENT, 3, "invoice", "INV-new")
     made = new.record(fresh, CTX, status=Status.PROCESSED, **upsert)
     assert made.version == 1 and new.read_head(fresh) is not None
+
+
+def test_the_same_lock_request_asked_again_while_its_lock_holds_gets_it_back(
+    clock: Clock, tables: MemoryTables
+) -> None:
+    store = store_on(tables)
+    first = store.lock(KEY, CTX, 30)
+    assert first.token is not None
+    record(store, first.token, Status.FAILED, "d1")
+    clock.passes(1)
+    taken = store.lock(KEY, CTX, 30, request_id="req-1")
+
+    again = store_on(tables).lock(KEY, CTX, 30, request_id="req-1")
+
+    assert again.acquired and again.replayed and not again.takeover
+    assert again.token == taken.token and again.locked_until == taken.locked_until
+    assert again.previous is not None and again.previous.version == 2 and not again.previous.lock_expired
+    other = store_on(tables).lock(KEY, CTX, 30, request_id="req-2")
+    assert not other.acquired and not other.replayed
+
+
+def test_a_fenced_write_keeps_the_version_it_replaces_as_history(clock: Clock, tables: MemoryTables) -> None:
+    store = store_on(tables)
+    lock = store.lock(KEY, CTX, 30)
+    assert lock.token is not None
+
+    record(store, lock.token, Status.PROCESSED)
+
+    rows = tables.table("state").rows
+    pk = store.layout.partition(KEY)
+    history = rows.get((pk, history_row_key_of(head_row_key(KEY), 1)))
+    assert history is not None and history["RecordedStatus"] == int(Status.PROCESSING)
+    assert history["Status"] == int(Status.SUPERSEDED) and history["SupersededByVersion"] == 2
+
+
+def test_a_write_that_loses_every_race_gives_up_with_a_conflict(clock: Clock, tables: MemoryTables) -> None:
+    store = store_on(tables)
+    lock = store.lock(KEY, CTX, 30)
+    assert lock.token is not None
+    table = tables.table("state")
+
+    def another_writer_first(call: str, args: tuple[Any, ...]) -> None:
+        if call == "submit_transaction" and str(args[0]).endswith("state"):
+            tables.gate = None
+            head = dict(table.get_entity(store.layout.partition(KEY), head_row_key(KEY)))
+            table.update_entity(head)  # the same columns again: a new ETag
+            tables.gate = another_writer_first
+
+    tables.gate = another_writer_first
+    with pytest.raises(Conflict) as refused:
+        record(store, lock.token, Status.PROCESSED)
+    assert refused.value.field == "key"
+    assert str(refused.value) == "The record changed on every attempt to write it; retry."
+
+    clock.passes(31)
+    with pytest.raises(Conflict) as refused:
+        store.lock(KEY, CTX, 30)
+    assert refused.value.field == "key"
+    assert str(refused.value) == "The record changed on every attempt to lock it; retry."
