@@ -4,6 +4,7 @@ is sent only within the send deadline, and a send's outcome decides the claim's 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -11,10 +12,12 @@ from typing import Any
 
 import pytest
 
+from common.clock import iso
 from common.errors import Conflict, NotFound, PayloadTooLarge
 from handoff import keys, service
 from handoff.claims import SettlementInFlight
 from handoff.contract import Coordinates, MessageType
+from handoff.leases import LeaseLost
 from handoff.outbox import CONFIRM_AFTER, SEND_DEADLINE, ClaimState
 from handoff.records import ClaimRow, EventRow, QueueRow
 from handoff.settlement import Settlement, SettlementService
@@ -281,3 +284,59 @@ def test_a_send_with_an_unknown_outcome_keeps_the_claim_sending_for_the_reconcil
     assert claim is not None and claim.state is ClaimState.sending and claim.attempts == 1
     reconcile = table.get(PK, claim.reconcile_key or "")
     assert reconcile is not None and reconcile["DueAt"] == claim.claimed_at + CONFIRM_AFTER
+
+
+# -- a leased settlement -----------------------------------------------------------------------------------
+
+
+def leased(token: str = "tok") -> MemoryTable:
+    table = MemoryTable()
+    table.submit([("create", parked(etag=None).to_entity(PK, keys.event_row(EVENT)))])
+    until = iso(T0 + timedelta(seconds=30))
+    queue = QueueRow(event_id=EVENT, parked_message_id=PARKED, lease_token=token, claimed_until=until)
+    table.submit([("create", queue.to_entity(PK, QUEUE_KEY))])
+    return table
+
+
+def with_lease(token: str, **changes: Any) -> Settlement:
+    return dataclasses.replace(completion(), lease_token=token, **changes)
+
+
+def test_a_settlement_with_the_lease_that_holds_the_hand_off_is_sent() -> None:
+    table, transport = leased(), Transport()
+
+    accepted = settler(table, transport).settle(with_lease("tok"))
+
+    assert accepted.confirmed and len(transport.sent) == 1
+    queue = table.read(QueueRow, PK, QUEUE_KEY)
+    assert queue is not None and queue.claimed_until.startswith("9999")
+
+
+def test_a_settlement_with_a_lease_that_no_longer_holds_is_lease_lost() -> None:
+    table, transport = leased("another-agents"), Transport()
+
+    with pytest.raises(LeaseLost) as lost:
+        settler(table, transport).settle(with_lease("tok"))
+
+    assert lost.value.field == "leaseToken" and transport.sent == [] and claim_in(table) is None
+
+
+def test_our_own_leased_settlement_retried_after_the_lease_ended_is_answered_from_its_claim() -> None:
+    table, transport = leased(), Transport()
+    first = settler(table, transport).settle(with_lease("tok"))
+
+    again = settler(table, transport).settle(with_lease("tok"))
+
+    assert again.replayed and again.control_message_id == first.control_message_id
+    assert len(transport.sent) == 1
+
+
+def test_a_leased_settlement_of_a_hand_off_no_longer_queued_is_refused() -> None:
+    table, transport = leased(), Transport()
+    table.submit([("delete", {"PartitionKey": PK, "RowKey": QUEUE_KEY})])
+
+    with pytest.raises(Conflict) as refused:
+        settler(table, transport).settle(with_lease("tok"))
+
+    assert str(refused.value) == f"Event {EVENT!r} is no longer a pending hand-off."
+    assert refused.value.field == "coordinates.eventId" and transport.sent == []

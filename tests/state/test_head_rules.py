@@ -33,6 +33,7 @@ from state.lifecycle import (
     conclusion_replayed,
     decide_lock,
     effective_status,
+    entity_of,
     extended,
     head_columns,
     history_row,
@@ -427,3 +428,24 @@ def test_each_retention_index_row_has_its_own_id() -> None:
 
     assert first.entity["RetainIndexKey"] != second.entity["RetainIndexKey"]
     assert len(str(first.entity["RetainIndexKey"])) == len(prefix) + 32
+
+
+def test_a_token_carries_every_option_of_the_head_it_was_issued_for() -> None:
+    ctx = WriteContext(handler_key="h", source_app_id=9, entity_execution_id=5, retention_seconds=60)
+    first = Head(new_head(KEY, ctx, Status.FAILED, T0, partition=PK), 'W/"1"')
+    plan = decide_lock(first, LockRequest(KEY, ctx, 30, "req-1"), partition=PK, now=at(1), judged=at(1))
+    assert plan.new is not None
+    head = Head({**plan.new, "Substatus": "s", "Note": "n"}, 'W/"2"')
+
+    rebuilt = entity_of(KEY, claims_of(KEY, head), PK)
+
+    assert rebuilt == head.entity
+    for column in (
+        "SourceAppId",
+        "EntityExecutionId",
+        "RetentionSeconds",
+        "Substatus",
+        "Note",
+        "LockRequestId",
+    ):
+        assert column in rebuilt
