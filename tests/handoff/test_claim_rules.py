@@ -123,3 +123,56 @@ def test_a_fenced_claim_replaces_only_the_queue_mark_by_one_if_match_the_lease_r
     assert len(fenced) == len(plan.ops)
     assert fenced[:at] == plan.ops[:at] and fenced[at + 1 :] == plan.ops[at + 1 :]
     assert fenced[at] == tx.merge(plan.ops[at][1], '"q7"')
+
+
+def test_plan_transition_to_sent_records_the_send_and_leaves_the_reconciler() -> None:
+    claim = claim_row(attempts=1)
+    later = T0 + timedelta(seconds=3)
+
+    move = claims.plan_transition(PK, claim, ClaimState.sent, now=later, sent=True, attempt=True)
+
+    assert move.ops[0] == tx.merge(
+        {
+            "PartitionKey": PK,
+            "RowKey": CLAIM_KEY,
+            "State": "sent",
+            "UpdatedAt": later,
+            "ReconcileKey": "",
+            "UnconfirmedKey": "",
+            "Attempts": 2,
+            "LastSentAt": later,
+        },
+        '"c1"',
+    )
+    assert move.ops[1:] == [tx.delete(PK, str(claim.reconcile_key))]
+    moved = move.moved
+    assert (moved.state, moved.etag, moved.attempts, moved.reconcile_key, moved.unconfirmed_key) == (
+        ClaimState.sent,
+        None,
+        2,
+        None,
+        None,
+    )
+    assert moved.last_sent_at == later and moved.updated_at == later
+
+
+def test_plan_transition_to_unconfirmed_lists_the_claim_for_operators_once() -> None:
+    claim = claim_row(etag=None)
+    due = T0 + timedelta(minutes=5)
+
+    move = claims.plan_transition(PK, claim, ClaimState.unconfirmed, now=T0, due=due)
+
+    unconfirmed = keys.unconfirmed_row("ev-1", "park-1")
+    reconcile = keys.reconcile_row(due, "ev-1", "park-1")
+    assert move.ops[0][1]["UnconfirmedKey"] == unconfirmed and move.ops[0][1]["ReconcileKey"] == reconcile
+    assert (
+        move.ops[0][2]["etag"] == "*"
+        and "Attempts" not in move.ops[0][1]
+        and "LastSentAt" not in move.ops[0][1]
+    )
+    written = [(op[0], op[1]["RowKey"]) for op in move.ops]
+    assert ("create", reconcile) in written and ("create", unconfirmed) in written
+    assert move.moved.unconfirmed_key == unconfirmed and move.moved.attempts == claim.attempts
+    assert move.moved.last_sent_at == claim.last_sent_at
+    listed_again = claims.plan_transition(PK, move.moved, ClaimState.unconfirmed, now=T0, due=due)
+    assert ("create", unconfirmed) not in [(op[0], op[1]["RowKey"]) for op in listed_again.ops]

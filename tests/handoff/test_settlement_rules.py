@@ -106,7 +106,8 @@ def test_a_settlement_of_the_parked_message_is_sent_and_confirmed() -> None:
     assert len(transport.sent) == 1 and transport.sent[0][0] == "Billing"
     claim = claim_in(table)
     assert claim is not None and claim.state is ClaimState.sent and claim.attempts == 1
-    assert accepted.control_message_id == claim.control_message_id
+    assert claim.last_sent_at == T0 and accepted.control_message_id == claim.control_message_id
+    assert accepted.replayed is False and accepted.confirmed is True
 
 
 def test_coordinates_that_name_another_session_are_refused() -> None:
@@ -254,6 +255,7 @@ def test_a_claim_older_than_the_send_deadline_is_not_sent_but_left_to_the_reconc
     assert not accepted.confirmed and accepted.state == ClaimState.sending.name
     claim = claim_in(table)
     assert claim is not None and claim.state is ClaimState.sending and claim.attempts == 0
+    assert claim.last_sent_at is None and accepted.replayed is False and accepted.confirmed is False
 
 
 def test_a_claim_exactly_at_the_send_deadline_is_still_sent() -> None:
@@ -282,6 +284,7 @@ def test_a_send_with_an_unknown_outcome_keeps_the_claim_sending_for_the_reconcil
     assert not accepted.confirmed and accepted.state == ClaimState.sending.name and not accepted.replayed
     claim = claim_in(table)
     assert claim is not None and claim.state is ClaimState.sending and claim.attempts == 1
+    assert claim.last_sent_at is None and len(transport.sent) == 1
     reconcile = table.get(PK, claim.reconcile_key or "")
     assert reconcile is not None and reconcile["DueAt"] == claim.claimed_at + CONFIRM_AFTER
 
