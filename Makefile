@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 # The Python half alone (the unit tier, lint and type checks need no npm package: no Azurite, no browser).
 PYSTAMP := $(VENV)/.installed-python
 
-.PHONY: install run demo screenshots test test-unit lint typecheck pytest bench bench-smoke bench-report reliability reliability-throttled infra-check infra-types azurite table-export table-restore reshard clean
+.PHONY: install run demo screenshots test test-unit lint typecheck pytest bench bench-smoke bench-report reliability reliability-throttled infra-check infra-types azurite table-export table-restore reshard mutation clean
 
 $(PYSTAMP): requirements.txt requirements-dev.txt client/pyproject.toml
 	@test -n "$(PYTHON)" || { devtools/find-python.sh >/dev/null; exit 1; }
@@ -40,6 +40,9 @@ test: $(STAMP) lint typecheck pytest ## Lint, type-check and run the whole test 
 
 test-unit: $(PYSTAMP) ## The fast loop: every test that needs no storage and starts no other program (no Azurite, no npm).
 	$(PY) -m pytest -q -m "not storage and not heavy and not slow and not live" $(PYTEST_ARGS)
+
+mutation: $(PYSTAMP) ## Break the cores' rules and the services' loops on purpose (mutmut) and count what the unit tier catches; not in CI (tens of minutes). MUTATION_ARGS="--jobs 1 'handoff.guard.*'" picks; docs/mutation.md has the last score.
+	$(PY) -m devtools.mutation $(MUTATION_ARGS)
 
 lint: $(PYSTAMP)
 	$(VENV)/bin/ruff check .
@@ -84,7 +87,7 @@ table-restore: $(STAMP) ## Restore an export into empty tables: make table-resto
 	$(PY) -m devtools.backup restore $(DIR) $(if $(PREFIX),--prefix $(PREFIX)) --endpoint $(ENDPOINT)
 
 clean:
-	rm -rf $(VENV) .venv-checkov node_modules .pytest_cache .mypy_cache .ruff_cache .azurite
+	rm -rf $(VENV) .venv-checkov node_modules .pytest_cache .mypy_cache .ruff_cache .azurite mutants
 
 # Changing a shard layout is one explicit, audited step (docs/tables.md, "Changing the layout"): it is
 # recorded in storage and every instance follows it; the app settings never change a recorded layout.

@@ -1,0 +1,347 @@
+"""What a projection writes, column for column and operation for operation (``handoff.projection``): the
+event row a message projects, and the one transaction that writes it with its index, listing and count
+rows. The audit and delta rows' random suffix is the only part not compared."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from common import transactions as tx
+from handoff import counts, keys
+from handoff.contract import (
+    HANDOFF_SUB_STATUS,
+    ErrorPart,
+    InboundMessage,
+    MessageContent,
+    MessageType,
+    ResolutionStatus,
+)
+from handoff.projection import history_row, plan_projection, project
+from handoff.records import EventRow, ExpiryRow, JobRow, ListingRow, QueueRow, SinceRow, columns_of
+
+T0 = datetime(2026, 12, 1, 9, 0, 0, tzinfo=UTC)
+PK = "billing"
+EVENT = "ev-1"
+
+
+def message(kind: MessageType, message_id: str, *, at: int = 0, **fields: Any) -> InboundMessage:
+    values: dict[str, Any] = {
+        "message_id": message_id,
+        "message_type": kind,
+        "event_id": EVENT,
+        "session_id": "s-1",
+        "correlation_id": "corr-1",
+        "to": "Billing",
+        "from_": "Billing",
+        "originating_from": None,
+        "originating_message_id": "m-request",
+        "parent_message_id": None,
+        "event_type_id": "Billing.InvoiceCreated",
+        "enqueued_time_utc": T0 + timedelta(seconds=at),
+        "delivery_count": 1,
+        "throttle_retry_count": 0,
+        "retry_count": None,
+        "retry_limit": None,
+        "dead_letter_reason": None,
+        "dead_letter_error_description": None,
+        "queue_time_ms": None,
+        "processing_time_ms": 40,
+        "handoff_reason": None,
+        "external_job_id": None,
+        "expected_by": None,
+        "content": MessageContent(),
+        "body_text": json.dumps({"EventContent": None, "ErrorContent": None}),
+    }
+    values.update(fields)
+    return InboundMessage(**values)
+
+
+def applied(m: InboundMessage, current: EventRow | None = None, *, now: datetime = T0) -> EventRow:
+    decision = project(m, current, now=now)
+    assert decision.applied and decision.row is not None
+    return decision.row
+
+
+def stored(row: EventRow, etag: str = '"e1"') -> EventRow:
+    return row.model_copy(update={"etag": etag})
+
+
+def test_an_event_request_projects_a_pending_row_counted_in_the_pending_group() -> None:
+    m = message(MessageType.EventRequest, "m-request")
+
+    row = applied(m)
+
+    assert row.resolution_status is ResolutionStatus.Pending and row.pending_sub_status is None
+    assert (row.last_message_id, row.updated_at, row.request_enqueued_at) == ("m-request", T0, T0)
+    assert (row.handoff_seen, row.history_count, row.counted, row.processing_time_ms) == (False, 1, True, 40)
+    assert (row.queue_key, row.job_key, row.expiry_key, row.reason) == (None, None, None, None)
+    assert row.all_key == keys.all_events_row(T0, EVENT)
+    assert row.bucket_keys == keys.bucket_row("Pending", T0, EVENT)
+    assert (row.since_key, row.since_at) == (keys.since_row(counts.PENDING_GROUP, T0, EVENT), T0)
+    assert (row.session_id, row.correlation_id, row.event_type_id) == (
+        "s-1",
+        "corr-1",
+        "Billing.InvoiceCreated",
+    )
+    assert row.message_content == m.body_text and row.input_notes is None
+
+
+def test_a_park_projects_pending_handoff_with_its_queue_job_and_expiry_rows() -> None:
+    request = stored(applied(message(MessageType.EventRequest, "m-request")))
+    expected_by = T0 + timedelta(hours=1)
+    m = message(
+        MessageType.PendingHandoffResponse,
+        "m-park",
+        at=5,
+        parent_message_id="m-request",
+        external_job_id="job-9",
+        expected_by=expected_by,
+    )
+
+    row = applied(m, request, now=T0 + timedelta(seconds=6))
+
+    assert row.is_pending_handoff and row.pending_sub_status == HANDOFF_SUB_STATUS
+    assert row.queue_key == keys.queue_row(T0 + timedelta(seconds=5), EVENT)
+    assert row.job_key == keys.job_row("job-9", EVENT)
+    assert row.expiry_key == keys.expiry_row(expected_by, EVENT)
+    assert row.handoff_seen and row.history_count == 2 and row.request_enqueued_at == T0
+    assert row.since_key == request.since_key and row.since_at == T0  # still in the pending group
+    later = T0 + timedelta(seconds=6)
+    assert row.bucket_keys == "\n".join(
+        [keys.bucket_row("Pending", later, EVENT), keys.bucket_row(counts.PENDING_HANDOFF, later, EVENT)]
+    )
+
+
+def test_a_job_id_too_long_for_the_job_index_is_kept_on_the_row_with_a_note() -> None:
+    m = message(MessageType.PendingHandoffResponse, "m-park", external_job_id="j" * 2000)
+
+    row = applied(m)
+
+    assert row.job_key is None and row.external_job_id == "j" * 2000
+    assert row.input_notes is not None and "too long for the job index" in row.input_notes
+    assert row.queue_key is not None
+
+
+def test_a_terminal_response_after_a_park_reports_the_time_since_the_request() -> None:
+    request = stored(applied(message(MessageType.EventRequest, "m-request")))
+    park = stored(applied(message(MessageType.PendingHandoffResponse, "m-park", at=1), request), '"e2"')
+    m = message(MessageType.ResolutionResponse, "m-done", at=30)
+
+    row = applied(m, park, now=T0 + timedelta(seconds=31))
+
+    assert row.resolution_status is ResolutionStatus.Completed and row.pending_sub_status is None
+    assert row.processing_time_ms == 31_000 and row.history_count == 3
+    assert (row.queue_key, row.since_key, row.since_at) == (None, None, None)
+
+
+def test_a_terminal_response_without_a_hand_off_keeps_its_own_processing_time() -> None:
+    request = stored(applied(message(MessageType.EventRequest, "m-request")))
+
+    row = applied(message(MessageType.ErrorResponse, "m-err", at=3), request, now=T0 + timedelta(seconds=4))
+
+    assert row.resolution_status is ResolutionStatus.Failed and row.processing_time_ms == 40
+    assert row.since_key == keys.since_row(counts.FAILED_GROUP, T0 + timedelta(seconds=4), EVENT)
+
+
+def test_an_earlier_request_copy_moves_the_request_time_back() -> None:
+    request = stored(applied(message(MessageType.EventRequest, "m-request", at=10)))
+
+    row = applied(message(MessageType.EventRequest, "m-request-2", at=4), request)
+
+    assert row.request_enqueued_at == T0 + timedelta(seconds=4)
+    later = applied(message(MessageType.EventRequest, "m-request-3", at=20), stored(row))
+    assert later.request_enqueued_at == T0 + timedelta(seconds=4)
+
+
+def test_a_skip_response_gives_its_error_text_as_the_reason_and_a_dead_letter_its_description() -> None:
+    skip = message(
+        MessageType.SkipResponse,
+        "m-skip",
+        content=MessageContent(ErrorContent=ErrorPart(ErrorText="not ours")),
+    )
+    dead = message(MessageType.ErrorResponse, "m-dead", dead_letter_error_description="too many tries")
+
+    assert applied(skip).reason == "not ours"
+    dead_row = applied(dead)
+    assert dead_row.reason == "too many tries" and dead_row.resolution_status is ResolutionStatus.DeadLettered
+    assert applied(message(MessageType.ErrorResponse, "m-err")).reason is None
+
+
+def test_the_first_message_writes_history_event_index_session_listing_since_and_count_rows() -> None:
+    m = message(MessageType.PendingHandoffResponse, "m-park", external_job_id="job-9", expected_by=T0)
+    decision = project(m, None, now=T0)
+    row = decision.row
+    assert row is not None
+
+    ops = plan_projection(PK, m, None, decision, now=T0)
+
+    listing = columns_of(ListingRow, row, reason=None)
+    expected = [
+        tx.insert(history_row(m, now=T0, sequence=1).to_entity(PK, keys.history_row(EVENT, "m-park"))),
+        tx.insert(row.to_entity(PK, keys.event_row(EVENT))),
+        tx.insert(
+            QueueRow(event_id=EVENT, event_type_id=row.event_type_id, parked_message_id="m-park").to_entity(
+                PK, str(row.queue_key)
+            )
+        ),
+        tx.insert(JobRow(event_id=EVENT, external_job_id="job-9").to_entity(PK, str(row.job_key))),
+        tx.insert(ExpiryRow(event_id=EVENT, expected_by=T0).to_entity(PK, str(row.expiry_key))),
+        tx.insert({"PartitionKey": PK, "RowKey": keys.session_row("s-1", EVENT), "EventId": EVENT}),
+        *[tx.insert(listing.to_entity(PK, key)) for key in row.listing_keys],
+        tx.insert(SinceRow(event_id=EVENT, since_at=T0).to_entity(PK, str(row.since_key))),
+    ]
+    assert ops[: len(expected)] == expected
+    assert len(ops) == len(expected) + 1
+    delta = ops[-1][1]
+    assert ops[-1][0] == "create" and str(delta["RowKey"]).startswith(keys.delta_row(T0, ""))
+    assert delta["PartitionKey"] == PK
+    assert {k: v for k, v in delta.items() if k not in ("PartitionKey", "RowKey")} == {
+        counts.column("Pending"): 1,
+        counts.column(counts.PENDING_HANDOFF): 1,
+    }
+
+
+def test_a_later_message_replaces_the_row_as_read_and_moves_only_what_changed() -> None:
+    park = stored(
+        applied(
+            message(MessageType.PendingHandoffResponse, "m-park", external_job_id="job-9", expected_by=T0)
+        )
+    )
+    m = message(MessageType.ResolutionResponse, "m-done", at=5)
+    later = T0 + timedelta(seconds=5)
+    decision = project(m, park, now=later)
+    row = decision.row
+    assert row is not None
+
+    ops = plan_projection(PK, m, park, decision, now=later)
+
+    listing = columns_of(ListingRow, row, reason=None)
+    expected = [
+        tx.insert(history_row(m, now=later, sequence=2).to_entity(PK, keys.history_row(EVENT, "m-done"))),
+        tx.replace(row.to_entity(PK, keys.event_row(EVENT)), '"e1"'),
+        tx.delete(PK, str(park.queue_key)),
+        tx.delete(PK, str(park.job_key)),
+        tx.delete(PK, str(park.expiry_key)),
+        *[tx.delete(PK, key) for key in park.listing_keys],
+        *[tx.insert(listing.to_entity(PK, key)) for key in row.listing_keys],
+        tx.delete(PK, str(park.since_key)),
+    ]
+    assert ops[: len(expected)] == expected
+    delta = ops[-1][1]
+    assert {k: v for k, v in delta.items() if k not in ("PartitionKey", "RowKey")} == {
+        counts.column("Pending"): -1,
+        counts.column(counts.PENDING_HANDOFF): -1,
+        counts.column("Completed"): 1,
+    }
+    assert len(ops) == len(expected) + 1
+
+
+def test_a_refused_message_writes_its_history_its_comment_and_the_bookkeeping_only() -> None:
+    done = stored(applied(message(MessageType.ResolutionResponse, "m-done")), '"e3"')
+    late = message(MessageType.EventRequest, "m-late", at=-5)
+    decision = project(late, done, now=T0)
+
+    ops = plan_projection(PK, late, done, decision, now=T0)
+
+    assert not decision.applied
+    assert ops[0] == tx.insert(
+        history_row(late, now=T0, sequence=2).to_entity(PK, keys.history_row(EVENT, "m-late"))
+    )
+    audit = ops[1][1]
+    assert ops[1][0] == "create" and audit["AuditorName"] == "Resolver" and audit["AuditType"] == "Comment"
+    assert audit["PartitionKey"] == PK
+    prefix = keys.audit_row(EVENT, T0, "")
+    assert str(audit["RowKey"]).startswith(prefix) and len(str(audit["RowKey"])) == len(prefix) + 32
+    assert ops[2] == tx.merge(
+        {
+            "PartitionKey": PK,
+            "RowKey": keys.event_row(EVENT),
+            "HandoffSeen": False,
+            "HistoryCount": ops[2][1]["HistoryCount"],
+            "RequestEnqueuedAt": T0 - timedelta(seconds=5),
+        },
+        '"e3"',
+    )
+    assert ops[2][1]["HistoryCount"].value == 2 and len(ops) == 3
+
+
+def test_a_retry_request_is_audited_by_the_manager_in_the_same_transaction() -> None:
+    failed = stored(applied(message(MessageType.ErrorResponse, "m-err")))
+    m = message(MessageType.RetryRequest, "m-retry", at=5)
+
+    ops = plan_projection(PK, m, failed, project(m, failed, now=T0), now=T0)
+
+    audit = ops[-1][1]
+    assert ops[-1][0] == "create" and audit["AuditType"] == "Retry" and audit["AuditorName"] == "Manager"
+    assert audit["Data"] == "RetryRequest m-retry" and audit["PartitionKey"] == PK
+    assert str(audit["RowKey"]).startswith(keys.audit_row(EVENT, T0, ""))
+
+
+def test_a_row_read_without_an_etag_is_replaced_if_match_any() -> None:
+    request = applied(message(MessageType.EventRequest, "m-request"))  # no ETag
+    m = message(MessageType.ErrorResponse, "m-err", at=5)
+
+    ops = plan_projection(PK, m, request, project(m, request, now=T0), now=T0)
+
+    assert ops[1] == tx.replace(ops[1][1], "*")
+
+
+def test_a_park_again_at_the_same_place_in_the_queue_still_moves_its_job_row() -> None:
+    first = stored(applied(message(MessageType.PendingHandoffResponse, "m-park-1", external_job_id="job-1")))
+    again = message(MessageType.PendingHandoffResponse, "m-park-2", external_job_id="job-2")  # same time
+
+    decision = project(again, first, now=T0)
+    ops = plan_projection(PK, again, first, decision, now=T0)
+
+    assert decision.row is not None and decision.row.queue_key == first.queue_key
+    written = [(op[0], op[1]["RowKey"]) for op in ops]
+    assert ("delete", keys.job_row("job-1", EVENT)) in written
+    assert ("create", keys.job_row("job-2", EVENT)) in written
+    assert all(key != first.queue_key for _, key in written)  # the queue row stays (it may hold a lease)
+
+
+def test_a_listing_row_that_stays_is_replaced_and_a_row_never_counted_is_counted_now() -> None:
+    first = stored(applied(message(MessageType.EventRequest, "m-request", at=10)))
+    copy = message(MessageType.EventRequest, "m-request-2", at=4)
+
+    ops = plan_projection(PK, copy, first, project(copy, first, now=T0), now=T0)
+    assert ("update", first.all_key) in [(op[0], op[1]["RowKey"]) for op in ops]
+    assert next(op for op in ops if op[1]["RowKey"] == first.all_key)[2]["etag"] == "*"
+    assert not any(str(op[1]["RowKey"]).startswith("ct|d|") for op in ops)  # same buckets: no delta
+
+    uncounted = first.model_copy(update={"counted": False})
+    ops = plan_projection(PK, copy, uncounted, project(copy, uncounted, now=T0), now=T0)
+    kinds = {str(op[1]["RowKey"]): op[0] for op in ops}
+    assert all(kinds[key] == "create" for key in first.listing_keys)  # nothing was listed: all inserted
+    assert kinds[str(first.since_key)] == "create"
+    delta = [op[1] for op in ops if str(op[1]["RowKey"]).startswith("ct|d|")]
+    assert len(delta) == 1 and delta[0][counts.column("Pending")] == 1
+
+
+def listed_reason(m: InboundMessage) -> object:
+    """The ``Reason`` of the all-events listing row the first message ``m`` writes."""
+    decision = project(m, None, now=T0)
+    assert decision.row is not None
+    ops = plan_projection(PK, m, None, decision, now=T0)
+    return next(op[1] for op in ops if op[1]["RowKey"] == decision.row.all_key)["Reason"]
+
+
+def test_a_listing_row_shows_the_reason_or_the_error_text_cut_to_300_characters() -> None:
+    def failed(text: str) -> InboundMessage:
+        body = json.dumps({"EventContent": None, "ErrorContent": {"ErrorText": text}})
+        return message(MessageType.ErrorResponse, "m-err", body_text=body)
+
+    assert listed_reason(failed("e" * 400)) == "e" * 299 + "…"
+    assert listed_reason(failed("e" * 300)) == "e" * 300
+    dead = message(MessageType.ErrorResponse, "m-dead", dead_letter_error_description="too many tries")
+    assert listed_reason(dead) == "too many tries"
+
+
+def test_error_text_reads_the_error_text_of_a_stored_body() -> None:
+    from handoff.projection import error_text
+
+    assert error_text(json.dumps({"ErrorContent": {"ErrorText": "boom"}})) == "boom"
+    assert error_text(json.dumps({"ErrorContent": None})) is None
+    assert error_text(None) is None
