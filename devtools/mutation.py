@@ -10,7 +10,7 @@ run takes tens of minutes. ``docs/mutation.md`` records the last run and why eac
     python -m devtools.mutation               # run (2 processes), then report
     python -m devtools.mutation --report      # report the last run only
     python -m devtools.mutation --again       # run again only the mutants the last run did not kill
-    python -m devtools.mutation --jobs 1 'handoff.guard.*'   # only these mutants (mutmut's names, globs)
+    python -m devtools.mutation --jobs 1 'handoff.projection.guard.*'   # only these (mutmut's names, globs)
 """
 
 from __future__ import annotations
@@ -28,12 +28,12 @@ ROOT = Path(__file__).resolve().parent.parent
 # mutmut names a mutant ``module.x_function__mutmut_N`` or ``module.xǁClassǁmethod__mutmut_N``.
 CORES = (
     "state.lifecycle.*",
-    "handoff.claims.*",
-    "handoff.leases.*",
-    "handoff.resolution.*",
-    "handoff.projection.*",
-    "handoff.guard.*",
-    "handoff.status_map.*",
+    "handoff.settlement.claims.*",
+    "handoff.receive.leases.*",
+    "handoff.settlement.unconfirmed_rules.*",
+    "handoff.projection.rules.*",
+    "handoff.projection.guard.*",
+    "handoff.projection.status_map.*",
     "common.fence.*",
 )
 # The services' decision points: where a loop reads, asks its core, submits and decides again.
@@ -45,11 +45,11 @@ LOOPS = (
     "state.store.xǁStateStoreǁ_concluded_by__mutmut_*",
     "state.store.xǁStateStoreǁ_check_token__mutmut_*",
     # the hand-off's settlement: coordinates check, the claim loop, the send deadline
-    "handoff.settlement.xǁSettlementServiceǁ_check__mutmut_*",
-    "handoff.settlement.xǁSettlementServiceǁ_complete_coordinates__mutmut_*",
-    "handoff.settlement.xǁSettlementServiceǁ_claim__mutmut_*",
-    "handoff.settlement.xǁSettlementServiceǁ_held_queue_row__mutmut_*",
-    "handoff.settlement.xǁSettlementServiceǁ_send_claimed__mutmut_*",
+    "handoff.settlement.settler.xǁSettlementServiceǁ_check__mutmut_*",
+    "handoff.settlement.settler.xǁSettlementServiceǁ_complete_coordinates__mutmut_*",
+    "handoff.settlement.settler.xǁSettlementServiceǁ_claim__mutmut_*",
+    "handoff.settlement.settler.xǁSettlementServiceǁ_held_queue_row__mutmut_*",
+    "handoff.settlement.settler.xǁSettlementServiceǁ_send_claimed__mutmut_*",
 )
 TARGETS = CORES + LOOPS
 

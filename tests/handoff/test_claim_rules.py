@@ -1,5 +1,5 @@
-"""The claim rules (``handoff.claims``) an agent or operator reads the outcome of, one example each,
-checked exactly: a lost lease, a settlement already in flight, a pin and a claim's move applied."""
+"""The claim rules (``handoff.settlement.claims``) an agent or operator reads the outcome of, one example
+each, checked exactly: a lost lease, a settlement already in flight, a pin and a claim's move applied."""
 
 from __future__ import annotations
 
@@ -8,11 +8,12 @@ from datetime import timedelta
 import pytest
 
 from common import transactions as tx
-from handoff import claims, keys
-from handoff.claims import SettlementInFlight
-from handoff.contract import MessageType
-from handoff.leases import LeaseLost
-from handoff.outbox import ClaimState
+from handoff.messages.contract import MessageType
+from handoff.receive.leases import LeaseLost
+from handoff.settlement import claims
+from handoff.settlement.claims import SettlementInFlight
+from handoff.storage import keys
+from handoff.storage.claim_state import ClaimState
 
 from .claim_rows import CLAIM_KEY, PK, T0, claim_row, message, order, parked
 

@@ -1,5 +1,5 @@
-"""The rules of a leased receive (``handoff.leases``), one example each: when a lease holds a hand-off,
-and the one conditional write that takes, renews or gives back a lease."""
+"""The rules of a leased receive (``handoff.receive.leases``), one example each: when a lease holds a
+hand-off, and the one conditional write that takes, renews or gives back a lease."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from datetime import UTC, datetime, timedelta
 from common import transactions as tx
 from common.clock import iso
 from common.transactions import Refusal
-from handoff import leases
-from handoff.records import QueueRow
+from handoff.receive import leases
+from handoff.storage.records import QueueRow
 
 T0 = datetime(2026, 12, 1, 9, 0, 0, tzinfo=UTC)
 PK = "billing"

@@ -1,4 +1,4 @@
-"""What a projection writes, column for column and operation for operation (``handoff.projection``): the
+"""What a projection writes, column for column and operation for operation (``handoff.projection.rules``): the
 event row a message projects, and the one transaction that writes it with its index, listing and count
 rows. The audit and delta rows' random suffix is the only part not compared."""
 
@@ -9,8 +9,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from common import transactions as tx
-from handoff import counts, keys
-from handoff.contract import (
+from handoff.messages.contract import (
     HANDOFF_SUB_STATUS,
     ErrorPart,
     InboundMessage,
@@ -18,8 +17,9 @@ from handoff.contract import (
     MessageType,
     ResolutionStatus,
 )
-from handoff.projection import history_row, plan_projection, project
-from handoff.records import EventRow, ExpiryRow, JobRow, ListingRow, QueueRow, SinceRow, columns_of
+from handoff.projection.rules import history_row, plan_projection, project
+from handoff.storage import counts, keys
+from handoff.storage.records import EventRow, ExpiryRow, JobRow, ListingRow, QueueRow, SinceRow, columns_of
 
 T0 = datetime(2026, 12, 1, 9, 0, 0, tzinfo=UTC)
 PK = "billing"
@@ -340,7 +340,7 @@ def test_a_listing_row_shows_the_reason_or_the_error_text_cut_to_300_characters(
 
 
 def test_error_text_reads_the_error_text_of_a_stored_body() -> None:
-    from handoff.projection import error_text
+    from handoff.projection.rules import error_text
 
     assert error_text(json.dumps({"ErrorContent": {"ErrorText": "boom"}})) == "boom"
     assert error_text(json.dumps({"ErrorContent": None})) is None

@@ -8,10 +8,15 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from handoff import counts, keys
-from handoff.contract import HANDOFF_SUB_STATUS, InboundMessage, MessageContent, MessageType, ResolutionStatus
-from handoff.guard import CONTROL_REQUESTS, TERMINAL, CurrentRow, allows, is_guarded
-from handoff.projection import (
+from handoff.messages.contract import (
+    HANDOFF_SUB_STATUS,
+    InboundMessage,
+    MessageContent,
+    MessageType,
+    ResolutionStatus,
+)
+from handoff.projection.guard import CONTROL_REQUESTS, TERMINAL, CurrentRow, allows, is_guarded
+from handoff.projection.rules import (
     RESOLVER_AUDITOR,
     Projection,
     delta_entity,
@@ -20,8 +25,14 @@ from handoff.projection import (
     project,
     stale_comment,
 )
-from handoff.records import EventRow
-from handoff.status_map import STATUS_MAP, overrides_processing_time, pending_sub_status, status_for
+from handoff.projection.status_map import (
+    STATUS_MAP,
+    overrides_processing_time,
+    pending_sub_status,
+    status_for,
+)
+from handoff.storage import counts, keys
+from handoff.storage.records import EventRow
 
 T0 = datetime(2026, 12, 1, 9, 0, 0, tzinfo=UTC)
 PK = "billing"
@@ -240,7 +251,7 @@ def test_a_dead_letter_description_wins_over_the_type() -> None:
 
 
 def test_a_type_without_a_projection_is_a_poison_message() -> None:
-    from handoff.contract import PoisonMessage
+    from handoff.messages.contract import PoisonMessage
 
     unmapped = [kind for kind in MessageType if kind not in STATUS_MAP]
     assert unmapped

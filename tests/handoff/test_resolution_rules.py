@@ -13,11 +13,8 @@ import pytest
 from common import transactions as tx
 from common.clock import iso
 from common.errors import Conflict, NotFound, SettleError
-from handoff import keys
-from handoff.leases import UNCLAIMED
-from handoff.outbox import ClaimState
-from handoff.records import AuditRow, ClaimRow
-from handoff.resolution import (
+from handoff.receive.leases import UNCLAIMED
+from handoff.settlement.unconfirmed_rules import (
     DELIVERED,
     RELEASED,
     RESOLVE_AUDIT,
@@ -29,6 +26,9 @@ from handoff.resolution import (
     resolution_audit,
     resolution_of,
 )
+from handoff.storage import keys
+from handoff.storage.claim_state import ClaimState
+from handoff.storage.records import AuditRow, ClaimRow
 
 from .claim_rows import CLAIM_KEY, PK, QUEUE_KEY, claim_row, parked
 

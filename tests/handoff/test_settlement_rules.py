@@ -14,15 +14,16 @@ import pytest
 
 from common.clock import iso
 from common.errors import Conflict, NotFound, PayloadTooLarge
-from handoff import keys, service
-from handoff.claims import SettlementInFlight
-from handoff.contract import Coordinates, MessageType
-from handoff.leases import LeaseLost
-from handoff.outbox import CONFIRM_AFTER, SEND_DEADLINE, ClaimState
-from handoff.records import ClaimRow, EventRow, QueueRow
-from handoff.settlement import Settlement, SettlementService
-from handoff.store import HandoffStore
-from handoff.transport import MAX_SEND_BYTES, SendRefused
+from handoff.messages.contract import Coordinates, MessageType
+from handoff.messages.transport import MAX_SEND_BYTES, SendRefused
+from handoff.receive.leases import LeaseLost
+from handoff.settlement.claims import SettlementInFlight
+from handoff.settlement.settler import Settlement, SettlementService
+from handoff.settlement.timing import CONFIRM_AFTER, SEND_DEADLINE
+from handoff.storage import keys
+from handoff.storage.claim_state import ClaimState
+from handoff.storage.records import ClaimRow, EventRow, QueueRow
+from handoff.storage.store import HandoffStore
 
 from .claim_rows import CLAIM_KEY, EVENT, PARKED, PK, QUEUE_KEY, T0, parked
 from .memory_table import MemoryTable
@@ -33,7 +34,7 @@ def one_partition_per_endpoint() -> Iterator[None]:
     """The hand-off keys route by S = 1 with no earlier layout (no recorded layout is read: no storage)."""
     keys.follow(lambda: (1, ()), lambda: 0, lambda: None)
     yield
-    service._follow_the_recorded_layout()
+    keys.follow(None)
 
 
 @dataclass
