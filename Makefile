@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 # The Python half alone (the unit tier, lint and type checks need no npm package: no Azurite, no browser).
 PYSTAMP := $(VENV)/.installed-python
 
-.PHONY: install run demo screenshots test test-unit lint typecheck pytest bench bench-smoke bench-report reliability reliability-throttled infra-check infra-types azurite table-export table-restore reshard clean
+.PHONY: install run demo screenshots test test-unit test-tiers lint typecheck pytest bench bench-smoke bench-report reliability reliability-throttled infra-check infra-types azurite table-export table-restore reshard clean
 
 $(PYSTAMP): requirements.txt requirements-dev.txt client/pyproject.toml
 	@test -n "$(PYTHON)" || { devtools/find-python.sh >/dev/null; exit 1; }
@@ -40,6 +40,12 @@ test: $(STAMP) lint typecheck pytest ## Lint, type-check and run the whole test 
 
 test-unit: $(PYSTAMP) ## The fast loop: every test that needs no storage and starts no other program (no Azurite, no npm).
 	$(PY) -m pytest -q -m "not storage and not heavy and not slow and not live" $(PYTEST_ARGS)
+
+# A tier (-m) skips, without importing them, the test modules tests/support/tiers.json proves it would
+# leave out; a module changed since is imported as before. Rewrite the index after changing tests.
+test-tiers: $(PYSTAMP) ## Rewrite tests/support/tiers.json (each test module's marks), so make test-unit imports only what it runs.
+	SETTLE_UPDATE_TIERS=1 $(PY) -m pytest -q --collect-only -p no:cacheprovider >/dev/null
+	@git diff --stat -- tests/support/tiers.json
 
 lint: $(PYSTAMP)
 	$(VENV)/bin/ruff check .
