@@ -1,4 +1,4 @@
-"""Every list is complete or says it is not, in the console (issue 47, item 1): find, a session, failed
+"""Every list is complete or says it is not, in the console: find, a session, failed
 across endpoints, unconfirmed settlements, overdue hand-offs and stuck records show their first page and a
 "More" button (the keyboard's, too) that appends the next until every row is on screen and the button is
 gone; a heading says "N" when the count is exact and "at least N" while it is not (the overview's badge

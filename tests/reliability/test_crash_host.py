@@ -1,4 +1,5 @@
-"""Crash test (issue 13): the development host, SIGKILLed at random moments under real HTTP traffic.
+"""No acknowledged write is lost when the development host is SIGKILLed at random moments under real
+HTTP traffic.
 
 The host runs as a subprocess (``python -m devtools.host``, the loopback transport, catch-up and the
 sweeper on fast schedules, so kills land inside timers too). Threads drive it over HTTP: state workers

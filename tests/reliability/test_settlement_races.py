@@ -1,8 +1,9 @@
-"""Settlement exactly once under races, send failures, storage faults and process kills (issue 11).
+"""Settlement exactly once under races, send failures, storage faults and process kills: one control
+message per 202.
 
 The promise: a 202 means exactly one control message reaches the endpoint; every message that reached
-it has exactly one audit row; at most one control message per hand-off, ever. Counted as the issue
-asks: copies the broker model kept (``tests/handoff/broker.py``; duplicate detection drops a repeated
+it has exactly one audit row; at most one control message per hand-off, ever. Counted from what was
+kept: copies the broker model kept (``tests/handoff/broker.py``; duplicate detection drops a repeated
 MessageId inside its window), audit rows, history rows of control messages, the final row state. The
 one residual (no duplicate detection and an unknown send outcome: shown as ``unconfirmed``) is counted
 separately and must be listed where operators look.
