@@ -117,7 +117,9 @@ class TierIndex:
             key: {"digest": digest(TESTS / key), "marks": sorted(" ".join(names) for names in sets)}
             for key, sets in sorted(self.seen.items())
         }
-        INDEX.write_text(json.dumps({"modules": modules}, indent=1, sort_keys=True) + "\n")
+        # One line a module, so a change to one module is a one-line diff.
+        lines = [f"  {json.dumps(key)}: {json.dumps(row, sort_keys=True)}" for key, row in modules.items()]
+        INDEX.write_text('{"modules": {\n' + ",\n".join(lines) + "\n}}\n")
 
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         if self.updating:
