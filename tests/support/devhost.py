@@ -13,13 +13,14 @@ UNSET = frozenset(
 
 
 def host_environment(connection: str, prefix: str, **settings: str) -> dict[str, str]:
-    """``os.environ`` without :data:`UNSET`, pointed at ``connection`` with ``prefix``; ``settings`` last."""
+    """``os.environ`` without :data:`UNSET`, pointed at ``connection`` with ``prefix``; then ``settings``,
+    which may name other tables."""
     environ = {k: v for k, v in os.environ.items() if k not in UNSET}
     environ.update(
         SETTLE_TABLES=connection,
         SETTLE_TABLE_PREFIX=prefix,
         SETTLE_LOOPBACK="true",
         PYTHONUNBUFFERED="1",
-        **settings,
     )
+    environ.update(settings)  # a test's own settings win, its tables included
     return environ
