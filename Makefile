@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 # The Python half alone (the unit tier, lint and type checks need no npm package: no Azurite, no browser).
 PYSTAMP := $(VENV)/.installed-python
 
-.PHONY: install run demo screenshots test test-unit lint typecheck pytest bench bench-smoke bench-report reliability reliability-throttled infra-check infra-types azurite table-export table-restore reshard mutation clean
+.PHONY: install run demo screenshots test test-unit test-tiers lint typecheck pytest bench bench-smoke bench-report reliability reliability-throttled infra-check infra-types azurite table-export table-restore reshard mutation clean
 
 $(PYSTAMP): requirements.txt requirements-dev.txt client/pyproject.toml
 	@test -n "$(PYTHON)" || { devtools/find-python.sh >/dev/null; exit 1; }
@@ -43,6 +43,12 @@ test-unit: $(PYSTAMP) ## The fast loop: every test that needs no storage and sta
 
 mutation: $(PYSTAMP) ## Break the cores' rules and the services' loops on purpose (mutmut) and count what the unit tier catches; not in CI (tens of minutes). MUTATION_ARGS="--jobs 1 'handoff.guard.*'" picks; docs/mutation.md has the last score.
 	$(PY) -m devtools.mutation $(MUTATION_ARGS)
+
+# A tier (-m) skips, without importing them, the test modules tests/support/tiers.json proves it would
+# leave out; a module changed since is imported as before. Rewrite the index after changing tests.
+test-tiers: $(PYSTAMP) ## Rewrite tests/support/tiers.json (each test module's marks), so make test-unit imports only what it runs.
+	SETTLE_UPDATE_TIERS=1 $(PY) -m pytest -q --collect-only -p no:cacheprovider >/dev/null
+	@git diff --stat -- tests/support/tiers.json
 
 lint: $(PYSTAMP)
 	$(VENV)/bin/ruff check .

@@ -32,6 +32,7 @@ from hypothesis import HealthCheck, settings
 from common import runtime
 from common.settings import AZURITE_ACCOUNT_KEY
 from devtools.azurite import Azurite
+from tests.support.tiers import TierIndex
 
 # Property tests judge behaviour, never speed: Hypothesis's per-example deadline (200 ms) and its "too slow"
 # health check fail a correct test on a busy machine (CI saw a 400 ms example of test_keys.py). Timing
@@ -49,6 +50,7 @@ NO_STORAGE = (
 STORAGE_MARK = "storage"
 HEAVY_MARK = "heavy"
 STORAGE_FIXTURE = "azurite_connection"
+TIERS_PLUGIN = "settle-tiers"
 
 
 class StorageNotRequested(RuntimeError):
@@ -99,12 +101,18 @@ def pytest_configure(config: pytest.Config) -> None:
         "indexer; or checks a whole copy of infra/); make test runs them, make test-unit does not",
     )
     _use_tables(NO_STORAGE, "settlenostorage")
+    # A tier (-m) is chosen without importing the modules it would leave out: tests/support/tiers.py.
+    config.pluginmanager.register(TierIndex(config), TIERS_PLUGIN)
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if STORAGE_FIXTURE in getattr(item, "fixturenames", ()):
             item.add_marker(STORAGE_MARK)
+    # Before -m deselects: the tier index records every test's marks as -m is about to read them.
+    tiers = config.pluginmanager.get_plugin(TIERS_PLUGIN)
+    if isinstance(tiers, TierIndex):
+        tiers.observe(items)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

@@ -42,7 +42,7 @@ OPERATOR_ROUTES = {
     "poison_replay",
     "records_lookup",
     "records_stuck",
-    # issue 25: find, bulk, dismiss, audit search, records query
+    # the operator's find, bulk actions, dismiss, audit search and records query
     "find_events",
     "failed_events",
     "endpoint_bulk",

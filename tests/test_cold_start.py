@@ -1,7 +1,7 @@
 """What a cold start loads: the first invocations of a new instance (index the app, a state lock, a resolver
 message) load none of the modules that only the operator API and the hand-off HTTP API need.
 
-Their pydantic models are most of Settle's import time (issue 21: cold start 1.6x the SDK floor); the
+Their pydantic models are most of Settle's import time (a cold start was 1.6x the SDK floor); the
 OpenAPI document names them lazily and each handler imports them when it is first called. Whether the cold
 start meets its target is the benchmark's to say (``bench/coldstart.py``); this test holds the structure.
 """

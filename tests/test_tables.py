@@ -1,5 +1,5 @@
 """``common.tables.Tables`` makes sure each table exists at its first use in a process, with one listing of
-the deployment's tables instead of one create per table (issue 21: a cold instance's first requests).
+the deployment's tables instead of one create per table (a cold instance's first requests stay few).
 
 Each ``Tables`` here stands for a new process: it knows nothing of what an earlier one created.
 """

@@ -1,4 +1,4 @@
-"""The latency verdict (issue 21: verdicts flipped between runs at the 1.3 threshold): taken on a
+"""The latency verdict (never flips between runs at the 1.3 threshold): taken on a
 distribution-free interval of the median per-round ratio, "within noise" when it straddles the target."""
 
 from __future__ import annotations

@@ -71,7 +71,7 @@ def catch_up(host: HostProcess) -> None:
     assert answer.status_code in (200, 202, 204), answer.text
 
 
-# -- item 1: one reliable "previous attempt" signal --------------------------------------------------------
+# -- one reliable "previous attempt" signal --------------------------------------------------------
 def test_after_sigkill_the_next_worker_learns_the_previous_attempt_expired(host, settle, key, tmp_path):
     worker = start_worker(host.base_url, key, LOCK_S, tmp_path / "state")
     inside(tmp_path / "state")
@@ -117,7 +117,7 @@ def test_sigstop_past_the_lock_the_rival_learns_it_and_the_stopped_holder_writes
     assert all(r.data != {"pid": worker.pid} for r in settle.history(key))
 
 
-# -- item 5: SIGTERM releases the open block ----------------------------------------------------------------
+# -- SIGTERM releases the open block ----------------------------------------------------------------
 def test_sigterm_releases_the_open_block_at_once(host, settle, key, tmp_path):
     worker = start_worker(host.base_url, key, 60, tmp_path / "state")
     inside(tmp_path / "state")
@@ -168,7 +168,7 @@ def test_sigterm_while_the_lock_is_being_taken_hands_a_granted_lock_back(host, s
         item.data = {"by": "next"}
 
 
-# -- item 3: the outcome outlives a storage blip -------------------------------------------------------------
+# -- the outcome outlives a storage blip -------------------------------------------------------------
 class Blip(httpx.BaseTransport):
     """Real HTTP, except that requests to a path ending in ``suffix`` are answered 503 until ``end``."""
 

@@ -482,7 +482,7 @@ def test_an_unreachable_settle_is_one_line() -> None:
     assert "could not be sent" in one_line(result)
 
 
-# -- issue 47: complete lists, conventions, an agent's lease ------------------------------------------
+# -- complete lists, conventions, an agent's lease ---------------------------------------------------
 
 
 def test_find_past_fifty_says_more_match_and_all_lists_every_one(host: HostProcess) -> None:

@@ -122,7 +122,7 @@ def test_watch_stops_from_another_thread_within_one_poll(host, endpoint):
 
 
 def test_a_parked_body_settle_stored_truncated_is_said_not_read_as_empty(settle, host, endpoint):
-    """Settle stores a body too large for a row truncated (issue 11); ``next`` then has no payload. The
+    """Settle stores a body too large for a row truncated; ``next`` then has no payload. The
     agent must learn the body was cut, not read it as "no body" and settle on nothing."""
     park(host, endpoint, body={"invoiceId": "INV-BIG", "rows": "x" * 600_000})
     handoff = some(settle.handoffs.next(endpoint))

@@ -1,4 +1,4 @@
-"""``watch()`` with leased receive (issue 22): agents split the work, renew while the handler runs,
+"""``watch()`` with leased receive: agents split the work, renew while the handler runs,
 release on exception. End to end against the development host (loopback transport: settlements project).
 """
 

@@ -38,7 +38,7 @@ def test_the_enums_equal_the_servers_meta(settle):
 
 
 def test_the_meta_contract_parses_and_equals_the_enums():
-    """The document issue 10 promises, word for word, read by the client's model."""
+    """The meta document, word for word, read by the client's model."""
     from settle_client import Meta
 
     scopes = ",".join(f'{{"id":{s.value},"name":"{s.label}"}}' for s in Scope)

@@ -1,4 +1,4 @@
-"""Every list is complete or says it is not, in the console (issue 47, item 1): find, a session, failed
+"""Every list is complete or says it is not, in the console: find, a session, failed
 across endpoints, unconfirmed settlements, overdue hand-offs and stuck records show their first page and a
 "More" button (the keyboard's, too) that appends the next until every row is on screen and the button is
 gone; a heading says "N" when the count is exact and "at least N" while it is not (the overview's badge
@@ -14,13 +14,14 @@ import os
 import time
 import uuid
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
 import pytest
+
+from tests.support.seeding import upsert_all
 
 from .conftest import nimbus_message, resolver_message
 
@@ -50,16 +51,6 @@ def host_tables(prefix: str) -> Iterator[None]:
         else:
             os.environ["SETTLE_TABLE_PREFIX"] = saved
         runtime.reset()
-
-
-def write(table: Any, rows: list[dict[str, Any]]) -> None:
-    """Upsert ``rows`` in transactions of at most 100 rows of one partition."""
-    by_partition: dict[str, list[dict[str, Any]]] = {}
-    for row in rows:
-        by_partition.setdefault(row["PartitionKey"], []).append(row)
-    chunks = [group[n : n + 100] for group in by_partition.values() for n in range(0, len(group), 100)]
-    with ThreadPoolExecutor(8) as pool:
-        list(pool.map(lambda c: table.submit_transaction([("upsert", r) for r in c]), chunks))
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -155,8 +146,8 @@ def many(console_host: Any, settle_tables: str) -> dict[str, str]:
                     since=at,
                 )
                 events.append(unconfirmed.to_entity(pk, keys.unconfirmed_row(event_id, f"park-{event_id}")))
-        write(store.table(keys.EVENTS_TABLE), events)
-        write(store.table(keys.IDS_TABLE), index)
+        upsert_all(store.table(keys.EVENTS_TABLE), events, threads=8)
+        upsert_all(store.table(keys.IDS_TABLE), index, threads=8)
         for endpoint in (names["failing"], names["stuck"]):
             store.register_endpoint(endpoint)
         # Records stuck in Processing: the expired lock's head and lock index row, cloned.
@@ -173,7 +164,7 @@ def many(console_host: Any, settle_tables: str) -> dict[str, str]:
                 {**head.entity, "RowKey": row_key, _LOCK_COLUMN: lock},
                 {**lock_index, "RowKey": lock, "StateRK": row_key},
             ]
-        write(state.table, rows)
+        upsert_all(state.table, rows, threads=8)
     time.sleep(2)  # the locks expire by the latest the storage clock may read
     return names
 

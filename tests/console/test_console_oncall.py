@@ -1,4 +1,4 @@
-"""Issue 25 in Debian's Chromium: what an on-call engineer reaches for, driven on ``make demo``'s traffic.
+"""What an on-call engineer reaches for, in Debian's Chromium, driven on ``make demo``'s traffic.
 
 Every view is checked at 1280 px and at 375 px: no sideways scroll, and axe-core (``node_modules``,
 injected into the page) finds no serious or critical violation. The tests of this module run in order

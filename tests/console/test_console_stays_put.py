@@ -1,4 +1,4 @@
-"""Issue 47, item 5 in Debian's Chromium: a console that stays put, at 1400 px and at 375 px.
+"""A console that stays put, in Debian's Chromium, at 1400 px and at 375 px.
 
 Every view keeps the header (navigation and the "Updated" freshness line) on screen, opens at its top
 and shows no literal ``null``; the console answers at ``/api/console/`` too; ids and times stay on one

@@ -1,4 +1,4 @@
-"""The console's way out of a stuck settlement (issue 22, item 4), in Debian's Chromium: the overview's
+"""The console's way out of a stuck settlement, in Debian's Chromium: the overview's
 badges, the list of unconfirmed settlements and overdue hand-offs, only the actions that can succeed,
 the resolution (release) audited, and every action sent with the message it addresses (``messageId``).
 """

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import subprocess
@@ -17,10 +16,10 @@ import pytest
 
 from devtools.azurite import free_port
 from tests.conftest import new_prefix
+from tests.support.devhost import host_environment
 
 ROOT = Path(__file__).resolve().parents[2]
 # Never inherited from the developer's shell: the tests decide these.
-UNSET = {"ServiceBusConnection", "ServiceBusConnection__fullyQualifiedNamespace", "SETTLE_DEV_FUNCTION_KEY"}
 
 
 @dataclass
@@ -71,14 +70,7 @@ def start_host(azurite_connection: str, tmp_path_factory: pytest.TempPathFactory
         settings = folder / "local.settings.json"
         shutil.copy(ROOT / "local.settings.json.example", settings)
         port = free_port()
-        environ = {k: v for k, v in os.environ.items() if k not in UNSET}
-        environ.update(
-            SETTLE_TABLES=azurite_connection,
-            SETTLE_TABLE_PREFIX=new_prefix(),
-            SETTLE_LOOPBACK="true",
-            PYTHONUNBUFFERED="1",
-        )
-        environ.update(env or {})
+        environ = host_environment(azurite_connection, new_prefix(), **(env or {}))
         log_path = folder / "host.log"
         with log_path.open("wb") as log:
             process = subprocess.Popen(

@@ -1,4 +1,4 @@
-"""Storage that does not answer, and a host that stops, under real requests (issue 44, item 5).
+"""Storage that does not answer, and a host that stops, under real requests: every answer within the deadline.
 
 * A private Azurite is paused (SIGSTOP) under requests to the development host: each is answered 503
   problem+json with ``Retry-After`` within the HTTP deadline (shortened here to keep the test short), and

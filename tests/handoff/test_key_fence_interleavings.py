@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from handoff.projection.resolver import ResolverService
 from handoff.storage import keys
 from handoff.storage.store import HandoffStore
-from tests.state.test_key_fence_interleavings import Turns
+from tests.support.interleave import interleave
 from tests.support.memory_table import MemoryTables
 
 from .conftest import Flow
@@ -48,8 +48,6 @@ def project_all(tables: MemoryTables, jobs: list[tuple[int, Any]], schedule: lis
     """Each (era, message) is delivered to a resolver of that layout, one storage call per drawn step; a
     delivery that fails transiently (its layout behind) is delivered again under the newest layout, as
     Service Bus redelivers it."""
-    turns = Turns(schedule, len(jobs))
-    tables.gate = turns.gate
     failures: list[BaseException] = []
 
     def writer(n: int) -> None:
@@ -65,16 +63,8 @@ def project_all(tables: MemoryTables, jobs: list[tuple[int, Any]], schedule: lis
             raise AssertionError("three deliveries failed")
         except BaseException as exc:
             failures.append(exc)
-        finally:
-            turns.finished(n)
 
-    threads = [threading.Thread(target=writer, args=(n,), name=f"writer-{n}") for n in range(len(jobs))]
-    for t in threads:
-        t.start()
-    turns.run()
-    for t in threads:
-        t.join(10)
-    tables.gate = None
+    interleave(tables, len(jobs), writer, schedule)
     assert failures == []
 
 

@@ -6,44 +6,16 @@ Every answer is 202 with one ``controlMessageId`` per hand-off, no claim is ``su
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
-from typing import Any
 
 from handoff import service
 from tests.conftest import Caller
 from tests.handoff.conftest import Flow, event_of
+from tests.support.children import run_children
 
 from .test_settlement import coordinates, parked
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def run_children(args_list: list[dict[str, Any]], timeout: float = 180) -> list[list[dict[str, Any]]]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "tests.reliability.settle_child", json.dumps(args)],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for args in args_list
-    ]
-    answers = []
-    for proc in procs:
-        out, err = proc.communicate(timeout=timeout)
-        assert proc.returncode == 0, err[-3000:]
-        answers.append([json.loads(line) for line in out.splitlines()])
-    return answers
 
 
 def test_identical_settlements_from_two_processes_all_get_202_and_one_message(call: Caller, resolve):

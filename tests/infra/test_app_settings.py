@@ -48,7 +48,7 @@ def test_the_scan_finds_the_reads_we_know_of() -> None:
 
 
 def test_the_scan_reads_every_package_the_code_package_deploys() -> None:
-    # Issue 26: settings read by management/ or console/ went unchecked (only common, state, handoff).
+    # Settings read by management/ or console/ went unchecked (only common, state, handoff).
     scanned = {p.relative_to(REPO).parts[0] for p in sources()}
     assert {"function_app.py", "common", "state", "handoff", "management", "console"} <= scanned
     assert not scanned & {"tests", "bench", "devtools", "client", "examples"}
@@ -77,7 +77,7 @@ def bicep_numbered_settings() -> set[str]:
 
 
 def test_every_numbered_setting_the_code_reads_is_set_for_each_extra_account_or_listed() -> None:
-    # Issue 21: state account i >= 1 is read as SETTLE_TABLES_{i}...; the code declares each pattern once.
+    # State account i >= 1 is read as SETTLE_TABLES_{i}...; the code declares each pattern once.
     numbered = scan_code().numbered
     assert {
         "SETTLE_TABLES_{i}",

@@ -294,7 +294,7 @@ def test_settles_own_checkov_checks_cover_what_checkov_lacks() -> None:
 
 @pytest.mark.parametrize("name", ["Prod_EU", "dev-", "-dev", "test--eu", "prod eu", "1prod", "a" * 17])
 def test_a_bad_environment_name_stops_the_script_before_any_call(deploy: Deploy, name: str) -> None:
-    # Issue 26: such names failed part-way through a deployment (container and resource names).
+    # Such names failed part-way through a deployment (container and resource names).
     run = deploy("--yes", "rg-settle", "westeurope", name)
     assert run.code == 2 and "invalid environment name" in run.stderr, run.stderr
     assert run.calls == []
@@ -325,7 +325,7 @@ def test_azd_checks_the_environment_name_before_it_provisions() -> None:
 
 
 def test_the_deployment_says_which_endpoints_settlement_may_send_to(deploy: Deploy) -> None:
-    # Issue 26: Data Sender is granted per listed endpoint topic; a settlement to another endpoint is
+    # Data Sender is granted per listed endpoint topic; a settlement to another endpoint is
     # refused by Service Bus, so the deployment names the endpoints it covers.
     run = deploy("--yes", "rg-settle", "westeurope", SETTLE_SKIP_CODE="1")
     assert run.code == 0, run.stderr

@@ -42,7 +42,7 @@ def test_each_alert_queries_a_metric_settle_records_by_its_recorded_attributes()
         assert alert["column"] in query, alert["name"]
 
 
-def test_the_four_signals_of_the_issue_are_alerted_on() -> None:
+def test_poison_messages_expired_locks_overdue_hand_offs_and_unavailable_settlement_are_alerted_on() -> None:
     names = {a["name"]: a for a in alerts()}
     assert set(names) == {"poison-messages", "expired-locks", "overdue-handoffs", "settlement-unavailable"}
     assert '"poison"' in names["poison-messages"]["query"]

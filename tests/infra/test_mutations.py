@@ -3,8 +3,8 @@ could, and the checks (tests/infra/infracheck.py: syntax, names, types, role IDs
 report it, for the right reason.
 
 The first eight are the edits that kept the old infra tests passing while `az deployment group create`
-failed (issue 12); then ours, issue 16's log alerts, and the 19 an outside review found that the checks of
-shape let through (issue 26: wrong values and wiring), and 6 of the state accounts 1..N-1 (issue 21).
+failed; then ours, the log alerts', and the 19 an outside review found that the checks of
+shape let through (wrong values and wiring), and 6 of the state accounts 1..N-1.
 Each names the check (infracheck.CHECKS) that must
 catch it, so an edit that no check catches fails here. The vendored type data is parsed once and shared
 by every mutant.
@@ -43,7 +43,7 @@ def edit(id: str, file: str, old: str, new: str, expect: str, check: str) -> Mut
 
 
 MUTATIONS = [
-    # -- the edits of issue 12 --
+    # -- the edits that kept the old checks passing while a deployment failed --
     edit(
         "sender-role-id-with-the-wrong-ending",
         "builtin-roles.json",
@@ -325,7 +325,7 @@ MUTATIONS = [
         "must be a blob container of dataStorage",
         "rules",
     ),
-    # -- issue 16: the log search alerts on Settle's own metrics --
+    # -- the log search alerts on Settle's own metrics --
     edit(
         "log-alert-api-version-that-does-not-exist",
         "modules/alerts.bicep",
@@ -358,7 +358,7 @@ MUTATIONS = [
         "settleSignals location: required property is missing",
         "types",
     ),
-    # -- issue 26: wrong values and wiring, not only wrong shapes --
+    # -- wrong values and wiring, not only wrong shapes --
     edit(
         "role-assignment-to-the-identity-s-client-id",
         "main.bicep",
@@ -525,7 +525,7 @@ MUTATIONS = [
         "deploy.sh: a failing what-if, then yes, deployed",
         "deploy-script",
     ),
-    # -- issue 21: state accounts 1..N-1 (modules/stateaccounts.bicep) --
+    # -- state accounts 1..N-1 (modules/stateaccounts.bicep) --
     edit(
         "state-account-role-granted-to-the-developer",
         "modules/rbac.bicep",
@@ -677,7 +677,7 @@ def test_each_mutation_is_caught_for_its_reason(mutation: Mutation, infra_copy: 
 
 
 def test_every_value_rule_and_category_table_names_its_source() -> None:
-    # Issue 26: a value rule Azure enforces is never typed from memory; each says where it comes from.
+    # A value rule Azure enforces is never typed from memory; each says where it comes from.
     from tests.infra.values import CATEGORIES, RULES
 
     assert RULES and all(len(rule.source) > 40 for rule in RULES)

@@ -1,4 +1,4 @@
-"""What an Azure operator expects of infra/, and what makes it deploy on the first try (issue 12).
+"""What an Azure operator expects of infra/, and what makes it deploy on the first try.
 
 Values are followed through modules with tests/infra/trace.py, so each test states where a setting comes
 from (a main.bicep parameter, a resource property), not how a module happens to spell it.
@@ -54,7 +54,7 @@ def test_data_account_redundancy_is_a_parameter_zrs_by_default_lrs_allowed(trace
     sku = resource("modules/storage.bicep", "dataStorage").body["sku"]["name"]
     assert trace(tracer, "modules/storage.bicep", sku) == param("dataStorageSku")
     # The host account is LRS (its blobs and the package are rebuilt by the host and a redeploy), but ZRS
-    # when the plan is zone-redundant (issue 26): a zone outage must not take the host's storage with it.
+    # when the plan is zone-redundant : a zone outage must not take the host's storage with it.
     host_sku = trace(
         tracer, "modules/storage.bicep", resource("modules/storage.bicep", "hostStorage").body["sku"]["name"]
     )
@@ -64,7 +64,7 @@ def test_data_account_redundancy_is_a_parameter_zrs_by_default_lrs_allowed(trace
 
 
 def test_every_module_deployment_name_is_unique_to_the_environment(tracer: Tracer) -> None:
-    # Issue 26: fixed names ('identity', 'servicebus', ...) collide between two environments in one resource
+    # Fixed names ('identity', 'servicebus', ...) collide between two environments in one resource
     # group, and with Settle's own deployments in NimBus's resource group (attach mode).
     main = load_infra(MAIN)
     names = [trace(tracer, MAIN, m.body["name"]) for m in main.modules]
@@ -74,13 +74,13 @@ def test_every_module_deployment_name_is_unique_to_the_environment(tracer: Trace
 
 
 def test_the_app_service_token_store_is_off() -> None:
-    # Issue 26: the code never reads a stored token, and the default store is the app's file system.
+    # The code never reads a stored token, and the default store is the app's file system.
     auth = resource("modules/functionapp.bicep", "auth").body["properties"]
     assert auth["login"]["tokenStore"]["enabled"] is False
 
 
 def test_dead_letters_on_every_endpoint_topic_are_alerted(tracer: Tracer) -> None:
-    # Issue 26: only the Resolver's dead letters were alerted; the fan-out subscriptions of the endpoint
+    # Only the Resolver's dead letters were alerted; the fan-out subscriptions of the endpoint
     # topics (and the endpoints' own) dead-letter too.
     alert = resource("modules/alerts.bicep", "endpointDeadLetters").body["properties"]
     [criterion] = alert["criteria"]["allOf"]

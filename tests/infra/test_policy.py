@@ -118,7 +118,7 @@ def test_deployment_container_is_private_and_tables_are_created_on_the_data_acco
 
 
 def test_every_state_account_is_hardened_locked_watched_and_granted_like_the_data_account() -> None:
-    # Issue 21: state accounts 1..N-1 (stateaccounts.bicep) hold Settle's state like the data account.
+    # State accounts 1..N-1 (stateaccounts.bicep) hold Settle's state like the data account.
     storage = load_infra("modules/storage.bicep")
     state = load_infra("modules/stateaccounts.bicep")
     data, extra = storage.resource("dataStorage"), state.resource("stateStorage")
@@ -243,7 +243,7 @@ def test_no_siteconfig_property_flex_rejects() -> None:
 
 def test_app_settings_are_all_of_the_site_and_come_from_one_object() -> None:
     site_config = load_infra("modules/functionapp.bicep").resource("site").body["properties"]["siteConfig"]
-    # The named settings of one object, then the numbered ones of state accounts 1..N-1 (issue 21).
+    # The named settings of one object, then the numbered ones of state accounts 1..N-1.
     functionapp = load_infra("modules/functionapp.bicep")
     assert site_config["appSettings"].text == "concat(namedSettings, stateAccountSettings)"
     loop = functionapp.variables["namedSettings"]
@@ -382,7 +382,7 @@ def test_no_broad_role_is_granted_anywhere() -> None:
 
 
 def test_target_based_scaling_is_an_opt_in_data_owner_on_the_resolver_subscription_only() -> None:
-    # Issue 26 / ADR-0014: the target-based scaler needs Manage; Data Owner is the only built-in data role
+    # ADR-0014: the target-based scaler needs Manage; Data Owner is the only built-in data role
     # with it, so it is granted on the one subscription the resolver reads, and only when asked for.
     [grant] = [g for g in check_infra().grants if g.role == "Azure Service Bus Data Owner"]
     assert (grant.file, grant.symbol, grant.scope, grant.principal) == (

@@ -30,7 +30,7 @@ def test_every_role_assignment_resolves_to_a_listed_name_and_its_id() -> None:
     assert len(grants) == 12
     for grant in grants:
         assert table[grant.role] == grant.role_id, grant
-    # The ID that made every deployment fail (issue 12) is nowhere.
+    # The ID that made every deployment fail is nowhere.
     assert all(not g.role_id.endswith("1f3c2552ae39") for g in grants)
 
 

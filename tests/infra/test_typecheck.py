@@ -279,7 +279,7 @@ def test_types_that_do_not_exist_or_are_not_vendored(tmp_path: Path) -> None:
 
 
 def test_members_of_a_literal_array_a_loop_iterates_are_type_checked(tmp_path: Path) -> None:
-    # Issue 26: `for alert in settleLogAlerts: { severity: alert.severity }` was skipped as "loop variable".
+    # `for alert in settleLogAlerts: { severity: alert.severity }` was skipped as "loop variable".
     root = tmp_path / "infra"
     shutil.copytree(INFRA, root)
     alerts = root / "modules" / "alerts.bicep"

@@ -9,8 +9,6 @@ from __future__ import annotations
 import base64
 import json
 import uuid
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -18,8 +16,8 @@ import pytest
 from handoff import service
 from handoff.storage import keys
 from handoff.storage.ids import IdRef
-from tests.conftest import _use_tables, new_prefix
 from tests.handoff.conftest import Flow
+from tests.support.seeding import tables_of_this_module, upsert_all  # noqa: F401 (the fixture is autouse)
 
 from .conftest import failed_event
 
@@ -46,14 +44,6 @@ def _every_page(call: Any, page_size: int | None = None, **params: str) -> list[
         assert len(pages) <= MANY, "the pages never end"
 
 
-def _chunks(rows: list[dict[str, Any]], size: int = 100) -> list[list[dict[str, Any]]]:
-    """Transactions of at most ``size`` rows, each of one partition."""
-    by_partition: dict[str, list[dict[str, Any]]] = {}
-    for row in rows:
-        by_partition.setdefault(row["PartitionKey"], []).append(row)
-    return [group[n : n + size] for group in by_partition.values() for n in range(0, len(group), size)]
-
-
 def _seed(resolve: Any, tag: str, session: str) -> tuple[str, list[str]]:
     """An endpoint with ``MANY`` failed hand-offs of one session, event ids ``{tag}-00000`` on."""
     endpoint = f"Many-{tag}"
@@ -77,19 +67,9 @@ def _seed(resolve: Any, tag: str, session: str) -> tuple[str, list[str]]:
             IdRef("sessionId", session, endpoint, event_id).entity(),
         ]
     events_table, ids_table = store.table(keys.EVENTS_TABLE), store.table(keys.IDS_TABLE)
-    with ThreadPoolExecutor(16) as pool:
-        list(pool.map(lambda c: events_table.submit_transaction([("upsert", r) for r in c]), _chunks(events)))
-        list(pool.map(lambda c: ids_table.submit_transaction([("upsert", r) for r in c]), _chunks(index)))
+    upsert_all(events_table, events)
+    upsert_all(ids_table, index)
     return endpoint, [template.event_id, *event_ids]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def tables_of_this_module(azurite_connection: str, settle_tables: str) -> Iterator[None]:
-    """Tables of this module's own (a new prefix): its 10,000-row seedings stay out of the session's tables,
-    whose overview every later test reads."""
-    _use_tables(azurite_connection, new_prefix())
-    yield
-    _use_tables(azurite_connection, settle_tables)
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import base64
 import json
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -24,21 +24,14 @@ from handoff import service
 from handoff.messages.contract import MessageType, ResolutionStatus
 from handoff.storage import keys
 from handoff.storage.records import ExpiryRow, ListingRow, UnconfirmedRow
-from tests.conftest import _use_tables, new_prefix
+from tests.support.seeding import tables_of_this_module, upsert_all  # noqa: F401 (the fixture is autouse)
 
 MANY = 10_000
 BASE = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
 
 def write(table_name: str, rows: list[dict[str, Any]]) -> None:
-    """Upsert ``rows`` in transactions of at most 100 rows of one partition, 16 at a time."""
-    by_partition: dict[str, list[dict[str, Any]]] = {}
-    for row in rows:
-        by_partition.setdefault(row["PartitionKey"], []).append(row)
-    chunks = [group[n : n + 100] for group in by_partition.values() for n in range(0, len(group), 100)]
-    table = service.store().table(table_name)
-    with ThreadPoolExecutor(16) as pool:
-        list(pool.map(lambda c: table.submit_transaction([("upsert", r) for r in c]), chunks))
+    upsert_all(service.store().table(table_name), rows)
 
 
 def every_page(call: Any, name: str, page_size: int, **request: Any) -> list[dict[str, Any]]:
@@ -71,15 +64,6 @@ def edited(token: str) -> str:
 
 
 # -- failed across endpoints -------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module", autouse=True)
-def tables_of_this_module(azurite_connection: str, settle_tables: str) -> Iterator[None]:
-    """Tables of this module's own (a new prefix): its 10,000-row seedings stay out of the session's tables,
-    whose overview every later test reads."""
-    _use_tables(azurite_connection, new_prefix())
-    yield
-    _use_tables(azurite_connection, settle_tables)
 
 
 @pytest.fixture(scope="module")

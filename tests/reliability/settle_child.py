@@ -108,7 +108,7 @@ def main(args: dict[str, Any]) -> None:
     kill = args.get("kill")
     runtime.reset(policies=[KillAfterClaim()] if kill == "claim-applied" else [])
     if args.get("transport") == "loopback":
-        # The real learning transport: this process's resolver projects what it sends (issue 22's races).
+        # The real learning transport: this process's resolver projects what it sends.
         from handoff.messages.transport import LoopbackTransport
 
         service.use_transport(LoopbackTransport(lambda msg: service.resolver_service().handle(msg)))

@@ -10,7 +10,6 @@ functions (the control that shows the 401s were the key's doing and the storage 
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
@@ -30,6 +29,7 @@ from devtools.azurite import free_port
 from devtools.host import route_prefix
 from tests.conftest import Caller, new_prefix
 from tests.reliability.tally import TALLY
+from tests.support.devhost import host_environment
 from tests.test_app import OPERATOR_ROUTES
 
 pytestmark = pytest.mark.slow
@@ -58,7 +58,6 @@ SECRET_PATTERNS = {
 ALLOWED_VALUES = {AZURITE_ACCOUNT_KEY}
 KEY = "reliability-" + uuid.uuid4().hex
 # Settings the developer's shell must not hand the host: the test decides them.
-UNSET = {"ServiceBusConnection", "ServiceBusConnection__fullyQualifiedNamespace", "SETTLE_DEV_FUNCTION_KEY"}
 
 
 def test_only_health_and_the_openapi_document_are_anonymous(functions):
@@ -138,14 +137,7 @@ def host(azurite_connection: str, tmp_path_factory: pytest.TempPathFactory) -> I
     settings = folder / "local.settings.json"
     settings.write_text((ROOT / "local.settings.json.example").read_text(encoding="utf-8"), encoding="utf-8")
     port, prefix = free_port(), new_prefix()
-    environ = {k: v for k, v in os.environ.items() if k not in UNSET}
-    environ.update(
-        SETTLE_DEV_FUNCTION_KEY=KEY,
-        SETTLE_TABLES=azurite_connection,
-        SETTLE_TABLE_PREFIX=prefix,
-        SETTLE_LOOPBACK="true",
-        PYTHONUNBUFFERED="1",
-    )
+    environ = host_environment(azurite_connection, prefix, SETTLE_DEV_FUNCTION_KEY=KEY)
     log = folder / "host.log"
     with log.open("wb") as out:
         process = subprocess.Popen(

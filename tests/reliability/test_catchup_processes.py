@@ -1,4 +1,5 @@
-"""Catch-up scaled out over separate OS processes (issue 21, item 4; state/catchup.py, ADR-0011).
+"""Catch-up scaled out over separate OS processes catches each expired lock up once (state/catchup.py,
+ADR-0011).
 
 Each instance is its own Python process (``tests/reliability/catchup_child.py``) running what the app's
 timer runs (``service.catchup().drain()``) with its own lease owner and clock estimate, against the same

@@ -64,13 +64,13 @@ def test_the_fault_policy_fails_exactly_the_request_it_is_told_to(faulty_tables,
         first = call("state_set", body)
     TALLY.add(AREA, operations=2, faults=len(plan.injected))
     # Then the fault hit that request, and the caller still learned the outcome storage holds: the lost
-    # answer is settled by one read-back of the head (issue 23), so the ambiguous case is a 200, not a 503
+    # answer is settled by one read-back of the head, so the ambiguous case is a 200, not a 503
     TALLY.check(
         AREA, first.status == 200 and plan.injected == [f"after #1 {plan.requests[0]}"], f"{first.status}"
     )
     TALLY.check(AREA, read_rows(key_).statuses == ["Processing", "Processed"], "the write did not apply")
     # And a request failing before it is sent reached nothing: the read-back finds no head, so the lock
-    # is sent once more (issue 23) and storage holds exactly one version of it
+    # is sent once more and storage holds exactly one version of it
     other = new_key()
     with faulty_tables.plan(1, "before") as plan:
         retried = call("state_lock", {"key": other})

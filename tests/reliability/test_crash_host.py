@@ -1,4 +1,5 @@
-"""Crash test (issue 13): the development host, SIGKILLed at random moments under real HTTP traffic.
+"""No acknowledged write is lost when the development host is SIGKILLed at random moments under real
+HTTP traffic.
 
 The host runs as a subprocess (``python -m devtools.host``, the loopback transport, catch-up and the
 sweeper on fast schedules, so kills land inside timers too). Threads drive it over HTTP: state workers
@@ -14,7 +15,6 @@ one audit row, every 202 names the message that was sent, and nothing is still p
 
 from __future__ import annotations
 
-import os
 import random
 import signal
 import subprocess
@@ -38,6 +38,7 @@ from handoff.messages.transport import LoopbackTransport
 from tests.conftest import Caller, _use_tables, new_prefix
 from tests.reliability.tally import TALLY, sized
 from tests.reliability.test_state_adversary import catch_up_until_quiet, check_every_lock_concluded
+from tests.support.devhost import host_environment
 
 pytestmark = pytest.mark.slow
 
@@ -45,7 +46,6 @@ AREA = "crash"
 ROOT = Path(__file__).resolve().parents[2]
 CONTROL = {"HandoffCompletedRequest": "CompleteHandoff", "HandoffFailedRequest": "FailHandoff"}
 # Settings a developer's shell may carry that would point the host elsewhere.
-UNSET = ("ServiceBusConnection", "ServiceBusConnection__fullyQualifiedNamespace", "SETTLE_DEV_FUNCTION_KEY")
 
 
 @dataclass
@@ -76,15 +76,12 @@ class Host:
 
     def start(self) -> None:
         port = free_port()
-        environ = {k: v for k, v in os.environ.items() if k not in UNSET}
-        environ.update(
-            SETTLE_TABLES=self.connection,
-            SETTLE_TABLE_PREFIX=self.prefix,
-            SETTLE_LOOPBACK="true",
+        environ = host_environment(
+            self.connection,
+            self.prefix,
             STATE_CATCHUP_SCHEDULE="*/2 * * * * *",
             HANDOFF_SWEEPER_ENABLED="true",
             HANDOFF_SWEEPER_SCHEDULE="*/3 * * * * *",
-            PYTHONUNBUFFERED="1",
         )
         self.starts += 1
         log = (self.folder / f"host-{self.starts}.log").open("wb")

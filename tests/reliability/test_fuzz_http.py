@@ -47,7 +47,7 @@ HOSTILE_TEXT = [
     "x" * 1100,
     "null",
     "$batch",
-    # What real senders and storage produce (issue 23): other scripts' digits, DateTime extremes.
+    # What real senders and storage produce: other scripts' digits, DateTime extremes.
     "²",
     "١٢",
     "\uff11\uff12",
@@ -413,7 +413,7 @@ def test_no_generated_body_or_parameter_gets_a_5xx_and_most_reach_storage(faulty
         )
 
 
-# --- issue 23: the wire shapes a reviewer found, generated -----------------------------------------------
+# --- the wire shapes a reviewer found, generated -----------------------------------------------------
 
 NON_FINITE = [
     "NaN",

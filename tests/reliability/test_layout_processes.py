@@ -5,16 +5,11 @@ is handed out twice."""
 
 from __future__ import annotations
 
-import json
-import os
 import signal
-import subprocess
-import sys
 import time
 import uuid
 from collections import Counter
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,36 +17,11 @@ import pytest
 from common import layouts, runtime
 from state.keys import STATE_TABLE, node_partition_range
 from tests.state.conftest import State, new_key
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support import children
 
 
 def run_children(args_list: list[dict[str, Any]], timeout: float = 240) -> list[list[dict[str, Any]]]:
-    return finish(start_children(args_list), timeout)
-
-
-def start_children(args_list: list[dict[str, Any]]) -> list[subprocess.Popen[str]]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return [
-        subprocess.Popen(
-            [sys.executable, "-m", "tests.reliability.layout_child", json.dumps(args)],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for args in args_list
-    ]
-
-
-def finish(procs: list[subprocess.Popen[str]], timeout: float = 240) -> list[list[dict[str, Any]]]:
-    answers = []
-    for proc in procs:
-        out, err = proc.communicate(timeout=timeout)
-        assert proc.returncode == 0, err[-3000:]
-        answers.append([json.loads(line) for line in out.splitlines()])
-    return answers
+    return children.run_children(args_list, timeout, children.LAYOUT_CHILD)
 
 
 @pytest.mark.parametrize("recorded_first", [False, True], ids=["first-deployment", "recorded"])
@@ -107,7 +77,7 @@ def test_an_instance_paused_across_every_switch_never_makes_a_second_record_of_a
     # When two instances lock the same keys in the same order, 8 threads each, and the layout goes
     # 1 -> 4 -> 1 -> 2 -> 4 while instance B is paused (SIGSTOP) from just before each switch to after it
     race = {"mode": "race", "keys": keys, "threads": 8, "pace": 0.05, **timings}
-    a, b = start_children([{**race, "start_at": time.time() + 4.0}] * 2)
+    a, b = children.start(children.LAYOUT_CHILD, [{**race, "start_at": time.time() + 4.0}] * 2)
     time.sleep(5.5)
     paused = []
     for shards in (4, 1, 2, 4):
@@ -118,7 +88,7 @@ def test_an_instance_paused_across_every_switch_never_makes_a_second_record_of_a
         time.sleep(max(0.0, since + 1.0 - time.time()))
         b.send_signal(signal.SIGCONT)
         paused.append(shards)
-    done = finish([a, b], timeout=240)
+    done = children.lines_of(children.finish([a, b], timeout=240))
     # Then every key was answered, locked by exactly one instance, and has one head in storage
     assert paused == [4, 1, 2, 4]
     failed = [x for answers in done for x in answers if x["status"] != 200]

@@ -1,8 +1,9 @@
-"""Settlement exactly once under races, send failures, storage faults and process kills (issue 11).
+"""Settlement exactly once under races, send failures, storage faults and process kills: one control
+message per 202.
 
 The promise: a 202 means exactly one control message reaches the endpoint; every message that reached
-it has exactly one audit row; at most one control message per hand-off, ever. Counted as the issue
-asks: copies the broker model kept (``tests/handoff/broker.py``; duplicate detection drops a repeated
+it has exactly one audit row; at most one control message per hand-off, ever. Counted from what was
+kept: copies the broker model kept (``tests/handoff/broker.py``; duplicate detection drops a repeated
 MessageId inside its window), audit rows, history rows of control messages, the final row state. The
 one residual (no duplicate detection and an unknown send outcome: shown as ``unconfirmed``) is counted
 separately and must be listed where operators look.
@@ -11,10 +12,8 @@ separately and must be listed where operators look.
 from __future__ import annotations
 
 import json
-import os
 import random
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -35,6 +34,7 @@ from tests.reliability.faults import FAULTS, WHENS
 from tests.reliability.nimbus_model import Msg, service_bus_message
 from tests.reliability.settle_child import read_topic_file
 from tests.reliability.tally import TALLY, sized
+from tests.support import children
 
 pytestmark = pytest.mark.slow
 
@@ -429,23 +429,7 @@ def test_the_sweeper_racing_agents_settles_each_overdue_handoff_once(broker, fun
 def run_children(
     args_list: list[dict[str, Any]], timeout: float = 120
 ) -> list[subprocess.CompletedProcess[str]]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "tests.reliability.settle_child", json.dumps(args)],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for args in args_list
-    ]
-    done = []
-    for proc in procs:
-        out, err = proc.communicate(timeout=timeout)
-        done.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
-    return done
+    return children.finish(children.start(children.SETTLE_CHILD, args_list), timeout)
 
 
 def answers_of(done: subprocess.CompletedProcess[str]) -> list[HttpResult]:

@@ -44,7 +44,7 @@ class Model:
     lock: str | None = None  # the lock id currently held (status Processing)
     tokens: list[str] = field(default_factory=list)
     # (lock id, operation, request) of each fenced write that ended a lock -> the version it made. A retry
-    # of one is answered with that version even after newer versions followed (issue 23, items 9-11: the
+    # of one is answered with that version even after newer versions followed (the
     # store finds it by a point read of the history row the token's write created).
     closings: dict[tuple[str, str, str], int] = field(default_factory=dict)
 
@@ -210,7 +210,7 @@ def make_machine(call: Caller) -> type[RuleBasedStateMachine]:
                 TALLY.check(AREA, result.status == 409, f"extend with a lost token on {m}: {result.status}")
                 return
             TALLY.check(AREA, result.status == 200, f"extend {m}: {result.body!r}")
-            # An extension rewrites the lock in place (issue 24): same version, no history row.
+            # An extension rewrites the lock in place: same version, no history row.
             m.tokens.append(result.json["lockToken"])
 
         @rule(k=st.integers(0, KEYS - 1))
@@ -258,8 +258,9 @@ def test_random_operation_sequences_agree_with_the_model(faulty_tables, function
 
 def test_a_release_retried_after_a_new_lock_is_answered_as_the_release_it_repeats(faulty_tables, functions):
     """The sequence Hypothesis found (full scale, 2026-12-03): lock, release, lock again, then the first
-    release retried with its token and body. The store answers it as done (version 2, issue 23 items
-    9-11); a model that only replayed the write of the current version called that a violation."""
+    release retried with its token and body. The store answers it as done (version 2,
+    found by the history row); a model that only replayed the write of the current version called that a
+    violation."""
     machine: Any = make_machine(Caller(functions))()
     machine.lock(k=2)
     machine.release(k=2, kind="latest", pick=3)

@@ -6,7 +6,6 @@ interleaving of the two lock calls' reads, claims and inserts is reachable."""
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 from hypothesis import given, settings
@@ -17,6 +16,7 @@ from state.keys import Layout
 from state.lifecycle import LockOutcome
 from state.model import RecordKey, Scope, Status
 from state.store import StateStore, WriteContext
+from tests.support.interleave import interleave
 from tests.support.memory_table import MemoryTables
 
 ERAS = [
@@ -29,64 +29,12 @@ KEY = RecordKey(1, Scope(4), 42, "invoice", "INV-1")
 CTX = WriteContext()
 
 
-class Turns:
-    """Lets one writer thread make one storage call at a time, in the order ``schedule`` draws: at each step
-    the writers still running are all waiting at the table's gate, and the drawn one goes."""
-
-    def __init__(self, schedule: list[int], writers: int) -> None:
-        self._schedule = list(schedule)
-        self._cv = threading.Condition()
-        self._waiting: set[int] = set()
-        self._finished: set[int] = set()
-        self._turn: int | None = None
-        self._writers = writers
-        self.steps: list[tuple[int, str]] = []
-
-    def gate(self, call: str, args: tuple[Any, ...]) -> None:
-        name = threading.current_thread().name
-        if not name.startswith("writer-"):
-            return  # the test's own reads
-        me = int(name.split("-")[1])
-        with self._cv:
-            self._waiting.add(me)
-            self._cv.notify_all()
-            self._cv.wait_for(lambda: self._turn == me)
-            self._turn = None
-            self._waiting.discard(me)
-            self.steps.append((me, call))
-
-    def finished(self, me: int) -> None:
-        with self._cv:
-            self._finished.add(me)
-            self._cv.notify_all()
-
-    def _ready(self) -> bool:
-        """No call under way: every writer is at the gate or finished."""
-        return self._turn is None and len(self._waiting) + len(self._finished) == self._writers
-
-    def run(self) -> None:
-        """Grant turns until every writer has finished."""
-        with self._cv:
-            while len(self._finished) < self._writers:
-                assert self._cv.wait_for(self._ready, timeout=10), (
-                    "a writer neither called storage nor finished"
-                )
-                if len(self._finished) == self._writers:
-                    break
-                waiting = sorted(self._waiting)
-                drawn = self._schedule.pop(0) if self._schedule else 0
-                self._turn = waiting[drawn % len(waiting)]
-                self._cv.notify_all()
-
-
 def race(tables: MemoryTables, eras: tuple[int, ...], schedule: list[int]) -> list[LockOutcome]:
     """Writers of ``eras`` lock ``KEY`` at once, one storage call per drawn step; a writer told that its
     layout is behind asks again under the newest layout (as a caller retries a 503)."""
     stores = [StateStore(tables, layout=ERAS[era]) for era in eras]
     for store in stores:
         store.signer()  # read before the race: the lock then makes no call beside it
-    turns = Turns(schedule, len(eras))
-    tables.gate = turns.gate
     answers: list[Any] = [None] * len(eras)
 
     def writer(n: int) -> None:
@@ -97,16 +45,8 @@ def race(tables: MemoryTables, eras: tuple[int, ...], schedule: list[int]) -> li
                 answers[n] = StateStore(tables, layout=ERAS[-1]).lock(KEY, CTX, 60)
         except BaseException as exc:  # reported by the test, not lost in a thread
             answers[n] = exc
-        finally:
-            turns.finished(n)
 
-    threads = [threading.Thread(target=writer, args=(n,), name=f"writer-{n}") for n in range(len(eras))]
-    for t in threads:
-        t.start()
-    turns.run()
-    for t in threads:
-        t.join(10)
-    tables.gate = None
+    interleave(tables, len(eras), writer, schedule)
     for answer in answers:
         if isinstance(answer, BaseException):
             raise answer
