@@ -38,8 +38,10 @@ screenshots: $(STAMP) ## Retake the README's console screenshots from the real c
 
 test: $(STAMP) lint typecheck pytest ## Lint, type-check and run the whole test suite (starts Azurite itself).
 
+# The unit tier on every core (pytest-xdist), its property tests at a quarter of their examples
+# (tests/support/examples.py; make test draws them all).
 test-unit: $(PYSTAMP) ## The fast loop: every test that needs no storage and starts no other program (no Azurite, no npm).
-	$(PY) -m pytest -q -m "not storage and not heavy and not slow and not live" $(PYTEST_ARGS)
+	SETTLE_QUICK_PROPERTIES=1 $(PY) -m pytest -q -n auto -m "not storage and not heavy and not slow and not live" $(PYTEST_ARGS)
 
 mutation: $(PYSTAMP) ## Break the cores' rules and the services' loops on purpose (mutmut) and count what the unit tier catches; not in CI (tens of minutes). MUTATION_ARGS="--jobs 1 'handoff.guard.*'" picks; docs/mutation.md has the last score.
 	$(PY) -m devtools.mutation $(MUTATION_ARGS)

@@ -34,6 +34,7 @@ from handoff.storage import keys
 from handoff.storage.claim_state import ClaimState
 from handoff.storage.records import ClaimRow, QueueRow
 from handoff.storage.store import HandoffStore
+from tests.support.examples import examples
 
 from .claim_rows import CLAIM_KEY, EVENT, PARKED, PK, QUEUE_KEY, T0, claim_row, message, order, parked
 from .memory_table import MemoryTable, Refused
@@ -502,6 +503,9 @@ class Settlements(RuleBasedStateMachine):
 
 
 Settlements.TestCase.settings = settings(
-    max_examples=200, stateful_step_count=50, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=examples(200),
+    stateful_step_count=50,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
 )
 test_settlements_against_the_model = Settlements.TestCase

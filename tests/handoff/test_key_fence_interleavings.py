@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from handoff.projection.resolver import ResolverService
 from handoff.storage import keys
 from handoff.storage.store import HandoffStore
+from tests.support.examples import examples
 from tests.support.interleave import interleave
 from tests.support.memory_table import MemoryTables
 
@@ -68,7 +69,7 @@ def project_all(tables: MemoryTables, jobs: list[tuple[int, Any]], schedule: lis
     assert failures == []
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     eras=st.tuples(st.integers(0, NEWEST), st.integers(0, NEWEST)),
     schedule=st.lists(st.integers(0, 1), max_size=40),

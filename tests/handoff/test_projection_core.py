@@ -19,6 +19,7 @@ from handoff.projection.rules import (
 )
 from handoff.storage import keys
 from handoff.storage.records import EventRow
+from tests.support.examples import examples
 
 T0 = datetime(2026, 12, 1, 9, 0, 0, tzinfo=UTC)
 PK = "billing"
@@ -136,7 +137,7 @@ MESSAGE = st.tuples(KINDS, st.integers(0, 4), st.none() | st.integers(0, 4), st.
 MESSAGES = st.lists(MESSAGE, min_size=1, max_size=25)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(MESSAGES)
 def test_a_late_copy_never_turns_a_settled_row_back_to_pending(
     messages: list[tuple[MessageType, int, int | None, int]],

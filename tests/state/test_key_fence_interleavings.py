@@ -16,6 +16,7 @@ from state.keys import Layout
 from state.lifecycle import LockOutcome
 from state.model import RecordKey, Scope, Status
 from state.store import StateStore, WriteContext
+from tests.support.examples import examples
 from tests.support.interleave import interleave
 from tests.support.memory_table import MemoryTables
 
@@ -63,7 +64,7 @@ eras = st.tuples(st.integers(0, 3), st.integers(0, 3))
 schedules = st.lists(st.integers(0, 1), max_size=40)
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(eras=eras, schedule=schedules)
 def test_two_writers_of_any_two_layouts_in_any_order_make_one_record_and_one_holder(
     eras: tuple[int, int], schedule: list[int]
@@ -78,7 +79,7 @@ def test_two_writers_of_any_two_layouts_in_any_order_make_one_record_and_one_hol
         assert found is not None and found.entity["PartitionKey"] == heads(tables)[0]
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     eras=st.tuples(st.integers(0, 3), st.integers(0, 3), st.integers(0, 3)),
     schedule=st.lists(st.integers(0, 2), max_size=60),
@@ -92,7 +93,7 @@ def test_three_writers_of_any_layouts_in_any_order_make_one_record(
     assert sum(1 for a in answers if a.acquired) == 1, answers
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(schedule=schedules, settle_first=st.booleans())
 def test_a_processed_key_stays_processed_through_1_4_1_in_any_order(
     schedule: list[int], settle_first: bool

@@ -31,6 +31,7 @@ from state.lifecycle import WriteContext, check_holder
 from state.model import RecordKey, Scope, Status
 from state.store import StateStore
 from state.token import LockClaims
+from tests.support.examples import examples
 from tests.support.memory_table import MemoryTables
 
 KEY = RecordKey(7, Scope.ELEMENT, 3, "invoice", "INV-model")
@@ -224,6 +225,9 @@ def _marker(rk: str) -> bool:
 
 
 Lifecycle.TestCase.settings = settings(
-    max_examples=80, stateful_step_count=30, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=examples(80),
+    stateful_step_count=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
 )
 TestLifecycle = Lifecycle.TestCase
