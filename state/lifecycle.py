@@ -394,7 +394,7 @@ def check_release(current: Head | None) -> None:
 def check_holder(head: Head | None, claims: LockClaims, now: datetime) -> Head:
     """The head, if the token's lock still holds it at ``now`` (the latest the storage clock may read);
     else :class:`LockLost` saying why."""
-    if head is None or head.entity.get("LockId") != claims.i or head.status is not Status.PROCESSING:
+    if head is None or head.entity.get("LockId") != claims.lock_id or head.status is not Status.PROCESSING:
         if head is None:
             why = "the record does not exist"
         elif head.status is Status.PROCESSING:
@@ -414,13 +414,13 @@ def check_holder(head: Head | None, claims: LockClaims, now: datetime) -> Head:
 def closes(new: dict[str, Any], claims: LockClaims, digest: str | None) -> None:
     """A write that records an outcome ends the token's lock: the head remembers which lock, and the
     request's digest, so the same request asked again is recognised (:func:`conclusion_replayed`)."""
-    new["ClosedLockId"] = claims.i
+    new["ClosedLockId"] = claims.lock_id
     if digest is not None:
         new["ClosedDigest"] = digest
 
 
 def closed_by(head: Head, claims: LockClaims) -> bool:
-    return head.entity.get("ClosedLockId") == claims.i
+    return head.entity.get("ClosedLockId") == claims.lock_id
 
 
 def conclusion_replayed(done: Head, concludes: Status, digest: str | None) -> bool:
@@ -436,7 +436,7 @@ def conclusion_replayed(done: Head, concludes: Status, digest: str | None) -> bo
 
 def as_written(row: dict[str, Any], claims: LockClaims, head_row: str) -> Head | None:
     """The version a history ``row`` was written as, if it is the one that ended the token's lock."""
-    if row.get("ClosedLockId") != claims.i or row.get("RecordedStatus") is None:
+    if row.get("ClosedLockId") != claims.lock_id or row.get("RecordedStatus") is None:
         return None
     row = dict(row)
     row.update(RowKey=head_row, Status=int(row["RecordedStatus"]))
@@ -451,42 +451,47 @@ def claims_of(key: RecordKey, head: Head) -> LockClaims:
     entity = head.entity
     retention = entity.get("RetentionSeconds")
     return LockClaims(
-        i=str(entity["LockId"]),
-        k=key_digest(key),
-        n=head.version,
-        e=head.etag,
-        a=epoch_ms(entity["LockedAt"]),
-        u=epoch_ms(entity["LockedUntil"]),
-        w=epoch_ms(entity["UpdatedAt"]),
-        c=epoch_ms(entity["CreatedAt"]),
-        h=str(entity["HandlerKey"]),
-        s=entity.get("SourceAppId"),
-        x=entity.get("EntityExecutionId"),
-        t=plain_int(retention) if retention is not None else None,
-        b=entity.get("Substatus"),
-        o=entity.get("Note"),
-        q=entity.get("LockRequestId"),
+        lock_id=str(entity["LockId"]),
+        key_digest=key_digest(key),
+        version=head.version,
+        etag=head.etag,
+        locked_at_ms=epoch_ms(entity["LockedAt"]),
+        locked_until_ms=epoch_ms(entity["LockedUntil"]),
+        updated_at_ms=epoch_ms(entity["UpdatedAt"]),
+        created_at_ms=epoch_ms(entity["CreatedAt"]),
+        handler_key=str(entity["HandlerKey"]),
+        source_app_id=entity.get("SourceAppId"),
+        entity_execution_id=entity.get("EntityExecutionId"),
+        retention_seconds=plain_int(retention) if retention is not None else None,
+        substatus=entity.get("Substatus"),
+        note=entity.get("Note"),
+        request_id=entity.get("LockRequestId"),
     )
 
 
 def entity_of(key: RecordKey, claims: LockClaims, partition: str) -> dict[str, Any]:
     """The Processing head a token was issued for, column for column (its history row copies it)."""
-    entity = head_columns(key, partition, Status.PROCESSING, claims.h)
+    entity = head_columns(key, partition, Status.PROCESSING, claims.handler_key)
     entity.update(
-        Version=claims.n, CreatedAt=from_epoch_ms(claims.c), UpdatedAt=from_epoch_ms(claims.w), DataChunks=0
+        Version=claims.version,
+        CreatedAt=from_epoch_ms(claims.created_at_ms),
+        UpdatedAt=from_epoch_ms(claims.updated_at_ms),
+        DataChunks=0,
     )
     optional = {
-        "EntityExecutionId": claims.x,
-        "SourceAppId": claims.s,
-        "Substatus": claims.b,
-        "Note": claims.o,
+        "EntityExecutionId": claims.entity_execution_id,
+        "SourceAppId": claims.source_app_id,
+        "Substatus": claims.substatus,
+        "Note": claims.note,
     }
     entity.update({k: v for k, v in optional.items() if v is not None})
-    if claims.t is not None:
-        entity["RetentionSeconds"] = int64(claims.t)
-    if claims.q is not None:
-        entity["LockRequestId"] = claims.q
-    lock_fields(entity, claims.i, from_epoch_ms(claims.a), from_epoch_ms(claims.u))
+    if claims.retention_seconds is not None:
+        entity["RetentionSeconds"] = int64(claims.retention_seconds)
+    if claims.request_id is not None:
+        entity["LockRequestId"] = claims.request_id
+    lock_fields(
+        entity, claims.lock_id, from_epoch_ms(claims.locked_at_ms), from_epoch_ms(claims.locked_until_ms)
+    )
     return entity
 
 

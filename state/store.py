@@ -470,7 +470,7 @@ class StateStore:
     def _check_token(self, key: RecordKey, token_text: str) -> LockClaims:
         check_key_size(key)
         claims = LockClaims.decode(token_text, self.signer())
-        if claims.k != key_digest(key):
+        if claims.key_digest != key_digest(key):
             raise LockLost("The lock token belongs to another record.", field="lockToken")
         return claims
 
@@ -495,7 +495,7 @@ class StateStore:
         if claims.locked_until > self.latest():
             # Built in the current layout; a record of an earlier layout fails this write (404) and is
             # re-read where it lives.
-            current = Head(entity_of(key, claims, self.layout.partition(key)), claims.e)
+            current = Head(entity_of(key, claims, self.layout.partition(key)), claims.etag)
         for _ in range(_MAX_ATTEMPTS):
             if current is None:
                 head = self.read_head(key)
@@ -519,12 +519,12 @@ class StateStore:
     def _concluded_by(self, head: Head, claims: LockClaims) -> Head | None:
         """The version that ended the token's lock, if one did: the head, or, when newer versions followed
         (another worker re-locked, retention expired, catch-up), a point read of the version the token's
-        write created (``claims.n + 1``), as it was written (its recorded status, not Superseded)."""
+        write created (``claims.version + 1``), as it was written (its recorded status, not Superseded)."""
         if closed_by(head, claims):
             return head
-        if head.version <= claims.n + 1:
+        if head.version <= claims.version + 1:
             return None
-        row = self._history_row(head, claims.n + 1)
+        row = self._history_row(head, claims.version + 1)
         return as_written(row, claims, str(head.entity["RowKey"])) if row is not None else None
 
     # -- the one write ---------------------------------------------------------------------------------
