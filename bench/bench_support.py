@@ -26,8 +26,8 @@ from state.keys import (
     marker_row_key,
     parse_index_row_key,
 )
+from state.lifecycle import WriteContext, lock_fields
 from state.model import RecordKey, Scope, Status
-from state.store import WriteContext, lock_fields
 
 BATCH = 100
 # Transactions sent at once while loading: Azurite and this process overlap (2 cores), and a busy machine

@@ -20,9 +20,9 @@ from common.errors import NotFound
 from state import service as state_service
 from state.handlers import to_record
 from state.keys import LOCK_KIND, due_range, is_marker
+from state.lifecycle import INDEX_COLUMNS
 from state.model import Status
 from state.schemas import HistoryRequest, KeyRequest, Record, RecordPage
-from state.store import INDEX_COLUMNS
 
 MAX_STUCK = 200
 _HEAD_READS = 100  # heads asked for at once

@@ -27,7 +27,6 @@ from state.keys import (
     tenant_prefix,
 )
 from state.lifecycle import FINISHED, Head, WriteContext, effective_status
-from state.lifecycle import PreviousAttempt as Attempt
 from state.model import EXISTS_STATUSES, SETTABLE_STATUSES, Scope, Status
 from state.schemas import (
     DEFAULT_LOCK_SECONDS,
@@ -38,7 +37,6 @@ from state.schemas import (
     KeyRequest,
     LockRequest,
     LockResponse,
-    PreviousAttempt,
     QueryRequest,
     Record,
     RecordPage,
@@ -229,17 +227,6 @@ def to_record(entity: dict[str, Any], now: datetime) -> Record:
     )
 
 
-def _previous(attempt: Attempt | None) -> PreviousAttempt | None:
-    if attempt is None:
-        return None
-    return PreviousAttempt(
-        status=attempt.status.label,
-        error=attempt.error,
-        lock_expired=attempt.lock_expired,
-        version=attempt.version,
-    )
-
-
 def _context(req: KeyRequest) -> WriteContext:
     return WriteContext(
         handler_key=req.handler.key,
@@ -277,7 +264,7 @@ class BuiltInHandler:
             status=outcome.status.label,
             takeover=outcome.takeover,
             replayed=outcome.replayed,
-            previous_attempt=_previous(outcome.previous),
+            previous_attempt=outcome.previous,
         )
 
     def extend(self, req: ExtendRequest) -> ExtendResponse:

@@ -38,6 +38,7 @@ from state.keys import (
     index_row_key,
 )
 from state.model import LockDecision, RecordKey, Status, lock_decision
+from state.schemas import PreviousAttempt
 from state.token import LockClaims, key_digest
 
 # A finished record with no retention is kept for ever; ``RetainUntil`` still holds a date so that query
@@ -121,27 +122,17 @@ class WriteContext:
     retention_seconds: int | None = None
 
 
-@dataclass(frozen=True)
-class PreviousAttempt:
-    """How the version a lock replaced ended: its status, its error, and whether its lock expired
-    (taken over now, or concluded ``LockExpired`` by catch-up before: the holder may have done part of
-    the work)."""
-
-    status: Status
-    error: str | None
-    lock_expired: bool
-    version: int
-
-
 def previous_attempt(entity: dict[str, Any]) -> PreviousAttempt:
-    """The attempt a head (or, by its ``RecordedStatus``, a history row) stands for."""
+    """The attempt a head (or, by its ``RecordedStatus``, a history row) stands for. Its lock expired
+    when it is still Processing (taken over now) or catch-up concluded it ``LockExpired``: the holder
+    may have done part of the work."""
     status = Status(int(entity.get("RecordedStatus", entity["Status"])))
     expired = status is Status.PROCESSING or (
         status is Status.FAILED and entity.get("Substatus") == LOCK_EXPIRED
     )
     error = entity.get("Error")
     return PreviousAttempt(
-        status=status,
+        status=status.label,
         error=error if isinstance(error, str) else None,
         lock_expired=expired,
         version=int(entity["Version"]),
@@ -296,7 +287,10 @@ def concluded(
 
 # -- lock ----------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class LockRequest:
+class LockOrder:
+    """A lock call as the rule sees it: which record, who asks, for how long, and the caller's optional
+    request id (the same id while its lock holds gets that lock back)."""
+
     key: RecordKey
     ctx: WriteContext
     lock_seconds: int
@@ -329,7 +323,7 @@ def _judged(current: Head, judged: datetime) -> LockDecision:
 
 def decide_lock(
     current: Head | None,
-    request: LockRequest,
+    request: LockOrder,
     *,
     partition: str,
     now: datetime,

@@ -62,14 +62,9 @@ from state.keys import (
 )
 from state.layout import RecordedLayouts
 from state.lifecycle import (
-    FINISHED,
-    INDEX_COLUMNS,
-    LOCK_EXPIRED,
-    NEVER,
     Head,
+    LockOrder,
     LockOutcome,
-    LockRequest,
-    PreviousAttempt,
     WriteContext,
     as_written,
     check_holder,
@@ -81,43 +76,19 @@ from state.lifecycle import (
     concluded,
     conclusion_replayed,
     decide_lock,
-    effective_status,
     entity_of,
     extended,
     index_changes,
-    lock_fields,
     may_lock,
     new_head,
     plan_write,
     previous_attempt,
     recorded,
-    retain_until,
-    retention_expired,
     settled,
 )
 from state.model import RecordKey, Status
+from state.schemas import PreviousAttempt
 from state.token import LockClaims, key_digest
-
-# Names the rest of Settle (handlers, catch-up, management, bench) imports from here.
-__all__ = [
-    "FINISHED",
-    "HINT_BYTES",
-    "INDEX_COLUMNS",
-    "LOCK_EXPIRED",
-    "NEVER",
-    "Head",
-    "LockOutcome",
-    "PreviousAttempt",
-    "StateStore",
-    "WriteContext",
-    "claims_of",
-    "effective_status",
-    "entity_of",
-    "lock_fields",
-    "previous_attempt",
-    "retain_until",
-    "retention_expired",
-]
 
 # Writes of one call that meet another writer's change (then read again and re-decided) before giving up.
 _MAX_ATTEMPTS = 4
@@ -137,8 +108,11 @@ class StateStore:
         layout: Layout | None = None,
         accounts: Sequence[TableSource] | None = None,
         layouts: LayoutBook | None = None,
+        clock: Callable[[], datetime] | None = None,
     ) -> None:
         self._tables = tables
+        # A fixed clock (a model test's) reads the same for now, earliest and latest; None: the host's.
+        self._clock = clock
         # The state table's accounts: 0 is ``tables``; more from SETTLE_TABLES_{i} (ADR-0015).
         if accounts is None:
             accounts = [tables, *(Tables(s) for s in extra_accounts(tables.settings.prefix))]
@@ -186,21 +160,18 @@ class StateStore:
                     self._signer = load_signer(self._tables, EXPIRY_TABLE)
         return self._signer
 
-    @staticmethod
-    def now() -> datetime:
+    def now(self) -> datetime:
         """Now by the storage clock, to the millisecond (every instant Settle stores has that precision)."""
-        return to_ms(utcnow())
+        return to_ms(self._clock() if self._clock is not None else utcnow())
 
-    @staticmethod
-    def earliest() -> datetime:
+    def earliest(self) -> datetime:
         """The earliest the storage clock may read now (``common.clock.earliest_now``): what another
         holder's expiry is judged by (takeover, catch-up), so an uncertain clock waits, never steals."""
-        return to_ms(earliest_now())
+        return to_ms(self._clock() if self._clock is not None else earliest_now())
 
-    @staticmethod
-    def latest() -> datetime:
+    def latest(self) -> datetime:
         """The latest the storage clock may read now: what a holder's own lock is judged by (the fence)."""
-        return to_ms(latest_now())
+        return to_ms(self._clock() if self._clock is not None else latest_now())
 
     # -- reads -------------------------------------------------------------------------------------
     def read_head(self, key: RecordKey) -> Head | None:
@@ -302,7 +273,7 @@ class StateStore:
         # A lock is only taken when its token can be issued. A process that has not read its signing key
         # yet reads it beside the lock's first requests (the preparation of its expiry minute), and the
         # lock's write waits for it (a cold instance's first lock); every answer waits for it.
-        request = LockRequest(key, ctx, lock_seconds, request_id)
+        request = LockOrder(key, ctx, lock_seconds, request_id)
         if self._signer is not None:
             return self._lock(request, ready=_nothing)
         key_read = Beside(self.signer, name="settle-signing-key")
@@ -314,7 +285,7 @@ class StateStore:
         key_read.result()
         return outcome
 
-    def _lock(self, request: LockRequest, *, ready: Callable[[], object]) -> LockOutcome:
+    def _lock(self, request: LockOrder, *, ready: Callable[[], object]) -> LockOutcome:
         key = request.key
         pk, rk = self.layout.partition(key), head_row_key(key)
         known, current = self._hints.get(pk, rk)

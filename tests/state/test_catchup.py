@@ -22,8 +22,9 @@ from common.roundtrips import ROUND_TRIPS
 from state import service
 from state.catchup import Catchup
 from state.keys import EXPIRY_TABLE, STATE_TABLE, head_row_key, partition_key
+from state.lifecycle import WriteContext
 from state.schemas import KeyIn
-from state.store import StateStore, WriteContext
+from state.store import StateStore
 from tests.state.conftest import new_key
 
 BUCKET_MS = 60_000  # the expiry index's minute

@@ -14,7 +14,7 @@ from state.keys import head_row_key, history_row_key_of
 from state.lifecycle import (
     LOCK_TAKEN_OVER,
     Head,
-    LockRequest,
+    LockOrder,
     WriteContext,
     check_holder,
     check_release,
@@ -36,7 +36,7 @@ from state.model import RecordKey, Scope, Status
 KEY = RecordKey(1, Scope.ELEMENT, 42, "invoice", "INV-1")
 PK = "1|4|42"
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
-LOCK = LockRequest(KEY, WriteContext(), 60)
+LOCK = LockOrder(KEY, WriteContext(), 60)
 
 
 def at(seconds: float) -> datetime:
@@ -45,7 +45,7 @@ def at(seconds: float) -> datetime:
 
 def locked(until_s: float = 60, *, request_id: str | None = None) -> Head:
     plan = decide_lock(
-        None, LockRequest(KEY, WriteContext(), int(until_s), request_id), partition=PK, now=T0, judged=T0
+        None, LockOrder(KEY, WriteContext(), int(until_s), request_id), partition=PK, now=T0, judged=T0
     )
     assert plan.new is not None
     return Head(plan.new, 'W/"1"')
@@ -58,7 +58,7 @@ def finished(status: Status, *, retention: int | None = None) -> Head:
 
 # -- lock ----------------------------------------------------------------------------------------------
 def test_a_first_lock_writes_version_1_processing_with_its_lock_and_index_row():
-    plan = decide_lock(None, LockRequest(KEY, WriteContext(), 30, "req-1"), partition=PK, now=T0, judged=T0)
+    plan = decide_lock(None, LockOrder(KEY, WriteContext(), 30, "req-1"), partition=PK, now=T0, judged=T0)
     assert plan.new is not None and not plan.takeover
     new = plan.new
     assert (new["Version"], new["Status"], new["PartitionKey"]) == (1, int(Status.PROCESSING), PK)
@@ -75,9 +75,9 @@ def test_a_valid_lock_refuses_another_caller_and_says_until_when():
 
 def test_the_same_request_asked_again_while_its_lock_holds_is_replayed():
     current = locked(60, request_id="req-1")
-    again = LockRequest(KEY, WriteContext(), 60, "req-1")
+    again = LockOrder(KEY, WriteContext(), 60, "req-1")
     assert decide_lock(current, again, partition=PK, now=at(5), judged=at(5)).replay
-    other = LockRequest(KEY, WriteContext(), 60, "req-2")
+    other = LockOrder(KEY, WriteContext(), 60, "req-2")
     assert decide_lock(current, other, partition=PK, now=at(5), judged=at(5)).refused is not None
 
 
