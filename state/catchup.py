@@ -442,7 +442,7 @@ class Catchup:
     def _expire(self, head: Head, now: datetime) -> bool:
         if (
             head.status not in (Status.PROCESSED, Status.SKIPPED, Status.FAILED)
-            or retain_until(head.entity) > now
+            or retain_until(head.row) > now
         ):
             return False
         self._store.conclude(head, Status.EXPIRED, substatus="RetentionExpired", error=None, now=now)

@@ -28,6 +28,7 @@ from state.keys import (
 )
 from state.lifecycle import FINISHED, Head, WriteContext, effective_status
 from state.model import EXISTS_STATUSES, SETTABLE_STATUSES, Scope, Status
+from state.rows import StateRow
 from state.schemas import (
     DEFAULT_LOCK_SECONDS,
     ExistsResponse,
@@ -188,42 +189,40 @@ def meta() -> StateMeta:
     )
 
 
-def _dt(value: Any) -> datetime | None:
-    return value if isinstance(value, datetime) else None
-
-
 def to_record(entity: dict[str, Any], now: datetime) -> Record:
-    scope = Scope(int(entity["ScopeId"]))
-    fields = parse_row_key(str(entity["RowKey"]), scope)
-    stored = Status(int(entity["Status"]))
-    status = effective_status(entity, now) if stored is not Status.SUPERSEDED else stored
-    recorded = entity.get("RecordedStatus")
-    execution = entity.get("EntityExecutionId")
+    """The API's record of a stored head or history row (a history row answers with its own status as
+    ``originalStatus``; a finished head past its retention answers Expired)."""
+    row = StateRow.from_entity(entity)
+    assert row.scope_id is not None and row.status is not None
+    scope = Scope(row.scope_id)
+    fields = parse_row_key(row.row_key, scope)
+    status = effective_status(row, now) if row.status is not Status.SUPERSEDED else row.status
+    assert row.tenant_id is not None and row.entity_id is not None and row.version is not None
     return Record(
-        tenant_id=int(entity["TenantId"]),
+        tenant_id=row.tenant_id,
         scope_id=int(scope),
         scope=scope.code,
-        entity_id=int(entity["EntityId"]),
-        entity_execution_id=int(execution) if execution is not None else None,
-        source_app_id=int(entity["SourceAppId"]) if entity.get("SourceAppId") is not None else None,
+        entity_id=row.entity_id,
+        entity_execution_id=row.entity_execution_id,
+        source_app_id=row.source_app_id,
         item_key=str(fields["item_key"]),
         item_entity_key=str(fields["item_entity_key"]),
         sub_item_key=str(fields["sub_item_key"]),
         sub_item_entity_key=str(fields["sub_item_entity_key"]),
         status=status.label,
         status_code=int(status),
-        original_status=Status(int(recorded)).label if recorded is not None else None,
-        substatus=entity.get("Substatus"),
-        error=entity.get("Error"),
-        note=entity.get("Note"),
+        original_status=row.recorded_status.label if row.recorded_status is not None else None,
+        substatus=row.substatus,
+        error=row.error,
+        note=row.note,
         data=envelope.decode(entity),
-        version=int(entity["Version"]),
-        handler_key=entity.get("HandlerKey"),
-        locked_at=_dt(entity.get("LockedAt")),
-        locked_until=_dt(entity.get("LockedUntil")),
-        created_at=_dt(entity.get("CreatedAt")),
-        updated_at=_dt(entity.get("UpdatedAt")),
-        superseded_at=_dt(entity.get("SupersededAt")),
+        version=row.version,
+        handler_key=row.handler_key,
+        locked_at=row.locked_at,
+        locked_until=row.locked_until,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+        superseded_at=row.superseded_at,
     )
 
 
@@ -247,7 +246,7 @@ class BuiltInHandler:
         if head is None:
             telemetry.annotate({"settle.status_before": Status.NONE.label})
             return ExistsResponse(exists=False, status=Status.NONE.label)
-        status = effective_status(head.entity, self._store.now())
+        status = effective_status(head.row, self._store.now())
         telemetry.annotate({"settle.status_before": status.label})
         return ExistsResponse(exists=status in EXISTS_STATUSES, status=status.label)
 

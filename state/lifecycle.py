@@ -22,6 +22,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from functools import cached_property
 from typing import Any, Literal
 
 from common.clock import epoch_ms, from_epoch_ms, iso, to_ms
@@ -38,6 +39,7 @@ from state.keys import (
     index_row_key,
 )
 from state.model import LockDecision, RecordKey, Status, lock_decision
+from state.rows import LOCK_INDEX_KEY, RETAIN_INDEX_KEY, IndexRow, StateRow
 from state.schemas import PreviousAttempt
 from state.token import LockClaims, key_digest
 
@@ -46,7 +48,7 @@ from state.token import LockClaims, key_digest
 NEVER = datetime(9999, 12, 31, tzinfo=UTC)
 FINISHED = frozenset({Status.PROCESSED, Status.SKIPPED, Status.FAILED})
 # Head columns naming the head's own index rows (deleted by the transaction that replaces the head).
-INDEX_COLUMNS = {"LockIndexKey": LOCK_KIND, "RetainIndexKey": RETENTION_KIND}
+INDEX_COLUMNS = {LOCK_INDEX_KEY: LOCK_KIND, RETAIN_INDEX_KEY: RETENTION_KIND}
 # The substatus catch-up gives a lock that expired before its holder recorded an outcome.
 LOCK_EXPIRED = "LockExpired"
 LOCK_TAKEN_OVER = "LockTakenOver"
@@ -68,48 +70,54 @@ _WRITTEN_COLUMNS = ("Version", "Status", "UpdatedAt", "LockId", "LockedUntil", "
 
 
 # -- what a head says ----------------------------------------------------------------------------------
-def retain_until(entity: dict[str, Any]) -> datetime:
-    value = entity.get("RetainUntil")
-    return value if isinstance(value, datetime) else NEVER
+def retain_until(row: StateRow) -> datetime:
+    return row.retain_until if row.retain_until is not None else NEVER
 
 
-def retention_expired(entity: dict[str, Any], now: datetime) -> bool:
+def retention_expired(row: StateRow, now: datetime) -> bool:
     """A finished record past its handler's retention window counts as Expired (may be redone)."""
-    return Status(int(entity["Status"])) in FINISHED and retain_until(entity) <= now
+    return row.status in FINISHED and retain_until(row) <= now
 
 
-def effective_status(entity: dict[str, Any], now: datetime) -> Status:
-    if retention_expired(entity, now):
+def effective_status(row: StateRow, now: datetime) -> Status:
+    if retention_expired(row, now):
         return Status.EXPIRED
-    return Status(int(entity["Status"]))
+    assert row.status is not None
+    return row.status
 
 
 @dataclass(frozen=True)
 class Head:
-    """A record's head row as read or written, with its ETag."""
+    """A record's head row as read or written, with its ETag. ``row`` is the same row typed."""
 
     entity: dict[str, Any]
     etag: str
 
+    @cached_property
+    def row(self) -> StateRow:
+        return StateRow.from_entity(self.entity)
+
     @property
     def status(self) -> Status:
-        return Status(int(self.entity["Status"]))
+        assert self.row.status is not None
+        return self.row.status
 
     @property
     def version(self) -> int:
-        return int(self.entity["Version"])
+        assert self.row.version is not None
+        return self.row.version
 
     @property
     def locked_until(self) -> datetime | None:
-        value = self.entity.get("LockedUntil")
-        return value if isinstance(value, datetime) else None
+        return self.row.locked_until
 
     def retention_expired(self, now: datetime) -> bool:
-        return retention_expired(self.entity, now)
+        return retention_expired(self.row, now)
 
     def index_keys(self) -> dict[str, str]:
         """The index rows this head owns, by column."""
-        return {c: str(self.entity[c]) for c in INDEX_COLUMNS if self.entity.get(c)}
+        keys = {LOCK_INDEX_KEY: self.row.lock_index_key, RETAIN_INDEX_KEY: self.row.retain_index_key}
+        return {c: key for c, key in keys.items() if key}
 
 
 @dataclass(frozen=True)
@@ -122,21 +130,14 @@ class WriteContext:
     retention_seconds: int | None = None
 
 
-def previous_attempt(entity: dict[str, Any]) -> PreviousAttempt:
+def previous_attempt(row: StateRow) -> PreviousAttempt:
     """The attempt a head (or, by its ``RecordedStatus``, a history row) stands for. Its lock expired
     when it is still Processing (taken over now) or catch-up concluded it ``LockExpired``: the holder
     may have done part of the work."""
-    status = Status(int(entity.get("RecordedStatus", entity["Status"])))
-    expired = status is Status.PROCESSING or (
-        status is Status.FAILED and entity.get("Substatus") == LOCK_EXPIRED
-    )
-    error = entity.get("Error")
-    return PreviousAttempt(
-        status=status.label,
-        error=error if isinstance(error, str) else None,
-        lock_expired=expired,
-        version=int(entity["Version"]),
-    )
+    status = row.recorded_status or row.status
+    assert status is not None and row.version is not None
+    expired = status is Status.PROCESSING or (status is Status.FAILED and row.substatus == LOCK_EXPIRED)
+    return PreviousAttempt(status=status.label, error=row.error, lock_expired=expired, version=row.version)
 
 
 @dataclass(frozen=True)
@@ -341,7 +342,7 @@ def decide_lock(
             held = current.locked_until if current.status is Status.PROCESSING else None
             refused = LockOutcome(
                 acquired=False,
-                status=effective_status(current.entity, now),
+                status=effective_status(current.row, now),
                 locked_until=held,
                 reason=decision.reason,
             )
@@ -442,24 +443,25 @@ def as_written(row: dict[str, Any], claims: LockClaims, head_row: str) -> Head |
 # -- tokens --------------------------------------------------------------------------------------------
 def claims_of(key: RecordKey, head: Head) -> LockClaims:
     """The token claims of a Processing head: everything needed to rebuild it (see :func:`entity_of`)."""
-    entity = head.entity
-    retention = entity.get("RetentionSeconds")
+    row = head.row
+    assert row.lock_id and row.locked_at and row.locked_until and row.updated_at and row.created_at
+    assert row.handler_key is not None
     return LockClaims(
-        lock_id=str(entity["LockId"]),
+        lock_id=row.lock_id,
         key_digest=key_digest(key),
         version=head.version,
         etag=head.etag,
-        locked_at_ms=epoch_ms(entity["LockedAt"]),
-        locked_until_ms=epoch_ms(entity["LockedUntil"]),
-        updated_at_ms=epoch_ms(entity["UpdatedAt"]),
-        created_at_ms=epoch_ms(entity["CreatedAt"]),
-        handler_key=str(entity["HandlerKey"]),
-        source_app_id=entity.get("SourceAppId"),
-        entity_execution_id=entity.get("EntityExecutionId"),
-        retention_seconds=plain_int(retention) if retention is not None else None,
-        substatus=entity.get("Substatus"),
-        note=entity.get("Note"),
-        request_id=entity.get("LockRequestId"),
+        locked_at_ms=epoch_ms(row.locked_at),
+        locked_until_ms=epoch_ms(row.locked_until),
+        updated_at_ms=epoch_ms(row.updated_at),
+        created_at_ms=epoch_ms(row.created_at),
+        handler_key=row.handler_key,
+        source_app_id=row.source_app_id,
+        entity_execution_id=row.entity_execution_id,
+        retention_seconds=row.retention_seconds,
+        substatus=row.substatus,
+        note=row.note,
+        request_id=row.lock_request_id,
     )
 
 
@@ -580,7 +582,7 @@ def plan_write(
         if keep_history:
             ops.append(insert(history_row(current, new)))
     ops += [delete(pk, row) for row in deleting]
-    ops += [insert({"PartitionKey": pk, "RowKey": row, "StateRK": rk}) for row in inserts]
+    ops += [insert(IndexRow(pk, row, rk).to_entity()) for row in inserts]
     ops += [merge(m) for m in markers]
     return WritePlan(ops=ops, deleting=list(deleting), inserting=list(inserts), markers=list(markers))
 

@@ -87,6 +87,7 @@ from state.lifecycle import (
     settled,
 )
 from state.model import RecordKey, Status
+from state.rows import StateRow
 from state.schemas import PreviousAttempt
 from state.token import LockClaims, key_digest
 
@@ -321,7 +322,7 @@ class StateStore:
                     raise
                 current = self.read_head(key)
                 continue
-            before = previous_attempt(current.entity) if current is not None else None
+            before = previous_attempt(current.row) if current is not None else None
             return self._acquired(key, head, takeover=plan.takeover, previous=before)
         raise Conflict("The record changed on every attempt to lock it; retry.", field="key")
 
@@ -349,10 +350,10 @@ class StateStore:
         if head.version <= 1:
             return None
         row = self._history_row(head, head.version - 1)
-        return previous_attempt(row) if row is not None else None
+        return previous_attempt(StateRow.from_entity(row)) if row is not None else None
 
     def _history_row(self, head: Head, version: int) -> dict[str, Any] | None:
-        pk, rk = str(head.entity["PartitionKey"]), str(head.entity["RowKey"])
+        pk, rk = head.row.partition_key, head.row.row_key
         try:
             return dict(self.table.get_entity(pk, history_row_key_of(rk, version)))
         except ResourceNotFoundError:
