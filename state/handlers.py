@@ -189,10 +189,9 @@ def meta() -> StateMeta:
     )
 
 
-def to_record(entity: dict[str, Any], now: datetime) -> Record:
+def to_record(row: StateRow, now: datetime) -> Record:
     """The API's record of a stored head or history row (a history row answers with its own status as
     ``originalStatus``; a finished head past its retention answers Expired)."""
-    row = StateRow.from_entity(entity)
     assert row.scope_id is not None and row.status is not None
     scope = Scope(row.scope_id)
     fields = parse_row_key(row.row_key, scope)
@@ -215,7 +214,7 @@ def to_record(entity: dict[str, Any], now: datetime) -> Record:
         substatus=row.substatus,
         error=row.error,
         note=row.note,
-        data=envelope.decode(entity),
+        data=envelope.decode(row.to_entity()),
         version=row.version,
         handler_key=row.handler_key,
         locked_at=row.locked_at,
@@ -303,7 +302,7 @@ class BuiltInHandler:
             require_processing=require_processing,
             digest=request_digest(req, status),
         )
-        return to_record(head.entity, self._store.now())
+        return to_record(head.row, self._store.now())
 
     def set(self, req: SetRequest) -> Record:
         status = settable_status(req.status)
@@ -319,7 +318,7 @@ class BuiltInHandler:
         head: Head | None = self._store.read_head(req.key.record_key())
         if head is None:
             raise NotFound("No record for this key.", field="key")
-        record = to_record(head.entity, self._store.now())
+        record = to_record(head.row, self._store.now())
         telemetry.annotate({"settle.status_before": record.status})
         return record
 
@@ -386,7 +385,7 @@ class BuiltInHandler:
         signer = self._store.signer() if token else None
         telemetry.annotate({"settle.items": len(entities), "settle.more": token is not None})
         return RecordPage(
-            items=[to_record(e, now) for e in entities],
+            items=[to_record(StateRow.from_entity(e), now) for e in entities],
             continuation_token=encode_continuation(signer, binding, token) if signer else None,
         )
 

@@ -156,6 +156,10 @@ class StateRow:
                 other[name] = value
         return cls(**known, data=data, other=other)
 
+    def with_data(self, properties: Mapping[str, Any]) -> StateRow:
+        """This row holding the data properties ``state/envelope.py`` built (``Data0`` .. and their count)."""
+        return StateRow.from_entity({**self.to_entity(), **properties})
+
     def to_entity(self) -> dict[str, Any]:
         """The Table entity of this row: each column that has a value, typed as the table holds it."""
         entity: dict[str, Any] = {}

@@ -76,7 +76,6 @@ from state.lifecycle import (
     concluded,
     conclusion_replayed,
     decide_lock,
-    entity_of,
     extended,
     index_changes,
     may_lock,
@@ -84,6 +83,7 @@ from state.lifecycle import (
     plan_write,
     previous_attempt,
     recorded,
+    row_of,
     settled,
 )
 from state.model import RecordKey, Status
@@ -196,7 +196,7 @@ class StateStore:
         if entity is None:
             return None
         if not is_claim(entity):
-            return Head(dict(entity), entity.metadata["etag"])
+            return Head.read(entity, entity.metadata["etag"])
         target = moved_to(entity)
         if skip is not None and target in skip:
             return None
@@ -213,7 +213,7 @@ class StateStore:
         entity = self._row_at(pk, rk)
         if entity is None or is_claim(entity):
             return None
-        return Head(dict(entity), entity.metadata["etag"])
+        return Head.read(entity, entity.metadata["etag"])
 
     def history_page(
         self, key: RecordKey, *, page_size: int, continuation: dict[str, str] | None
@@ -234,7 +234,7 @@ class StateStore:
         pk = self.layout.partition(key)
         if self.layout.earlier_partitions(key):  # a later page: continue where the record lives
             head = self.read_head(key)
-            pk = str(head.entity["PartitionKey"]) if head is not None else pk
+            pk = head.row.partition_key if head is not None else pk
         return self.query_page(
             query, {"pk": pk, "low": low, "high": high}, page_size=page_size, continuation=continuation
         )
@@ -303,7 +303,7 @@ class StateStore:
                 # (a record found in one is the key's record; decided on it instead of inserting a twin).
                 found = fence.claim_earlier(self.table, rk)
                 if found is not None:
-                    current = Head(dict(found), found.metadata["etag"])
+                    current = Head.read(found, found.metadata["etag"])
             plan = decide_lock(current, request, partition=pk, now=self.now(), judged=self.earliest())
             if plan.new is None:
                 assert current is not None  # a first version is always written
@@ -366,7 +366,7 @@ class StateStore:
         its start, when its outcome supersedes it. Fencing is unchanged: the lock id decides."""
         claims = self._check_token(key, token_text)
 
-        def build(current: Head, now: datetime) -> dict[str, Any]:
+        def build(current: Head, now: datetime) -> StateRow:
             return extended(current, now, lock_seconds)
 
         return self._acquired(key, self._fenced(key, claims, build, in_place=True))
@@ -387,7 +387,7 @@ class StateStore:
     ) -> Head:
         """Record an outcome (set, upsert, release). Fenced by ``token_text`` when given."""
 
-        def build(current: Head | None, now: datetime) -> dict[str, Any]:
+        def build(current: Head | None, now: datetime) -> StateRow:
             return recorded(
                 key,
                 ctx,
@@ -419,7 +419,7 @@ class StateStore:
             if current is None and fence is not None:  # a first version: fenced as a lock's (above)
                 found = fence.claim_earlier(self.table, head_row_key(key))
                 if found is not None:
-                    current = Head(dict(found), found.metadata["etag"])
+                    current = Head.read(found, found.metadata["etag"])
                     continue
             try:
                 return _noted(current, self._write(current, build(current, self.now()), fence=fence))
@@ -467,7 +467,7 @@ class StateStore:
         if claims.locked_until > self.latest():
             # Built in the current layout; a record of an earlier layout fails this write (404) and is
             # re-read where it lives.
-            current = Head(entity_of(key, claims, self.layout.partition(key)), claims.etag)
+            current = Head(row_of(key, claims, self.layout.partition(key)), claims.etag)
         for _ in range(_MAX_ATTEMPTS):
             if current is None:
                 head = self.read_head(key)
@@ -479,7 +479,7 @@ class StateStore:
                 current = check_holder(head, claims, self.latest())
             new = build(current, self.now())
             if concludes is not None:
-                closes(new, claims, digest)
+                new = closes(new, claims, digest)
             try:
                 return _noted(current, self._write(current, new, keep_history=not in_place))
             except Exception as exc:
@@ -497,13 +497,13 @@ class StateStore:
         if head.version <= claims.version + 1:
             return None
         row = self._history_row(head, claims.version + 1)
-        return as_written(row, claims, str(head.entity["RowKey"])) if row is not None else None
+        return as_written(StateRow.from_entity(row), claims, head.row.row_key) if row is not None else None
 
     # -- the one write ---------------------------------------------------------------------------------
     def _write(
         self,
         current: Head | None,
-        new: dict[str, Any],
+        new: StateRow,
         *,
         keep_history: bool = True,
         ready: Callable[[], object] | None = None,
@@ -519,7 +519,7 @@ class StateStore:
         ServerBusy: ``common.tables.SettleRetryPolicy``); an answer that leaves the outcome open is settled
         here by one read of the head."""
         check_size(new)
-        pk, rk = new["PartitionKey"], new["RowKey"]
+        pk, rk = new.partition_key, new.row_key
         deletes, inserts = index_changes(current, new)
         read_back = False  # an answer that left the outcome open: the head is read back at most once
         for _ in range(_WRITE_ATTEMPTS):
@@ -536,7 +536,7 @@ class StateStore:
                 ready()
             try:
                 if plan.single_insert:
-                    etag = self.table.create_entity(new, **RESEND_UNRECEIVED_ONLY)["etag"]
+                    etag = self.table.create_entity(plan.ops[0][1], **RESEND_UNRECEIVED_ONLY)["etag"]
                 else:
                     etag = self.table.submit_transaction(plan.ops, **RESEND_UNRECEIVED_ONLY)[0]["etag"]
             except Exception as exc:
@@ -585,14 +585,14 @@ class StateStore:
         if found is None:
             return False
         if not is_claim(found):
-            raise CreatedMeanwhile(Head(dict(found), found.metadata["etag"])) from exc
+            raise CreatedMeanwhile(Head.read(found, found.metadata["etag"])) from exc
         if fence is None:
             fence = Fence("state", pk, (), self.layout.era, self._layouts.forget)
         fence.clear_home(self.table, found)
         return True
 
     def _read_back(
-        self, pk: str, rk: str, current: Head | None, new: dict[str, Any], exc: Exception
+        self, pk: str, rk: str, current: Head | None, new: StateRow, exc: Exception
     ) -> Head | None:
         """After a write whose answer was lost: the head when it is the version ``new`` describes; None when
         nothing was written (ask again); else a conflict (``lifecycle.settled``)."""
@@ -617,7 +617,7 @@ class StateStore:
         *,
         version: int,
         created_at: datetime,
-    ) -> dict[str, Any]:
+    ) -> StateRow:
         partition = self.layout.partition(key)
         return new_head(key, ctx, status, now, partition=partition, version=version, created_at=created_at)
 
