@@ -5,7 +5,9 @@ extension, catch-up's Failed and Expired, and the history and expiry-index rows 
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from common.limits import int64
@@ -16,6 +18,7 @@ from state.lifecycle import WriteContext
 from state.model import RecordKey, Scope, Status
 from state.rows import IndexRow, StateRow
 from state.store import StateStore
+from tests.state.written_entities import written_entities
 from tests.support.memory_table import MemoryTables
 
 KEY = RecordKey(7, Scope.ELEMENT, 3, "invoice", "INV-rows", entity_execution_id=11)
@@ -108,3 +111,9 @@ def test_a_history_row_keeps_the_status_it_was_recorded_with() -> None:
         {"PartitionKey": "p", "RowKey": "r", "Status": int(Status.SUPERSEDED), "RecordedStatus": 2}
     )
     assert row.is_history and row.status is Status.SUPERSEDED and row.recorded_status is Status(2)
+
+
+def test_the_store_writes_the_entities_it_wrote_before_rows_were_typed() -> None:
+    """The same operations, properties, types and values as the code at 5c06c05 sent (recorded there)."""
+    before = json.loads((Path(__file__).parent / "entities_before_typed_rows.json").read_text())
+    assert written_entities() == before
