@@ -26,8 +26,8 @@ from state.keys import (
     marker_row_key,
     parse_index_row_key,
 )
+from state.lifecycle import WriteContext, lock_fields
 from state.model import RecordKey, Scope, Status
-from state.store import WriteContext, lock_fields
 
 BATCH = 100
 # Transactions sent at once while loading: Azurite and this process overlap (2 cores), and a busy machine
@@ -75,16 +75,16 @@ def bulk_records(
     by_partition: dict[str, list[dict[str, Any]]] = {}
     for i in range(count):
         key = RecordKey(tenant_id, Scope.ELEMENT, i % entity_ids, "bench", f"{run}-{i}")
-        entity = store._new_head(key, ctx, Status.PROCESSED, now, version=1, created_at=now)
+        entity = store._new_head(key, ctx, Status.PROCESSED, now, version=1, created_at=now).to_entity()
         by_partition.setdefault(str(entity["PartitionKey"]), []).append(entity)
     expired: list[RecordKey] = []
     pointers: set[tuple[int, str]] = set()
     until = now - timedelta(seconds=expired_ago_s)
     for i in range(expired_locks):
         key = RecordKey(tenant_id, Scope.ELEMENT, i % entity_ids, "bench-lock", f"{run}-{i}")
-        entity = store._new_head(key, ctx, Status.PROCESSING, until, version=1, created_at=until)
+        head = store._new_head(key, ctx, Status.PROCESSING, until, version=1, created_at=until)
         lock_id = uuid.uuid4().hex
-        lock_fields(entity, lock_id, until - timedelta(seconds=1), until)
+        entity = lock_fields(head, lock_id, until - timedelta(seconds=1), until).to_entity()
         pk, rk = str(entity["PartitionKey"]), str(entity["RowKey"])
         by_partition.setdefault(pk, []).extend([entity, index_entity(pk, LOCK_KIND, until, lock_id, rk)])
         pointers.add((bucket_of(parse_index_row_key(str(entity["LockIndexKey"]))[2]), pk))
@@ -93,9 +93,9 @@ def bulk_records(
     for i in range(live_locks):
         key = RecordKey(tenant_id, Scope.ELEMENT, i % entity_ids, "bench-live", f"{run}-{i}")
         due = now + timedelta(milliseconds=live_from_s * 1000 + (i * 7919) % (live_spread_s * 1000))
-        entity = store._new_head(key, ctx, Status.PROCESSING, now, version=1, created_at=now)
+        head = store._new_head(key, ctx, Status.PROCESSING, now, version=1, created_at=now)
         lock_id = uuid.uuid4().hex
-        lock_fields(entity, lock_id, now, due)
+        entity = lock_fields(head, lock_id, now, due).to_entity()
         pk, rk = str(entity["PartitionKey"]), str(entity["RowKey"])
         bucket = bucket_of(parse_index_row_key(str(entity["LockIndexKey"]))[2])
         rows = by_partition.setdefault(pk, [])

@@ -49,8 +49,9 @@ from common.settings import TableSettings
 from common.tables import Tables
 from state.catchup import Catchup, parallelism_from_env
 from state.keys import STATE_TABLE, Layout, is_marker, node_partition_range
+from state.lifecycle import WriteContext
 from state.model import RecordKey, Scope, Status
-from state.store import StateStore, WriteContext
+from state.store import StateStore
 
 SECTION = "scaleout"
 SHARD_COUNTS = (1, 4, 16)

@@ -89,7 +89,7 @@ def stuck(
                     or head.locked_until > moment
                 ):
                     continue
-                found.append((to_record(head.entity, moment), (*place, row_key)))
+                found.append((to_record(head.row, moment), (*place, row_key)))
             if len(found) > limit:
                 return [record for record, _ in found[:limit]], found[limit - 1][1]
     return [record for record, _ in found], None

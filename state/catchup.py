@@ -64,6 +64,7 @@ from state.expiry import ExpiryIndex, Pointer
 from state.keys import BUCKET_MS, LOCK_KIND, RETENTION_KIND, bucket_range, due_range, is_marker
 from state.lifecycle import INDEX_COLUMNS, Head, retain_until
 from state.model import Status
+from state.rows import IndexRow
 from state.store import StateStore
 
 log = logging.getLogger("settle.state.catchup")
@@ -381,9 +382,10 @@ class Catchup:
         conflicts = refusals = 0
         while conflicts < 3:
             try:
-                head = self._store.read_head_at(pointer.partition, str(row["StateRK"]))
+                index = IndexRow.from_entity(row)
+                head = self._store.read_head_at(index.partition_key, index.state_row_key)
                 result.records_read += 1
-                if head is None or head.entity.get(column) != row["RowKey"]:
+                if head is None or head.index_keys().get(column) != index.row_key:
                     self._drop_stale(pointer.partition, row)
                     result.stale_index_rows += 1
                     return True
@@ -427,14 +429,14 @@ class Catchup:
             now=now,
         )
         telemetry.add("settle.catchup.expired_locks")
-        entity = head.entity
+        row = head.row
         telemetry.current().event(
             "settle.catchup.lock_expired",
             {
-                "settle.tenant_id": entity.get("TenantId"),
-                "settle.entity_id": entity.get("EntityId"),
-                "settle.item_entity_key": entity.get("ItemEntityKey"),
-                "settle.lock_id": entity.get("LockId"),
+                "settle.tenant_id": row.tenant_id,
+                "settle.entity_id": row.entity_id,
+                "settle.item_entity_key": row.item_entity_key,
+                "settle.lock_id": row.lock_id,
             },
         )
         return True
@@ -442,7 +444,7 @@ class Catchup:
     def _expire(self, head: Head, now: datetime) -> bool:
         if (
             head.status not in (Status.PROCESSED, Status.SKIPPED, Status.FAILED)
-            or retain_until(head.entity) > now
+            or retain_until(head.row) > now
         ):
             return False
         self._store.conclude(head, Status.EXPIRED, substatus="RetentionExpired", error=None, now=now)

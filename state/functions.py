@@ -80,16 +80,17 @@ def _serve(
     response: type[BaseModel],
     responses: dict[int, str],
     summary: str,
+    call: Callable[[StateHandler, Any], Any],
     answer: Callable[[Any], Any] = _as_is,
 ) -> None:
-    """Register ``POST v1/state/<path>`` as ``state_<path>``: parse the body into ``request``, call the
-    handler method the path ends with, answer (``answer`` may add headers). The span is
-    ``settle.state.<method>``."""
+    """Register ``POST v1/state/<path>`` as ``state_<path>``: parse the body into ``request``, ``call`` the
+    handler method that serves it, answer (``answer`` may add headers). The span is
+    ``settle.state.<last part of the path>``."""
     method = path.rpartition("/")[2]
 
     def serve(req: func.HttpRequest) -> Any:
         body = parse_body(req, request)
-        return answer(getattr(_handler(body), method)(body))
+        return answer(call(_handler(body), body))
 
     serve.__name__ = serve.__qualname__ = "state_" + path.replace("/", "_")
     operation(
@@ -106,23 +107,78 @@ def _serve(
 
 
 # In the order the OpenAPI document lists them. A write answers 204 for the null handler (nothing written).
-_serve("exists", schemas.KeyRequest, schemas.ExistsResponse, _BAD, "Is the item Processed or Skipped?")
+_serve(
+    "exists",
+    schemas.KeyRequest,
+    schemas.ExistsResponse,
+    _BAD,
+    "Is the item Processed or Skipped?",
+    lambda handler, body: handler.exists(body),
+)
 _serve(
     "lock",
     schemas.LockRequest,
     schemas.LockResponse,
     _BAD,
     "Try to acquire the processing lock.",
+    lambda handler, body: handler.lock(body),
     _held_elsewhere,
 )
-_serve("lock/extend", schemas.ExtendRequest, schemas.ExtendResponse, _FENCED, "Extend a held lock (fenced).")
-_serve("set", schemas.SetRequest, schemas.Record, _WRITES, "Record Processed, Skipped or Failed.")
-_serve("upsert", schemas.UpsertRequest, schemas.Record, _WRITES, "Record Processed with new data.")
-_serve("release", schemas.ReleaseRequest, schemas.Record, _WRITES, "Release the lock as Failed.")
-_serve("get", schemas.KeyRequest, schemas.Record, {**_BAD, 404: "No record"}, "The current record.")
-_serve("query", schemas.QueryRequest, schemas.RecordPage, _BAD, "Records of a tenant, filtered and paged.")
 _serve(
-    "history", schemas.HistoryRequest, schemas.RecordPage, _BAD, "Every version of a record, newest first."
+    "lock/extend",
+    schemas.ExtendRequest,
+    schemas.ExtendResponse,
+    _FENCED,
+    "Extend a held lock (fenced).",
+    lambda handler, body: handler.extend(body),
+)
+_serve(
+    "set",
+    schemas.SetRequest,
+    schemas.Record,
+    _WRITES,
+    "Record Processed, Skipped or Failed.",
+    lambda handler, body: handler.set(body),
+)
+_serve(
+    "upsert",
+    schemas.UpsertRequest,
+    schemas.Record,
+    _WRITES,
+    "Record Processed with new data.",
+    lambda handler, body: handler.upsert(body),
+)
+_serve(
+    "release",
+    schemas.ReleaseRequest,
+    schemas.Record,
+    _WRITES,
+    "Release the lock as Failed.",
+    lambda handler, body: handler.release(body),
+)
+_serve(
+    "get",
+    schemas.KeyRequest,
+    schemas.Record,
+    {**_BAD, 404: "No record"},
+    "The current record.",
+    lambda handler, body: handler.get(body),
+)
+_serve(
+    "query",
+    schemas.QueryRequest,
+    schemas.RecordPage,
+    _BAD,
+    "Records of a tenant, filtered and paged.",
+    lambda handler, body: handler.query(body),
+)
+_serve(
+    "history",
+    schemas.HistoryRequest,
+    schemas.RecordPage,
+    _BAD,
+    "Every version of a record, newest first.",
+    lambda handler, body: handler.history(body),
 )
 
 

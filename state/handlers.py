@@ -27,8 +27,8 @@ from state.keys import (
     tenant_prefix,
 )
 from state.lifecycle import FINISHED, Head, WriteContext, effective_status
-from state.lifecycle import PreviousAttempt as Attempt
 from state.model import EXISTS_STATUSES, SETTABLE_STATUSES, Scope, Status
+from state.rows import StateRow
 from state.schemas import (
     DEFAULT_LOCK_SECONDS,
     ExistsResponse,
@@ -38,7 +38,6 @@ from state.schemas import (
     KeyRequest,
     LockRequest,
     LockResponse,
-    PreviousAttempt,
     QueryRequest,
     Record,
     RecordPage,
@@ -190,53 +189,39 @@ def meta() -> StateMeta:
     )
 
 
-def _dt(value: Any) -> datetime | None:
-    return value if isinstance(value, datetime) else None
-
-
-def to_record(entity: dict[str, Any], now: datetime) -> Record:
-    scope = Scope(int(entity["ScopeId"]))
-    fields = parse_row_key(str(entity["RowKey"]), scope)
-    stored = Status(int(entity["Status"]))
-    status = effective_status(entity, now) if stored is not Status.SUPERSEDED else stored
-    recorded = entity.get("RecordedStatus")
-    execution = entity.get("EntityExecutionId")
+def to_record(row: StateRow, now: datetime) -> Record:
+    """The API's record of a stored head or history row (a history row answers with its own status as
+    ``originalStatus``; a finished head past its retention answers Expired)."""
+    assert row.scope_id is not None and row.status is not None
+    scope = Scope(row.scope_id)
+    fields = parse_row_key(row.row_key, scope)
+    status = effective_status(row, now) if row.status is not Status.SUPERSEDED else row.status
+    assert row.tenant_id is not None and row.entity_id is not None and row.version is not None
     return Record(
-        tenant_id=int(entity["TenantId"]),
+        tenant_id=row.tenant_id,
         scope_id=int(scope),
         scope=scope.code,
-        entity_id=int(entity["EntityId"]),
-        entity_execution_id=int(execution) if execution is not None else None,
-        source_app_id=int(entity["SourceAppId"]) if entity.get("SourceAppId") is not None else None,
+        entity_id=row.entity_id,
+        entity_execution_id=row.entity_execution_id,
+        source_app_id=row.source_app_id,
         item_key=str(fields["item_key"]),
         item_entity_key=str(fields["item_entity_key"]),
         sub_item_key=str(fields["sub_item_key"]),
         sub_item_entity_key=str(fields["sub_item_entity_key"]),
         status=status.label,
         status_code=int(status),
-        original_status=Status(int(recorded)).label if recorded is not None else None,
-        substatus=entity.get("Substatus"),
-        error=entity.get("Error"),
-        note=entity.get("Note"),
-        data=envelope.decode(entity),
-        version=int(entity["Version"]),
-        handler_key=entity.get("HandlerKey"),
-        locked_at=_dt(entity.get("LockedAt")),
-        locked_until=_dt(entity.get("LockedUntil")),
-        created_at=_dt(entity.get("CreatedAt")),
-        updated_at=_dt(entity.get("UpdatedAt")),
-        superseded_at=_dt(entity.get("SupersededAt")),
-    )
-
-
-def _previous(attempt: Attempt | None) -> PreviousAttempt | None:
-    if attempt is None:
-        return None
-    return PreviousAttempt(
-        status=attempt.status.label,
-        error=attempt.error,
-        lock_expired=attempt.lock_expired,
-        version=attempt.version,
+        original_status=row.recorded_status.label if row.recorded_status is not None else None,
+        substatus=row.substatus,
+        error=row.error,
+        note=row.note,
+        data=envelope.decode(row.to_entity()),
+        version=row.version,
+        handler_key=row.handler_key,
+        locked_at=row.locked_at,
+        locked_until=row.locked_until,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+        superseded_at=row.superseded_at,
     )
 
 
@@ -260,7 +245,7 @@ class BuiltInHandler:
         if head is None:
             telemetry.annotate({"settle.status_before": Status.NONE.label})
             return ExistsResponse(exists=False, status=Status.NONE.label)
-        status = effective_status(head.entity, self._store.now())
+        status = effective_status(head.row, self._store.now())
         telemetry.annotate({"settle.status_before": status.label})
         return ExistsResponse(exists=status in EXISTS_STATUSES, status=status.label)
 
@@ -277,7 +262,7 @@ class BuiltInHandler:
             status=outcome.status.label,
             takeover=outcome.takeover,
             replayed=outcome.replayed,
-            previous_attempt=_previous(outcome.previous),
+            previous_attempt=outcome.previous,
         )
 
     def extend(self, req: ExtendRequest) -> ExtendResponse:
@@ -317,7 +302,7 @@ class BuiltInHandler:
             require_processing=require_processing,
             digest=request_digest(req, status),
         )
-        return to_record(head.entity, self._store.now())
+        return to_record(head.row, self._store.now())
 
     def set(self, req: SetRequest) -> Record:
         status = settable_status(req.status)
@@ -333,7 +318,7 @@ class BuiltInHandler:
         head: Head | None = self._store.read_head(req.key.record_key())
         if head is None:
             raise NotFound("No record for this key.", field="key")
-        record = to_record(head.entity, self._store.now())
+        record = to_record(head.row, self._store.now())
         telemetry.annotate({"settle.status_before": record.status})
         return record
 
@@ -400,7 +385,7 @@ class BuiltInHandler:
         signer = self._store.signer() if token else None
         telemetry.annotate({"settle.items": len(entities), "settle.more": token is not None})
         return RecordPage(
-            items=[to_record(e, now) for e in entities],
+            items=[to_record(StateRow.from_entity(e), now) for e in entities],
             continuation_token=encode_continuation(signer, binding, token) if signer else None,
         )
 

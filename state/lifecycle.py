@@ -20,14 +20,16 @@ refusal reads again and asks again. The rules, one function each:
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 from common.clock import epoch_ms, from_epoch_ms, iso, to_ms
 from common.errors import Conflict, LockLost, PayloadTooLarge
-from common.limits import MAX_ENTITY_BYTES, entity_size, int64, plain_int
-from common.transactions import Operation, Refusal, delete, insert, merge, replace
+from common.limits import MAX_ENTITY_BYTES, entity_size
+from common.transactions import Operation, Refusal, delete, insert, merge
+from common.transactions import replace as replace_entity
 from state import envelope
 from state.keys import (
     LOCK_KIND,
@@ -38,6 +40,8 @@ from state.keys import (
     index_row_key,
 )
 from state.model import LockDecision, RecordKey, Status, lock_decision
+from state.rows import LOCK_INDEX_KEY, RETAIN_INDEX_KEY, IndexRow, StateRow
+from state.schemas import PreviousAttempt
 from state.token import LockClaims, key_digest
 
 # A finished record with no retention is kept for ever; ``RetainUntil`` still holds a date so that query
@@ -45,70 +49,69 @@ from state.token import LockClaims, key_digest
 NEVER = datetime(9999, 12, 31, tzinfo=UTC)
 FINISHED = frozenset({Status.PROCESSED, Status.SKIPPED, Status.FAILED})
 # Head columns naming the head's own index rows (deleted by the transaction that replaces the head).
-INDEX_COLUMNS = {"LockIndexKey": LOCK_KIND, "RetainIndexKey": RETENTION_KIND}
+INDEX_COLUMNS = {LOCK_INDEX_KEY: LOCK_KIND, RETAIN_INDEX_KEY: RETENTION_KIND}
 # The substatus catch-up gives a lock that expired before its holder recorded an outcome.
 LOCK_EXPIRED = "LockExpired"
 LOCK_TAKEN_OVER = "LockTakenOver"
-# What a successor version inherits from the version it replaces.
-_IDENTITY = (
-    "PartitionKey",
-    "RowKey",
-    "TenantId",
-    "ScopeId",
-    "EntityId",
-    "ItemEntityKey",
-    "EntityExecutionId",
-    "SourceAppId",
-    "HandlerKey",
-    "RetentionSeconds",
-)
 # Every write sets a new Version and UpdatedAt (and a lock its own LockId): these tell versions apart.
-_WRITTEN_COLUMNS = ("Version", "Status", "UpdatedAt", "LockId", "LockedUntil", "ClosedLockId", "ClosedDigest")
+_WRITTEN = ("version", "status", "updated_at", "lock_id", "locked_until", "closed_lock_id", "closed_digest")
 
 
 # -- what a head says ----------------------------------------------------------------------------------
-def retain_until(entity: dict[str, Any]) -> datetime:
-    value = entity.get("RetainUntil")
-    return value if isinstance(value, datetime) else NEVER
+def retain_until(row: StateRow) -> datetime:
+    return row.retain_until if row.retain_until is not None else NEVER
 
 
-def retention_expired(entity: dict[str, Any], now: datetime) -> bool:
+def retention_expired(row: StateRow, now: datetime) -> bool:
     """A finished record past its handler's retention window counts as Expired (may be redone)."""
-    return Status(int(entity["Status"])) in FINISHED and retain_until(entity) <= now
+    return row.status in FINISHED and retain_until(row) <= now
 
 
-def effective_status(entity: dict[str, Any], now: datetime) -> Status:
-    if retention_expired(entity, now):
+def effective_status(row: StateRow, now: datetime) -> Status:
+    if retention_expired(row, now):
         return Status.EXPIRED
-    return Status(int(entity["Status"]))
+    assert row.status is not None
+    return row.status
 
 
 @dataclass(frozen=True)
 class Head:
     """A record's head row as read or written, with its ETag."""
 
-    entity: dict[str, Any]
+    row: StateRow
     etag: str
+
+    @classmethod
+    def read(cls, entity: Mapping[str, Any], etag: str) -> Head:
+        """The head a Table entity holds (as storage answered it)."""
+        return cls(StateRow.from_entity(entity), etag)
+
+    @property
+    def entity(self) -> dict[str, Any]:
+        """The head as a Table entity (what is written; a reader that sizes or copies the row)."""
+        return self.row.to_entity()
 
     @property
     def status(self) -> Status:
-        return Status(int(self.entity["Status"]))
+        assert self.row.status is not None
+        return self.row.status
 
     @property
     def version(self) -> int:
-        return int(self.entity["Version"])
+        assert self.row.version is not None
+        return self.row.version
 
     @property
     def locked_until(self) -> datetime | None:
-        value = self.entity.get("LockedUntil")
-        return value if isinstance(value, datetime) else None
+        return self.row.locked_until
 
     def retention_expired(self, now: datetime) -> bool:
-        return retention_expired(self.entity, now)
+        return retention_expired(self.row, now)
 
     def index_keys(self) -> dict[str, str]:
         """The index rows this head owns, by column."""
-        return {c: str(self.entity[c]) for c in INDEX_COLUMNS if self.entity.get(c)}
+        keys = {LOCK_INDEX_KEY: self.row.lock_index_key, RETAIN_INDEX_KEY: self.row.retain_index_key}
+        return {c: key for c, key in keys.items() if key}
 
 
 @dataclass(frozen=True)
@@ -121,31 +124,14 @@ class WriteContext:
     retention_seconds: int | None = None
 
 
-@dataclass(frozen=True)
-class PreviousAttempt:
-    """How the version a lock replaced ended: its status, its error, and whether its lock expired
-    (taken over now, or concluded ``LockExpired`` by catch-up before: the holder may have done part of
-    the work)."""
-
-    status: Status
-    error: str | None
-    lock_expired: bool
-    version: int
-
-
-def previous_attempt(entity: dict[str, Any]) -> PreviousAttempt:
-    """The attempt a head (or, by its ``RecordedStatus``, a history row) stands for."""
-    status = Status(int(entity.get("RecordedStatus", entity["Status"])))
-    expired = status is Status.PROCESSING or (
-        status is Status.FAILED and entity.get("Substatus") == LOCK_EXPIRED
-    )
-    error = entity.get("Error")
-    return PreviousAttempt(
-        status=status,
-        error=error if isinstance(error, str) else None,
-        lock_expired=expired,
-        version=int(entity["Version"]),
-    )
+def previous_attempt(row: StateRow) -> PreviousAttempt:
+    """The attempt a head (or, by its ``RecordedStatus``, a history row) stands for. Its lock expired
+    when it is still Processing (taken over now) or catch-up concluded it ``LockExpired``: the holder
+    may have done part of the work."""
+    status = row.recorded_status or row.status
+    assert status is not None and row.version is not None
+    expired = status is Status.PROCESSING or (status is Status.FAILED and row.substatus == LOCK_EXPIRED)
+    return PreviousAttempt(status=status.label, error=row.error, lock_expired=expired, version=row.version)
 
 
 @dataclass(frozen=True)
@@ -161,19 +147,19 @@ class LockOutcome:
 
 
 # -- building heads ------------------------------------------------------------------------------------
-def head_columns(key: RecordKey, partition: str, status: Status, handler_key: str) -> dict[str, Any]:
+def head_columns(key: RecordKey, partition: str, status: Status, handler_key: str) -> StateRow:
     """The columns every head starts with: its keys, the record's key fields, its status and handler."""
-    return {
-        "PartitionKey": partition,
-        "RowKey": head_row_key(key),
-        "TenantId": key.tenant_id,
-        "ScopeId": int(key.scope),
-        "EntityId": key.entity_id,
-        "ItemEntityKey": escape(key.item_entity_key),
-        "Status": int(status),
-        "HandlerKey": handler_key,
-        "RetainUntil": NEVER,
-    }
+    return StateRow(
+        partition_key=partition,
+        row_key=head_row_key(key),
+        tenant_id=key.tenant_id,
+        scope_id=int(key.scope),
+        entity_id=key.entity_id,
+        item_entity_key=escape(key.item_entity_key),
+        status=status,
+        handler_key=handler_key,
+        retain_until=NEVER,
+    )
 
 
 def new_head(
@@ -185,25 +171,27 @@ def new_head(
     partition: str,
     version: int = 1,
     created_at: datetime | None = None,
-) -> dict[str, Any]:
+) -> StateRow:
     """A head in ``status`` written at ``now`` (the first version unless ``version`` says otherwise)."""
-    entity = head_columns(key, partition, status, ctx.handler_key)
     execution = key.entity_execution_id if key.entity_execution_id is not None else ctx.entity_execution_id
-    if execution is not None:
-        entity["EntityExecutionId"] = execution
-    if ctx.source_app_id is not None:
-        entity["SourceAppId"] = ctx.source_app_id
-    if ctx.retention_seconds:
-        entity["RetentionSeconds"] = int64(ctx.retention_seconds)
-    entity.update(Version=version, CreatedAt=created_at or now, UpdatedAt=now, DataChunks=0)
+    row = replace(
+        head_columns(key, partition, status, ctx.handler_key),
+        entity_execution_id=execution,
+        source_app_id=ctx.source_app_id,
+        retention_seconds=ctx.retention_seconds or None,
+        version=version,
+        created_at=created_at or now,
+        updated_at=now,
+        data_chunks=0,
+    )
     if ctx.retention_seconds and status in FINISHED:
-        retain(entity, now + timedelta(seconds=ctx.retention_seconds))
-    return entity
+        row = retain(row, now + timedelta(seconds=ctx.retention_seconds))
+    return row
 
 
 def next_head(
     key: RecordKey, ctx: WriteContext, current: Head | None, status: Status, now: datetime, *, partition: str
-) -> dict[str, Any]:
+) -> StateRow:
     """The version after ``current`` (or the first one), in ``status``; a record stays in its partition."""
     if current is None:
         return new_head(key, ctx, status, now, partition=partition)
@@ -212,28 +200,31 @@ def next_head(
         ctx,
         status,
         now,
-        partition=str(current.entity["PartitionKey"]),
+        partition=current.row.partition_key,
         version=current.version + 1,
-        created_at=current.entity.get("CreatedAt", now),
+        created_at=current.row.created_at or now,
     )
 
 
-def lock_fields(entity: dict[str, Any], lock_id: str, locked_at: datetime, until: datetime) -> None:
-    """A Processing head's lock, and the index row that catch-up finds it by."""
+def lock_fields(row: StateRow, lock_id: str, locked_at: datetime, until: datetime) -> StateRow:
+    """``row`` as a Processing head's lock, with the index row that catch-up finds it by."""
     until = to_ms(until)
-    entity.update(
-        LockId=lock_id,
-        LockedAt=locked_at,
-        LockedUntil=until,
-        LockIndexKey=index_row_key(LOCK_KIND, epoch_ms(until), lock_id),
+    return replace(
+        row,
+        lock_id=lock_id,
+        locked_at=locked_at,
+        locked_until=until,
+        lock_index_key=index_row_key(LOCK_KIND, epoch_ms(until), lock_id),
     )
 
 
-def retain(entity: dict[str, Any], until: datetime) -> None:
-    """A finished head's retention deadline, and the index row that catch-up expires it by."""
+def retain(row: StateRow, until: datetime) -> StateRow:
+    """``row`` with a finished head's retention deadline, and the index row that catch-up expires it by."""
     until = to_ms(until)
-    entity.update(
-        RetainUntil=until, RetainIndexKey=index_row_key(RETENTION_KIND, epoch_ms(until), uuid.uuid4().hex)
+    return replace(
+        row,
+        retain_until=until,
+        retain_index_key=index_row_key(RETENTION_KIND, epoch_ms(until), uuid.uuid4().hex),
     )
 
 
@@ -248,55 +239,65 @@ def recorded(
     envelope_props: dict[str, Any] | None,
     substatus: str | None,
     error: str | None,
-) -> dict[str, Any]:
+) -> StateRow:
     """The head an outcome (set, upsert, release) writes after ``current``."""
     new = next_head(key, ctx, current, status, now, partition=partition)
     if envelope_props:
-        new.update(envelope_props)
+        new = new.with_data(envelope_props)
     if substatus is not None:
-        new["Substatus"] = substatus
+        new = replace(new, substatus=substatus)
     if error is not None:
-        new["Error"] = error
+        new = replace(new, error=error)
     return new
 
 
-def extended(current: Head, now: datetime, lock_seconds: int) -> dict[str, Any]:
+def extended(current: Head, now: datetime, lock_seconds: int) -> StateRow:
     """The same version with its lock moved to ``now + lock_seconds`` (same lock id, substatus, note)."""
-    new = dict(current.entity)
-    new["UpdatedAt"] = now
-    lock_fields(new, str(new["LockId"]), new["LockedAt"], now + timedelta(seconds=lock_seconds))
-    return new
+    row = current.row
+    assert row.lock_id is not None and row.locked_at is not None
+    return lock_fields(
+        replace(row, updated_at=now), row.lock_id, row.locked_at, now + timedelta(seconds=lock_seconds)
+    )
 
 
-def concluded(
-    current: Head, status: Status, *, substatus: str, error: str | None, now: datetime
-) -> dict[str, Any]:
+def concluded(current: Head, status: Status, *, substatus: str, error: str | None, now: datetime) -> StateRow:
     """Catch-up's successor of ``current``: a lock that expired (Failed) or a retention that ran out
-    (Expired, its data kept so the record can still be read)."""
-    new = {k: current.entity[k] for k in _IDENTITY if k in current.entity}
-    new.update(
-        Status=int(status),
-        Version=current.version + 1,
-        CreatedAt=current.entity.get("CreatedAt", now),
-        UpdatedAt=now,
-        Substatus=substatus,
-        RetainUntil=NEVER,
+    (Expired, its data kept so the record can still be read). It inherits the record's identity, its
+    handler and retention, nothing of the version it replaces."""
+    was = current.row
+    new = StateRow(
+        partition_key=was.partition_key,
+        row_key=was.row_key,
+        tenant_id=was.tenant_id,
+        scope_id=was.scope_id,
+        entity_id=was.entity_id,
+        item_entity_key=was.item_entity_key,
+        entity_execution_id=was.entity_execution_id,
+        source_app_id=was.source_app_id,
+        handler_key=was.handler_key,
+        retention_seconds=was.retention_seconds,
+        status=status,
+        version=current.version + 1,
+        created_at=was.created_at or now,
+        updated_at=now,
+        substatus=substatus,
+        retain_until=NEVER,
+        error=error,
     )
     if status is Status.EXPIRED:
-        new.update(envelope.data_properties(current.entity))
-    else:
-        new["DataChunks"] = 0
-        retention = current.entity.get("RetentionSeconds")
-        if retention is not None and status in FINISHED:
-            retain(new, now + timedelta(seconds=plain_int(retention)))
-    if error is not None:
-        new["Error"] = error
+        return new.with_data(envelope.data_properties(current.entity))
+    new = replace(new, data_chunks=0)
+    if was.retention_seconds is not None and status in FINISHED:
+        new = retain(new, now + timedelta(seconds=was.retention_seconds))
     return new
 
 
 # -- lock ----------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class LockRequest:
+class LockOrder:
+    """A lock call as the rule sees it: which record, who asks, for how long, and the caller's optional
+    request id (the same id while its lock holds gets that lock back)."""
+
     key: RecordKey
     ctx: WriteContext
     lock_seconds: int
@@ -309,7 +310,7 @@ class LockPlan:
     replaces an expired one), answer ``refused``, or ``replay``: hand back the lock ``current`` holds (the
     same request asked again)."""
 
-    new: dict[str, Any] | None = None
+    new: StateRow | None = None
     takeover: bool = False
     refused: LockOutcome | None = None
     replay: bool = False
@@ -329,7 +330,7 @@ def _judged(current: Head, judged: datetime) -> LockDecision:
 
 def decide_lock(
     current: Head | None,
-    request: LockRequest,
+    request: LockOrder,
     *,
     partition: str,
     now: datetime,
@@ -347,29 +348,27 @@ def decide_lock(
             held = current.locked_until if current.status is Status.PROCESSING else None
             refused = LockOutcome(
                 acquired=False,
-                status=effective_status(current.entity, now),
+                status=effective_status(current.row, now),
                 locked_until=held,
                 reason=decision.reason,
             )
             return LockPlan(refused=refused)
         takeover = decision.takeover
     new = next_head(request.key, request.ctx, current, Status.PROCESSING, now, partition=partition)
-    lock_fields(new, lock_id or uuid.uuid4().hex, now, now + timedelta(seconds=request.lock_seconds))
+    new = lock_fields(new, lock_id or uuid.uuid4().hex, now, now + timedelta(seconds=request.lock_seconds))
     if request.request_id is not None:
-        new["LockRequestId"] = request.request_id
+        new = replace(new, lock_request_id=request.request_id)
     if takeover and current is not None:
-        new.update(taken_over(current))
+        new = taken_over(new, current)
     return LockPlan(new=new, takeover=takeover)
 
 
-def taken_over(current: Head) -> dict[str, str]:
-    """What a lock that replaces an expired one records about it."""
+def taken_over(new: StateRow, current: Head) -> StateRow:
+    """``new``, a lock that replaces the expired one ``current`` holds, saying so."""
     previous = current.locked_until
     at = iso(previous) if previous is not None else "an unknown time"
-    return {
-        "Substatus": LOCK_TAKEN_OVER,
-        "Note": f"Took over lock {current.entity.get('LockId')} that expired at {at}.",
-    }
+    note = f"Took over lock {current.row.lock_id} that expired at {at}."
+    return replace(new, substatus=LOCK_TAKEN_OVER, note=note)
 
 
 def same_request(current: Head, request_id: str, now: datetime) -> bool:
@@ -377,7 +376,7 @@ def same_request(current: Head, request_id: str, now: datetime) -> bool:
     until = current.locked_until
     return (
         current.status is Status.PROCESSING
-        and current.entity.get("LockRequestId") == request_id
+        and current.row.lock_request_id == request_id
         and until is not None
         and until > now
     )
@@ -394,7 +393,7 @@ def check_release(current: Head | None) -> None:
 def check_holder(head: Head | None, claims: LockClaims, now: datetime) -> Head:
     """The head, if the token's lock still holds it at ``now`` (the latest the storage clock may read);
     else :class:`LockLost` saying why."""
-    if head is None or head.entity.get("LockId") != claims.i or head.status is not Status.PROCESSING:
+    if head is None or head.row.lock_id != claims.lock_id or head.status is not Status.PROCESSING:
         if head is None:
             why = "the record does not exist"
         elif head.status is Status.PROCESSING:
@@ -411,22 +410,21 @@ def check_holder(head: Head | None, claims: LockClaims, now: datetime) -> Head:
     return head
 
 
-def closes(new: dict[str, Any], claims: LockClaims, digest: str | None) -> None:
+def closes(new: StateRow, claims: LockClaims, digest: str | None) -> StateRow:
     """A write that records an outcome ends the token's lock: the head remembers which lock, and the
     request's digest, so the same request asked again is recognised (:func:`conclusion_replayed`)."""
-    new["ClosedLockId"] = claims.i
-    if digest is not None:
-        new["ClosedDigest"] = digest
+    closed_digest = digest if digest is not None else new.closed_digest
+    return replace(new, closed_lock_id=claims.lock_id, closed_digest=closed_digest)
 
 
 def closed_by(head: Head, claims: LockClaims) -> bool:
-    return head.entity.get("ClosedLockId") == claims.i
+    return head.row.closed_lock_id == claims.lock_id
 
 
 def conclusion_replayed(done: Head, concludes: Status, digest: str | None) -> bool:
     """``done`` ended the token's lock: True when it is this very request's outcome (answer it again);
     another request's ends in :class:`LockLost`."""
-    if done.status is concludes and done.entity.get("ClosedDigest") == digest:
+    if done.status is concludes and done.row.closed_digest == digest:
         return True
     raise LockLost(
         f"This lock already ended with {done.status.label} (another request). Nothing was written.",
@@ -434,65 +432,69 @@ def conclusion_replayed(done: Head, concludes: Status, digest: str | None) -> bo
     )
 
 
-def as_written(row: dict[str, Any], claims: LockClaims, head_row: str) -> Head | None:
+def as_written(row: StateRow, claims: LockClaims, head_row: str) -> Head | None:
     """The version a history ``row`` was written as, if it is the one that ended the token's lock."""
-    if row.get("ClosedLockId") != claims.i or row.get("RecordedStatus") is None:
+    if row.closed_lock_id != claims.lock_id or row.recorded_status is None:
         return None
-    row = dict(row)
-    row.update(RowKey=head_row, Status=int(row["RecordedStatus"]))
-    for column in ("RecordedStatus", "SupersededAt", "SupersededByVersion"):
-        row.pop(column, None)
-    return Head(row, "")
+    head = replace(
+        row,
+        row_key=head_row,
+        status=row.recorded_status,
+        recorded_status=None,
+        superseded_at=None,
+        superseded_by_version=None,
+    )
+    return Head(head, "")
 
 
 # -- tokens --------------------------------------------------------------------------------------------
 def claims_of(key: RecordKey, head: Head) -> LockClaims:
-    """The token claims of a Processing head: everything needed to rebuild it (see :func:`entity_of`)."""
-    entity = head.entity
-    retention = entity.get("RetentionSeconds")
+    """The token claims of a Processing head: everything needed to rebuild it (see :func:`row_of`)."""
+    row = head.row
+    assert row.lock_id and row.locked_at and row.locked_until and row.updated_at and row.created_at
+    assert row.handler_key is not None
     return LockClaims(
-        i=str(entity["LockId"]),
-        k=key_digest(key),
-        n=head.version,
-        e=head.etag,
-        a=epoch_ms(entity["LockedAt"]),
-        u=epoch_ms(entity["LockedUntil"]),
-        w=epoch_ms(entity["UpdatedAt"]),
-        c=epoch_ms(entity["CreatedAt"]),
-        h=str(entity["HandlerKey"]),
-        s=entity.get("SourceAppId"),
-        x=entity.get("EntityExecutionId"),
-        t=plain_int(retention) if retention is not None else None,
-        b=entity.get("Substatus"),
-        o=entity.get("Note"),
-        q=entity.get("LockRequestId"),
+        lock_id=row.lock_id,
+        key_digest=key_digest(key),
+        version=head.version,
+        etag=head.etag,
+        locked_at_ms=epoch_ms(row.locked_at),
+        locked_until_ms=epoch_ms(row.locked_until),
+        updated_at_ms=epoch_ms(row.updated_at),
+        created_at_ms=epoch_ms(row.created_at),
+        handler_key=row.handler_key,
+        source_app_id=row.source_app_id,
+        entity_execution_id=row.entity_execution_id,
+        retention_seconds=row.retention_seconds,
+        substatus=row.substatus,
+        note=row.note,
+        request_id=row.lock_request_id,
     )
 
 
-def entity_of(key: RecordKey, claims: LockClaims, partition: str) -> dict[str, Any]:
+def row_of(key: RecordKey, claims: LockClaims, partition: str) -> StateRow:
     """The Processing head a token was issued for, column for column (its history row copies it)."""
-    entity = head_columns(key, partition, Status.PROCESSING, claims.h)
-    entity.update(
-        Version=claims.n, CreatedAt=from_epoch_ms(claims.c), UpdatedAt=from_epoch_ms(claims.w), DataChunks=0
+    row = replace(
+        head_columns(key, partition, Status.PROCESSING, claims.handler_key),
+        version=claims.version,
+        created_at=from_epoch_ms(claims.created_at_ms),
+        updated_at=from_epoch_ms(claims.updated_at_ms),
+        data_chunks=0,
+        entity_execution_id=claims.entity_execution_id,
+        source_app_id=claims.source_app_id,
+        substatus=claims.substatus,
+        note=claims.note,
+        retention_seconds=claims.retention_seconds,
+        lock_request_id=claims.request_id,
     )
-    optional = {
-        "EntityExecutionId": claims.x,
-        "SourceAppId": claims.s,
-        "Substatus": claims.b,
-        "Note": claims.o,
-    }
-    entity.update({k: v for k, v in optional.items() if v is not None})
-    if claims.t is not None:
-        entity["RetentionSeconds"] = int64(claims.t)
-    if claims.q is not None:
-        entity["LockRequestId"] = claims.q
-    lock_fields(entity, claims.i, from_epoch_ms(claims.a), from_epoch_ms(claims.u))
-    return entity
+    return lock_fields(
+        row, claims.lock_id, from_epoch_ms(claims.locked_at_ms), from_epoch_ms(claims.locked_until_ms)
+    )
 
 
 # -- one write: the rows that change together ----------------------------------------------------------
-def check_size(new: dict[str, Any]) -> None:
-    size = entity_size(new)
+def check_size(new: StateRow) -> None:
+    size = entity_size(new.to_entity())
     if size > MAX_ENTITY_BYTES:
         raise PayloadTooLarge(
             f"The record would take {size} bytes in Table Storage; the limit is "
@@ -502,26 +504,28 @@ def check_size(new: dict[str, Any]) -> None:
         )
 
 
-def index_changes(current: Head | None, new: dict[str, Any]) -> tuple[list[str], list[str]]:
+def index_changes(current: Head | None, new: StateRow) -> tuple[list[str], list[str]]:
     """The expiry-index rows a write deletes (``current`` names them, ``new`` does not) and inserts."""
     old = current.index_keys() if current is not None else {}
-    fresh = {c: str(new[c]) for c in INDEX_COLUMNS if new.get(c)}
+    fresh = Head(new, "").index_keys()
     deletes = [row for c, row in old.items() if fresh.get(c) != row]
     inserts = [row for c, row in fresh.items() if old.get(c) != row]
     return deletes, inserts
 
 
-def history_row(current: Head, new: dict[str, Any]) -> dict[str, Any]:
-    """``current`` as the history row ``new`` supersedes it with (its own status kept as recorded)."""
-    history = {k: v for k, v in current.entity.items() if k not in INDEX_COLUMNS}
-    history.update(
-        RowKey=history_row_key_of(str(new["RowKey"]), current.version),
-        Status=int(Status.SUPERSEDED),
-        RecordedStatus=int(current.status),
-        SupersededAt=new["UpdatedAt"],
-        SupersededByVersion=new["Version"],
+def history_row(current: Head, new: StateRow) -> StateRow:
+    """``current`` as the history row ``new`` supersedes it with (its own status kept as recorded; the
+    index rows stay the head's)."""
+    return replace(
+        current.row,
+        lock_index_key=None,
+        retain_index_key=None,
+        row_key=history_row_key_of(new.row_key, current.version),
+        status=Status.SUPERSEDED,
+        recorded_status=current.status,
+        superseded_at=new.updated_at,
+        superseded_by_version=new.version,
     )
-    return history
 
 
 @dataclass(frozen=True)
@@ -560,7 +564,7 @@ def _missing_at[T](refused: Refusal, first: int, items: list[T]) -> T | None:
 
 def plan_write(
     current: Head | None,
-    new: dict[str, Any],
+    new: StateRow,
     *,
     keep_history: bool,
     deleting: list[str],
@@ -572,16 +576,16 @@ def plan_write(
     the index rows ``deleting`` (unconditionally: the head's If-Match proves they are current), insert
     ``inserts`` pointing at the head, and merge their minutes' ``markers`` (``If-Match: *``: a marker
     catch-up removed fails the write, so no index row lands in a closed minute)."""
-    pk, rk = new["PartitionKey"], new["RowKey"]
+    pk, rk = new.partition_key, new.row_key
     ops: list[Operation] = []
     if current is None:
-        ops.append(insert(new))
+        ops.append(insert(new.to_entity()))
     else:
-        ops.append(replace(new, current.etag))
+        ops.append(replace_entity(new.to_entity(), current.etag))
         if keep_history:
-            ops.append(insert(history_row(current, new)))
+            ops.append(insert(history_row(current, new).to_entity()))
     ops += [delete(pk, row) for row in deleting]
-    ops += [insert({"PartitionKey": pk, "RowKey": row, "StateRK": rk}) for row in inserts]
+    ops += [insert(IndexRow(pk, row, rk).to_entity()) for row in inserts]
     ops += [merge(m) for m in markers]
     return WritePlan(ops=ops, deleting=list(deleting), inserting=list(inserts), markers=list(markers))
 
@@ -590,11 +594,11 @@ def plan_write(
 Settled = Literal["applied", "not-applied", "changed"]
 
 
-def settled(read: Head | None, current: Head | None, new: dict[str, Any]) -> Settled:
+def settled(read: Head | None, current: Head | None, new: StateRow) -> Settled:
     """Read back after a write whose answer was lost: ``applied`` when the head is the version ``new``
     describes; ``not-applied`` when it is still ``current`` (compared by ETag, so an extension, which keeps
     its Version, is told apart from the head it replaces); else ``changed`` (another writer's version)."""
-    if read is not None and is_version(read.entity, new):
+    if read is not None and is_version(read.row, new):
         return "applied"
     if (read is None and current is None) or (
         read is not None and current is not None and read.etag == current.etag
@@ -603,12 +607,12 @@ def settled(read: Head | None, current: Head | None, new: dict[str, Any]) -> Set
     return "changed"
 
 
-def is_version(entity: dict[str, Any], new: dict[str, Any]) -> bool:
-    """Is ``entity`` (read back) the version ``new`` describes?"""
+def is_version(row: StateRow, new: StateRow) -> bool:
+    """Is ``row`` (read back) the version ``new`` describes?"""
     return all(
-        _same_value(entity.get(column), new.get(column))
-        for column in _WRITTEN_COLUMNS
-        if column in new or column in entity
+        _same_value(getattr(row, name), getattr(new, name))
+        for name in _WRITTEN
+        if getattr(new, name) is not None or getattr(row, name) is not None
     )
 
 

@@ -62,14 +62,9 @@ from state.keys import (
 )
 from state.layout import RecordedLayouts
 from state.lifecycle import (
-    FINISHED,
-    INDEX_COLUMNS,
-    LOCK_EXPIRED,
-    NEVER,
     Head,
+    LockOrder,
     LockOutcome,
-    LockRequest,
-    PreviousAttempt,
     WriteContext,
     as_written,
     check_holder,
@@ -81,43 +76,20 @@ from state.lifecycle import (
     concluded,
     conclusion_replayed,
     decide_lock,
-    effective_status,
-    entity_of,
     extended,
     index_changes,
-    lock_fields,
     may_lock,
     new_head,
     plan_write,
     previous_attempt,
     recorded,
-    retain_until,
-    retention_expired,
+    row_of,
     settled,
 )
 from state.model import RecordKey, Status
+from state.rows import StateRow
+from state.schemas import PreviousAttempt
 from state.token import LockClaims, key_digest
-
-# Names the rest of Settle (handlers, catch-up, management, bench) imports from here.
-__all__ = [
-    "FINISHED",
-    "HINT_BYTES",
-    "INDEX_COLUMNS",
-    "LOCK_EXPIRED",
-    "NEVER",
-    "Head",
-    "LockOutcome",
-    "PreviousAttempt",
-    "StateStore",
-    "WriteContext",
-    "claims_of",
-    "effective_status",
-    "entity_of",
-    "lock_fields",
-    "previous_attempt",
-    "retain_until",
-    "retention_expired",
-]
 
 # Writes of one call that meet another writer's change (then read again and re-decided) before giving up.
 _MAX_ATTEMPTS = 4
@@ -137,8 +109,11 @@ class StateStore:
         layout: Layout | None = None,
         accounts: Sequence[TableSource] | None = None,
         layouts: LayoutBook | None = None,
+        clock: Callable[[], datetime] | None = None,
     ) -> None:
         self._tables = tables
+        # A fixed clock (a model test's) reads the same for now, earliest and latest; None: the host's.
+        self._clock = clock
         # The state table's accounts: 0 is ``tables``; more from SETTLE_TABLES_{i} (ADR-0015).
         if accounts is None:
             accounts = [tables, *(Tables(s) for s in extra_accounts(tables.settings.prefix))]
@@ -186,21 +161,18 @@ class StateStore:
                     self._signer = load_signer(self._tables, EXPIRY_TABLE)
         return self._signer
 
-    @staticmethod
-    def now() -> datetime:
+    def now(self) -> datetime:
         """Now by the storage clock, to the millisecond (every instant Settle stores has that precision)."""
-        return to_ms(utcnow())
+        return to_ms(self._clock() if self._clock is not None else utcnow())
 
-    @staticmethod
-    def earliest() -> datetime:
+    def earliest(self) -> datetime:
         """The earliest the storage clock may read now (``common.clock.earliest_now``): what another
         holder's expiry is judged by (takeover, catch-up), so an uncertain clock waits, never steals."""
-        return to_ms(earliest_now())
+        return to_ms(self._clock() if self._clock is not None else earliest_now())
 
-    @staticmethod
-    def latest() -> datetime:
+    def latest(self) -> datetime:
         """The latest the storage clock may read now: what a holder's own lock is judged by (the fence)."""
-        return to_ms(latest_now())
+        return to_ms(self._clock() if self._clock is not None else latest_now())
 
     # -- reads -------------------------------------------------------------------------------------
     def read_head(self, key: RecordKey) -> Head | None:
@@ -224,7 +196,7 @@ class StateStore:
         if entity is None:
             return None
         if not is_claim(entity):
-            return Head(dict(entity), entity.metadata["etag"])
+            return Head.read(entity, entity.metadata["etag"])
         target = moved_to(entity)
         if skip is not None and target in skip:
             return None
@@ -241,7 +213,7 @@ class StateStore:
         entity = self._row_at(pk, rk)
         if entity is None or is_claim(entity):
             return None
-        return Head(dict(entity), entity.metadata["etag"])
+        return Head.read(entity, entity.metadata["etag"])
 
     def history_page(
         self, key: RecordKey, *, page_size: int, continuation: dict[str, str] | None
@@ -262,7 +234,7 @@ class StateStore:
         pk = self.layout.partition(key)
         if self.layout.earlier_partitions(key):  # a later page: continue where the record lives
             head = self.read_head(key)
-            pk = str(head.entity["PartitionKey"]) if head is not None else pk
+            pk = head.row.partition_key if head is not None else pk
         return self.query_page(
             query, {"pk": pk, "low": low, "high": high}, page_size=page_size, continuation=continuation
         )
@@ -302,7 +274,7 @@ class StateStore:
         # A lock is only taken when its token can be issued. A process that has not read its signing key
         # yet reads it beside the lock's first requests (the preparation of its expiry minute), and the
         # lock's write waits for it (a cold instance's first lock); every answer waits for it.
-        request = LockRequest(key, ctx, lock_seconds, request_id)
+        request = LockOrder(key, ctx, lock_seconds, request_id)
         if self._signer is not None:
             return self._lock(request, ready=_nothing)
         key_read = Beside(self.signer, name="settle-signing-key")
@@ -314,7 +286,7 @@ class StateStore:
         key_read.result()
         return outcome
 
-    def _lock(self, request: LockRequest, *, ready: Callable[[], object]) -> LockOutcome:
+    def _lock(self, request: LockOrder, *, ready: Callable[[], object]) -> LockOutcome:
         key = request.key
         pk, rk = self.layout.partition(key), head_row_key(key)
         known, current = self._hints.get(pk, rk)
@@ -331,7 +303,7 @@ class StateStore:
                 # (a record found in one is the key's record; decided on it instead of inserting a twin).
                 found = fence.claim_earlier(self.table, rk)
                 if found is not None:
-                    current = Head(dict(found), found.metadata["etag"])
+                    current = Head.read(found, found.metadata["etag"])
             plan = decide_lock(current, request, partition=pk, now=self.now(), judged=self.earliest())
             if plan.new is None:
                 assert current is not None  # a first version is always written
@@ -350,7 +322,7 @@ class StateStore:
                     raise
                 current = self.read_head(key)
                 continue
-            before = previous_attempt(current.entity) if current is not None else None
+            before = previous_attempt(current.row) if current is not None else None
             return self._acquired(key, head, takeover=plan.takeover, previous=before)
         raise Conflict("The record changed on every attempt to lock it; retry.", field="key")
 
@@ -378,10 +350,10 @@ class StateStore:
         if head.version <= 1:
             return None
         row = self._history_row(head, head.version - 1)
-        return previous_attempt(row) if row is not None else None
+        return previous_attempt(StateRow.from_entity(row)) if row is not None else None
 
     def _history_row(self, head: Head, version: int) -> dict[str, Any] | None:
-        pk, rk = str(head.entity["PartitionKey"]), str(head.entity["RowKey"])
+        pk, rk = head.row.partition_key, head.row.row_key
         try:
             return dict(self.table.get_entity(pk, history_row_key_of(rk, version)))
         except ResourceNotFoundError:
@@ -394,7 +366,7 @@ class StateStore:
         its start, when its outcome supersedes it. Fencing is unchanged: the lock id decides."""
         claims = self._check_token(key, token_text)
 
-        def build(current: Head, now: datetime) -> dict[str, Any]:
+        def build(current: Head, now: datetime) -> StateRow:
             return extended(current, now, lock_seconds)
 
         return self._acquired(key, self._fenced(key, claims, build, in_place=True))
@@ -415,7 +387,7 @@ class StateStore:
     ) -> Head:
         """Record an outcome (set, upsert, release). Fenced by ``token_text`` when given."""
 
-        def build(current: Head | None, now: datetime) -> dict[str, Any]:
+        def build(current: Head | None, now: datetime) -> StateRow:
             return recorded(
                 key,
                 ctx,
@@ -447,7 +419,7 @@ class StateStore:
             if current is None and fence is not None:  # a first version: fenced as a lock's (above)
                 found = fence.claim_earlier(self.table, head_row_key(key))
                 if found is not None:
-                    current = Head(dict(found), found.metadata["etag"])
+                    current = Head.read(found, found.metadata["etag"])
                     continue
             try:
                 return _noted(current, self._write(current, build(current, self.now()), fence=fence))
@@ -470,7 +442,7 @@ class StateStore:
     def _check_token(self, key: RecordKey, token_text: str) -> LockClaims:
         check_key_size(key)
         claims = LockClaims.decode(token_text, self.signer())
-        if claims.k != key_digest(key):
+        if claims.key_digest != key_digest(key):
             raise LockLost("The lock token belongs to another record.", field="lockToken")
         return claims
 
@@ -495,7 +467,7 @@ class StateStore:
         if claims.locked_until > self.latest():
             # Built in the current layout; a record of an earlier layout fails this write (404) and is
             # re-read where it lives.
-            current = Head(entity_of(key, claims, self.layout.partition(key)), claims.e)
+            current = Head(row_of(key, claims, self.layout.partition(key)), claims.etag)
         for _ in range(_MAX_ATTEMPTS):
             if current is None:
                 head = self.read_head(key)
@@ -507,7 +479,7 @@ class StateStore:
                 current = check_holder(head, claims, self.latest())
             new = build(current, self.now())
             if concludes is not None:
-                closes(new, claims, digest)
+                new = closes(new, claims, digest)
             try:
                 return _noted(current, self._write(current, new, keep_history=not in_place))
             except Exception as exc:
@@ -519,19 +491,19 @@ class StateStore:
     def _concluded_by(self, head: Head, claims: LockClaims) -> Head | None:
         """The version that ended the token's lock, if one did: the head, or, when newer versions followed
         (another worker re-locked, retention expired, catch-up), a point read of the version the token's
-        write created (``claims.n + 1``), as it was written (its recorded status, not Superseded)."""
+        write created (``claims.version + 1``), as it was written (its recorded status, not Superseded)."""
         if closed_by(head, claims):
             return head
-        if head.version <= claims.n + 1:
+        if head.version <= claims.version + 1:
             return None
-        row = self._history_row(head, claims.n + 1)
-        return as_written(row, claims, str(head.entity["RowKey"])) if row is not None else None
+        row = self._history_row(head, claims.version + 1)
+        return as_written(StateRow.from_entity(row), claims, head.row.row_key) if row is not None else None
 
     # -- the one write ---------------------------------------------------------------------------------
     def _write(
         self,
         current: Head | None,
-        new: dict[str, Any],
+        new: StateRow,
         *,
         keep_history: bool = True,
         ready: Callable[[], object] | None = None,
@@ -547,7 +519,7 @@ class StateStore:
         ServerBusy: ``common.tables.SettleRetryPolicy``); an answer that leaves the outcome open is settled
         here by one read of the head."""
         check_size(new)
-        pk, rk = new["PartitionKey"], new["RowKey"]
+        pk, rk = new.partition_key, new.row_key
         deletes, inserts = index_changes(current, new)
         read_back = False  # an answer that left the outcome open: the head is read back at most once
         for _ in range(_WRITE_ATTEMPTS):
@@ -564,7 +536,7 @@ class StateStore:
                 ready()
             try:
                 if plan.single_insert:
-                    etag = self.table.create_entity(new, **RESEND_UNRECEIVED_ONLY)["etag"]
+                    etag = self.table.create_entity(plan.ops[0][1], **RESEND_UNRECEIVED_ONLY)["etag"]
                 else:
                     etag = self.table.submit_transaction(plan.ops, **RESEND_UNRECEIVED_ONLY)[0]["etag"]
             except Exception as exc:
@@ -613,14 +585,14 @@ class StateStore:
         if found is None:
             return False
         if not is_claim(found):
-            raise CreatedMeanwhile(Head(dict(found), found.metadata["etag"])) from exc
+            raise CreatedMeanwhile(Head.read(found, found.metadata["etag"])) from exc
         if fence is None:
             fence = Fence("state", pk, (), self.layout.era, self._layouts.forget)
         fence.clear_home(self.table, found)
         return True
 
     def _read_back(
-        self, pk: str, rk: str, current: Head | None, new: dict[str, Any], exc: Exception
+        self, pk: str, rk: str, current: Head | None, new: StateRow, exc: Exception
     ) -> Head | None:
         """After a write whose answer was lost: the head when it is the version ``new`` describes; None when
         nothing was written (ask again); else a conflict (``lifecycle.settled``)."""
@@ -645,7 +617,7 @@ class StateStore:
         *,
         version: int,
         created_at: datetime,
-    ) -> dict[str, Any]:
+    ) -> StateRow:
         partition = self.layout.partition(key)
         return new_head(key, ctx, status, now, partition=partition, version=version, created_at=created_at)
 

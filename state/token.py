@@ -55,36 +55,42 @@ def key_digest(key: RecordKey) -> str:
 
 
 class LockClaims(BaseModel):
-    """The signed payload (short names keep the token short)."""
+    """The signed payload. On the wire each claim has a one-letter alias (the token stays short); in
+    code it has its name. The aliases and their order are the token format: tokens issued before the
+    names existed verify and read the same."""
 
-    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True, validate_by_name=True)
 
-    i: Annotated[str, Field(pattern=r"^[0-9a-f]{32}$")]  # lock id
-    k: Annotated[str, Field(pattern=r"^[0-9a-f]{32}$")]  # key digest
-    n: Annotated[int, Field(ge=1, le=INT32_MAX)]  # version
-    e: Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[\x21-\x7e]+$")]  # the head's ETag
-    a: _Ms  # lockedAt
-    u: _Ms  # lockedUntil
-    w: _Ms  # updatedAt of this version
-    c: _Ms  # createdAt of the record
-    h: Annotated[str, Field(min_length=1, max_length=32)]  # handler key
-    s: _Int32 | None = None  # sourceAppId of the locker
-    x: _Int32 | None = None  # entityExecutionId of the locker
-    t: Annotated[int, Field(ge=1, le=MAX_RETENTION_SECONDS)] | None = None  # retention seconds
-    b: Annotated[str, Field(max_length=64)] | None = None  # substatus (LockTakenOver)
-    o: Annotated[str, Field(max_length=1024)] | None = None  # note (which lock was taken over)
-    q: Annotated[str, Field(max_length=128)] | None = None  # the lock's requestId
-
-    @property
-    def lock_id(self) -> str:
-        return self.i
+    lock_id: Annotated[str, Field(pattern=r"^[0-9a-f]{32}$")] = Field(alias="i")
+    key_digest: Annotated[str, Field(pattern=r"^[0-9a-f]{32}$")] = Field(alias="k")
+    version: Annotated[int, Field(ge=1, le=INT32_MAX)] = Field(alias="n")
+    etag: Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[\x21-\x7e]+$")] = Field(alias="e")
+    locked_at_ms: _Ms = Field(alias="a")
+    locked_until_ms: _Ms = Field(alias="u")
+    updated_at_ms: _Ms = Field(alias="w")  # of this version
+    created_at_ms: _Ms = Field(alias="c")  # of the record
+    handler_key: Annotated[str, Field(min_length=1, max_length=32)] = Field(alias="h")
+    source_app_id: _Int32 | None = Field(default=None, alias="s")  # of the locker
+    entity_execution_id: _Int32 | None = Field(default=None, alias="x")  # of the locker
+    retention_seconds: Annotated[int, Field(ge=1, le=MAX_RETENTION_SECONDS)] | None = Field(
+        default=None, alias="t"
+    )
+    substatus: Annotated[str, Field(max_length=64)] | None = Field(default=None, alias="b")  # LockTakenOver
+    note: Annotated[str, Field(max_length=1024)] | None = Field(
+        default=None, alias="o"
+    )  # the lock taken over
+    request_id: Annotated[str, Field(max_length=128)] | None = Field(
+        default=None, alias="q"
+    )  # lock's requestId
 
     @property
     def locked_until(self) -> datetime:
-        return from_epoch_ms(self.u)
+        return from_epoch_ms(self.locked_until_ms)
 
     def encode(self, signer: Signer) -> str:
-        raw = json.dumps(self.model_dump(exclude_none=True), separators=(",", ":"), ensure_ascii=True)
+        raw = json.dumps(
+            self.model_dump(by_alias=True, exclude_none=True), separators=(",", ":"), ensure_ascii=True
+        )
         return signer.sign(PURPOSE, raw.encode("ascii"))
 
     @classmethod

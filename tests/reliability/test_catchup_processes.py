@@ -47,8 +47,8 @@ from state.keys import (
     parse_index_row_key,
     partition_key,
 )
+from state.lifecycle import WriteContext
 from state.model import RecordKey, Scope, Status
-from state.store import WriteContext
 from tests.conftest import new_prefix
 from tests.reliability.tally import TALLY, sized
 

@@ -1,7 +1,6 @@
-"""Storage answers that leave a write ambiguous, and clocks that are not what they seem (issue 23, items
-9-11): a retried write whose first attempt was applied gets back what it wrote; a lock whose answer was
-lost is the caller's own; one call writes one version; every expiry judgement allows for the clock
-estimate's uncertainty."""
+"""Storage answers that leave a write ambiguous, and clocks that are not what they seem: a retried write whose
+first attempt was applied gets back what it wrote; a lock whose answer was lost is the caller's own; one call
+writes one version; every expiry judgement allows for the clock estimate's uncertainty."""
 
 from __future__ import annotations
 
@@ -85,7 +84,7 @@ def versions(state: State, key: dict[str, Any]) -> list[int]:
     return [item["version"] for item in page.json["items"]]
 
 
-# --- item 10: a lock whose answer was lost is the caller's own ------------------------------------------
+# --- a lock whose answer was lost is the caller's own -------------------------------------------------------
 
 
 def test_a_lock_whose_answer_storage_lost_is_acquired_not_someone_elses(call, lose) -> None:
@@ -122,7 +121,7 @@ def test_one_call_writes_one_version_when_its_answer_is_lost(call, lose, operati
         assert answer.json["acquired"] is True, answer.json
     assert lose.lost == 1
     assert answer.status == 200, answer.body
-    # An extension rewrites the lock in place (issue 24): it adds no version; every other write adds one.
+    # An extension rewrites the lock in place: it adds no version; every other write adds one.
     added = [] if operation == "extend" else [before[0] + 1]
     assert versions(state, key) == [*added, *before]
 
@@ -155,7 +154,7 @@ def test_a_write_lost_before_it_reached_storage_is_sent_once_more(call, lose, op
     assert versions(state, key) == [*added, *before]
 
 
-# --- item 9: a retried fenced write whose first attempt was applied returns the record it wrote --------
+# --- a retried fenced write whose first attempt was applied returns the record it wrote ---------------------
 
 
 def test_a_retried_release_after_someone_relocked_returns_the_record_it_wrote(state, key) -> None:
@@ -190,10 +189,10 @@ def test_a_retried_set_after_the_record_expired_and_was_relocked_returns_the_rec
 def test_a_retried_fenced_write_after_catch_up_expired_its_record_returns_the_record_it_wrote(
     state, key, write: str
 ) -> None:
-    """Item 9's "catch-up's Expired" case on its own: the token's write was applied (its answer lost), then
-    catch-up concluded the record Expired (retention over) and nobody re-locked it. The retry is answered
-    with the record it wrote, not "lock lost"; it writes nothing, and another request with the token is
-    still refused."""
+    """The retried write after catch-up's Expired, on its own: the token's write was applied (its answer
+    lost), then catch-up concluded the record Expired (retention over) and nobody re-locked it. The retry is
+    answered with the record it wrote, not "lock lost"; it writes nothing, and another request with the token
+    is still refused."""
     handler = {"options": {"retentionSeconds": 1}}
     token = state.lock(key, lockSeconds=60, handler=handler).json["lockToken"]
 
@@ -221,7 +220,7 @@ def test_a_retried_fenced_write_after_catch_up_expired_its_record_returns_the_re
     assert versions(state, key)[0] == first.json["version"] + 1
 
 
-# --- item 11: every expiry judgement allows for the clock estimate's uncertainty ------------------------
+# --- every expiry judgement allows for the clock estimate's uncertainty -------------------------------------
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""What a long-running caller needs from the lock answer and from extensions (issue #24).
+"""What a long-running caller needs from the lock answer and from extensions.
 
 * The lock answer says how the previous attempt ended (``previousAttempt``: its status, its error, and
   whether it ended because its lock expired), the same whether the new lock took the expired lock over

@@ -22,8 +22,9 @@ from common.roundtrips import ROUND_TRIPS
 from state import service
 from state.catchup import Catchup
 from state.keys import EXPIRY_TABLE, STATE_TABLE, head_row_key, partition_key
+from state.lifecycle import WriteContext
 from state.schemas import KeyIn
-from state.store import StateStore, WriteContext
+from state.store import StateStore
 from tests.state.conftest import new_key
 
 BUCKET_MS = 60_000  # the expiry index's minute
@@ -244,7 +245,7 @@ def test_a_late_holder_of_a_caught_up_lock_gets_409(state, fresh_tables):
     lock = state.lock(key, lockSeconds=1).json
     time.sleep(2.0)
     # Catch-up on its own clock would wait out the estimate's uncertainty (up to seconds on a fresh
-    # instance, issue 23); this test is about the late holder, so catch-up runs at an instant surely past.
+    # instance); this test is about the late holder, so catch-up runs at an instant surely past.
     assert service.catchup().run(now=utcnow() + timedelta(seconds=10)).locks_failed == 1
     late = state.set(key, status="Processed", lockToken=lock["lockToken"])
     assert late.status == 409

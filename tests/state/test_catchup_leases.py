@@ -10,8 +10,8 @@ from datetime import timedelta
 from common import runtime
 from state.catchup import Catchup, CatchupResult
 from state.keys import STATE_TABLE, node_partition_range
+from state.lifecycle import WriteContext
 from state.model import RecordKey, Scope
-from state.store import WriteContext
 from tests.state.test_catchup_scale import _backlog, _outcome, _store
 
 

@@ -16,8 +16,9 @@ from common.settings import TableSettings
 from common.tables import Tables
 from state.catchup import Catchup
 from state.keys import STATE_TABLE, Layout, node_partition_range
+from state.lifecycle import WriteContext
 from state.model import RecordKey, Scope, Status
-from state.store import StateStore, WriteContext
+from state.store import StateStore
 
 
 class Threads(SansIOHTTPPolicy[Any, Any]):

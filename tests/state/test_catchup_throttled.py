@@ -1,4 +1,4 @@
-"""Catch-up under throttling (issue 21, item 5): storage answering 503 ServerBusy / 500 OperationTimedOut to
+"""Catch-up under throttling: storage answering 503 ServerBusy / 500 OperationTimedOut to
 catch-up's transactions delays it, never aborts the run. A state write is not retried by the SDK (the
 store settles an ambiguous answer itself, asking once more), so two refusals in a row reach catch-up: it
 backs off and tries the record again instead of giving up the whole run (every other worker's pointers

@@ -1,5 +1,5 @@
 """A cold instance's first lock reads the signing key beside its other first requests (``common.beside``),
-and still takes no lock whose token it cannot issue (issue 21, cold start).
+and still takes no lock whose token it cannot issue.
 
 Each test starts a new instance on empty tables (``fresh_tables``; ``runtime.reset``).
 """

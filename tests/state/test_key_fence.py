@@ -23,9 +23,9 @@ from common.fence import LayoutBehind
 from common.settings import TableSettings
 from common.tables import Tables
 from state.keys import STATE_TABLE, Layout, node_partition_range
-from state.lifecycle import LockOutcome
+from state.lifecycle import LockOutcome, WriteContext
 from state.model import RecordKey, Scope, Status
-from state.store import StateStore, WriteContext
+from state.store import StateStore
 
 # The layouts of one deployment, oldest first: 1 shard, then 4, back to 1 (a return), then 2.
 ERAS = [

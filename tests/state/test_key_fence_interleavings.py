@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 
 from common.fence import LayoutBehind
 from state.keys import Layout
-from state.lifecycle import LockOutcome
+from state.lifecycle import LockOutcome, WriteContext
 from state.model import RecordKey, Scope, Status
-from state.store import StateStore, WriteContext
+from state.store import StateStore
 from tests.support.examples import examples
 from tests.support.interleave import interleave
 from tests.support.memory_table import MemoryTables

@@ -18,7 +18,6 @@ from __future__ import annotations
 import copy
 from datetime import UTC, datetime, timedelta
 from typing import Any
-from unittest import mock
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -47,22 +46,14 @@ class Lifecycle(RuleBasedStateMachine):
     @initialize(retention=st.sampled_from([None, 30, 600]))
     def start(self, retention: int | None) -> None:
         self.now = T0
-        self.clock = mock.patch.multiple(
-            "state.store", utcnow=self._now, earliest_now=self._now, latest_now=self._now
-        )
-        self.clock.start()
         self.tables = MemoryTables()
-        self.store = StateStore(self.tables, layout=Layout(1))
+        self.store = StateStore(self.tables, layout=Layout(1), clock=self._now)
         self.pk = self.store.layout.partition(KEY)
         self.ctx = WriteContext(retention_seconds=retention)
         self.tokens: dict[int, str] = {}
         self.holder: tuple[int, str, datetime] | None = None  # caller, lock id, until (the model's own)
         self.history: dict[str, dict[str, Any]] = {}
         self.top_version = 0
-
-    def teardown(self) -> None:
-        if hasattr(self, "clock"):
-            self.clock.stop()
 
     def _now(self) -> datetime:
         return self.now

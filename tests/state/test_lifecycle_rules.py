@@ -14,7 +14,7 @@ from state.keys import head_row_key, history_row_key_of
 from state.lifecycle import (
     LOCK_TAKEN_OVER,
     Head,
-    LockRequest,
+    LockOrder,
     WriteContext,
     check_holder,
     check_release,
@@ -23,20 +23,21 @@ from state.lifecycle import (
     concluded,
     conclusion_replayed,
     decide_lock,
-    entity_of,
     extended,
     index_changes,
     new_head,
     plan_write,
     recorded,
+    row_of,
     settled,
 )
 from state.model import RecordKey, Scope, Status
+from state.rows import StateRow
 
 KEY = RecordKey(1, Scope.ELEMENT, 42, "invoice", "INV-1")
 PK = "1|4|42"
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
-LOCK = LockRequest(KEY, WriteContext(), 60)
+LOCK = LockOrder(KEY, WriteContext(), 60)
 
 
 def at(seconds: float) -> datetime:
@@ -45,7 +46,7 @@ def at(seconds: float) -> datetime:
 
 def locked(until_s: float = 60, *, request_id: str | None = None) -> Head:
     plan = decide_lock(
-        None, LockRequest(KEY, WriteContext(), int(until_s), request_id), partition=PK, now=T0, judged=T0
+        None, LockOrder(KEY, WriteContext(), int(until_s), request_id), partition=PK, now=T0, judged=T0
     )
     assert plan.new is not None
     return Head(plan.new, 'W/"1"')
@@ -58,9 +59,9 @@ def finished(status: Status, *, retention: int | None = None) -> Head:
 
 # -- lock ----------------------------------------------------------------------------------------------
 def test_a_first_lock_writes_version_1_processing_with_its_lock_and_index_row():
-    plan = decide_lock(None, LockRequest(KEY, WriteContext(), 30, "req-1"), partition=PK, now=T0, judged=T0)
+    plan = decide_lock(None, LockOrder(KEY, WriteContext(), 30, "req-1"), partition=PK, now=T0, judged=T0)
     assert plan.new is not None and not plan.takeover
-    new = plan.new
+    new = plan.new.to_entity()
     assert (new["Version"], new["Status"], new["PartitionKey"]) == (1, int(Status.PROCESSING), PK)
     assert new["LockedUntil"] == at(30) and new["LockRequestId"] == "req-1"
     assert new["LockIndexKey"].endswith(new["LockId"])
@@ -75,9 +76,9 @@ def test_a_valid_lock_refuses_another_caller_and_says_until_when():
 
 def test_the_same_request_asked_again_while_its_lock_holds_is_replayed():
     current = locked(60, request_id="req-1")
-    again = LockRequest(KEY, WriteContext(), 60, "req-1")
+    again = LockOrder(KEY, WriteContext(), 60, "req-1")
     assert decide_lock(current, again, partition=PK, now=at(5), judged=at(5)).replay
-    other = LockRequest(KEY, WriteContext(), 60, "req-2")
+    other = LockOrder(KEY, WriteContext(), 60, "req-2")
     assert decide_lock(current, other, partition=PK, now=at(5), judged=at(5)).refused is not None
 
 
@@ -85,8 +86,9 @@ def test_an_expired_lock_is_taken_over_as_the_next_version_and_says_whose_it_was
     current = locked(60)
     plan = decide_lock(current, LOCK, partition=PK, now=at(61), judged=at(61))
     assert plan.takeover and plan.new is not None
-    assert plan.new["Version"] == 2 and plan.new["Substatus"] == LOCK_TAKEN_OVER
-    assert current.entity["LockId"] in plan.new["Note"] and plan.new["LockId"] != current.entity["LockId"]
+    new = plan.new.to_entity()
+    assert new["Version"] == 2 and new["Substatus"] == LOCK_TAKEN_OVER
+    assert current.entity["LockId"] in new["Note"] and new["LockId"] != current.entity["LockId"]
 
 
 def test_an_expiry_is_judged_by_the_earliest_clock_reading_so_an_uncertain_clock_waits():
@@ -96,9 +98,9 @@ def test_an_expiry_is_judged_by_the_earliest_clock_reading_so_an_uncertain_clock
 
 
 def test_a_record_keeps_the_partition_it_was_created_in():
-    current = Head({**locked(1).entity, "PartitionKey": "old-partition"}, "e")
+    current = Head.read({**locked(1).entity, "PartitionKey": "old-partition"}, "e")
     plan = decide_lock(current, LOCK, partition=PK, now=at(2), judged=at(2))
-    assert plan.new is not None and plan.new["PartitionKey"] == "old-partition"
+    assert plan.new is not None and plan.new.partition_key == "old-partition"
 
 
 @pytest.mark.parametrize("status", [Status.PROCESSED, Status.SKIPPED])
@@ -107,12 +109,12 @@ def test_a_finished_record_refuses_a_lock_until_its_retention_ends(status: Statu
     refused = decide_lock(current, LOCK, partition=PK, now=at(10), judged=at(10)).refused
     assert refused is not None and refused.status is status and refused.locked_until is None
     after = decide_lock(current, LOCK, partition=PK, now=at(31), judged=at(31))
-    assert after.new is not None and not after.takeover and after.new["Version"] == 2
+    assert after.new is not None and not after.takeover and after.new.version == 2
 
 
 def test_a_failed_record_is_locked_again_without_a_takeover():
     plan = decide_lock(finished(Status.FAILED), LOCK, partition=PK, now=at(1), judged=at(1))
-    assert plan.new is not None and not plan.takeover and "Substatus" not in plan.new
+    assert plan.new is not None and not plan.takeover and plan.new.substatus is None
 
 
 # -- release and fencing -------------------------------------------------------------------------------
@@ -142,11 +144,11 @@ def test_a_token_writes_only_while_its_own_lock_holds_the_head():
 
 def test_a_token_rebuilds_the_head_it_was_issued_for_column_for_column():
     head = locked(60, request_id="r")
-    assert entity_of(KEY, claims_of(KEY, head), PK) == head.entity
+    assert row_of(KEY, claims_of(KEY, head), PK).to_entity() == head.entity
 
 
 def test_a_conclusion_asked_again_is_answered_and_another_requests_is_lock_lost():
-    done = Head({**finished(Status.PROCESSED).entity, "ClosedDigest": "d1"}, "e")
+    done = Head.read({**finished(Status.PROCESSED).entity, "ClosedDigest": "d1"}, "e")
     assert conclusion_replayed(done, Status.PROCESSED, "d1")
     with pytest.raises(LockLost, match="already ended with Processed"):
         conclusion_replayed(done, Status.PROCESSED, "d2")
@@ -166,7 +168,7 @@ def test_an_outcome_is_the_next_version_with_its_data_substatus_error_and_retent
         envelope_props={"D0": "x", "DataChunks": 1},
         substatus="Gave up",
         error="boom",
-    )
+    ).to_entity()
     assert (new["Version"], new["Status"], new["CreatedAt"], new["UpdatedAt"]) == (2, 3, T0, at(5))
     assert (new["D0"], new["Substatus"], new["Error"]) == ("x", "Gave up", "boom")
     assert new["RetainUntil"] == at(605) and "RetainIndexKey" in new and "LockId" not in new
@@ -174,23 +176,25 @@ def test_an_outcome_is_the_next_version_with_its_data_substatus_error_and_retent
 
 def test_an_extension_keeps_the_version_and_lock_and_moves_its_expiry_and_index_row():
     head = locked(60)
-    new = extended(head, at(30), 120)
+    new = extended(head, at(30), 120).to_entity()
     assert (new["Version"], new["LockId"], new["LockedAt"]) == (1, head.entity["LockId"], T0)
     assert new["LockedUntil"] == at(150) and new["LockIndexKey"] != head.entity["LockIndexKey"]
 
 
 def test_catch_up_fails_an_expired_lock_and_expires_a_finished_record_keeping_its_data():
-    failed = concluded(locked(1), Status.FAILED, substatus="LockExpired", error="expired", now=at(2))
+    failed = concluded(
+        locked(1), Status.FAILED, substatus="LockExpired", error="expired", now=at(2)
+    ).to_entity()
     assert (failed["Status"], failed["Version"], failed["DataChunks"]) == (3, 2, 0)
     assert "LockId" not in failed and failed["Error"] == "expired"
-    data = Head({**finished(Status.PROCESSED).entity, "Data0": "kept", "DataChunks": 1}, "e")
-    gone = concluded(data, Status.EXPIRED, substatus="RetentionExpired", error=None, now=at(9))
+    data = Head.read({**finished(Status.PROCESSED).entity, "Data0": "kept", "DataChunks": 1}, "e")
+    gone = concluded(data, Status.EXPIRED, substatus="RetentionExpired", error=None, now=at(9)).to_entity()
     assert (gone["Status"], gone["Data0"], gone["DataChunks"]) == (int(Status.EXPIRED), "kept", 1)
 
 
 def test_a_head_over_the_row_limit_is_refused_naming_the_data():
     with pytest.raises(PayloadTooLarge) as refused:
-        check_size({**locked().entity, "D0": "x" * 1_100_000})
+        check_size(StateRow.from_entity({**locked().entity, "D0": "x" * 1_100_000}))
     assert refused.value.field == "data"
 
 
@@ -200,9 +204,9 @@ def _kinds(ops: list[Any]) -> list[str]:
 
 
 def test_a_first_version_is_one_insert():
-    new = locked().entity
+    new = locked().row
     plan = plan_write(None, new, keep_history=True, deleting=[], inserts=[], markers=[])
-    assert plan.single_insert and plan.ops == [("create", new)]
+    assert plan.single_insert and plan.ops == [("create", new.to_entity())]
 
 
 def test_a_replacement_moves_head_history_and_index_rows_together_in_one_transaction():
@@ -242,6 +246,6 @@ def test_a_lost_answer_is_settled_by_the_head_read_back():
     new = extended(current, at(1), 60)
     assert settled(Head(new, "e2"), current, new) == "applied"
     assert settled(current, current, new) == "not-applied"  # same ETag: nothing was written
-    assert settled(None, None, locked().entity) == "not-applied"
+    assert settled(None, None, locked().row) == "not-applied"
     other = extended(current, at(2), 90)
     assert settled(Head(other, "e3"), current, new) == "changed"

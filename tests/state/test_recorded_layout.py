@@ -77,8 +77,9 @@ def test_instances_whose_copies_predate_a_change_never_lock_one_key_twice_across
     same moments, from before a change to 4 shards until after it took effect: each key is locked once
     (an instance's copy is refreshed before the change starts; in the guard before it, nothing routes)."""
     from common.layouts import LayoutBook, LayoutChanging
+    from state.lifecycle import WriteContext
     from state.schemas import KeyIn
-    from state.store import StateStore, WriteContext
+    from state.store import StateStore
 
     monkeypatch.setenv(layouts.REFRESH_SETTING, "1")  # copies a second old: the change starts 2.5 s on
     deployment(1)

@@ -1,4 +1,4 @@
-"""Throttled writes (issue 21, after issue 23's read-back): storage's 503 ``ServerBusy`` says the request
+"""Throttled writes: storage's 503 ``ServerBusy`` says the request
 was refused before it was received ("The server is currently unable to receive requests. Please retry your
 request.", Azure Storage common REST API error codes; such requests are not even billed, Storage Analytics
 "ThrottlingError ... 503 ... Billable: No"), so a write refused that way is sent again without reading the

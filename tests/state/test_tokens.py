@@ -163,7 +163,7 @@ def test_a_continuation_token_never_passes_as_a_lock_token(state, key):
     lock_lost(state.set(key, status="Processed", lockToken=page))
 
 
-# -- item 5: the fenced fast path writes the superseded version's history row exactly as it was ----------
+# -- the fenced fast path writes the superseded version's history row exactly as it was ----------------------
 def _stored_head(key: dict[str, Any]) -> dict[str, Any]:
     rk = KeyIn.model_validate(key).record_key()
     return dict(

@@ -1,5 +1,5 @@
-"""Values the state API's schema lets through, and storage answers it must map (issue 23, items 12-14):
-never a 500, never "not processed" when storage could not say."""
+"""Values the state API's schema lets through, and storage answers it must map: never a 500, never "not
+processed" when storage could not say."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def invoke(call: Any, operation: str, body: dict[str, Any]) -> Any:
     return call("state_lock_extend" if operation == "extend" else f"state_{operation}", body)
 
 
-# --- item 12: times with offsets at the end of the range; filters too long for a request -------------
+# --- times with offsets at the end of the range; filters too long for a request -----------------------------
 
 
 @pytest.mark.parametrize("field", ["updatedFrom", "updatedTo"])
@@ -80,7 +80,7 @@ def test_the_longest_item_entity_key_a_record_can_have_is_queryable(state: State
     assert len(answer.json["items"]) == 1
 
 
-# --- item 13: numbers JSON cannot carry ------------------------------------------------------------
+# --- numbers JSON cannot carry ------------------------------------------------------------------------------
 
 
 # A long mantissa with a short exponent overflows too (1 and 300 zeros, times 1e9, is 1e309); so does a
@@ -100,7 +100,7 @@ def test_a_number_json_cannot_carry_is_a_400_naming_the_field(call: Any, operati
     assert State(call).get(key).status == 404  # nothing was stored
 
 
-# --- item 14: storage answers the code did not map --------------------------------------------------
+# --- storage answers the code did not map -------------------------------------------------------------------
 
 
 class Answer200NotUtf8(HTTPPolicy):  # type: ignore[type-arg]

@@ -1,0 +1,192 @@
+"""The rows of the state table as typed records, and the one place that maps them to and from a Table entity.
+
+A record is a head (its current version, ``state/keys.py`` lays out its keys) and history rows (each
+version it superseded, the same columns plus three that say when and by which version). Beside them in
+the record's partition stand the expiry-index rows: a row named by the head's ``LockIndexKey`` or
+``RetainIndexKey`` that points back at the head (``StateRK``), so catch-up finds expired locks and
+retentions by a range read.
+
+The column names are PascalCase, as the table has always held them; here each is said once, beside the
+attribute that reads it. What a record's data is (``Data0`` .. ``DataN`` chunks of the envelope) is
+``state/envelope.py``'s business: a row carries those properties as they are. A column this module does
+not name is kept too (``other``), so reading and writing a row back never loses a property.
+
+Types are the entity's: integers are Edm.Int32, except ``RetentionSeconds``, written as Edm.Int64
+(``common.limits.int64``) and read back whichever way storage returns it; instants are datetimes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from datetime import datetime
+from typing import Any
+
+from common.limits import int64, plain_int
+from state.envelope import DATA_PREFIX
+from state.model import Status
+
+PARTITION_KEY = "PartitionKey"
+ROW_KEY = "RowKey"
+STATE_ROW_KEY = "StateRK"
+LOCK_INDEX_KEY = "LockIndexKey"
+RETAIN_INDEX_KEY = "RetainIndexKey"
+RECORDED_STATUS = "RecordedStatus"
+
+# attribute -> (column, kind). Kinds: "str", "int" (Int32), "int64", "datetime", "status".
+_COLUMNS: dict[str, tuple[str, str]] = {
+    "partition_key": (PARTITION_KEY, "str"),
+    "row_key": (ROW_KEY, "str"),
+    "tenant_id": ("TenantId", "int"),
+    "scope_id": ("ScopeId", "int"),
+    "entity_id": ("EntityId", "int"),
+    "item_entity_key": ("ItemEntityKey", "str"),
+    "status": ("Status", "status"),
+    "handler_key": ("HandlerKey", "str"),
+    "retain_until": ("RetainUntil", "datetime"),
+    "entity_execution_id": ("EntityExecutionId", "int"),
+    "source_app_id": ("SourceAppId", "int"),
+    "retention_seconds": ("RetentionSeconds", "int64"),
+    "version": ("Version", "int"),
+    "created_at": ("CreatedAt", "datetime"),
+    "updated_at": ("UpdatedAt", "datetime"),
+    "data_chunks": ("DataChunks", "int"),
+    "lock_id": ("LockId", "str"),
+    "locked_at": ("LockedAt", "datetime"),
+    "locked_until": ("LockedUntil", "datetime"),
+    "lock_index_key": (LOCK_INDEX_KEY, "str"),
+    "retain_index_key": (RETAIN_INDEX_KEY, "str"),
+    "lock_request_id": ("LockRequestId", "str"),
+    "closed_lock_id": ("ClosedLockId", "str"),
+    "closed_digest": ("ClosedDigest", "str"),
+    "substatus": ("Substatus", "str"),
+    "note": ("Note", "str"),
+    "error": ("Error", "str"),
+    # History rows only: the status the version was written with, and when and by which version it was
+    # superseded (its ``Status`` is Superseded).
+    "recorded_status": (RECORDED_STATUS, "status"),
+    "superseded_at": ("SupersededAt", "datetime"),
+    "superseded_by_version": ("SupersededByVersion", "int"),
+}
+_ATTRIBUTE_OF = {column: attribute for attribute, (column, _) in _COLUMNS.items()}
+
+
+def column(attribute: str) -> str:
+    """The table column that holds a row's ``attribute``."""
+    return _COLUMNS[attribute][0]
+
+
+def _read(kind: str, value: Any) -> Any:
+    if value is None:
+        return None
+    if kind == "status":
+        return Status(int(value))
+    if kind == "int64":
+        return plain_int(value)
+    if kind == "int":
+        return int(value)
+    if kind == "datetime":
+        return value if isinstance(value, datetime) else None
+    return str(value)
+
+
+def _write(kind: str, value: Any) -> Any:
+    if kind == "status":
+        return int(value)
+    if kind == "int64":
+        return int64(value)
+    return value
+
+
+@dataclass(frozen=True, kw_only=True)
+class StateRow:
+    """One version of a record: its head (``recorded_status`` None) or a history row. ``data`` holds the
+    envelope's ``Data0`` .. chunks as stored; ``other`` any column this module does not name."""
+
+    partition_key: str
+    row_key: str
+    tenant_id: int | None = None
+    scope_id: int | None = None
+    entity_id: int | None = None
+    item_entity_key: str | None = None
+    status: Status | None = None
+    handler_key: str | None = None
+    retain_until: datetime | None = None
+    entity_execution_id: int | None = None
+    source_app_id: int | None = None
+    retention_seconds: int | None = None
+    version: int | None = None
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+    data_chunks: int | None = None
+    lock_id: str | None = None
+    locked_at: datetime | None = None
+    locked_until: datetime | None = None
+    lock_index_key: str | None = None
+    retain_index_key: str | None = None
+    lock_request_id: str | None = None
+    closed_lock_id: str | None = None
+    closed_digest: str | None = None
+    substatus: str | None = None
+    note: str | None = None
+    error: str | None = None
+    recorded_status: Status | None = None
+    superseded_at: datetime | None = None
+    superseded_by_version: int | None = None
+    data: Mapping[str, Any] = field(default_factory=dict)
+    other: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def is_history(self) -> bool:
+        return self.recorded_status is not None
+
+    @classmethod
+    def from_entity(cls, entity: Mapping[str, Any]) -> StateRow:
+        """The row a Table entity holds (as read, or as the code builds it to write)."""
+        known: dict[str, Any] = {}
+        data: dict[str, Any] = {}
+        other: dict[str, Any] = {}
+        for name, value in entity.items():
+            attribute = _ATTRIBUTE_OF.get(name)
+            if attribute is not None:
+                known[attribute] = _read(_COLUMNS[attribute][1], value)
+            elif name.startswith(DATA_PREFIX) and name[len(DATA_PREFIX) :].isdigit():
+                data[name] = value
+            else:
+                other[name] = value
+        return cls(**known, data=data, other=other)
+
+    def with_data(self, properties: Mapping[str, Any]) -> StateRow:
+        """This row holding the data properties ``state/envelope.py`` built (``Data0`` .. and their count)."""
+        return StateRow.from_entity({**self.to_entity(), **properties})
+
+    def to_entity(self) -> dict[str, Any]:
+        """The Table entity of this row: each column that has a value, typed as the table holds it."""
+        entity: dict[str, Any] = {}
+        for item in fields(self):
+            kind = _COLUMNS.get(item.name)
+            if kind is None:
+                continue
+            value = getattr(self, item.name)
+            if value is not None:
+                entity[kind[0]] = _write(kind[1], value)
+        entity.update(self.data)
+        entity.update(self.other)
+        return entity
+
+
+@dataclass(frozen=True)
+class IndexRow:
+    """An expiry-index row of a record's partition: ``row_key`` is the head's ``LockIndexKey`` or
+    ``RetainIndexKey`` (``state/keys.py`` ``index_row_key``); ``state_row_key`` is the head's RowKey."""
+
+    partition_key: str
+    row_key: str
+    state_row_key: str
+
+    @classmethod
+    def from_entity(cls, entity: Mapping[str, Any]) -> IndexRow:
+        return cls(str(entity[PARTITION_KEY]), str(entity[ROW_KEY]), str(entity[STATE_ROW_KEY]))
+
+    def to_entity(self) -> dict[str, Any]:
+        return {PARTITION_KEY: self.partition_key, ROW_KEY: self.row_key, STATE_ROW_KEY: self.state_row_key}
