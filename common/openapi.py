@@ -1,9 +1,10 @@
 """The OpenAPI document, generated from the pydantic models the HTTP functions use.
 
 Each HTTP operation registers itself (at import, no I/O) through :func:`register`; ``document()``
-builds the OpenAPI 3.1 document once and caches it. An operation may name its models lazily
-(``"management.models:EventPage"``): they are imported when the document is built, so an API that a cold
-start does not call costs it nothing; so is pydantic's JSON schema generator.
+builds the OpenAPI 3.1 document once and caches it. An operation names its models as objects asked for
+lazily (``lambda: models.EventPage``, ``models`` a :class:`LazyModels`): they are imported when the document
+is built or a handler first parses a body, so an API that a cold start does not call costs it nothing; so
+is pydantic's JSON schema generator.
 """
 
 from __future__ import annotations
@@ -40,20 +41,26 @@ PROBLEM_SCHEMA: dict[str, Any] = {
 }
 
 
-# A model class; a function that returns one, asked only when the document is built (``lambda: models.Name``,
-# so that indexing the app loads no model); or "module:Name", imported then.
-ModelRef = type[BaseModel] | Callable[[], type[BaseModel]] | str
+# A model class, or a function that returns one, asked only when the document is built or a body is parsed
+# (``lambda: models.Name``, so that indexing the app loads no model).
+ModelRef = type[BaseModel] | Callable[[], type[BaseModel]]
+
+
+class LazyModels:
+    """A module of API models, imported when one of its models is first asked for. A blueprint binds its
+    models module under ``TYPE_CHECKING`` (so mypy checks every ``models.Name``) and to one of these at run
+    time: the worker's indexing and a cold start load none of the API's models."""
+
+    def __init__(self, module: str) -> None:
+        self._module = module
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(importlib.import_module(self._module), name)
 
 
 def resolve(model: ModelRef) -> type[BaseModel]:
-    """The model class ``model`` names (a function is called now, ``"module:Name"`` is imported now)."""
-    if isinstance(model, type):
-        return model
-    if not isinstance(model, str):
-        found: Any = model()
-    else:
-        module, _, name = model.partition(":")
-        found = getattr(importlib.import_module(module), name)
+    """The model class ``model`` names (a function is called now)."""
+    found: Any = model if isinstance(model, type) else model()
     if not (isinstance(found, type) and issubclass(found, BaseModel)):
         raise TypeError(f"{model} is not a pydantic model")
     return found

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import azure.functions as func
 from pydantic import BaseModel
 
-from common import invocation, telemetry
+from common import invocation, openapi, telemetry
 from common.errors import InvalidInput
 from common.http import Handler, operation, parse_body, path_parameter
 from common.models import from_fields
@@ -35,21 +35,11 @@ if TYPE_CHECKING:
     from handoff.receive.receiver import Lease
 
 
-class _ApiModels:
-    """``handoff.models``, imported when a model is first asked for: the worker's indexing and a cold start
-    load none of the API's models. Routes name them as ``lambda: models.Name``, asked for when the OpenAPI
-    document is built and when a handler parses a body."""
-
-    def __getattr__(self, name: str) -> Any:
-        from handoff import models as loaded
-
-        return getattr(loaded, name)
-
-
+# The API's models, imported when a route first needs one (never at indexing): ``lambda: models.Name``.
 if TYPE_CHECKING:
     from handoff import models
 else:
-    models = _ApiModels()
+    models = openapi.LazyModels("handoff.models")
 
 Model = Callable[[], type[BaseModel]]
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import azure.functions as func
 
-from common import telemetry
+from common import openapi, telemetry
 from common.http import Handler, parse_body
 from common.principal import actor_of, allowed, denial
 from handoff.limits import route_value
@@ -29,6 +29,13 @@ if TYPE_CHECKING:
         BulkRequest,
         SettlementResolved,
     )
+
+
+# The API's models, imported when a route first needs one (never at indexing): ``lambda: models.Name``.
+if TYPE_CHECKING:
+    from management import models
+else:
+    models = openapi.LazyModels("management.models")
 
 bp = func.Blueprint()
 _EVENT = "events/{endpointId}/{eventId}"
@@ -54,8 +61,8 @@ def _accepted(result: ActionResult) -> ActionAccepted:
 def _on_event(
     action: str,
     summary: str,
-    request: str,
-    response: str = "ActionAccepted",
+    request: openapi.ModelRef,
+    response: openapi.ModelRef = lambda: models.ActionAccepted,
     responses: dict[int, str] = ACTION,
     ok_status: int = 202,
     span: str | None = None,
@@ -67,7 +74,7 @@ def _on_event(
 @_on_event(
     "resubmit",
     "Resubmit an event (optionally with an edited EventJson): one ResubmissionRequest, audited",
-    "ResubmitRequest",
+    lambda: models.ResubmitRequest,
 )
 def event_resubmit(req: func.HttpRequest) -> ActionAccepted:
     from management.models import ResubmitRequest
@@ -86,7 +93,7 @@ def event_resubmit(req: func.HttpRequest) -> ActionAccepted:
         )
 
 
-@_on_event("skip", "Skip an event: one SkipRequest, audited", "SkipRequest")
+@_on_event("skip", "Skip an event: one SkipRequest, audited", lambda: models.SkipRequest)
 def event_skip(req: func.HttpRequest) -> ActionAccepted:
     from management.models import SkipRequest
 
@@ -102,7 +109,7 @@ def event_skip(req: func.HttpRequest) -> ActionAccepted:
 @_on_event(
     "complete",
     "Complete the event's parked hand-off as an operator (one HandoffCompletedRequest, audited)",
-    "CompleteRequest",
+    lambda: models.CompleteRequest,
 )
 def event_complete(req: func.HttpRequest) -> ActionAccepted:
     from management.models import CompleteRequest
@@ -124,7 +131,7 @@ def event_complete(req: func.HttpRequest) -> ActionAccepted:
 @_on_event(
     "fail",
     "Fail the event's parked hand-off as an operator (one HandoffFailedRequest, audited)",
-    "FailRequest",
+    lambda: models.FailRequest,
 )
 def event_fail(req: func.HttpRequest) -> ActionAccepted:
     from management.models import FailRequest
@@ -147,8 +154,8 @@ def event_fail(req: func.HttpRequest) -> ActionAccepted:
     "settlement/resolve",
     "Resolve an unconfirmed settlement: mark it delivered (checked at the endpoint) or release it "
     "(the hand-off can be settled again); audited ResolveSettlement with who and why",
-    "ResolveSettlementRequest",
-    "SettlementResolved",
+    lambda: models.ResolveSettlementRequest,
+    lambda: models.SettlementResolved,
     {**ACTION, 404: "Unknown event, or no settlement of that message is claimed"},
     ok_status=200,
     span="resolve",
@@ -185,8 +192,8 @@ def event_settlement_resolve(req: func.HttpRequest) -> SettlementResolved:
     "endpoints/{endpointId}",
     "bulk",
     "Resubmit or skip up to 50 events: the single action once per event, a result per event",
-    "BulkRequest",
-    "BulkAnswer",
+    lambda: models.BulkRequest,
+    lambda: models.BulkAnswer,
     {**AUTH, 400: "Invalid input (the problem names the field)"},
 )
 def endpoint_bulk(req: func.HttpRequest) -> BulkAnswer:

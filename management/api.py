@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import azure.functions as func
 
@@ -23,9 +23,12 @@ from common.http import Handler, dependency_problem, operation, parse_body, path
 from common.principal import Actor, actor_of, require_operator
 from handoff.limits import route_value
 
-# The API's models are imported by the handler that needs them, never at indexing: the OpenAPI document
-# names them as "module:Name" (a cold start pays for none of them).
-MODELS = "management.models:"
+# The API's models are imported when a handler or the OpenAPI document first needs them, never at indexing
+# (a cold start pays for none of them); routes name them as ``lambda: models.Name``.
+if TYPE_CHECKING:
+    from management import models
+else:
+    models = openapi.LazyModels("management.models")
 
 TAG = "management"
 AUTH = {401: "No signed-in principal (in Azure)", 403: "The principal lacks the app role Settle.Operator"}
@@ -156,8 +159,8 @@ def on_item(
     route: str,
     action: str,
     summary: str,
-    request: str,
-    response: str,
+    request: openapi.ModelRef,
+    response: openapi.ModelRef,
     responses: dict[int, str],
     *,
     ok_status: int = 200,
@@ -174,8 +177,8 @@ def on_item(
         method="POST",
         span=f"settle.operator.{span or action}",
         summary=summary,
-        request=MODELS + request,
-        response=MODELS + response,
+        request=request,
+        response=response,
         responses=responses,
         parameters=tuple(path_parameter(name) for name in ids),
         anonymous=True,

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import azure.functions as func
 
+from common import openapi
 from common.clock import utcnow
 from common.errors import InvalidInput
 from common.http import Handler
@@ -28,7 +29,6 @@ from management.api import (
     EVENT,
     FROM,
     INVALID,
-    MODELS,
     PAGE_SIZE,
     TO,
     operator_read,
@@ -49,13 +49,20 @@ if TYPE_CHECKING:
         UnconfirmedSettlements,
     )
 
+
+# The API's models, imported when a route first needs one (never at indexing): ``lambda: models.Name``.
+if TYPE_CHECKING:
+    from management import models
+else:
+    models = openapi.LazyModels("management.models")
+
 bp = func.Blueprint()
 
 
 def _per_endpoint(
     what: str,
     summary: str,
-    response: str,
+    response: openapi.ModelRef,
     *,
     responses: dict[int, str] = AUTH,
     more: tuple[dict[str, Any], ...] = (),
@@ -80,7 +87,7 @@ def _per_endpoint(
     bp,
     "v1/endpoints",
     "Every endpoint with exact counts by status, oldest ages and poison (no scan)",
-    MODELS + "EndpointsOverview",
+    lambda: models.EndpointsOverview,
 )
 def endpoints_overview(req: func.HttpRequest) -> EndpointsOverview:
     from management.models import Counts, EndpointsOverview, EndpointSummary
@@ -120,7 +127,7 @@ def endpoints_overview(req: func.HttpRequest) -> EndpointsOverview:
 @_per_endpoint(
     "events",
     "A page of an endpoint's events, newest change first (status, type and time filters)",
-    MODELS + "EventPage",
+    lambda: models.EventPage,
     responses=INVALID,
     more=(
         {"name": "status", "in": "query", "schema": {"type": "string", "enum": list(BUCKET_NAMES)}},
@@ -164,7 +171,7 @@ def endpoint_events(req: func.HttpRequest) -> EventPage:
     bp,
     "v1/endpoints/{endpointId}/events/{eventId}",
     "One event with its history, audits, the actions it allows and the payload to resubmit",
-    MODELS + "OperatorEventView",
+    lambda: models.OperatorEventView,
     query_route="v1/endpoints/event",
     responses={**AUTH, 404: "Unknown event"},
     parameters=(ENDPOINT, EVENT),
@@ -220,7 +227,7 @@ def _index_position(req: func.HttpRequest, what: str) -> tuple[str, str | None, 
 @_per_endpoint(
     "unconfirmed",
     "Settlements Settle could neither confirm nor safely re-send: an operator resolves each (paged)",
-    MODELS + "UnconfirmedSettlements",
+    lambda: models.UnconfirmedSettlements,
     responses=INVALID,
     more=(INDEX_PAGE_SIZE, CONTINUATION),
 )
@@ -242,7 +249,7 @@ def endpoint_unconfirmed(req: func.HttpRequest) -> UnconfirmedSettlements:
 @_per_endpoint(
     "overdue",
     "Parked hand-offs past their ExpectedBy, most overdue first (the expiry index, no scan; paged)",
-    MODELS + "OverdueHandoffs",
+    lambda: models.OverdueHandoffs,
     responses=INVALID,
     more=(INDEX_PAGE_SIZE, CONTINUATION),
 )
@@ -265,7 +272,7 @@ def endpoint_overdue(req: func.HttpRequest) -> OverdueHandoffs:
     bp,
     "v1/audits",
     "Operator audits by endpoint, type, operator and time (hoaudit by day; oldest first)",
-    MODELS + "AuditSearchPage",
+    lambda: models.AuditSearchPage,
     responses=INVALID,
     parameters=(
         FROM,
@@ -319,7 +326,7 @@ def audits_search(req: func.HttpRequest) -> AuditSearchPage:
     "v1/find",
     "Hand-offs across endpoints by any id: event id (or its first 3+ characters), session, message "
     "or external job id, any case, with what matched (hoids: a few reads at any number of endpoints)",
-    MODELS + "FindAnswer",
+    lambda: models.FindAnswer,
     responses={
         **AUTH,
         400: "No id, an eventId prefix shorter than 3 characters, a bad pageSize or continuationToken "
@@ -344,7 +351,7 @@ def find_events(req: func.HttpRequest) -> FindAnswer:
     bp,
     "v1/failed",
     "Failed and dead-lettered events across endpoints, newest change first, page by page",
-    MODELS + "FindAnswer",
+    lambda: models.FindAnswer,
     responses={**AUTH, 400: "A bad pageSize or continuationToken (the problem names it)"},
     parameters=(PAGE_SIZE, CONTINUATION),
 )

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import azure.functions as func
 
-from common import telemetry
+from common import openapi, telemetry
 from common.errors import InvalidInput
 from common.http import Handler
 from management import services
@@ -18,7 +18,6 @@ from management.api import (
     AUTH,
     CONTINUATION,
     INVALID,
-    MODELS,
     PAGE_SIZE,
     acting,
     on_item,
@@ -33,6 +32,13 @@ if TYPE_CHECKING:
         ReplayAnswer,
     )
 
+
+# The API's models, imported when a route first needs one (never at indexing): ``lambda: models.Name``.
+if TYPE_CHECKING:
+    from management import models
+else:
+    models = openapi.LazyModels("management.models")
+
 bp = func.Blueprint()
 
 
@@ -43,7 +49,7 @@ bp = func.Blueprint()
     bp,
     "v1/poison",
     "Poison messages of one UTC day (reason, whole body, replay record), in enqueue order",
-    MODELS + "PoisonPage",
+    lambda: models.PoisonPage,
     responses=INVALID,
     parameters=(
         {"name": "day", "in": "query", "required": True, "schema": {"type": "string", "pattern": "^\\d{8}$"}},
@@ -75,18 +81,21 @@ _UNKNOWN = {404: "Unknown poison message"}
 
 
 def _on_poison(
-    action: str, summary: str, response: str, refusals: dict[int, str]
+    action: str,
+    summary: str,
+    request: openapi.ModelRef,
+    response: openapi.ModelRef,
+    refusals: dict[int, str],
 ) -> Callable[[Handler], Any]:
-    """Registers ``POST v1/poison/{day}/{id}/<action>`` (its body a ``<Action>Request``) and its query
-    twin."""
-    request = f"{action.capitalize()}Request"
+    """Registers ``POST v1/poison/{day}/{id}/<action>`` and its query twin."""
     return on_item(bp, "poison/{day}/{id}", action, summary, request, response, {**AUTH, **refusals})
 
 
 @_on_poison(
     "replay",
     "Replay a poison message through the resolver; answers the outcome (409 if replayed before)",
-    "ReplayAnswer",
+    lambda: models.ReplayRequest,
+    lambda: models.ReplayAnswer,
     {**_UNKNOWN, 409: "Replayed before", 503: "Storage unavailable"},
 )
 def poison_replay(req: func.HttpRequest) -> ReplayAnswer:
@@ -110,7 +119,8 @@ def poison_replay(req: func.HttpRequest) -> ReplayAnswer:
 @_on_poison(
     "dismiss",
     "Dismiss (archive) a poison message no fix will project: recorded with its reason, audited",
-    "PoisonEntry",
+    lambda: models.DismissRequest,
+    lambda: models.PoisonEntry,
     {400: "No reason", **_UNKNOWN, 409: "Dismissed or projected before"},
 )
 def poison_dismiss(req: func.HttpRequest) -> PoisonEntry:

@@ -7,8 +7,9 @@ from typing import TYPE_CHECKING
 
 import azure.functions as func
 
+from common import openapi
 from common.http import parse_body
-from management.api import AUTH, CONTINUATION, MODELS, operator_read, page_size
+from management.api import AUTH, CONTINUATION, operator_read, page_size
 from state import service as state_service
 from state.schemas import HistoryRequest, QueryRequest, RecordPage
 
@@ -17,6 +18,13 @@ if TYPE_CHECKING:
         RecordLookup,
         StuckRecords,
     )
+
+
+# The API's models, imported when a route first needs one (never at indexing): ``lambda: models.Name``.
+if TYPE_CHECKING:
+    from management import models
+else:
+    models = openapi.LazyModels("management.models")
 
 bp = func.Blueprint()
 
@@ -28,7 +36,7 @@ bp = func.Blueprint()
     bp,
     "v1/records/lookup",
     "A state record by its key, with its history (for operators)",
-    MODELS + "RecordLookup",
+    lambda: models.RecordLookup,
     method="POST",
     request=HistoryRequest,
     responses={**AUTH, 400: "Invalid key (the problem names the field)"},
@@ -45,7 +53,7 @@ def records_lookup(req: func.HttpRequest) -> RecordLookup:
     bp,
     "v1/records/stuck",
     "Records stuck in Processing past their lock (from the lock-expiry index, never a scan), page by page",
-    MODELS + "StuckRecords",
+    lambda: models.StuckRecords,
     responses={**AUTH, 400: "A bad pageSize or continuationToken (the problem names it)"},
     parameters=(
         {"name": "pageSize", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 1000}},
