@@ -119,7 +119,7 @@ def _settles(action: str, kind: MessageType, request: Model, outcome: tuple[str,
         from handoff.settlement.settler import Settlement
 
         body: Any = parse_body(req, request())
-        return service.settlement_service().settle(
+        settled = service.settlement_service().settle(
             Settlement(
                 kind=kind,
                 endpoint_id=body.endpoint_id,
@@ -130,6 +130,7 @@ def _settles(action: str, kind: MessageType, request: Model, outcome: tuple[str,
                 **_who(req),
             )
         )
+        return from_fields(models.SettlementAccepted, settled)
 
     settle.__name__ = settle.__qualname__ = f"handoff_{action}"
     operation(

@@ -25,9 +25,8 @@ from common.principal import Actor, allowed, denial
 from common.transactions import insert
 from handoff.messages.contract import Coordinates, EventPart, MessageContent, MessageType, control_message
 from handoff.messages.transport import encoded_size
-from handoff.models import SettlementAccepted
 from handoff.settlement.claims import ClaimOrder
-from handoff.settlement.settler import Settlement, SettlementService
+from handoff.settlement.settler import Settled, Settlement, SettlementService
 from handoff.settlement.unconfirmed import ClaimResolver
 from handoff.settlement.unconfirmed_rules import RESOLVE_AUDIT, ClaimResolution
 from handoff.storage import keys
@@ -41,7 +40,7 @@ from management.audits import mirror
 class ActionResult:
     """The accepted action and the audit row it wrote."""
 
-    accepted: SettlementAccepted
+    accepted: Settled
     action: str
     audit: AuditRow | None
 
@@ -285,7 +284,7 @@ class OperatorActions:
         data = rules.action_audit_data(action, message.message_id, addressed, payload, reason, actor)
         return self._answer(self.settlement.submit(order, row, message, data), action)
 
-    def _answer(self, accepted: SettlementAccepted, action: str) -> ActionResult:
+    def _answer(self, accepted: Settled, action: str) -> ActionResult:
         claim = self.store.get_claim(accepted.endpoint_id, accepted.event_id, accepted.parked_message_id)
         audit = None
         if claim is not None:

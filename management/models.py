@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from typing import Annotated, Any, Literal, Self
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Self
 
 from pydantic import Field, StringConstraints
 
 from common.models import ApiModel, RequestModel, from_fields
 from handoff.limits import MAX_ID
-from handoff.models import AuditEntry, EventView, SettlementAccepted
+from handoff.models import AuditEntry, EventView
 from handoff.storage.records import EventRow, ListingRow, PoisonRow
 from state.schemas import Record, RecordPage
+
+if TYPE_CHECKING:
+    from handoff.settlement.settler import Settled
 
 Name = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=256)]
 Reason = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=4000)]
@@ -256,7 +259,7 @@ class ActionAccepted(ApiModel):
     audit: AuditEntry | None
 
     @classmethod
-    def of(cls, action: str, accepted: SettlementAccepted, audit: AuditEntry | None) -> ActionAccepted:
+    def of(cls, action: str, accepted: Settled, audit: AuditEntry | None) -> ActionAccepted:
         return from_fields(
             cls,
             accepted,

@@ -34,6 +34,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict
+
 from common import telemetry
 from common import transactions as tx
 from common.clock import utcnow
@@ -48,7 +50,6 @@ from handoff.messages.contract import (
 )
 from handoff.messages.outbound import OutboxMessage
 from handoff.messages.transport import MAX_SEND_BYTES, SendRefused, Transport, encoded_size
-from handoff.models import SettlementAccepted
 from handoff.settlement import claims
 from handoff.settlement.claims import ClaimOrder, ClaimRefused, SettlementInFlight, request_digest
 from handoff.settlement.follow_up import ClaimFollowUp
@@ -72,6 +73,26 @@ _REFUSALS: dict[type[SettleError], str] = {
     PayloadTooLarge: "too-large",
     SendRefused: "unavailable",
 }
+
+
+class Settled(BaseModel):
+    """What a settlement came to (the blueprints shape it into the API's answer): the claim Settle owns, the
+    transport that carries its one control message, and whether the broker acknowledged it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    endpoint_id: str
+    event_id: str
+    message_type: str
+    control_message_id: str
+    parked_message_id: str
+    settled_by: str
+    transport: str
+    confirmed: bool
+    state: str  # the claim's state: sent, delivered, sending, unconfirmed
+    replayed: bool
+    claimed_at: datetime
+    follow_up: str | None = None  # unconfirmed only: how Settle confirms or re-sends, where operators look
 
 
 @dataclass(frozen=True)
@@ -143,7 +164,7 @@ class SettlementService:
 
     # -- settle ---------------------------------------------------------------------------------------
 
-    def settle(self, s: Settlement, *, current: EventRow | None = None) -> SettlementAccepted:
+    def settle(self, s: Settlement, *, current: EventRow | None = None) -> Settled:
         """Send exactly one control message for a Pending + Handoff row (see the module docstring).
 
         Its span is ``settle.handoff.complete`` / ``settle.handoff.fail``; the control message carries that
@@ -184,7 +205,7 @@ class SettlementService:
             telemetry.add("settle.handoff.settlements", kind=kind, outcome=outcome)
             return accepted
 
-    def _settle(self, s: Settlement, current: EventRow | None) -> SettlementAccepted:
+    def _settle(self, s: Settlement, current: EventRow | None) -> Settled:
         payload = result_json(s.result)
         if payload is not None and len(payload.encode("utf-8")) > MAX_SEND_BYTES:
             raise self._too_large(s, len(payload.encode("utf-8")))
@@ -230,9 +251,7 @@ class SettlementService:
         )
         return self.submit(order, row, message, audit_data(s, message.message_id, parked))
 
-    def submit(
-        self, order: ClaimOrder, row: EventRow, message: OutboxMessage, data: str
-    ) -> SettlementAccepted:
+    def submit(self, order: ClaimOrder, row: EventRow, message: OutboxMessage, data: str) -> Settled:
         """Claim (with the audit row, ``data`` its ``Data``), send, answer: the outbox path of any control
         message. A claim already there for the same request answers its retry; another request's is a 409."""
         claim, existing = self._claim(order, row, message, data)
@@ -379,7 +398,7 @@ class SettlementService:
 
     def answer_addressed(
         self, endpoint_id: str, event_id: str, addressed_message_id: str, digest: str
-    ) -> SettlementAccepted | None:
+    ) -> Settled | None:
         """The answer to a retry of the request ``digest`` addressed to that message, from its claim (one
         point read); None when the message has no claim; 409 in-flight when another request holds it."""
         claim = self.store.get_claim(endpoint_id, event_id, addressed_message_id)
@@ -387,9 +406,7 @@ class SettlementService:
             return None
         return self._answer(endpoint_id, claims.replay(claim, digest), replayed=True)
 
-    def replay_or_refuse(
-        self, endpoint_id: str, event_id: str, digest: str, refusal: Conflict
-    ) -> SettlementAccepted:
+    def replay_or_refuse(self, endpoint_id: str, event_id: str, digest: str, refusal: Conflict) -> Settled:
         """The row is not (or no longer) in a state the request needs: answer a retry of a request made
         before (the event's claims are one short range read), else raise ``refusal``."""
         claim = claims.replayable(self.store.claims(endpoint_id, event_id), digest)
@@ -399,7 +416,7 @@ class SettlementService:
 
     # -- send and follow-up -------------------------------------------------------------------------
 
-    def _send_claimed(self, endpoint_id: str, row: EventRow, claim: ClaimRow) -> SettlementAccepted:
+    def _send_claimed(self, endpoint_id: str, row: EventRow, claim: ClaimRow) -> Settled:
         if self.clock() - claim.claimed_at > SEND_DEADLINE:
             # Too late to be sure the first copy lands inside the re-send window: leave it to the reconciler.
             log.warning(
@@ -434,7 +451,7 @@ class SettlementService:
 
     def _answer(
         self, endpoint_id: str, claim: ClaimRow, *, replayed: bool, confirmed: bool | None = None
-    ) -> SettlementAccepted:
+    ) -> Settled:
         if replayed and first_send_in_flight(claim, self.clock()):
             claim = await_sender(self.store, endpoint_id, claim, clock=self.clock)  # one answer state
         if replayed and claim.state.open:
@@ -448,7 +465,7 @@ class SettlementService:
             )
         transport = self.transport()
         return from_fields(
-            SettlementAccepted,
+            Settled,
             claim,
             endpoint_id=endpoint_id,
             message_type=claim.message_type.name,
