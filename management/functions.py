@@ -281,6 +281,7 @@ def endpoint_overdue(req: func.HttpRequest) -> OverdueHandoffs:
 def audits_search(req: func.HttpRequest) -> AuditSearchPage:
     from common import page_tokens
     from handoff.models import AuditEntry
+    from management.audits import AuditQuery
     from management.models import AuditSearchEntry, AuditSearchPage
 
     # No "to": up to now, plus the skew Settle's clock may move by (it follows storage's clock), so an
@@ -292,12 +293,15 @@ def audits_search(req: func.HttpRequest) -> AuditSearchPage:
         "audits", *(req.params.get(n) for n in ("from", "to", "endpointId", "auditType", "by"))
     )
     token = req.params.get("continuationToken")
-    found = services.operator_reads().audit_search(
+    query = AuditQuery(
         oldest=oldest,
         newest=newest,
         endpoint_id=query_value(req, "endpointId"),
         audit_type=query_value(req, "auditType"),
         by=query_value(req, "by"),
+    )
+    found = services.operator_reads().audit_search(
+        query,
         page_size=page_size(req, 50, 200),
         after=page_tokens.strings(page_tokens.decode(token, bound), 1)[0] if token else None,
     )
