@@ -91,6 +91,13 @@ class Context:
     def table(self, headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
         return out.table(headers, rows, width=self.width)
 
+    def listing(
+        self, items: Sequence[Any], headers: Sequence[str], rows: Iterable[Sequence[Any]], empty: str
+    ) -> int:
+        """A listing's ``items`` as JSON, or as a table of ``rows`` (``empty`` when there are none)."""
+        self.emit(items, lambda: self.table(headers, rows) if items else empty)
+        return OK
+
     def progress(self, text: str) -> None:
         print(text, file=self.stderr, flush=True)
 
@@ -485,16 +492,12 @@ def cmd_events(ctx: Context) -> int:
         )
         for e in events
     )
-    ctx.emit(
-        events, lambda: ctx.table(EVENT_HEADERS, rows) if events else f"no such events on {a.endpoint!r}"
-    )
-    return OK
+    return ctx.listing(events, EVENT_HEADERS, rows, f"no such events on {a.endpoint!r}")
 
 
 def cmd_failed(ctx: Context) -> int:
     found = ctx.take(ctx.client.operator.failed(page_size=ctx.page_size(200)), "failed events")
-    ctx.emit(found, lambda: ctx.table(FOUND_HEADERS, _found_rows(found)) if found else "no failed events")
-    return OK
+    return ctx.listing(found, FOUND_HEADERS, _found_rows(found), "no failed events")
 
 
 def cmd_audits(ctx: Context) -> int:
@@ -510,8 +513,7 @@ def cmd_audits(ctx: Context) -> int:
         for x in audits
     )
     headers = ("WHEN", "TYPE", "BY", "ENDPOINT", "EVENT", "COMMENT")
-    ctx.emit(audits, lambda: ctx.table(headers, rows) if audits else "no audits in that window")
-    return OK
+    return ctx.listing(audits, headers, rows, "no audits in that window")
 
 
 def cmd_stuck(ctx: Context) -> int:
@@ -525,8 +527,7 @@ def cmd_stuck(ctx: Context) -> int:
         for r in records
     )
     headers = ("KEY", "LOCKED UNTIL", "UPDATED")
-    ctx.emit(records, lambda: ctx.table(headers, rows) if records else "no record is stuck in Processing")
-    return OK
+    return ctx.listing(records, headers, rows, "no record is stuck in Processing")
 
 
 def cmd_unconfirmed(ctx: Context) -> int:
@@ -537,16 +538,14 @@ def cmd_unconfirmed(ctx: Context) -> int:
         for s in items
     )
     headers = ("EVENT", "TYPE", "ADDRESSED MESSAGE", "CONTROL MESSAGE", "BY", "CLAIMED")
-    ctx.emit(items, lambda: ctx.table(headers, rows) if items else "no unconfirmed settlement")
-    return OK
+    return ctx.listing(items, headers, rows, "no unconfirmed settlement")
 
 
 def cmd_overdue(ctx: Context) -> int:
     listed = ctx.client.operator.calls.overdue(ctx.args.endpoint, page_size=ctx.page_size(1000))
     items = ctx.take(listed, "overdue hand-offs")
     rows = ((o.event_id, o.expected_by) for o in items)
-    ctx.emit(items, lambda: ctx.table(("EVENT", "EXPECTED BY"), rows) if items else "no overdue hand-off")
-    return OK
+    return ctx.listing(items, ("EVENT", "EXPECTED BY"), rows, "no overdue hand-off")
 
 
 # -- poison -------------------------------------------------------------------------------------------
