@@ -10,11 +10,10 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Iterable
-from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 from settle_client import _cli_output as out
-from settle_client._calls import Call, present
+from settle_client._calls import present
 from settle_client._cli_context import (
     CONFLICT,
     FAILED,
@@ -24,10 +23,11 @@ from settle_client._cli_context import (
     DryRun,
     Failure,
     confirm,
+    ids_arg,
     not_found,
 )
-from settle_client.errors import Conflict, InvalidInput, NotFound, SettleError
-from settle_client.models import Key
+from settle_client.errors import Conflict, InvalidInput, SettleError
+from settle_client.models import Coordinates, Key
 from settle_client.operator import BULK_CHUNK
 from settle_client.operator_models import FoundEvent, OperatorEvent
 
@@ -135,16 +135,6 @@ def _conflict(ctx: Context, error: Conflict, endpoint: str, event_id: str) -> Fa
     return Failure(f"{' '.join(str(error).split())}{state}", CONFLICT)
 
 
-def _ids(values: Iterable[str]) -> list[str]:
-    ids: list[str] = []
-    for value in values:
-        if value == "-":
-            ids += [out.unquoted(line.strip()) for line in sys.stdin if line.strip()]
-        else:
-            ids.append(out.unquoted(value))
-    return list(dict.fromkeys(ids))
-
-
 def _read(path: str) -> str:
     if path == "-":
         return sys.stdin.read()
@@ -162,7 +152,7 @@ def json_arg(text: str, option: str) -> Any:
 
 def cmd_action(ctx: Context) -> int:
     args, action = ctx.args, ctx.args.action
-    ids = _ids(args.event_ids) if action in ("resubmit", "skip") else [out.unquoted(args.event_id)]
+    ids = ids_arg(args.event_ids) if action in ("resubmit", "skip") else [out.unquoted(args.event_id)]
     if len(ids) > 1 or (action in ("resubmit", "skip") and "-" in args.event_ids):
         if getattr(args, "event_json", None):
             raise Failure("--event-json applies to one event, not to a bulk resubmission", USAGE)
@@ -411,147 +401,6 @@ def cmd_overdue(ctx: Context) -> int:
     return ctx.listing(items, ("EVENT", "EXPECTED BY"), rows, "no overdue hand-off")
 
 
-# -- poison -------------------------------------------------------------------------------------------
-
-MAX_POISON_DAYS = 92
-
-
-def _today() -> str:
-    return datetime.now(UTC).strftime("%Y%m%d")
-
-
-def _day(text: str, option: str) -> datetime:
-    try:
-        return datetime.strptime(text.replace("-", ""), "%Y%m%d").replace(tzinfo=UTC)
-    except ValueError as error:
-        raise Failure(f"{option} must be a UTC day, YYYYMMDD or YYYY-MM-DD (not {text!r})", USAGE) from error
-
-
-def _days(ctx: Context) -> list[str]:
-    a = ctx.args
-    if a.day and (a.since or a.until):
-        raise Failure("give --day, or --from/--to, not both", USAGE)
-    if not (a.since or a.until):
-        return [_day(a.day, "--day").strftime("%Y%m%d") if a.day else _today()]
-    first = _day(a.since or a.until, "--from")
-    last = _day(a.until, "--to") if a.until else datetime.now(UTC)
-    if last < first:
-        raise Failure("--from must not be after --to", USAGE)
-    count = (last.date() - first.date()).days + 1
-    if count > MAX_POISON_DAYS:
-        raise Failure(f"at most {MAX_POISON_DAYS} days at once", USAGE)
-    return [(first + timedelta(days=n)).strftime("%Y%m%d") for n in range(count)]
-
-
-def cmd_poison_list(ctx: Context) -> int:
-    days = _days(ctx)
-    every = (
-        p
-        for day in days
-        for p in ctx.client.operator.poison(day)
-        if ctx.args.include_done or (p.replayed_at is None and p.dismissed_at is None)
-    )
-    entries = ctx.take(every, "poison messages")
-    span = days[0] if len(days) == 1 else f"{days[0]}-{days[-1]}"
-    ctx.emit(
-        entries,
-        lambda: (
-            ctx.table(
-                ("DAY", "ID", "ENDPOINT", "MESSAGE", "RECORDED", "REASON", "REPLAYED", "DISMISSED"),
-                (
-                    (
-                        p.day,
-                        out.pasteable(p.id),
-                        p.endpoint_id,
-                        p.message_id,
-                        p.recorded_at,
-                        p.reason,
-                        p.replay_outcome,
-                        p.dismissed_at,
-                    )
-                    for p in entries
-                ),
-            )
-            if entries
-            else f"no poison messages on {span}"
-            + ("" if ctx.args.include_done else " waiting (--include-done: replayed and dismissed ones too)")
-        ),
-    )
-    return OK
-
-
-def _each(
-    ctx: Context,
-    verb: str,
-    ids: list[str],
-    one: Callable[[str], Call[Any]],
-    failed: Callable[[Any], str | None],
-) -> int:
-    """Send ``one(id)`` per id (confirmed once), a progress line per id on stderr when there are several. A
-    refused id (409, 404, 400) or a result ``failed`` names is reported and the others go on; the exit
-    code says so."""
-    if not ids:
-        raise Failure("no ids given", USAGE)
-    if ctx.args.dry_run:
-        raise DryRun(*map(one, ids))
-    confirm(ctx, f"{verb} {len(ids)} poison message{'s' if len(ids) > 1 else ''} ({', '.join(ids[:3])}…)")
-    results: list[Any] = []
-    problems: list[str] = []
-    for n, item_id in enumerate(ids, 1):
-        try:
-            result = ctx.client.send(one(item_id))
-            outcome = failed(result)
-            results.append(result)
-        except (Conflict, NotFound, InvalidInput) as error:
-            if len(ids) == 1:
-                raise
-            outcome = " ".join(str(error).split())
-            results.append({"id": item_id, "error": outcome, "status": error.status})
-        if outcome:
-            problems.append(f"{verb} {item_id}: {outcome}")
-        if len(ids) > 1:
-            ctx.progress(f"{verb}: {n}/{len(ids)} {item_id}: {outcome or 'ok'}")
-    ctx.emit(results if len(ids) > 1 else results[0], lambda: _poison_results(ctx, verb, results))
-    if not problems:
-        return OK
-    raise Failure(problems[0] if len(problems) == 1 else f"{len(problems)} of {len(ids)} not done", FAILED)
-
-
-def _poison_results(ctx: Context, verb: str, results: list[Any]) -> str:
-    rows = []
-    for r in results:
-        if isinstance(r, dict):
-            rows.append((out.pasteable(r["id"]), "refused", r["error"]))
-        elif hasattr(r, "outcome"):
-            rows.append((out.pasteable(r.poison.id), r.outcome, r.detail))
-        else:
-            rows.append((out.pasteable(r.id), verb, r.dismiss_reason))
-    return ctx.table(("ID", "OUTCOME", "DETAIL"), rows)
-
-
-def cmd_poison_replay(ctx: Context) -> int:
-    day = ctx.args.day
-    return _each(
-        ctx,
-        "replay",
-        _ids(ctx.args.ids),
-        lambda i: ctx.client.operator.calls.replay(day, i, by=ctx.by),
-        # Replayed, but not projected: the message is still poison (the detail says why).
-        lambda r: f"poisoned again: {r.detail}" if r.outcome == "poisoned" else None,
-    )
-
-
-def cmd_poison_dismiss(ctx: Context) -> int:
-    day, reason = ctx.args.day, ctx.args.reason
-    return _each(
-        ctx,
-        "dismiss",
-        _ids(ctx.args.ids),
-        lambda i: ctx.client.operator.calls.dismiss(day, i, reason, by=ctx.by),
-        lambda r: None,
-    )
-
-
 # -- state --------------------------------------------------------------------------------------------
 
 
@@ -627,4 +476,101 @@ def cmd_state_history(ctx: Context) -> int:
     if not versions:
         raise _no_record(key)
     ctx.emit(versions, lambda: ctx.table(RECORD_HEADERS, _record_rows(versions)))
+    return OK
+
+
+# -- an agent's lease ------------------------------------------------------------------------------------
+
+
+def cmd_handoffs(ctx: Context) -> int:
+    args = ctx.args
+    if args.leased:
+        handoff = ctx.client.handoffs.receive(
+            args.endpoint, args.event_type, args.wait, lease_seconds=args.lease
+        )
+    else:
+        handoff = ctx.client.handoffs.next(args.endpoint, args.event_type, args.wait)
+    if handoff is None:
+        raise not_found(f"a parked hand-off on {args.endpoint!r} (none free)")
+    lease = handoff.lease
+    ctx.emit(
+        handoff,
+        lambda: out.fields(
+            [
+                ("endpoint", handoff.endpoint_id),
+                ("event", handoff.coordinates.event_id),
+                ("event type", handoff.event_type_id),
+                ("message", handoff.coordinates.message_id),
+                ("session", handoff.coordinates.session_id),
+                ("external job", handoff.external_job_id),
+                ("hand-off reason", handoff.handoff_reason),
+                ("expected by", handoff.expected_by),
+                ("parked", handoff.parked_at),
+                ("lease token", lease.token if lease else None),
+                ("lease until", lease.expires_at if lease else None),
+                ("leased by", lease.leased_by if lease else None),
+                ("payload", handoff.payload),
+            ]
+        ),
+    )
+    return OK
+
+
+def cmd_lease(ctx: Context) -> int:
+    """Renew or release the lease ``--lease-token`` holds (a receive from another shell or process)."""
+    a = ctx.args
+    if a.lease_command == "renew":
+        call = ctx.client.handoffs.requests.renew_lease(
+            a.endpoint, a.event_id, a.lease_token, lease_seconds=a.lease
+        )
+    else:
+        call = ctx.client.handoffs.requests.release_lease(a.endpoint, a.event_id, a.lease_token)
+    answer = ctx.act(call, f"{a.lease_command} the lease on {a.event_id!r} at {a.endpoint!r}")
+    ctx.emit(answer, lambda: out.fields([(k, v) for k, v in answer.items()]) or f"{a.lease_command}d")
+    return OK
+
+
+def cmd_settle_leased(ctx: Context) -> int:
+    """Complete or fail a leased hand-off with its lease token (fenced: refused once another agent
+    leased it)."""
+    a = ctx.args
+    result = json_arg(a.result, "--result") if getattr(a, "result", None) is not None else None
+    event = ctx.client.events.get(a.endpoint, a.event_id)
+    if event is None:
+        raise not_found(f"event {a.event_id!r} on endpoint {a.endpoint!r}")
+    coordinates = Coordinates(
+        event_id=event.event_id,
+        session_id=event.session_id,
+        message_id=event.last_message_id,
+        event_type_id=event.event_type_id,
+        correlation_id=event.correlation_id,
+    )
+    requests = ctx.client.handoffs.requests
+    if a.settle_command == "complete":
+        call = requests.complete(
+            a.endpoint, coordinates, result=result, settled_by=ctx.by, lease_token=a.lease_token
+        )
+    else:
+        call = requests.fail(
+            a.endpoint,
+            coordinates,
+            a.error,
+            error_type=a.error_type,
+            settled_by=ctx.by,
+            lease_token=a.lease_token,
+        )
+    done = ctx.act(call, f"{a.settle_command} the hand-off {a.event_id!r} on {a.endpoint!r}")
+    ctx.emit(
+        done,
+        lambda: out.fields(
+            [
+                ("settled", a.settle_command),
+                ("event", a.event_id),
+                ("control message", done.control_message_id),
+                ("state", done.state),
+                ("confirmed", done.confirmed),
+                ("replayed", done.replayed),
+            ]
+        ),
+    )
     return OK

@@ -163,3 +163,15 @@ def _user() -> str:
         return getpass.getuser()
     except Exception:  # no user name in a container: the audit still says it came from here
         return "settle-cli"
+
+
+def ids_arg(values: Iterable[str]) -> list[str]:
+    """The ids a command was given, each once, in order ('-': one a line from stdin; quoted ones as
+    the tables print them are unquoted)."""
+    ids: list[str] = []
+    for value in values:
+        if value == "-":
+            ids += [out.unquoted(line.strip()) for line in sys.stdin if line.strip()]
+        else:
+            ids.append(out.unquoted(value))
+    return list(dict.fromkeys(ids))

@@ -22,11 +22,6 @@ from typing import Any, TextIO, TypeVar
 
 from settle_client import _cli_output as out
 from settle_client._calls import Call
-from settle_client._cli_agent import (
-    cmd_handoffs,
-    cmd_lease,
-    cmd_settle_leased,
-)
 from settle_client._cli_commands import (
     cmd_action,
     cmd_audits,
@@ -34,11 +29,11 @@ from settle_client._cli_commands import (
     cmd_events,
     cmd_failed,
     cmd_find,
+    cmd_handoffs,
+    cmd_lease,
     cmd_overdue,
-    cmd_poison_dismiss,
-    cmd_poison_list,
-    cmd_poison_replay,
     cmd_resolve,
+    cmd_settle_leased,
     cmd_show,
     cmd_state_get,
     cmd_state_history,
@@ -60,6 +55,11 @@ from settle_client._cli_context import (
     Context,
     DryRun,
     Failure,
+)
+from settle_client._cli_poison import (
+    cmd_poison_dismiss,
+    cmd_poison_list,
+    cmd_poison_replay,
 )
 from settle_client._version import VERSION
 from settle_client.address import default_url
