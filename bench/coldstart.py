@@ -62,6 +62,16 @@ message = ServiceBusMessage(
 )
 """
 
+# Every probe's first request: a lock on a new key (timed from lock_started).
+_LOCK_REQUEST = """
+body = {"key": {"tenantId": 1, "scopeId": 4, "entityId": 42, "itemEntityKey": "invoice",
+                "itemKey": "cold-" + uuid.uuid4().hex}}
+request = func.HttpRequest("POST", "http://localhost/api/v1/state/lock",
+                           headers={"content-type": "application/json"}, params={}, route_params={},
+                           body=json.dumps(body).encode())
+lock_started = time.monotonic()
+"""
+
 SETTLE_PROBE = (
     _COMMON
     + """
@@ -69,13 +79,9 @@ import function_app
 imported = time.perf_counter()
 import azure.functions as func
 functions = {str(f.get_function_name()): f for f in function_app.app.get_functions()}
-body = {"key": {"tenantId": 1, "scopeId": 4, "entityId": 42, "itemEntityKey": "invoice",
-                "itemKey": "cold-" + uuid.uuid4().hex}}
-request = func.HttpRequest("POST", "http://localhost/api/v1/state/lock",
-                           headers={"content-type": "application/json"}, params={}, route_params={},
-                           body=json.dumps(body).encode())
-lock_started = time.monotonic()
-answer = functions["state_lock"].get_user_function()(request)
+"""
+    + _LOCK_REQUEST
+    + """answer = functions["state_lock"].get_user_function()(request)
 assert answer.status_code == 200 and json.loads(answer.get_body())["acquired"], answer.get_body()
 locked = time.perf_counter()
 """
@@ -94,6 +100,42 @@ print(json.dumps({"import": imported - started, "first_lock": locked - imported,
 """
 )
 
+# What both floors share: the lock request parsed as a pydantic model (after their imports, before their
+# storage work), the first message as it reaches them, and what they print.
+_FLOOR_LOCK_REQUEST = (
+    """
+class Key(BaseModel):
+    tenantId: int
+    scopeId: int
+    entityId: int
+    itemEntityKey: str
+    itemKey: str
+
+class LockIn(BaseModel):
+    key: Key
+"""
+    + _LOCK_REQUEST
+    + """parsed = LockIn.model_validate_json(request.get_body())
+service = TableServiceClient.from_connection_string(__CONNECTION__)
+"""
+)
+
+_FLOOR_MESSAGE = (
+    _MESSAGE
+    + """
+message_started = time.monotonic()
+props = message.application_properties
+content = json.loads(message.get_body())
+"""
+)
+
+_FLOOR_ANSWER = """
+done = time.perf_counter()
+print(json.dumps({"import": imported - started, "first_lock": locked - imported,
+                   "first_message": done - locked, "total": done - started,
+                   "modules": len(sys.modules), "heavy": [], "phases": [lock_started, message_started]}))
+"""
+
 FLOOR_PROBE = (
     _COMMON
     + """
@@ -104,37 +146,17 @@ from azure.core.exceptions import ResourceNotFoundError
 from azure.data.tables import TableServiceClient
 from pydantic import BaseModel
 
-class Key(BaseModel):
-    tenantId: int
-    scopeId: int
-    entityId: int
-    itemEntityKey: str
-    itemKey: str
-
-class LockIn(BaseModel):
-    key: Key
-
-body = {"key": {"tenantId": 1, "scopeId": 4, "entityId": 42, "itemEntityKey": "invoice",
-                "itemKey": "cold-" + uuid.uuid4().hex}}
-request = func.HttpRequest("POST", "http://localhost/api/v1/state/lock",
-                           headers={"content-type": "application/json"}, params={}, route_params={},
-                           body=json.dumps(body).encode())
-lock_started = time.monotonic()
-parsed = LockIn.model_validate_json(request.get_body())
-service = TableServiceClient.from_connection_string(__CONNECTION__)
-state = service.create_table_if_not_exists(__STATE_TABLE__)
+"""
+    + _FLOOR_LOCK_REQUEST
+    + """state = service.create_table_if_not_exists(__STATE_TABLE__)
 now = datetime.now(timezone.utc)
 state.create_entity({"PartitionKey": f"1|4|{parsed.key.entityId}", "RowKey": parsed.key.itemKey, "Status": 2,
                       "LockId": uuid.uuid4().hex, "LockedAt": now, "LockedUntil": now, "Version": 1})
 answer = func.HttpResponse(json.dumps({"acquired": True}), status_code=200, mimetype="application/json")
 locked = time.perf_counter()
 """
-    + _MESSAGE
-    + """
-message_started = time.monotonic()
-props = message.application_properties
-content = json.loads(message.get_body())
-events = service.create_table_if_not_exists(__EVENTS_TABLE__)
+    + _FLOOR_MESSAGE
+    + """events = service.create_table_if_not_exists(__EVENTS_TABLE__)
 try:
     events.get_entity("Billing", "ev|" + props["EventId"] + "|e")
 except ResourceNotFoundError:
@@ -144,11 +166,8 @@ row = {"PartitionKey": "Billing", "RowKey": "ev|" + props["EventId"] + "|e", "Re
         "EventJson": content["EventContent"]["EventJson"]}
 history = dict(row, RowKey="ev|" + props["EventId"] + "|m|" + message.message_id)
 events.submit_transaction([("create", history), ("upsert", row)])
-done = time.perf_counter()
-print(json.dumps({"import": imported - started, "first_lock": locked - imported,
-                   "first_message": done - locked, "total": done - started,
-                   "modules": len(sys.modules), "heavy": [], "phases": [lock_started, message_started]}))
 """
+    + _FLOOR_ANSWER
 )
 
 
@@ -171,25 +190,9 @@ from azure.core.exceptions import ResourceExistsError, ResourceNotFoundError
 from azure.data.tables import TableServiceClient, UpdateMode
 from pydantic import BaseModel
 
-class Key(BaseModel):
-    tenantId: int
-    scopeId: int
-    entityId: int
-    itemEntityKey: str
-    itemKey: str
-
-class LockIn(BaseModel):
-    key: Key
-
-body = {"key": {"tenantId": 1, "scopeId": 4, "entityId": 42, "itemEntityKey": "invoice",
-                "itemKey": "cold-" + uuid.uuid4().hex}}
-request = func.HttpRequest("POST", "http://localhost/api/v1/state/lock",
-                           headers={"content-type": "application/json"}, params={}, route_params={},
-                           body=json.dumps(body).encode())
-lock_started = time.monotonic()
-parsed = LockIn.model_validate_json(request.get_body())
-service = TableServiceClient.from_connection_string(__CONNECTION__)
-prefix = __PREFIX__
+"""
+    + _FLOOR_LOCK_REQUEST
+    + """prefix = __PREFIX__
 list(service.query_tables("TableName ge @p and TableName lt @q", parameters={"p": prefix, "q": prefix + "{"}))
 locks = service.get_table_client(prefix + "eqlocks")
 state = service.get_table_client(prefix + "eqstate")
@@ -220,12 +223,8 @@ answer = func.HttpResponse(json.dumps({"acquired": True, "lockId": lock_id}), st
                            mimetype="application/json")
 locked = time.perf_counter()
 """
-    + _MESSAGE
-    + """
-message_started = time.monotonic()
-props = message.application_properties
-content = json.loads(message.get_body())
-ids = service.get_table_client(prefix + "eqids")
+    + _FLOOR_MESSAGE
+    + """ids = service.get_table_client(prefix + "eqids")
 endpoints = service.get_table_client(prefix + "eqendpoints")
 events = service.get_table_client(prefix + "eqevents")
 event_id = props["EventId"]
@@ -266,11 +265,8 @@ events.submit_transaction([
     ("create", dict(listing, RowKey="sa|P|" + stamp + "|" + event_id)),
     ("create", {"PartitionKey": props["To"], "RowKey": "ct|d|" + stamp + "|" + event_id, "Pending": 1}),
 ])
-done = time.perf_counter()
-print(json.dumps({"import": imported - started, "first_lock": locked - imported,
-                   "first_message": done - locked, "total": done - started,
-                   "modules": len(sys.modules), "heavy": [], "phases": [lock_started, message_started]}))
 """
+    + _FLOOR_ANSWER
 )
 
 

@@ -30,6 +30,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+from bench.table_requests import COLLECTION, POINT, ROW_KEY_JSON, json_key, key_value
 from bench.throttle import Budget, charge_of
 
 # Hop-by-hop headers (RFC 9110 §7.6.1) and the length, which the proxy sets itself.
@@ -55,9 +56,6 @@ def _table_of(target: str) -> str:
 # One operation of a $batch body: its request line, then its headers up to the blank line.
 _INNER = re.compile(rb"^(GET|POST|PUT|MERGE|PATCH|DELETE) (\S+) HTTP/1\.1\r?\n((?:[^\r\n]+\r?\n)*)", re.M)
 _INNER_STATUS = re.compile(rb"^HTTP/1\.1 (\d{3})", re.M)
-_ROW_KEY = re.compile(rb'"RowKey"\s*:\s*"((?:[^"\\]|\\.)*)"')
-_POINT = re.compile(r"^/[^/]+/([^/(]+)\(PartitionKey='(?:[^']|'')*',RowKey='((?:[^']|'')*)'\)$")
-_COLLECTION = re.compile(r"^/[^/]+/([^/(]+)(?:\(\))?$")
 
 
 @dataclass(frozen=True)
@@ -88,14 +86,12 @@ def _write_of(method: str, target: str, headers: str | bytes, body: bytes | None
     conditional = b"if-match:" in (
         headers.lower() if isinstance(headers, bytes) else headers.lower().encode()
     )
-    point = _POINT.match(path)
+    point = POINT.match(path)
     if point:
-        return Write(_kind(method, conditional), point.group(1), point.group(2).replace("''", "'"))
-    collection = _COLLECTION.match(path)
-    if method == "POST" and collection and collection.group(1) != "Tables":
-        found = _ROW_KEY.search(body or b"")
-        row_key = json.loads(b'"' + found.group(1) + b'"') if found else ""
-        return Write("insert", collection.group(1), row_key)
+        return Write(_kind(method, conditional), point.group(2), key_value(point.group(4)))
+    collection = COLLECTION.match(path)
+    if method == "POST" and collection and collection.group(2) != "Tables":
+        return Write("insert", collection.group(2), json_key(ROW_KEY_JSON, body or b"") or "")
     return None
 
 

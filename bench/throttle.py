@@ -45,6 +45,8 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from bench.table_requests import COLLECTION, PARTITION_KEY_JSON, POINT, ROW_KEY_JSON, json_key, key_value
+
 # Azure's published targets (reference/scale-targets.md) and the factor this bench divides them by.
 AZURE_PARTITION_ENTITIES_PER_S = 2_000
 AZURE_ACCOUNT_ENTITIES_PER_S = 20_000
@@ -53,12 +55,8 @@ SCALE = 200
 SERVER_BUSY = "ServerBusy"
 OPERATION_TIMED_OUT = "OperationTimedOut"
 
-_POINT = re.compile(r"^/([^/]+)/([^/(]+)\(PartitionKey='((?:[^']|'')*)',RowKey='((?:[^']|'')*)'\)$")
-_COLLECTION = re.compile(r"^/([^/]+)/([^/(]+)(\(\))?$")
 _INNER = re.compile(rb"^(GET|POST|PUT|MERGE|PATCH|DELETE) (\S+) HTTP/1\.1\r?$", re.MULTILINE)
 _PK_EQ = re.compile(r"PartitionKey eq '((?:[^']|'')*)'")
-_PK_JSON = re.compile(rb'"PartitionKey"\s*:\s*"((?:[^"\\]|\\.)*)"')
-_RK_JSON = re.compile(rb'"RowKey"\s*:\s*"((?:[^"\\]|\\.)*)"')
 
 
 @dataclass(frozen=True)
@@ -81,41 +79,39 @@ def charge_of(method: str, target: str, body: bytes | None) -> Charge:
     parts = urlsplit(target)
     path = unquote(parts.path)
     account = path.split("/")[1] if path.count("/") >= 1 else ""
-    point = _POINT.match(path)
+    point = POINT.match(path)
     if point:
         _, table, pk, rk = point.groups()
-        pk, rk = pk.replace("''", "'"), rk.replace("''", "'")
+        pk, rk = key_value(pk), key_value(rk)
         written = ((table, pk, rk),) if method != "GET" else ()
         return Charge(account, {(table, pk): 1}, write=method != "GET", rows=written)
     if path.endswith("/$batch") and body:
         inner = _INNER.findall(body)
         table, pk = "", ""
         for _, url in inner:
-            m = _POINT.match(unquote(urlsplit(url.decode()).path))
+            m = POINT.match(unquote(urlsplit(url.decode()).path))
             if m:
-                table, pk = m.group(2), m.group(3).replace("''", "'")
+                table, pk = m.group(2), key_value(m.group(3))
                 break
-            c = _COLLECTION.match(unquote(urlsplit(url.decode()).path))
+            c = COLLECTION.match(unquote(urlsplit(url.decode()).path))
             if c:
                 table = c.group(2)
         if not pk:
-            found = _PK_JSON.search(body)
-            pk = json.loads(b'"' + found.group(1) + b'"') if found else ""
+            pk = json_key(PARTITION_KEY_JSON, body) or ""
         rows = _batch_rows(body, table, pk)
         return Charge(account, {(table, pk): max(1, len(inner))}, write=True, rows=rows)
-    collection = _COLLECTION.match(path)
+    collection = COLLECTION.match(path)
     if collection and collection.group(2) != "Tables":
         table = collection.group(2)
         if method == "GET":
             query = parse_qs(parts.query).get("$filter", [""])[0]
             eq = _PK_EQ.search(query)
-            partitions = {(table, eq.group(1).replace("''", "'")): 1} if eq else {}
+            partitions = {(table, key_value(eq.group(1))): 1} if eq else {}
             return Charge(account, partitions, read=True)
         if method == "POST" and body:
-            found = _PK_JSON.search(body)
-            pk = json.loads(b'"' + found.group(1) + b'"') if found else ""
-            rk = _RK_JSON.search(body)
-            written = ((table, pk, json.loads(b'"' + rk.group(1) + b'"')),) if rk else ()
+            pk = json_key(PARTITION_KEY_JSON, body) or ""
+            rk = json_key(ROW_KEY_JSON, body)
+            written = ((table, pk, rk),) if rk is not None else ()
             return Charge(account, {(table, pk): 1}, write=True, rows=written)
     return Charge(account, {})
 
@@ -125,14 +121,14 @@ def _batch_rows(body: bytes, table: str, pk: str) -> tuple[tuple[str, str, str],
     found = list(_INNER.finditer(body))
     rows = []
     for n, op in enumerate(found):
-        point = _POINT.match(unquote(urlsplit(op.group(2).decode()).path))
+        point = POINT.match(unquote(urlsplit(op.group(2).decode()).path))
         if point:
-            rows.append((table, pk, point.group(4).replace("''", "'")))
+            rows.append((table, pk, key_value(point.group(4))))
             continue
         end = found[n + 1].start() if n + 1 < len(found) else len(body)
-        rk = _RK_JSON.search(body, op.end(), end)
-        if rk:
-            rows.append((table, pk, json.loads(b'"' + rk.group(1) + b'"')))
+        rk = json_key(ROW_KEY_JSON, body, op.end(), end)
+        if rk is not None:
+            rows.append((table, pk, rk))
     return tuple(rows)
 
 

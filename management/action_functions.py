@@ -8,14 +8,16 @@ a cold start load none of them.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec
 
 import azure.functions as func
 
 from common import openapi, telemetry
 from common.http import Handler, parse_body
-from common.principal import actor_of, allowed, denial
+from common.principal import Actor, actor_of, allowed, denial
 from handoff.limits import route_value
 from handoff.messages.contract import MessageType
 from management import services
@@ -40,22 +42,52 @@ else:
 bp = func.Blueprint()
 _EVENT = "events/{endpointId}/{eventId}"
 _IDS = ("endpointId", "eventId")
+P = ParamSpec("P")
 
 
 # -- actions ------------------------------------------------------------------------------------------
 
 
-def _accepted(result: ActionResult) -> ActionAccepted:
+def _answer(result: ActionResult) -> ActionAccepted:
+    """The API's answer to an accepted action: its settlement and the audit it wrote."""
     from handoff.models import AuditEntry
     from management.models import ActionAccepted
 
     audit = AuditEntry.of(result.audit) if result.audit is not None else None
+    return ActionAccepted.of(result.action, result.accepted, audit)
+
+
+def _accepted(result: ActionResult) -> ActionAccepted:
     accepted = result.accepted
     telemetry.current().set_outcome(
         "replayed" if accepted.replayed else "sent" if accepted.confirmed else "unconfirmed"
     )
     telemetry.annotate({"nimbus.control_message_id": accepted.control_message_id})
-    return ActionAccepted.of(result.action, accepted, audit)
+    return _answer(result)
+
+
+@dataclass(frozen=True)
+class _OnEvent:
+    """An operator acting on the route's event."""
+
+    endpoint_id: str
+    event_id: str
+    actor: Actor
+
+    def __call__(
+        self, method: Callable[Concatenate[str, str, Actor, P], ActionResult], /, *a: P.args, **kw: P.kwargs
+    ) -> ActionAccepted:
+        """The service's ``method(endpoint_id, event_id, actor, ...)``, its answer shaped."""
+        return _accepted(method(self.endpoint_id, self.event_id, self.actor, *a, **kw))
+
+
+@contextmanager
+def _on_the_event(
+    action: str, req: func.HttpRequest, model: type[Any], *, needs_body: bool = True
+) -> Iterator[tuple[Any, _OnEvent]]:
+    """:func:`management.api.acting` on the route's event: its body, and how to act on the event."""
+    with acting(action, req, model, *_IDS, needs_body=needs_body) as (body, actor, (endpoint_id, event_id)):
+        yield body, _OnEvent(endpoint_id, event_id, actor)
 
 
 def _on_event(
@@ -79,31 +111,17 @@ def _on_event(
 def event_resubmit(req: func.HttpRequest) -> ActionAccepted:
     from management.models import ResubmitRequest
 
-    acted = acting("resubmit", req, ResubmitRequest, *_IDS, needs_body=False)
-    with acted as (body, actor, (endpoint_id, event_id)):
-        return _accepted(
-            services.operator_actions().resubmit(
-                endpoint_id,
-                event_id,
-                actor,
-                message_id=body.message_id,
-                event_json=body.event_json,
-                reason=body.reason,
-            )
-        )
+    with _on_the_event("resubmit", req, ResubmitRequest, needs_body=False) as (body, act):
+        resubmit = services.operator_actions().resubmit
+        return act(resubmit, message_id=body.message_id, event_json=body.event_json, reason=body.reason)
 
 
 @_on_event("skip", "Skip an event: one SkipRequest, audited", lambda: models.SkipRequest)
 def event_skip(req: func.HttpRequest) -> ActionAccepted:
     from management.models import SkipRequest
 
-    acted = acting("skip", req, SkipRequest, *_IDS, needs_body=False)
-    with acted as (body, actor, (endpoint_id, event_id)):
-        return _accepted(
-            services.operator_actions().skip(
-                endpoint_id, event_id, actor, message_id=body.message_id, reason=body.reason
-            )
-        )
+    with _on_the_event("skip", req, SkipRequest, needs_body=False) as (body, act):
+        return act(services.operator_actions().skip, message_id=body.message_id, reason=body.reason)
 
 
 @_on_event(
@@ -114,17 +132,10 @@ def event_skip(req: func.HttpRequest) -> ActionAccepted:
 def event_complete(req: func.HttpRequest) -> ActionAccepted:
     from management.models import CompleteRequest
 
-    acted = acting("complete", req, CompleteRequest, *_IDS, needs_body=False)
-    with acted as (body, actor, (endpoint_id, event_id)):
-        return _accepted(
-            services.operator_actions().settle(
-                endpoint_id,
-                event_id,
-                actor,
-                kind=MessageType.HandoffCompletedRequest,
-                message_id=body.message_id,
-                result=body.result,
-            )
+    with _on_the_event("complete", req, CompleteRequest, needs_body=False) as (body, act):
+        kind = MessageType.HandoffCompletedRequest
+        return act(
+            services.operator_actions().settle, kind=kind, message_id=body.message_id, result=body.result
         )
 
 
@@ -136,17 +147,13 @@ def event_complete(req: func.HttpRequest) -> ActionAccepted:
 def event_fail(req: func.HttpRequest) -> ActionAccepted:
     from management.models import FailRequest
 
-    with acting("fail", req, FailRequest, *_IDS) as (body, actor, (endpoint_id, event_id)):
-        return _accepted(
-            services.operator_actions().settle(
-                endpoint_id,
-                event_id,
-                actor,
-                kind=MessageType.HandoffFailedRequest,
-                message_id=body.message_id,
-                error_text=body.error_text,
-                error_type=body.error_type,
-            )
+    with _on_the_event("fail", req, FailRequest) as (body, act):
+        return act(
+            services.operator_actions().settle,
+            kind=MessageType.HandoffFailedRequest,
+            message_id=body.message_id,
+            error_text=body.error_text,
+            error_type=body.error_type,
         )
 
 
@@ -197,9 +204,8 @@ def event_settlement_resolve(req: func.HttpRequest) -> SettlementResolved:
     {**AUTH, 400: "Invalid input (the problem names the field)"},
 )
 def endpoint_bulk(req: func.HttpRequest) -> BulkAnswer:
-    from handoff.models import AuditEntry
     from management import bulk
-    from management.models import ActionAccepted, BulkAnswer, BulkItemAnswer, BulkRequest
+    from management.models import BulkAnswer, BulkItemAnswer, BulkRequest
 
     body: BulkRequest = parse_body(req, BulkRequest)
     actor = actor_of(req, body.by)
@@ -219,21 +225,16 @@ def endpoint_bulk(req: func.HttpRequest) -> BulkAnswer:
         message_ids=body.message_ids,
         on_done=done,
     )
-    answers = []
-    for item in items:
-        accepted = None
-        if item.result is not None:
-            audit = AuditEntry.of(item.result.audit) if item.result.audit is not None else None
-            accepted = ActionAccepted.of(item.result.action, item.result.accepted, audit)
-        answers.append(
-            BulkItemAnswer(
-                event_id=item.event_id,
-                status=item.status,
-                problem=item.slug,
-                detail=item.detail,
-                accepted=accepted,
-            )
+    answers = [
+        BulkItemAnswer(
+            event_id=item.event_id,
+            status=item.status,
+            problem=item.slug,
+            detail=item.detail,
+            accepted=_answer(item.result) if item.result is not None else None,
         )
+        for item in items
+    ]
     if not allowed(actor):  # each event has its AccessDenied audit (the single action's); the call is 403
         raise denial(actor)
     ok = sum(1 for a in answers if a.status == 202)

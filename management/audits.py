@@ -69,17 +69,19 @@ def mirror(store: HandoffStore, audit: AuditRow | None) -> None:
         log.warning("the hoaudit copy of %s on %s failed", audit.audit_type, audit.event_id, exc_info=True)
 
 
-def search(
-    store: HandoffStore,
-    *,
-    oldest: datetime,
-    newest: datetime,
-    endpoint_id: str | None,
-    audit_type: str | None,
-    by: str | None,
-    page_size: int,
-    after: str | None,
-) -> AuditSearch:
+@dataclass(frozen=True)
+class AuditQuery:
+    """What an audit search asks for: a time window and the filters (None: any)."""
+
+    oldest: datetime
+    newest: datetime
+    endpoint_id: str | None
+    audit_type: str | None
+    by: str | None
+
+
+def search(store: HandoffStore, query: AuditQuery, *, page_size: int, after: str | None) -> AuditSearch:
+    oldest, newest = query.oldest, query.newest
     if oldest > newest:
         raise InvalidInput("from must not be after to.", field="from")
     # Both ends are read to the millisecond, the precision the API shows an audit's time with: ``to`` set
@@ -103,12 +105,12 @@ def search(
         clauses.append(
             f"RowKey gt {quoted(after)}" if after and after[:8] == day else f"RowKey ge {quoted(low_key)}"
         )
-        if endpoint_id:
-            clauses.append(f"EndpointId eq {quoted(endpoint_id)}")
-        if audit_type:
-            clauses.append(f"AuditType eq {quoted(audit_type)}")
-        if by:
-            clauses.append(f"AuditorName eq {quoted(by)}")
+        if query.endpoint_id:
+            clauses.append(f"EndpointId eq {quoted(query.endpoint_id)}")
+        if query.audit_type:
+            clauses.append(f"AuditType eq {quoted(query.audit_type)}")
+        if query.by:
+            clauses.append(f"AuditorName eq {quoted(query.by)}")
         for entity in table.query_entities(" and ".join(clauses), results_per_page=page_size + 1):
             if len(rows) == page_size:
                 return AuditSearch(rows, rows[-1].row_key)

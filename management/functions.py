@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import timedelta
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import azure.functions as func
@@ -37,17 +38,19 @@ from management.api import (
 )
 
 if TYPE_CHECKING:
-    from handoff.storage.records import ClaimRow, UnconfirmedRow
+    from handoff.storage.records import ClaimRow, ExpiryRow, TableRecord, UnconfirmedRow
     from management.models import (
         AuditSearchPage,
         EndpointsOverview,
         EventPage,
         FindAnswer,
+        IndexListing,
         OperatorEventView,
         OverdueHandoffs,
         SettlementView,
         UnconfirmedSettlements,
     )
+    from management.reads import IndexPage
 
 
 # The API's models, imported when a route first needs one (never at indexing): ``lambda: models.Name``.
@@ -211,9 +214,21 @@ def _settlement_view(claim: ClaimRow | UnconfirmedRow, state: str) -> Settlement
     )
 
 
-def _index_position(req: func.HttpRequest, what: str) -> tuple[str, str | None, int, str]:
-    """The endpoint of an index listing, where its page starts (the token's key), its page size and what
-    binds its tokens."""
+def _index_read(what: str, summary: str, response: openapi.ModelRef) -> Callable[[Handler], Any]:
+    """Registers ``GET v1/endpoints/{endpointId}/<what>``, a listing of one of the endpoint's indexes
+    (paged by its continuation token, up to 1,000 rows a page)."""
+    return _per_endpoint(what, summary, response, responses=INVALID, more=(INDEX_PAGE_SIZE, CONTINUATION))
+
+
+def _index_listing[Row: TableRecord, Listing: IndexListing](
+    req: func.HttpRequest,
+    what: str,
+    read: Callable[..., IndexPage[Row]],
+    listing: type[Listing],
+    item: Callable[[Row], Any],
+) -> Listing:
+    """A page of an endpoint's index (``what``: the listing, which binds its tokens) read with
+    ``read(endpoint_id, after=, limit=)``, each row answered as ``item(row)``."""
     from common import page_tokens
 
     endpoint_id = route_value(req, "endpointId")
@@ -221,51 +236,41 @@ def _index_position(req: func.HttpRequest, what: str) -> tuple[str, str | None, 
     bound = page_tokens.binding(what, endpoint_id)
     token = req.params.get("continuationToken")
     after = page_tokens.strings(page_tokens.decode(token, bound), 1)[0] if token else None
-    return endpoint_id, after, limit, bound
+    page = read(endpoint_id, after=after, limit=limit)
+    return listing(
+        endpoint_id=endpoint_id,
+        count=page.count.count,
+        at_least=page.count.at_least,
+        items=[item(r) for r in page.rows],
+        continuation_token=page_tokens.encode(bound, [page.last_key]) if page.last_key else None,
+    )
 
 
-@_per_endpoint(
+@_index_read(
     "unconfirmed",
     "Settlements Settle could neither confirm nor safely re-send: an operator resolves each (paged)",
     lambda: models.UnconfirmedSettlements,
-    responses=INVALID,
-    more=(INDEX_PAGE_SIZE, CONTINUATION),
 )
 def endpoint_unconfirmed(req: func.HttpRequest) -> UnconfirmedSettlements:
-    from common import page_tokens
     from management.models import UnconfirmedSettlements
 
-    endpoint_id, after, limit, bound = _index_position(req, "unconfirmed")
-    page = services.operator_reads().unconfirmed(endpoint_id, after=after, limit=limit)
-    return UnconfirmedSettlements(
-        endpoint_id=endpoint_id,
-        count=page.count.count,
-        at_least=page.count.at_least,
-        items=[_settlement_view(r, "unconfirmed") for r in page.rows],
-        continuation_token=page_tokens.encode(bound, [page.last_key]) if page.last_key else None,
-    )
+    view = partial(_settlement_view, state="unconfirmed")
+    unconfirmed = services.operator_reads().unconfirmed
+    return _index_listing(req, "unconfirmed", unconfirmed, UnconfirmedSettlements, view)
 
 
-@_per_endpoint(
+@_index_read(
     "overdue",
     "Parked hand-offs past their ExpectedBy, most overdue first (the expiry index, no scan; paged)",
     lambda: models.OverdueHandoffs,
-    responses=INVALID,
-    more=(INDEX_PAGE_SIZE, CONTINUATION),
 )
 def endpoint_overdue(req: func.HttpRequest) -> OverdueHandoffs:
-    from common import page_tokens
     from management.models import OverdueHandoff, OverdueHandoffs
 
-    endpoint_id, after, limit, bound = _index_position(req, "overdue")
-    page = services.operator_reads().overdue(endpoint_id, after=after, limit=limit)
-    return OverdueHandoffs(
-        endpoint_id=endpoint_id,
-        count=page.count.count,
-        at_least=page.count.at_least,
-        items=[OverdueHandoff(event_id=r.event_id, expected_by=r.expected_by) for r in page.rows],
-        continuation_token=page_tokens.encode(bound, [page.last_key]) if page.last_key else None,
-    )
+    def view(row: ExpiryRow) -> OverdueHandoff:
+        return OverdueHandoff(event_id=row.event_id, expected_by=row.expected_by)
+
+    return _index_listing(req, "overdue", services.operator_reads().overdue, OverdueHandoffs, view)
 
 
 @operator_read(
@@ -288,6 +293,7 @@ def endpoint_overdue(req: func.HttpRequest) -> OverdueHandoffs:
 def audits_search(req: func.HttpRequest) -> AuditSearchPage:
     from common import page_tokens
     from handoff.models import AuditEntry
+    from management.audits import AuditQuery
     from management.models import AuditSearchEntry, AuditSearchPage
 
     # No "to": up to now, plus the skew Settle's clock may move by (it follows storage's clock), so an
@@ -299,12 +305,15 @@ def audits_search(req: func.HttpRequest) -> AuditSearchPage:
         "audits", *(req.params.get(n) for n in ("from", "to", "endpointId", "auditType", "by"))
     )
     token = req.params.get("continuationToken")
-    found = services.operator_reads().audit_search(
+    query = AuditQuery(
         oldest=oldest,
         newest=newest,
         endpoint_id=query_value(req, "endpointId"),
         audit_type=query_value(req, "auditType"),
         by=query_value(req, "by"),
+    )
+    found = services.operator_reads().audit_search(
+        query,
         page_size=page_size(req, 50, 200),
         after=page_tokens.strings(page_tokens.decode(token, bound), 1)[0] if token else None,
     )

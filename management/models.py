@@ -205,12 +205,18 @@ _AT_LEAST = "True: counting stopped at 1,000; at least `count` match."
 _MORE = "More follow: send it back for the next page (none: this page is the last)."
 
 
-class UnconfirmedSettlements(ApiModel):
+class IndexListing(ApiModel):
+    """A page of an endpoint's index rows and the count of them all; each listing names its items."""
+
     endpoint_id: str
     count: int = Field(description=_COUNT)
     at_least: bool = Field(default=False, description=_AT_LEAST)
-    items: list[SettlementView]
+    items: list[Any]
     continuation_token: str | None = Field(default=None, description=_MORE)
+
+
+class UnconfirmedSettlements(IndexListing):
+    items: list[SettlementView]
 
 
 class OverdueHandoff(ApiModel):
@@ -218,12 +224,8 @@ class OverdueHandoff(ApiModel):
     expected_by: datetime
 
 
-class OverdueHandoffs(ApiModel):
-    endpoint_id: str
-    count: int = Field(description=_COUNT)
-    at_least: bool = Field(default=False, description=_AT_LEAST)
+class OverdueHandoffs(IndexListing):
     items: list[OverdueHandoff]
-    continuation_token: str | None = Field(default=None, description=_MORE)
 
 
 class ReplayRequest(RequestModel):

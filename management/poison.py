@@ -31,7 +31,7 @@ from typing import Any
 from azure.functions.servicebus import ServiceBusMessage
 
 from common.clock import utcnow
-from common.errors import Conflict, NotFound, Unavailable
+from common.errors import Conflict, NotFound, SettleError, Unavailable
 from common.principal import Actor, allowed, denial
 from common.transactions import delete, insert, merge_if_unchanged
 from handoff.messages.contract import Prop
@@ -96,16 +96,7 @@ class PoisonDesk:
         day = check_day(day)
         edits = edits or Edits()
         kind = replay_kind(edits.any)
-        row = self.store.get_poison(day, row_key)
-        if not allowed(actor):  # before existence: a refused caller learns nothing about the row
-            if row is not None:
-                self._audit(day, row_key, actor, kind, denied=True, endpoint_id=row.endpoint_id)
-            raise denial(actor)
-        if row is None:
-            raise NotFound(f"No poison message {row_key!r} on {day}.")
-        refusal = replay_refusal(row, row_key)
-        if refusal is not None:
-            raise refusal
+        row = self._open(day, row_key, actor, kind, replay_refusal)
         outcome, detail = self._project(row, edits)
         recorded = self._record(day, row_key, row, actor, outcome, detail)
         if recorded is None:  # another replay recorded first: answer with its record
@@ -133,16 +124,7 @@ class PoisonDesk:
         from azure.core.exceptions import ResourceModifiedError
 
         day = check_day(day)
-        row = self.store.get_poison(day, row_key)
-        if not allowed(actor):  # before existence, as for a replay: a refused caller learns nothing
-            if row is not None:
-                self._audit(day, row_key, actor, "DismissPoison", denied=True, endpoint_id=row.endpoint_id)
-            raise denial(actor)
-        if row is None:
-            raise NotFound(f"No poison message {row_key!r} on {day}.")
-        refusal = dismissal_refusal(row, row_key)
-        if refusal is not None:
-            raise refusal
+        row = self._open(day, row_key, actor, "DismissPoison", dismissal_refusal)
         now = self.clock()
         try:
             dismissal = {
@@ -164,6 +146,28 @@ class PoisonDesk:
         self._uncount(day, row_key, dismissed)
         self._audit(day, row_key, actor, "DismissPoison", comment=reason, endpoint_id=row.endpoint_id)
         return dismissed
+
+    def _open(
+        self,
+        day: str,
+        row_key: str,
+        actor: Actor,
+        kind: str,
+        refusal_of: Callable[[PoisonRow, str], SettleError | None],
+    ) -> PoisonRow:
+        """The poison row an action ``kind`` may act on: the principal is checked before the row's
+        existence (a refused caller learns nothing about the row), then what the row allows."""
+        row = self.store.get_poison(day, row_key)
+        if not allowed(actor):
+            if row is not None:
+                self._audit(day, row_key, actor, kind, denied=True, endpoint_id=row.endpoint_id)
+            raise denial(actor)
+        if row is None:
+            raise NotFound(f"No poison message {row_key!r} on {day}.")
+        refusal = refusal_of(row, row_key)
+        if refusal is not None:
+            raise refusal
+        return row
 
     def _project(self, row: PoisonRow, edits: Edits | None = None) -> tuple[str, str | None]:
         """The stored message through the resolver once (no rescheduling, no sleeping: 503 on a fault)."""

@@ -30,7 +30,7 @@ from handoff.storage.records import (
 )
 from handoff.storage.store import HandoffStore, classify_event_rows
 from management import failed, find, rules
-from management.audits import AuditSearch, search
+from management.audits import AuditQuery, AuditSearch, search
 from management.models import FindAnswer, FoundEvent
 
 
@@ -221,28 +221,9 @@ class OperatorReads:
 
     # -- across endpoints ---------------------------------------------------------------------------
 
-    def audit_search(
-        self,
-        *,
-        oldest: datetime,
-        newest: datetime,
-        endpoint_id: str | None,
-        audit_type: str | None,
-        by: str | None,
-        page_size: int,
-        after: str | None,
-    ) -> AuditSearch:
+    def audit_search(self, query: AuditQuery, *, page_size: int, after: str | None) -> AuditSearch:
         """Operator audits by endpoint, type, operator and time (:mod:`management.audits`)."""
-        return search(
-            self.store,
-            oldest=oldest,
-            newest=newest,
-            endpoint_id=endpoint_id,
-            audit_type=audit_type,
-            by=by,
-            page_size=page_size,
-            after=after,
-        )
+        return search(self.store, query, page_size=page_size, after=after)
 
     def find_events(self, params: Mapping[str, str], *, page_size: int) -> FindAnswer:
         """Hand-offs across endpoints by any id (:mod:`management.find`)."""

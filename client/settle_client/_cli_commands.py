@@ -1,4 +1,5 @@
-"""The ``settle`` commands: each reads its arguments, calls the client, prints (:mod:`settle_client.cli`).
+"""The ``settle`` commands: each reads its arguments, calls the client, prints (:mod:`settle_client.cli`)
+through its :class:`~settle_client._cli_context.Context`.
 
 A command returns the exit code, or raises :class:`Failure` (one line and a code) or the client's error.
 """
@@ -6,162 +7,31 @@ A command returns the exit code, or raises :class:`Failure` (one line and a code
 from __future__ import annotations
 
 import argparse
-import getpass
 import json
-import os
-import shutil
 import sys
-from collections.abc import Callable, Iterable, Sequence
-from datetime import UTC, datetime, timedelta
-from itertools import islice
-from typing import Any, TextIO, TypeVar
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 from settle_client import _cli_output as out
-from settle_client._calls import Call, Page, Pages, present
-from settle_client._core import read_pages
-from settle_client.client import SettleClient
-from settle_client.errors import Conflict, InvalidInput, NotFound, SettleError
+from settle_client._calls import present
+from settle_client._cli_context import (
+    CONFLICT,
+    FAILED,
+    OK,
+    USAGE,
+    Context,
+    DryRun,
+    Failure,
+    confirm,
+    ids_arg,
+    not_found,
+)
+from settle_client.errors import Conflict, InvalidInput, SettleError
 from settle_client.models import Coordinates, Key
 from settle_client.operator import BULK_CHUNK
 from settle_client.operator_models import FoundEvent, OperatorEvent
 
 T = TypeVar("T")
-
-# Exit codes (argparse itself exits 2 on a usage error).
-OK, NOTHING, USAGE, INVALID, AUTH, CONFLICT, UNAVAILABLE, FAILED, NOT_SETTLE = 0, 1, 2, 3, 4, 5, 6, 7, 8
-EXIT_CODES = f"""exit codes:
-  {OK}  found / done (a closed pipe, as `| head` closes it, too: quietly)
-  {NOTHING}  not found (unknown id, event, record, no parked hand-off): "settle: not found: ..."
-  {USAGE}  wrong usage (the command line, bad JSON, an action not confirmed)
-  {INVALID}  Settle refused the input (400: the message names the field)
-  {AUTH}  401/403: no or a refused credential (the message says what to pass)
-  {CONFLICT}  409: the state does not allow it (the message says what the state is)
-  {UNAVAILABLE}  Settle unavailable or unreachable (503/429 after retries, no answer)
-  {FAILED}  some items of a bulk command were refused (each is listed), or another error
-  {NOT_SETTLE}  no Settle at --url: nothing listens there, or what answers is not a Settle function app"""
-
-ENVIRONMENT = """environment:
-  SETTLE_URL            the function app (default what `make run` serves: http://127.0.0.1:7071,
-                        or the port SETTLE_RUN_PORT names)
-  SETTLE_FUNCTION_KEY   a function key (sent as x-functions-key)
-  SETTLE_TOKEN_SCOPE    get an Entra ID token for this scope (api://<app-client-id>/.default) with
-                        azure-identity's DefaultAzureCredential (pip install azure-identity): the
-                        operator's sign-in the management API wants in Azure
-  SETTLE_OPERATOR       who acts, recorded in the audit when no principal is signed in (default: $USER)"""
-
-
-class Failure(Exception):
-    """One line for stderr and the exit code."""
-
-    def __init__(self, message: str, code: int) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-# -- what a command gets ---------------------------------------------------------------------------
-
-
-class Context:
-    """What a command gets: the client, the parsed arguments, where to print and how."""
-
-    def __init__(
-        self, args: argparse.Namespace, client: SettleClient, stdout: TextIO, stderr: TextIO
-    ) -> None:
-        self.args = args
-        self.client = client
-        self.stdout = stdout
-        self.stderr = stderr
-        self.by: str = args.by or os.environ.get("SETTLE_OPERATOR") or _user()
-        self.output: str = args.output
-        # A table fits the terminal it is shown in; in a pipe nothing is cut.
-        self.width = shutil.get_terminal_size().columns if _isatty(stdout) else None
-
-    def print(self, text: str) -> None:
-        if text:
-            print(text, file=self.stdout)
-
-    def emit(self, value: Any, human: Callable[[], str]) -> None:
-        if self.output == "json":
-            self.print(out.as_json(value))
-        elif self.output == "jsonl":
-            self.print(out.as_jsonl(value))
-        else:
-            self.print(human())
-
-    def table(self, headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
-        return out.table(headers, rows, width=self.width)
-
-    def progress(self, text: str) -> None:
-        print(text, file=self.stderr, flush=True)
-
-    def take(self, items: Iterable[T] | Pages[T], what: str) -> list[T]:
-        """The items ``--limit`` / ``--all`` ask for (pages read only as far as needed); says on stderr
-        when more remain, so a list is complete or says it is not, and of how many where the listing's
-        answer counts them ("of 1234", "of at least 1000")."""
-        first: list[Page[T]] = []
-        if isinstance(items, Pages):
-            items = read_pages(self.client, items, lambda page: first.append(page) if not first else None)
-        limit = None if self.args.all else self.args.limit
-        taken = list(islice(items, None if limit is None else limit + 1))
-        if limit is not None and len(taken) > limit:
-            total = first[0] if first and first[0].count is not None else None
-            of = f" of {'at least ' if total.at_least else ''}{total.count}" if total else ""
-            self.progress(f"settle: showing the first {limit}{of} {what}; more match (--all, or --limit N)")
-            return taken[:limit]
-        return taken
-
-    def page_size(self, maximum: int) -> int:
-        """The page size that reads ``--limit`` items and whether more match in one page (``--all``: the
-        largest page the server gives, so the fewest requests)."""
-        limit = None if self.args.all else self.args.limit
-        return maximum if limit is None else min(limit + 1, maximum)
-
-    def act(self, call: Call[T], summary: str) -> T:
-        """Send an action's ``call`` once it is confirmed; ``--dry-run``: print what would be sent."""
-        if self.args.dry_run:
-            raise DryRun(call)
-        confirm(self, summary)
-        return self.client.send(call)
-
-
-class DryRun(Exception):
-    """``--dry-run``: the call that would have been sent (printed, exit 0)."""
-
-    def __init__(self, *calls: Call[Any]) -> None:
-        super().__init__("dry run")
-        self.calls = calls
-
-
-def confirm(ctx: Context, summary: str) -> None:
-    """Ask on a terminal before acting (``--yes`` skips it); without a terminal, refuse unless ``--yes``."""
-    if ctx.args.yes:
-        return
-    if not (_isatty(sys.stdin) and _isatty(ctx.stderr)):
-        raise Failure(
-            f"not confirmed: {summary}; pass --yes to act without a terminal (or --dry-run to see it)", USAGE
-        )
-    print(f"{summary}? [y/N] ", end="", file=ctx.stderr, flush=True)
-    if sys.stdin.readline().strip().lower() not in ("y", "yes"):
-        raise Failure("not confirmed: nothing was sent", USAGE)
-
-
-def not_found(what: str) -> Failure:
-    """The one "not found" of every command: one line, exit code NOTHING, nothing on stdout."""
-    return Failure(f"not found: {what}", NOTHING)
-
-
-def _isatty(stream: Any) -> bool:
-    try:
-        return bool(stream.isatty())
-    except (AttributeError, ValueError):
-        return False
-
-
-def _user() -> str:
-    try:
-        return getpass.getuser()
-    except Exception:  # no user name in a container: the audit still says it came from here
-        return "settle-cli"
 
 
 # -- commands ---------------------------------------------------------------------------------------------
@@ -265,16 +135,6 @@ def _conflict(ctx: Context, error: Conflict, endpoint: str, event_id: str) -> Fa
     return Failure(f"{' '.join(str(error).split())}{state}", CONFLICT)
 
 
-def _ids(values: Iterable[str]) -> list[str]:
-    ids: list[str] = []
-    for value in values:
-        if value == "-":
-            ids += [out.unquoted(line.strip()) for line in sys.stdin if line.strip()]
-        else:
-            ids.append(out.unquoted(value))
-    return list(dict.fromkeys(ids))
-
-
 def _read(path: str) -> str:
     if path == "-":
         return sys.stdin.read()
@@ -292,7 +152,7 @@ def json_arg(text: str, option: str) -> Any:
 
 def cmd_action(ctx: Context) -> int:
     args, action = ctx.args, ctx.args.action
-    ids = _ids(args.event_ids) if action in ("resubmit", "skip") else [out.unquoted(args.event_id)]
+    ids = ids_arg(args.event_ids) if action in ("resubmit", "skip") else [out.unquoted(args.event_id)]
     if len(ids) > 1 or (action in ("resubmit", "skip") and "-" in args.event_ids):
         if getattr(args, "event_json", None):
             raise Failure("--event-json applies to one event, not to a bulk resubmission", USAGE)
@@ -485,16 +345,12 @@ def cmd_events(ctx: Context) -> int:
         )
         for e in events
     )
-    ctx.emit(
-        events, lambda: ctx.table(EVENT_HEADERS, rows) if events else f"no such events on {a.endpoint!r}"
-    )
-    return OK
+    return ctx.listing(events, EVENT_HEADERS, rows, f"no such events on {a.endpoint!r}")
 
 
 def cmd_failed(ctx: Context) -> int:
     found = ctx.take(ctx.client.operator.failed(page_size=ctx.page_size(200)), "failed events")
-    ctx.emit(found, lambda: ctx.table(FOUND_HEADERS, _found_rows(found)) if found else "no failed events")
-    return OK
+    return ctx.listing(found, FOUND_HEADERS, _found_rows(found), "no failed events")
 
 
 def cmd_audits(ctx: Context) -> int:
@@ -510,8 +366,7 @@ def cmd_audits(ctx: Context) -> int:
         for x in audits
     )
     headers = ("WHEN", "TYPE", "BY", "ENDPOINT", "EVENT", "COMMENT")
-    ctx.emit(audits, lambda: ctx.table(headers, rows) if audits else "no audits in that window")
-    return OK
+    return ctx.listing(audits, headers, rows, "no audits in that window")
 
 
 def cmd_stuck(ctx: Context) -> int:
@@ -525,8 +380,7 @@ def cmd_stuck(ctx: Context) -> int:
         for r in records
     )
     headers = ("KEY", "LOCKED UNTIL", "UPDATED")
-    ctx.emit(records, lambda: ctx.table(headers, rows) if records else "no record is stuck in Processing")
-    return OK
+    return ctx.listing(records, headers, rows, "no record is stuck in Processing")
 
 
 def cmd_unconfirmed(ctx: Context) -> int:
@@ -537,157 +391,14 @@ def cmd_unconfirmed(ctx: Context) -> int:
         for s in items
     )
     headers = ("EVENT", "TYPE", "ADDRESSED MESSAGE", "CONTROL MESSAGE", "BY", "CLAIMED")
-    ctx.emit(items, lambda: ctx.table(headers, rows) if items else "no unconfirmed settlement")
-    return OK
+    return ctx.listing(items, headers, rows, "no unconfirmed settlement")
 
 
 def cmd_overdue(ctx: Context) -> int:
     listed = ctx.client.operator.calls.overdue(ctx.args.endpoint, page_size=ctx.page_size(1000))
     items = ctx.take(listed, "overdue hand-offs")
     rows = ((o.event_id, o.expected_by) for o in items)
-    ctx.emit(items, lambda: ctx.table(("EVENT", "EXPECTED BY"), rows) if items else "no overdue hand-off")
-    return OK
-
-
-# -- poison -------------------------------------------------------------------------------------------
-
-MAX_POISON_DAYS = 92
-
-
-def _today() -> str:
-    return datetime.now(UTC).strftime("%Y%m%d")
-
-
-def _day(text: str, option: str) -> datetime:
-    try:
-        return datetime.strptime(text.replace("-", ""), "%Y%m%d").replace(tzinfo=UTC)
-    except ValueError as error:
-        raise Failure(f"{option} must be a UTC day, YYYYMMDD or YYYY-MM-DD (not {text!r})", USAGE) from error
-
-
-def _days(ctx: Context) -> list[str]:
-    a = ctx.args
-    if a.day and (a.since or a.until):
-        raise Failure("give --day, or --from/--to, not both", USAGE)
-    if not (a.since or a.until):
-        return [_day(a.day, "--day").strftime("%Y%m%d") if a.day else _today()]
-    first = _day(a.since or a.until, "--from")
-    last = _day(a.until, "--to") if a.until else datetime.now(UTC)
-    if last < first:
-        raise Failure("--from must not be after --to", USAGE)
-    count = (last.date() - first.date()).days + 1
-    if count > MAX_POISON_DAYS:
-        raise Failure(f"at most {MAX_POISON_DAYS} days at once", USAGE)
-    return [(first + timedelta(days=n)).strftime("%Y%m%d") for n in range(count)]
-
-
-def cmd_poison_list(ctx: Context) -> int:
-    days = _days(ctx)
-    every = (
-        p
-        for day in days
-        for p in ctx.client.operator.poison(day)
-        if ctx.args.include_done or (p.replayed_at is None and p.dismissed_at is None)
-    )
-    entries = ctx.take(every, "poison messages")
-    span = days[0] if len(days) == 1 else f"{days[0]}-{days[-1]}"
-    ctx.emit(
-        entries,
-        lambda: (
-            ctx.table(
-                ("DAY", "ID", "ENDPOINT", "MESSAGE", "RECORDED", "REASON", "REPLAYED", "DISMISSED"),
-                (
-                    (
-                        p.day,
-                        out.pasteable(p.id),
-                        p.endpoint_id,
-                        p.message_id,
-                        p.recorded_at,
-                        p.reason,
-                        p.replay_outcome,
-                        p.dismissed_at,
-                    )
-                    for p in entries
-                ),
-            )
-            if entries
-            else f"no poison messages on {span}"
-            + ("" if ctx.args.include_done else " waiting (--include-done: replayed and dismissed ones too)")
-        ),
-    )
-    return OK
-
-
-def _each(
-    ctx: Context,
-    verb: str,
-    ids: list[str],
-    one: Callable[[str], Call[Any]],
-    failed: Callable[[Any], str | None],
-) -> int:
-    """Send ``one(id)`` per id (confirmed once), a progress line per id on stderr when there are several. A
-    refused id (409, 404, 400) or a result ``failed`` names is reported and the others go on; the exit
-    code says so."""
-    if not ids:
-        raise Failure("no ids given", USAGE)
-    if ctx.args.dry_run:
-        raise DryRun(*map(one, ids))
-    confirm(ctx, f"{verb} {len(ids)} poison message{'s' if len(ids) > 1 else ''} ({', '.join(ids[:3])}…)")
-    results: list[Any] = []
-    problems: list[str] = []
-    for n, item_id in enumerate(ids, 1):
-        try:
-            result = ctx.client.send(one(item_id))
-            outcome = failed(result)
-            results.append(result)
-        except (Conflict, NotFound, InvalidInput) as error:
-            if len(ids) == 1:
-                raise
-            outcome = " ".join(str(error).split())
-            results.append({"id": item_id, "error": outcome, "status": error.status})
-        if outcome:
-            problems.append(f"{verb} {item_id}: {outcome}")
-        if len(ids) > 1:
-            ctx.progress(f"{verb}: {n}/{len(ids)} {item_id}: {outcome or 'ok'}")
-    ctx.emit(results if len(ids) > 1 else results[0], lambda: _poison_results(ctx, verb, results))
-    if not problems:
-        return OK
-    raise Failure(problems[0] if len(problems) == 1 else f"{len(problems)} of {len(ids)} not done", FAILED)
-
-
-def _poison_results(ctx: Context, verb: str, results: list[Any]) -> str:
-    rows = []
-    for r in results:
-        if isinstance(r, dict):
-            rows.append((out.pasteable(r["id"]), "refused", r["error"]))
-        elif hasattr(r, "outcome"):
-            rows.append((out.pasteable(r.poison.id), r.outcome, r.detail))
-        else:
-            rows.append((out.pasteable(r.id), verb, r.dismiss_reason))
-    return ctx.table(("ID", "OUTCOME", "DETAIL"), rows)
-
-
-def cmd_poison_replay(ctx: Context) -> int:
-    day = ctx.args.day
-    return _each(
-        ctx,
-        "replay",
-        _ids(ctx.args.ids),
-        lambda i: ctx.client.operator.calls.replay(day, i, by=ctx.by),
-        # Replayed, but not projected: the message is still poison (the detail says why).
-        lambda r: f"poisoned again: {r.detail}" if r.outcome == "poisoned" else None,
-    )
-
-
-def cmd_poison_dismiss(ctx: Context) -> int:
-    day, reason = ctx.args.day, ctx.args.reason
-    return _each(
-        ctx,
-        "dismiss",
-        _ids(ctx.args.ids),
-        lambda i: ctx.client.operator.calls.dismiss(day, i, reason, by=ctx.by),
-        lambda r: None,
-    )
+    return ctx.listing(items, ("EVENT", "EXPECTED BY"), rows, "no overdue hand-off")
 
 
 # -- state --------------------------------------------------------------------------------------------

@@ -23,6 +23,25 @@ from typing import Any, TextIO, TypeVar
 from settle_client import _cli_output as out
 from settle_client._calls import Call
 from settle_client._cli_commands import (
+    cmd_action,
+    cmd_audits,
+    cmd_endpoints,
+    cmd_events,
+    cmd_failed,
+    cmd_find,
+    cmd_handoffs,
+    cmd_lease,
+    cmd_overdue,
+    cmd_resolve,
+    cmd_settle_leased,
+    cmd_show,
+    cmd_state_get,
+    cmd_state_history,
+    cmd_stuck,
+    cmd_unconfirmed,
+)
+from settle_client._cli_completion import completion_script
+from settle_client._cli_context import (
     AUTH,
     CONFLICT,
     ENVIRONMENT,
@@ -36,27 +55,12 @@ from settle_client._cli_commands import (
     Context,
     DryRun,
     Failure,
-    cmd_action,
-    cmd_audits,
-    cmd_endpoints,
-    cmd_events,
-    cmd_failed,
-    cmd_find,
-    cmd_handoffs,
-    cmd_lease,
-    cmd_overdue,
+)
+from settle_client._cli_poison import (
     cmd_poison_dismiss,
     cmd_poison_list,
     cmd_poison_replay,
-    cmd_resolve,
-    cmd_settle_leased,
-    cmd_show,
-    cmd_state_get,
-    cmd_state_history,
-    cmd_stuck,
-    cmd_unconfirmed,
 )
-from settle_client._cli_completion import completion_script
 from settle_client._version import VERSION
 from settle_client.address import default_url
 from settle_client.client import SettleClient

@@ -110,14 +110,19 @@ class OverdueHandoff(_Wire):
     expected_by: datetime
 
 
-class OverdueHandoffs(_Wire):
-    """A page of them; ``count`` counts them all (``at_least``: counting stopped there)."""
+class _IndexListing(_Wire):
+    """A page of an endpoint's index rows; ``count`` counts them all (``at_least``: counting stopped
+    there). Each listing names its items."""
 
     endpoint_id: str
     count: int
     at_least: bool = False
-    items: list[OverdueHandoff]
+    items: list[Any]
     continuation_token: str | None = None
+
+
+class OverdueHandoffs(_IndexListing):
+    items: list[OverdueHandoff]
 
 
 class StuckRecords(_Wire):
@@ -140,14 +145,8 @@ class SettlementView(_Wire):
     claimed_at: datetime | None = None
 
 
-class UnconfirmedSettlements(_Wire):
-    """A page of them; ``count`` counts them all (``at_least``: counting stopped there)."""
-
-    endpoint_id: str
-    count: int
-    at_least: bool = False
+class UnconfirmedSettlements(_IndexListing):
     items: list[SettlementView]
-    continuation_token: str | None = None
 
 
 class OperatorEvent(Event):

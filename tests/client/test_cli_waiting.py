@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from settle_client import cli
-from settle_client._cli_commands import NOTHING
+from settle_client._cli_context import NOTHING
 
 
 @pytest.fixture
