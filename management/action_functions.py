@@ -21,7 +21,7 @@ from common.principal import Actor, actor_of, allowed, denial
 from handoff.limits import route_value
 from handoff.messages.contract import MessageType
 from management import services
-from management.api import ACTION, AUTH, acting, on_item
+from management.api import ACTION, AUTH, acting, models, on_item
 
 if TYPE_CHECKING:
     from management.actions import ActionResult
@@ -32,12 +32,6 @@ if TYPE_CHECKING:
         SettlementResolved,
     )
 
-
-# The API's models, imported when a route first needs one (never at indexing): ``lambda: models.Name``.
-if TYPE_CHECKING:
-    from management import models
-else:
-    models = openapi.LazyModels("management.models")
 
 bp = func.Blueprint()
 _EVENT = "events/{endpointId}/{eventId}"

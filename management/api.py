@@ -26,7 +26,7 @@ from handoff.limits import route_value
 # The API's models are imported when a handler or the OpenAPI document first needs them, never at indexing
 # (a cold start pays for none of them); routes name them as ``lambda: models.Name``.
 if TYPE_CHECKING:
-    from management import models
+    from management import models as models  # what mypy checks each route's model against
 else:
     models = openapi.LazyModels("management.models")
 

@@ -32,6 +32,7 @@ from management.api import (
     INVALID,
     PAGE_SIZE,
     TO,
+    models,
     operator_read,
     page_size,
     time_param,
@@ -52,12 +53,6 @@ if TYPE_CHECKING:
     )
     from management.reads import IndexPage
 
-
-# The API's models, imported when a route first needs one (never at indexing): ``lambda: models.Name``.
-if TYPE_CHECKING:
-    from management import models
-else:
-    models = openapi.LazyModels("management.models")
 
 bp = func.Blueprint()
 

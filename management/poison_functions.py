@@ -20,6 +20,7 @@ from management.api import (
     INVALID,
     PAGE_SIZE,
     acting,
+    models,
     on_item,
     operator_read,
     page_size,
@@ -32,12 +33,6 @@ if TYPE_CHECKING:
         ReplayAnswer,
     )
 
-
-# The API's models, imported when a route first needs one (never at indexing): ``lambda: models.Name``.
-if TYPE_CHECKING:
-    from management import models
-else:
-    models = openapi.LazyModels("management.models")
 
 bp = func.Blueprint()
 

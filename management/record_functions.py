@@ -7,9 +7,8 @@ from typing import TYPE_CHECKING
 
 import azure.functions as func
 
-from common import openapi
 from common.http import parse_body
-from management.api import AUTH, CONTINUATION, operator_read, page_size
+from management.api import AUTH, CONTINUATION, models, operator_read, page_size
 from state import service as state_service
 from state.schemas import HistoryRequest, QueryRequest, RecordPage
 
@@ -19,12 +18,6 @@ if TYPE_CHECKING:
         StuckRecords,
     )
 
-
-# The API's models, imported when a route first needs one (never at indexing): ``lambda: models.Name``.
-if TYPE_CHECKING:
-    from management import models
-else:
-    models = openapi.LazyModels("management.models")
 
 bp = func.Blueprint()
 
