@@ -24,7 +24,7 @@ import contextlib
 import json
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -77,17 +77,23 @@ class _ReplayResolver(ResolverService):
         super()._store_poison(msg, props, reason, final=final)
 
 
+@dataclass(frozen=True)
+class _NoEvent:
+    """What a poison audit is about: no event row, only the endpoint the message names (``""``: none)."""
+
+    endpoint_id: str
+    event_id: str = ""
+    event_type_id: str | None = None
+
+
+@dataclass(eq=False)
 class PoisonDesk:
-    def __init__(
-        self,
-        store_: HandoffStore,
-        resolver: Callable[[], ResolverService],
-        *,
-        clock: Callable[[], datetime] = utcnow,
-    ) -> None:
-        self.store = store_
-        self.resolver = resolver
-        self.clock = clock
+    """The operators' poison desk: list a day's poison, replay a message through ``resolver`` (looked up at
+    each replay), dismiss one; every act audited."""
+
+    store: HandoffStore
+    resolver: Callable[[], ResolverService]
+    clock: Callable[[], datetime] = field(default=utcnow, kw_only=True)
 
     def page(self, day: str, *, after: str | None, limit: int) -> tuple[list[PoisonRow], str | None]:
         return self.store.poison_page(check_day(day), after=after, limit=limit)
@@ -105,15 +111,7 @@ class PoisonDesk:
             return ReplayResult(again, day, again.replay_outcome or outcome, again.replay_detail, False)
         if outcome in PROJECTED:
             self._uncount(day, row_key, recorded)
-        self._audit(
-            day,
-            row_key,
-            actor,
-            kind,
-            outcome=outcome,
-            endpoint_id=row.endpoint_id,
-            edits=edits if edits.any else None,
-        )
+        self._audit(day, row_key, row, actor, kind, comment=outcome, edits=edits if edits.any else None)
         return ReplayResult(recorded, day, outcome, detail, True)
 
     def dismiss(self, day: str, row_key: str, actor: Actor, reason: str) -> PoisonRow:
@@ -144,7 +142,7 @@ class PoisonDesk:
             update={"dismissed_at": now, "dismissed_by": actor.by, "dismiss_reason": reason}
         )
         self._uncount(day, row_key, dismissed)
-        self._audit(day, row_key, actor, "DismissPoison", comment=reason, endpoint_id=row.endpoint_id)
+        self._audit(day, row_key, row, actor, "DismissPoison", comment=reason)
         return dismissed
 
     def _open(
@@ -160,7 +158,7 @@ class PoisonDesk:
         row = self.store.get_poison(day, row_key)
         if not allowed(actor):
             if row is not None:
-                self._audit(day, row_key, actor, kind, denied=True, endpoint_id=row.endpoint_id)
+                self._audit(day, row_key, row, actor, kind, denied=True)
             raise denial(actor)
         if row is None:
             raise NotFound(f"No poison message {row_key!r} on {day}.")
@@ -249,32 +247,29 @@ class PoisonDesk:
         self,
         day: str,
         row_key: str,
+        row: PoisonRow,
         actor: Actor,
         kind: str,
         *,
         denied: bool = False,
-        outcome: str | None = None,
         comment: str | None = None,
-        endpoint_id: str | None = None,
         edits: Edits | None = None,
     ) -> None:
-        """Operator actions without an event row of their own go to ``hoaudit`` (by UTC day)."""
+        """Operator actions on poison (no event row of their own) go to ``hoaudit`` (by UTC day), naming the
+        endpoint the message names, if any; ``comment``: the reason or the replay's outcome."""
         now = self.clock()
         data: dict[str, Any] = {"day": day, "id": row_key}
         if edits is not None:
             data["messageContent"] = edits.message_content
             data["applicationProperties"] = edits.application_properties
-        audit = AuditRow(
-            auditor_name=actor.by,
-            audit_timestamp=now,
-            audit_type=kind,
-            comment="Access denied" if denied else (comment or outcome),
-            access_denied=denied,
+        audit = AuditRow.of(
+            _NoEvent(row.endpoint_id or ""),
+            now,
+            actor,
+            kind,
+            comment="Access denied" if denied else comment,
             data=json.dumps(data)[:32_000],
-            event_id="",
-            endpoint_id=endpoint_id or "",
-            principal_name=actor.principal_name,
-            principal_id=actor.principal_id,
+            access_denied=denied,
         )
         table = self.store.table(AUDIT_TABLE)
         table.create_entity(audit.to_entity(now.strftime("%Y%m%d"), f"{keys.stamp(now)}|{uuid.uuid4().hex}"))

@@ -27,7 +27,7 @@ from settle_client._cli_context import (
     not_found,
 )
 from settle_client.errors import Conflict, InvalidInput, SettleError
-from settle_client.models import Coordinates, Key
+from settle_client.models import Coordinates, Key, Record
 from settle_client.operator import BULK_CHUNK
 from settle_client.operator_models import FoundEvent, OperatorEvent
 
@@ -373,7 +373,7 @@ def cmd_stuck(ctx: Context) -> int:
     records = ctx.take(ctx.client.operator.stuck(page_size=ctx.page_size(1000)), "stuck records")
     rows = (
         (
-            f"{r.tenant_id}/{r.scope}/{r.entity_id}/{r.item_entity_key}/{r.item_key}",
+            _record_key(r),
             r.locked_until,
             r.updated_at,
         )
@@ -431,6 +431,11 @@ def _key(args: argparse.Namespace) -> Key:
         raise Failure(f"the key is incomplete or wrong: {error}", USAGE) from error
 
 
+def _record_key(r: Record) -> str:
+    """How the CLI shows a record's key: tenant/scope/entity/item entity key/item key."""
+    return f"{r.tenant_id}/{r.scope}/{r.entity_id}/{r.item_entity_key}/{r.item_key}"
+
+
 def _record_rows(records: Iterable[Any]) -> Iterable[tuple[Any, ...]]:
     for r in records:
         yield (r.version, r.status, r.substatus, r.updated_at, r.locked_until, r.error, r.data)
@@ -452,11 +457,7 @@ def cmd_state_get(ctx: Context) -> int:
         record,
         lambda: out.fields(
             [
-                (
-                    "key",
-                    f"{record.tenant_id}/{record.scope}/{record.entity_id}/{record.item_entity_key}/"
-                    f"{record.item_key}",
-                ),
+                ("key", _record_key(record)),
                 ("status", record.status),
                 ("substatus", record.substatus),
                 ("version", record.version),
