@@ -73,7 +73,7 @@ def _per_endpoint(event_id: str) -> Callable[[], int]:
             page: Any = next(table.query_entities(query, results_per_page=50).by_page(), [])
             return len(list(page))
 
-        partitions = [pk for e in store.endpoints() for pk in keys.endpoint_partitions(e)]
+        partitions = [pk for e in store.endpoints() for pk in store.endpoint_partitions(e)]
         with ThreadPoolExecutor(max_workers=8) as pool:
             return sum(pool.map(first_page, partitions))
 

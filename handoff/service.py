@@ -7,8 +7,10 @@ settlement, the reconciler and the resolver's redelivery alike, so :func:`use_tr
 all of them at once.
 
 Each service's module is imported inside its builder, so the worker's indexing of the app loads none of them.
-Keys route by the layout recorded in storage on their own (``handoff/storage/keys.py``): nothing here is
-installed into another module.
+The layout the keys route by is built here too (:data:`layout`: the one recorded in storage, read through
+the process's layout book) and handed to the store, which routes every key that depends on it; nothing is
+installed into another module. A test routes the process by a layout of its own with
+``layout.replace(Layout(...))`` before the store is built (``runtime.reset()`` drops both).
 """
 
 from __future__ import annotations
@@ -22,16 +24,24 @@ if TYPE_CHECKING:
     from handoff.projection.resolver import Redelivery, ResolverService
     from handoff.receive.receiver import ReceiveService
     from handoff.settlement.settler import SettlementService
+    from handoff.storage.layout import LayoutSource
     from handoff.storage.overview import Overview
     from handoff.storage.store import HandoffStore
     from handoff.timers.reconciler import Reconciler
     from handoff.timers.sweeper import Sweeper, SweepReport
 
 
+def _new_layout() -> LayoutSource:
+    from common import layouts
+    from handoff.storage.layout import RecordedLayout
+
+    return RecordedLayout(layouts.book())
+
+
 def _new_store() -> HandoffStore:
     from handoff.storage.store import HandoffStore
 
-    return HandoffStore(runtime.tables())
+    return HandoffStore(runtime.tables(), layout())
 
 
 def _new_transport() -> Transport:
@@ -70,13 +80,15 @@ def _close(transport: Transport) -> None:
         close()
 
 
+# The hand-off layout every key routes by (``handoff/storage/layout.py``): the one recorded in storage.
+layout = runtime.Lazy(_new_layout)
 store = runtime.Lazy(_new_store)
 # The control-message transport chosen from the environment (see :mod:`handoff.messages.transport`).
 transport = runtime.Lazy(_new_transport, close=_close)
 settlement_service = runtime.Lazy(_new_settlement)
 resolver_service = runtime.Lazy(_new_resolver)
 receive_service = runtime.Lazy(_new_receive)
-_SERVICES = (store, transport, settlement_service, resolver_service, receive_service)
+_SERVICES = (layout, store, transport, settlement_service, resolver_service, receive_service)
 
 
 def sweeper() -> Sweeper:

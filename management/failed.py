@@ -67,7 +67,7 @@ def page(store: HandoffStore, *, page_size: int, token: str | None) -> tuple[lis
     hits: list[_Hit] = []
     for endpoint_id in sorted(store.endpoints()):
         for bucket in BUCKETS:
-            for pk in keys.endpoint_partitions(endpoint_id):
+            for pk in store.endpoint_partitions(endpoint_id):
                 hits += _read(store, endpoint_id, bucket, pk, after, page_size + 1)
     hits.sort(key=lambda h: h.order)
     items = [FoundEvent.of(h.endpoint_id, h.row) for h in hits[:page_size]]

@@ -53,7 +53,6 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
 
 from common import telemetry
 from common.clock import epoch_ms, iso, to_ms
@@ -61,10 +60,10 @@ from common.errors import StorageTableMissing, is_transient_storage_fault
 from common.roundtrips import ROUND_TRIPS
 from common.transactions import is_conflict
 from state.expiry import ExpiryIndex, Pointer
-from state.keys import BUCKET_MS, LOCK_KIND, RETENTION_KIND, bucket_range, due_range, is_marker
+from state.keys import BUCKET_MS, LOCK_KIND, RETENTION_KIND, bucket_range, due_range
 from state.lifecycle import INDEX_COLUMNS, Head, retain_until
 from state.model import Status
-from state.rows import IndexRow
+from state.rows import IndexRow, MarkerRow, index_entry
 from state.store import StateStore
 
 log = logging.getLogger("settle.state.catchup")
@@ -323,7 +322,7 @@ class Catchup:
             low, high = bucket_range(pointer.kind, pointer.bucket)
         else:
             low, high = due_range(pointer.kind, pointer.bucket, now_ms)
-        markers: list[dict[str, Any]] = []
+        markers: list[MarkerRow] = []
         rows = self._rows(pointer.partition, low, high, result)
         if not self._handle_all(pointer, rows, now, result, budget, markers):
             return False
@@ -332,11 +331,11 @@ class Catchup:
         from azure.core import MatchConditions
 
         table = self._store.table
-        for row in markers:
+        for marker in markers:
             # Every marker listed must go before level 1 may: a lock path still holding one could
             # otherwise add a row nobody would find.
             table.delete_entity(
-                pointer.partition, row["RowKey"], match_condition=MatchConditions.Unconditionally
+                pointer.partition, marker.row_key, match_condition=MatchConditions.Unconditionally
             )
         again = self._rows(pointer.partition, low, high, result)
         if not self._handle_all(pointer, again, now, result, budget, []):
@@ -345,48 +344,50 @@ class Catchup:
             result.minutes_closed += 1
         return True
 
-    def _rows(self, partition: str, low: str, high: str, result: CatchupResult) -> Iterator[dict[str, Any]]:
-        """The due index rows, a page at a time (``INDEX_PAGE_ROWS``): each page is acted on before the next
-        is read, so a run that storage stops midway keeps what it did, and no read is larger than a page."""
+    def _rows(
+        self, partition: str, low: str, high: str, result: CatchupResult
+    ) -> Iterator[IndexRow | MarkerRow]:
+        """The due index rows and markers (with their ETags), a page at a time (``INDEX_PAGE_ROWS``): each
+        page is acted on before the next is read, so a run that storage stops midway keeps what it did, and
+        no read is larger than a page."""
         for entity in self._store.table.query_entities(
             "PartitionKey eq @pk and RowKey ge @low and RowKey lt @high",
             parameters={"pk": partition, "low": low, "high": high},
             results_per_page=INDEX_PAGE_ROWS,
         ):
             result.index_rows_read += 1
-            yield dict(entity, etag=entity.metadata["etag"])
+            yield index_entry(entity)
 
     def _handle_all(
         self,
         pointer: Pointer,
-        rows: Iterator[dict[str, Any]],
+        rows: Iterator[IndexRow | MarkerRow],
         now: datetime,
         result: CatchupResult,
         budget: _Budget,
-        markers: list[dict[str, Any]],
+        markers: list[MarkerRow],
     ) -> bool:
         """Act on every index row (the markers are kept in ``markers``); False when one is still live or the
         budget ran out."""
         done = True
         for row in rows:
-            if is_marker(str(row["RowKey"])):
+            if isinstance(row, MarkerRow):
                 markers.append(row)
                 continue
             if not budget.take() or not self._handle(pointer, row, now, result):
                 done = False
         return done
 
-    def _handle(self, pointer: Pointer, row: dict[str, Any], now: datetime, result: CatchupResult) -> bool:
+    def _handle(self, pointer: Pointer, index: IndexRow, now: datetime, result: CatchupResult) -> bool:
         """Conclude the record the row points at, or drop the row when it is stale; False if still live."""
         column = _COLUMN_OF_KIND[pointer.kind]
         conflicts = refusals = 0
         while conflicts < 3:
             try:
-                index = IndexRow.from_entity(row)
                 head = self._store.read_head_at(index.partition_key, index.state_row_key)
                 result.records_read += 1
                 if head is None or head.index_keys().get(column) != index.row_key:
-                    self._drop_stale(pointer.partition, row)
+                    self._drop_stale(pointer.partition, index)
                     result.stale_index_rows += 1
                     return True
                 if pointer.kind == LOCK_KIND:
@@ -410,7 +411,7 @@ class Catchup:
                 # attempt the row stays for the next run.
                 if refusals >= len(THROTTLED_BACKOFF_S):
                     log.warning(
-                        "state catch-up: %s still refused, left for the next run: %s", row["RowKey"], exc
+                        "state catch-up: %s still refused, left for the next run: %s", index.row_key, exc
                     )
                     return False
                 time.sleep(THROTTLED_BACKOFF_S[refusals] * (0.5 + random.random()))
@@ -450,11 +451,11 @@ class Catchup:
         self._store.conclude(head, Status.EXPIRED, substatus="RetentionExpired", error=None, now=now)
         return True
 
-    def _drop_stale(self, partition: str, row: dict[str, Any]) -> None:
+    def _drop_stale(self, partition: str, index: IndexRow) -> None:
         from azure.core import MatchConditions
         from azure.core.exceptions import ResourceModifiedError
 
         with contextlib.suppress(ResourceModifiedError):  # rewritten meanwhile: the next run judges it
             self._store.table.delete_entity(
-                partition, row["RowKey"], etag=row["etag"], match_condition=MatchConditions.IfNotModified
+                partition, index.row_key, etag=index.etag, match_condition=MatchConditions.IfNotModified
             )

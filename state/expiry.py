@@ -40,22 +40,16 @@ from typing import Any
 from common.clock import epoch_ms
 from common.table_protocol import TableSource
 from common.transactions import merge_if_unchanged
-from state.keys import (
-    EXPIRY_TABLE,
-    STATE_TABLE,
-    bucket_of,
-    level1_partition,
-    marker_row_key,
-    parse_level1_partition,
-    parse_marker_row_key,
-)
+from state.keys import EXPIRY_TABLE, STATE_TABLE, bucket_of, level1_partition
+from state.rows import Level1Row, MarkerRow
 
 _PREPARED_MAX = 4096
 _TOUCH_ATTEMPTS = 4
 
 
 def level1_entity(kind: str, bucket: int, partition: str) -> dict[str, Any]:
-    return {"PartitionKey": level1_partition(kind, bucket), "RowKey": partition}
+    """The level-1 row's entity as preparing a marker writes it: its keys only (``state/rows.py``)."""
+    return Level1Row.of(kind, bucket, partition).to_entity()
 
 
 @dataclass(frozen=True)
@@ -71,15 +65,15 @@ class Pointer:
 
 
 def _pointer(entity: Any) -> Pointer:
-    found, bucket = parse_level1_partition(str(entity["PartitionKey"]))
-    until = entity.get("LeasedUntil")
+    row = Level1Row.from_entity(entity)
+    found, bucket = row.minute()
     return Pointer(
         found,
         bucket,
-        str(entity["RowKey"]),
+        row.row_key,
         str(entity.metadata["etag"]),
-        leased_by=entity.get("LeasedBy"),
-        leased_until=until if isinstance(until, datetime) else None,
+        leased_by=row.leased_by,
+        leased_until=row.leased_until,
     )
 
 
@@ -100,12 +94,13 @@ class ExpiryIndex:
 
         Prepares it first when this process has none for that partition and minute (2 requests)."""
         nonce = self._nonce(partition, kind, bucket)
-        return {"PartitionKey": partition, "RowKey": marker_row_key(kind, bucket, nonce)}
+        return MarkerRow.of(partition, kind, bucket, nonce).to_entity()
 
     def forget(self, marker: dict[str, Any]) -> None:
         """The transaction found ``marker`` gone (catch-up closed its minute): prepare afresh next time."""
-        kind, bucket, nonce = parse_marker_row_key(str(marker["RowKey"]))
-        key = (str(marker["PartitionKey"]), kind, bucket)
+        row = MarkerRow.from_entity(marker)
+        kind, bucket, nonce = row.minute()
+        key = (row.partition_key, kind, bucket)
         with self._guard:
             if self._prepared.get(key) == nonce:  # not a newer preparation of another thread
                 del self._prepared[key]
@@ -141,7 +136,7 @@ class ExpiryIndex:
         from azure.data.tables import UpdateMode
 
         nonce = uuid.uuid4().hex
-        marker = {"PartitionKey": partition, "RowKey": marker_row_key(kind, bucket, nonce)}
+        marker = MarkerRow.of(partition, kind, bucket, nonce).to_entity()
         with contextlib.suppress(ResourceExistsError):  # our own insert, applied but its answer lost
             self._state_table().create_entity(marker)
         self._tables.table(EXPIRY_TABLE).upsert_entity(
@@ -173,17 +168,16 @@ class ExpiryIndex:
             held = pointer.leased_until is not None and pointer.leased_until > now
             if held and pointer.leased_by != owner:
                 return None
-            row = level1_entity(pointer.kind, pointer.bucket, pointer.partition)
-            row.update(LeasedBy=owner, LeasedUntil=until)
+            row = Level1Row.of(pointer.kind, pointer.bucket, pointer.partition, by=owner, until=until)
             try:
-                answer = merge_if_unchanged(table, row, pointer.etag)
+                answer = merge_if_unchanged(table, row.to_entity(), pointer.etag)
                 return replace(pointer, etag=str(answer["etag"]), leased_by=owner, leased_until=until)
             except ResourceModifiedError:
                 pass  # leased by another run, or touched by a preparation: read it again
             except ResourceNotFoundError:
                 return None  # another run closed the minute
             try:
-                pointer = _pointer(table.get_entity(row["PartitionKey"], row["RowKey"]))
+                pointer = _pointer(table.get_entity(row.partition_key, row.row_key))
             except ResourceNotFoundError:
                 return None
         return None

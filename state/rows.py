@@ -4,7 +4,8 @@ A record is a head (its current version, ``state/keys.py`` lays out its keys) an
 version it superseded, the same columns plus three that say when and by which version). Beside them in
 the record's partition stand the expiry-index rows: a row named by the head's ``LockIndexKey`` or
 ``RetainIndexKey`` that points back at the head (``StateRK``), so catch-up finds expired locks and
-retentions by a range read.
+retentions by a range read, and each minute's markers; in table ``statelocks``, the index's level-1 rows
+(``state/expiry.py``).
 
 The column names are PascalCase, as the table has always held them; here each is said once, beside the
 attribute that reads it. What a record's data is (``Data0`` .. ``DataN`` chunks of the envelope) is
@@ -24,6 +25,13 @@ from typing import Any
 
 from common.limits import int64, plain_int
 from state.envelope import DATA_PREFIX
+from state.keys import (
+    is_marker,
+    level1_partition,
+    marker_row_key,
+    parse_level1_partition,
+    parse_marker_row_key,
+)
 from state.model import Status
 
 PARTITION_KEY = "PartitionKey"
@@ -178,15 +186,104 @@ class StateRow:
 @dataclass(frozen=True)
 class IndexRow:
     """An expiry-index row of a record's partition: ``row_key`` is the head's ``LockIndexKey`` or
-    ``RetainIndexKey`` (``state/keys.py`` ``index_row_key``); ``state_row_key`` is the head's RowKey."""
+    ``RetainIndexKey`` (``state/keys.py`` ``index_row_key``); ``state_row_key`` is the head's RowKey.
+    ``etag`` is the ETag it was read with (catch-up deletes a stale one ``If-Match`` it); never written."""
 
     partition_key: str
     row_key: str
     state_row_key: str
+    etag: str | None = None
 
     @classmethod
     def from_entity(cls, entity: Mapping[str, Any]) -> IndexRow:
-        return cls(str(entity[PARTITION_KEY]), str(entity[ROW_KEY]), str(entity[STATE_ROW_KEY]))
+        return cls(
+            str(entity[PARTITION_KEY]), str(entity[ROW_KEY]), str(entity[STATE_ROW_KEY]), _etag_of(entity)
+        )
 
     def to_entity(self) -> dict[str, Any]:
         return {PARTITION_KEY: self.partition_key, ROW_KEY: self.row_key, STATE_ROW_KEY: self.state_row_key}
+
+
+def _etag_of(entity: Mapping[str, Any]) -> str | None:
+    """The ETag of an entity as read from the table (its metadata); None for one the code built."""
+    metadata = getattr(entity, "metadata", None)
+    return str(metadata["etag"]) if metadata and metadata.get("etag") is not None else None
+
+
+# -- the expiry index beyond the index rows (state/expiry.py, ADR-0011) -----------------------------------
+
+LEASED_BY = "LeasedBy"
+LEASED_UNTIL = "LeasedUntil"
+
+
+@dataclass(frozen=True)
+class MarkerRow:
+    """A minute's marker in a record's partition (``~{kind}|{minute}|m{nonce}``, ``state/keys.py``
+    ``marker_row_key``): no column but its keys. A transaction adding an index row of that minute merges it
+    (``If-Match: *``), so it fails once catch-up deleted the marker to close the minute."""
+
+    partition_key: str
+    row_key: str
+
+    @classmethod
+    def of(cls, partition: str, kind: str, bucket: int, nonce: str) -> MarkerRow:
+        return cls(partition, marker_row_key(kind, bucket, nonce))
+
+    def minute(self) -> tuple[str, int, str]:
+        """(kind, minute, nonce) of this marker."""
+        return parse_marker_row_key(self.row_key)
+
+    @classmethod
+    def from_entity(cls, entity: Mapping[str, Any]) -> MarkerRow:
+        return cls(str(entity[PARTITION_KEY]), str(entity[ROW_KEY]))
+
+    def to_entity(self) -> dict[str, Any]:
+        return {PARTITION_KEY: self.partition_key, ROW_KEY: self.row_key}
+
+
+def index_entry(entity: Mapping[str, Any]) -> IndexRow | MarkerRow:
+    """A row of a minute's range of the index in a record's partition: a marker or an index row."""
+    row_key = str(entity[ROW_KEY])
+    return MarkerRow.from_entity(entity) if is_marker(row_key) else IndexRow.from_entity(entity)
+
+
+@dataclass(frozen=True)
+class Level1Row:
+    """A level-1 row of the expiry index (table ``statelocks``): state partition ``row_key`` holds index rows
+    of the kind and minute named by ``partition_key`` (``state/keys.py`` ``level1_partition``). A catch-up
+    run leases it (``leased_by`` until ``leased_until``) to divide the work; preparing a marker writes only
+    its keys (an Insert Or Merge that keeps a lease)."""
+
+    partition_key: str
+    row_key: str
+    leased_by: str | None = None
+    leased_until: datetime | None = None
+
+    @classmethod
+    def of(
+        cls, kind: str, bucket: int, partition: str, *, by: str | None = None, until: datetime | None = None
+    ) -> Level1Row:
+        return cls(level1_partition(kind, bucket), partition, by, until)
+
+    def minute(self) -> tuple[str, int]:
+        """(kind, minute) of this row."""
+        return parse_level1_partition(self.partition_key)
+
+    @classmethod
+    def from_entity(cls, entity: Mapping[str, Any]) -> Level1Row:
+        by, until = entity.get(LEASED_BY), entity.get(LEASED_UNTIL)
+        return cls(
+            str(entity[PARTITION_KEY]),
+            str(entity[ROW_KEY]),
+            None if by is None else str(by),
+            until if isinstance(until, datetime) else None,
+        )
+
+    def to_entity(self) -> dict[str, Any]:
+        """Its keys, and the lease when it has one."""
+        entity: dict[str, Any] = {PARTITION_KEY: self.partition_key, ROW_KEY: self.row_key}
+        if self.leased_by is not None:
+            entity[LEASED_BY] = self.leased_by
+        if self.leased_until is not None:
+            entity[LEASED_UNTIL] = self.leased_until
+        return entity

@@ -37,10 +37,11 @@ row that belongs to one event (its ``ev|`` rows and its hq/jb/ex/rc/uc/ad/sd/sa/
 deltas written with its changes) lives in the event's shard, so the resolver's and settlement's writes stay
 one EGT. Each shard has its own ``ct|0`` snapshot; ``pz|`` rows (poison has no event) stay in the
 unsharded partition ``{endpoint}``. Readers of an endpoint read each shard (first pages, merged) and sum the
-shards' counts. With S = 1 every key is exactly the unsharded one above. S and its earlier values are the
-ones recorded in storage (common/layouts.py; the settings, ``SETTLE_HANDOFF_SHARDS_PREVIOUS`` the earlier
-values, only seed a first deployment): an event keeps the partition it was created in, a
-lookup that misses in the current layout probes the earlier ones, and every endpoint reader reads the
+shards' counts. With S = 1 every key is exactly the unsharded one above. S and its earlier values are a
+:class:`Layout`: the one recorded in storage (common/layouts.py, read by ``handoff/storage/layout.py``; the
+settings, ``SETTLE_HANDOFF_SHARDS_PREVIOUS`` the earlier values, only seed a first deployment), which the
+composition root (``handoff/service.py``) hands to the store: an event keeps the partition it was created
+in, a lookup that misses in the current layout probes the earlier ones, and every endpoint reader reads the
 earlier layouts' shards too. Table ``hoendpoints`` lists endpoints that ever parked (the sweeper's only
 cross-partition need); table ``hopoison`` keeps poison messages by day for operators.
 
@@ -75,14 +76,11 @@ from __future__ import annotations
 
 import hashlib
 import os
-import threading
-from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from common import layouts
 from common.errors import KeyTooLong
 from common.keys import MAX_KEY_BYTES, escape, key_bytes, unescape
-from common.layouts import HANDOFF, InForce
 
 EVENTS_TABLE = "hoevents"
 ENDPOINTS_TABLE = "hoendpoints"
@@ -137,46 +135,6 @@ def _shards(text: str, setting: str) -> int:
     return value
 
 
-# The layout in force is the one recorded in storage (common/layouts.py, family ``handoff``): every key routes
-# by it, whatever was imported before (see "The layout in force" below). The settings only seed a first
-# deployment's record. ``follow`` puts a layout of a test's own in its place.
-_recorded: Callable[[], tuple[int, tuple[int, ...]]] | None = None
-_era: Callable[[], int] | None = None
-_forget: Callable[[], None] | None = None
-
-
-def follow(
-    recorded: Callable[[], tuple[int, tuple[int, ...]]] | None,
-    era: Callable[[], int] | None = None,
-    forget: Callable[[], None] | None = None,
-) -> None:
-    """Route by ``recorded()`` (S now, earlier values of S) instead of the recorded layout; ``era()`` is the
-    index of the layout in force and ``forget()`` drops the process's copy of it (``common/fence.py``).
-    ``follow(None)`` routes by the recorded layout again."""
-    global _recorded, _era, _forget
-    _recorded, _era, _forget = recorded, era, forget
-
-
-def era_index() -> int:
-    """How many layouts came before the one in force."""
-    return _era() if _era is not None else recorded_era()
-
-
-def forget_layout() -> None:
-    """Drop this process's copy of the recorded layout (a claim of a newer one was met)."""
-    (_forget or forget)()
-
-
-def shard_count() -> int:
-    """The current layout's S: the recorded one."""
-    return (_recorded or recorded_counts)()[0]
-
-
-def previous_shard_counts() -> tuple[int, ...]:
-    """Earlier values of S whose rows must still be found: the recorded ones."""
-    return (_recorded or recorded_counts)()[1]
-
-
 def configured_shard_count() -> int:
     """S as ``SETTLE_HANDOFF_SHARDS`` says (default 1)."""
     return _shards(os.environ.get(SHARDS_SETTING) or "1", SHARDS_SETTING)
@@ -206,32 +164,62 @@ def shard_partition(endpoint_id: str, shards: int, shard: int) -> str:
     return base if shards == 1 else checked(f"{base}~{shards:03d}-{shard:03d}", field="endpointId")
 
 
-def event_partition(endpoint_id: str, event_id: str, shards: int | None = None) -> str:
-    """PartitionKey of every row of one event in the layout with ``shards`` (default: the current one)."""
-    count = shard_count() if shards is None else shards
-    return shard_partition(endpoint_id, count, shard_of(event_id, count) if count > 1 else 0)
+def event_partition(endpoint_id: str, event_id: str, shards: int) -> str:
+    """PartitionKey of every row of one event in the layout with ``shards``."""
+    return shard_partition(endpoint_id, shards, shard_of(event_id, shards) if shards > 1 else 0)
 
 
-def earlier_event_partitions(endpoint_id: str, event_id: str) -> list[str]:
-    """Where an event created under an earlier layout lives (none equal to its partition now)."""
-    current = event_partition(endpoint_id, event_id)
-    found: list[str] = []
-    for count in previous_shard_counts():
-        pk = event_partition(endpoint_id, event_id, count)
-        if pk != current and pk not in found:
-            found.append(pk)
-    return found
+@dataclass(frozen=True)
+class Layout:
+    """The hand-off layout keys route by: S now (``shards``), the earlier values of S whose rows must still
+    be found (``previous``, newest first, none equal to S), and ``era``, how many layouts came before this
+    one (a claim's ``Era``, ``common/fence.py``; a return to an earlier S is a new era).
 
+    A process routes by the layout recorded in storage (:class:`handoff.storage.layout.RecordedLayout`,
+    built by the composition root ``handoff/service.py``). A layout given as it is (tests, tools) is its own
+    source: ``now()`` is itself and ``forget()`` has no copy to drop."""
 
-def endpoint_partitions(endpoint_id: str) -> list[str]:
-    """Every partition that can hold rows of the endpoint: the current layout's shards, then earlier ones'."""
-    found: list[str] = []
-    for count in (shard_count(), *previous_shard_counts()):
-        for shard in range(count):
-            pk = shard_partition(endpoint_id, count, shard)
-            if pk not in found:
+    shards: int = 1
+    previous: tuple[int, ...] = ()
+    era: int = 0
+
+    def __post_init__(self) -> None:
+        for value in (self.shards, *self.previous):
+            if not 1 <= value <= MAX_SHARDS:
+                raise ValueError(f"{SHARDS_SETTING} must be between 1 and {MAX_SHARDS}; got {value}")
+        if self.era < len(self.previous):
+            raise ValueError(f"a layout after {len(self.previous)} earlier ones cannot be era {self.era}")
+
+    def now(self) -> Layout:
+        return self
+
+    def forget(self) -> None:
+        """A layout given as it is: no copy of a recorded one to drop."""
+
+    def event_partition(self, endpoint_id: str, event_id: str) -> str:
+        """PartitionKey of every row of one event created now."""
+        return event_partition(endpoint_id, event_id, self.shards)
+
+    def earlier_event_partitions(self, endpoint_id: str, event_id: str) -> list[str]:
+        """Where an event created under an earlier layout lives (none equal to its partition now)."""
+        current = self.event_partition(endpoint_id, event_id)
+        found: list[str] = []
+        for count in self.previous:
+            pk = event_partition(endpoint_id, event_id, count)
+            if pk != current and pk not in found:
                 found.append(pk)
-    return found
+        return found
+
+    def endpoint_partitions(self, endpoint_id: str) -> list[str]:
+        """Every partition that can hold rows of the endpoint: the current layout's shards, then earlier
+        ones'."""
+        found: list[str] = []
+        for count in (self.shards, *self.previous):
+            for shard in range(count):
+                pk = shard_partition(endpoint_id, count, shard)
+                if pk not in found:
+                    found.append(pk)
+        return found
 
 
 def event_prefix(event_id: str) -> str:
@@ -451,46 +439,3 @@ def event_id_exact_range(text: str) -> tuple[str, str]:
     :data:`MIN_PREFIX` takes only a whole id)."""
     low = _id_key(text)
     return low + "|", low + "}"
-
-
-# -- The layout in force ------------------------------------------------------------------------------------
-# The hand-off layout a process routes by: the one recorded in storage (``common/layouts.py``, family
-# ``handoff``), as S now and the earlier values of S still read.
-
-
-def configured() -> list[tuple[int, int]]:
-    """The layouts the settings describe (``SETTLE_HANDOFF_SHARDS``, ``..._PREVIOUS``), oldest first."""
-    earlier = [(s, 1) for s in configured_previous_shard_counts()]
-    return [*earlier, (configured_shard_count(), 1)]
-
-
-_lock = threading.Lock()
-_last: tuple[InForce, tuple[int, tuple[int, ...]]] | None = None
-
-
-def recorded_era() -> int:
-    """The index of the recorded layout in force (how many came before it): a claim's ``Era``."""
-    return len(layouts.book().in_force(HANDOFF, configured).earlier)
-
-
-def forget() -> None:
-    """Drop this process's copy of the recorded layouts (the next call reads them)."""
-    layouts.book().invalidate()
-
-
-def recorded_counts() -> tuple[int, tuple[int, ...]]:
-    """(S, earlier values of S) of the recorded layout in force now (kept: no request per call)."""
-    global _last
-    in_force = layouts.book().in_force(HANDOFF, configured)
-    last = _last
-    if last is not None and last[0] == in_force:
-        return last[1]
-    current = in_force.current.shards
-    earlier: list[int] = []
-    for era in reversed(in_force.earlier):  # newest earlier layout first: the likeliest home of a miss
-        if era.shards != current and era.shards not in earlier:
-            earlier.append(era.shards)
-    counts = (current, tuple(earlier))
-    with _lock:
-        _last = (in_force, counts)
-    return counts

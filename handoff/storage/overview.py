@@ -97,14 +97,13 @@ class Overview:
                 return CountsRead(totals, snapshot, deltas)
         raise Conflict("The counts kept changing while being read; retry.")
 
-    @staticmethod
-    def _count_partitions(endpoint_id: str | None) -> list[str]:
+    def _count_partitions(self, endpoint_id: str | None) -> list[str]:
         """Where an endpoint's counts live: its unsharded partition (poison's ``ct|`` rows) and, with
         ``SETTLE_HANDOFF_SHARDS`` > 1, each shard (the deltas written with its events' changes)."""
         if endpoint_id is None:
             return [keys.UNATTRIBUTED_PARTITION]
         base = keys.partition(endpoint_id)
-        return [base, *(pk for pk in keys.endpoint_partitions(endpoint_id) if pk != base)]
+        return [base, *(pk for pk in self.store.endpoint_partitions(endpoint_id) if pk != base)]
 
     def counts(self, endpoint_id: str | None) -> dict[str, int]:
         """Exact counts of an endpoint (None: poison that names no endpoint), the sum of its partitions'
@@ -160,7 +159,7 @@ class Overview:
     def oldest(self, endpoint_id: str, group: str) -> datetime | None:
         low, high = keys.since_range(group)
         found: list[datetime] = []
-        for pk in keys.endpoint_partitions(endpoint_id):  # the first row of each shard; the oldest of them
+        for pk in self.store.endpoint_partitions(endpoint_id):  # each shard's first row; the oldest of them
             for entity in first_rows(self._range(pk, low, high, results_per_page=1), 1):
                 row: SinceRow = SinceRow.from_entity(entity)
                 found.append(row.since_at)
@@ -191,7 +190,7 @@ class Overview:
 
         Sharded endpoints: each shard's next ``page_size + 1`` rows, merged by RowKey (newest first); the
         continuation holds each shard's position."""
-        partitions = keys.endpoint_partitions(endpoint_id)
+        partitions = self.store.endpoint_partitions(endpoint_id)
         low, high = keys.listing_range(bucket, newest, oldest)
         bound = page_tokens.binding(
             "events",

@@ -27,6 +27,7 @@ from common.tables import first_rows, quoted
 from common.transactions import MAX_TRANSACTION_OPS, Operation, insert, merge_if_unchanged
 from handoff.storage import keys
 from handoff.storage.counts import POISON, column
+from handoff.storage.keys import Layout
 from handoff.storage.records import (
     AuditRow,
     ClaimRow,
@@ -43,14 +44,21 @@ from handoff.storage.records import (
 if TYPE_CHECKING:
     from azure.data.tables import TableClient
 
+    from handoff.storage.layout import LayoutSource
+
 log = logging.getLogger("settle.handoff.store")
 
 
 class HandoffStore:
-    """The hand-off tables of one storage account (see :mod:`handoff.storage.keys` for the layout)."""
+    """The hand-off tables of one storage account (see :mod:`handoff.storage.keys` for the layout).
 
-    def __init__(self, tables: TableSource) -> None:
+    ``layouts`` is where the store reads the layout its keys route by: the composition root's
+    (``handoff/service.py``: the one recorded in storage), or a :class:`~handoff.storage.keys.Layout` given
+    as it is (tests, tools)."""
+
+    def __init__(self, tables: TableSource, layouts: LayoutSource) -> None:
         self._tables = tables
+        self._layouts = layouts
 
     def _events(self) -> TableClient:
         return self.table(keys.EVENTS_TABLE)
@@ -63,6 +71,11 @@ class HandoffStore:
 
     # -- events partition ---------------------------------------------------------------------------
 
+    @property
+    def layout(self) -> Layout:
+        """The layout keys route by now (the recorded one is kept: no request per call)."""
+        return self._layouts.now()
+
     def event_partition(self, endpoint_id: str, event_id: str) -> str:
         """The partition of every row of one event (``keys`` "Sharded endpoints").
 
@@ -70,8 +83,9 @@ class HandoffStore:
         (:meth:`locate_event`), because an event keeps the partition it was created in. Not found
         anywhere: the current one.
         """
-        if not keys.earlier_event_partitions(endpoint_id, event_id):
-            return keys.event_partition(endpoint_id, event_id)
+        layout = self.layout
+        if not layout.earlier_event_partitions(endpoint_id, event_id):
+            return layout.event_partition(endpoint_id, event_id)
         return self.locate_event(endpoint_id, event_id, select=["RowKey"])[0]
 
     def locate_event(
@@ -80,7 +94,8 @@ class HandoffStore:
         """(partition, event row) of one event wherever it lives: its partition now (a claim there,
         ``common/fence.py``, is followed to the partition it names), else an earlier layout's (one point
         read each, only on a miss; claims are never events). Not found: (the partition now, None)."""
-        current = keys.event_partition(endpoint_id, event_id)
+        layout = self.layout
+        current = layout.event_partition(endpoint_id, event_id)
         wanted = None if select is None else [*select, MOVED_TO]
         entity = self._event_entity(current, event_id, wanted)
         if entity is not None and not is_claim(entity):
@@ -90,7 +105,7 @@ class HandoffStore:
             found = self._event_entity(target, event_id, wanted)
             if found is not None and not is_claim(found):
                 return target, found
-        for pk in keys.earlier_event_partitions(endpoint_id, event_id):
+        for pk in layout.earlier_event_partitions(endpoint_id, event_id):
             found = self._event_entity(pk, event_id, wanted)
             if found is not None and not is_claim(found):
                 return pk, found
@@ -98,11 +113,12 @@ class HandoffStore:
 
     def event_fence(self, endpoint_id: str, event_id: str) -> Fence | None:
         """What creating the event's row must fence (``common/fence.py``): None with no earlier layout."""
-        earlier = keys.earlier_event_partitions(endpoint_id, event_id)
+        layout = self.layout
+        earlier = layout.earlier_event_partitions(endpoint_id, event_id)
         if not earlier:
             return None
-        home = keys.event_partition(endpoint_id, event_id)
-        return Fence("handoff", home, tuple(earlier), keys.era_index(), keys.forget_layout)
+        home = layout.event_partition(endpoint_id, event_id)
+        return Fence("handoff", home, tuple(earlier), layout.era, self._layouts.forget)
 
     def claim_earlier(self, fence: Fence, event_id: str) -> bool:
         """Fence the event row's key in the earlier layouts; True when one of them holds the event."""
@@ -111,12 +127,13 @@ class HandoffStore:
     def clear_claim_at_home(self, endpoint_id: str, event_id: str, fence: Fence | None) -> None:
         """An event row's insert was refused: when a claim stands where the event goes, clear it (an older
         layout's, ``Fence.clear_home``) or refuse as behind (503); a real row is left to the re-read."""
-        home = keys.event_partition(endpoint_id, event_id)
+        layout = self.layout
+        home = layout.event_partition(endpoint_id, event_id)
         found = self._event_entity(home, event_id, ["RowKey", "PartitionKey", MOVED_TO, "Era"])
         if not is_claim(found):
             return
         if fence is None:
-            fence = Fence("handoff", home, (), keys.era_index(), keys.forget_layout)
+            fence = Fence("handoff", home, (), layout.era, self._layouts.forget)
         fence.clear_home(self._events(), found)
 
     def _event_entity(self, pk: str, event_id: str, select: list[str] | None = None) -> Any:
@@ -129,7 +146,7 @@ class HandoffStore:
 
     def endpoint_partitions(self, endpoint_id: str) -> list[str]:
         """Every partition of the endpoint (its shards, current and earlier layouts); one with S = 1."""
-        return keys.endpoint_partitions(endpoint_id)
+        return self.layout.endpoint_partitions(endpoint_id)
 
     def get_event(self, endpoint_id: str, event_id: str) -> EventRow | None:
         """Point read of the event row (one round trip; +1 per earlier layout on a miss)."""

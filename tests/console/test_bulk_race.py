@@ -22,6 +22,7 @@ def _rows(connection: str, prefix: str) -> dict[str, Counter[str]]:
     """Per event: claims (c), audits (a) and control messages projected back (ctl)."""
     from common.settings import TableSettings
     from common.tables import Tables
+    from handoff import service
     from handoff.storage import keys
 
     tables = Tables(
@@ -32,7 +33,8 @@ def _rows(connection: str, prefix: str) -> dict[str, Counter[str]]:
         table = tables.table(keys.EVENTS_TABLE)
         rows = [
             entity
-            for pk in keys.endpoint_partitions(ENDPOINT)  # every shard (SETTLE_HANDOFF_SHARDS)
+            # every shard (SETTLE_HANDOFF_SHARDS), by the layout this process routes by
+            for pk in service.layout().now().endpoint_partitions(ENDPOINT)
             for entity in table.query_entities(
                 f"PartitionKey eq '{pk}' and RowKey ge 'ev|' and RowKey lt 'ev}}'"
             )

@@ -107,6 +107,7 @@ def _store_budget_poison(connection: str, prefix: str) -> str:
 
     from common.settings import TableSettings
     from common.tables import Tables
+    from handoff.storage.keys import Layout
     from handoff.storage.records import PoisonRow
     from handoff.storage.store import HandoffStore
 
@@ -130,7 +131,7 @@ def _store_budget_poison(connection: str, prefix: str) -> str:
         TableSettings(connection_string=connection, service_uri=None, client_id=None, prefix=prefix)
     )
     try:
-        _, row_key = HandoffStore(tables).store_poison(row, row.message_id)
+        _, row_key = HandoffStore(tables, Layout()).store_poison(row, row.message_id)  # poison: unsharded
     finally:
         tables.close()
     return row_key

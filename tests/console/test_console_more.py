@@ -109,7 +109,7 @@ def many(console_host: Any, settle_tables: str) -> dict[str, str]:
         assert model is not None
         for n in range(FOUND - 1):
             event_id = f"m{tag}-{n:03d}"
-            pk = keys.event_partition(names["found"], event_id)
+            pk = store.layout.event_partition(names["found"], event_id)
             events.append(
                 {**model, "PartitionKey": pk, "RowKey": keys.event_row(event_id), "EventId": event_id}
             )
@@ -127,11 +127,11 @@ def many(console_host: Any, settle_tables: str) -> dict[str, str]:
                 enqueued_time_utc=at,
                 reason="ERP timeout",
             )
-            pk = keys.event_partition(names["failing"], event_id)
+            pk = store.layout.event_partition(names["failing"], event_id)
             events.append(row.to_entity(pk, keys.bucket_row("Failed", at, event_id)))
         for n in range(OVERDUE):
             event_id, at = f"o{tag}-{n:04d}", base + timedelta(seconds=n)
-            pk = keys.event_partition(names["stuck"], event_id)
+            pk = store.layout.event_partition(names["stuck"], event_id)
             events.append(
                 ExpiryRow(event_id=event_id, expected_by=at).to_entity(pk, keys.expiry_row(at, event_id))
             )

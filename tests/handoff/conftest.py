@@ -193,7 +193,7 @@ def other_instance(delivered_then_raised: Broker) -> SettlementService:
     from handoff.settlement.settler import SettlementService
     from handoff.storage.store import HandoffStore
 
-    return SettlementService(HandoffStore(runtime.tables()), service.transport)
+    return SettlementService(HandoffStore(runtime.tables(), service.layout()), service.transport)
 
 
 @pytest.fixture

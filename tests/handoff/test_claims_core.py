@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -32,6 +31,7 @@ from handoff.settlement.claims import ClaimOrder, ClaimRefused, SettlementInFlig
 from handoff.settlement.settler import SettlementService
 from handoff.storage import keys
 from handoff.storage.claim_state import ClaimState
+from handoff.storage.keys import Layout
 from handoff.storage.records import ClaimRow, QueueRow
 from handoff.storage.store import HandoffStore
 from tests.support.examples import examples
@@ -295,18 +295,12 @@ def test_a_lease_write_is_lost_when_the_queue_row_changed_or_left() -> None:
 # -- the model ----------------------------------------------------------------------------------------
 
 
-@pytest.fixture(autouse=True)
-def one_partition_per_endpoint() -> Iterator[None]:
-    """The hand-off keys route by S = 1 with no earlier layout (no recorded layout is read: no storage)."""
-    keys.follow(lambda: (1, ()), lambda: 0, lambda: None)
-    yield
-    keys.follow(None)
-
-
 def take(table: MemoryTable, want: ClaimOrder, now: datetime) -> tuple[str, ClaimRow | None]:
     """A settlement's claim, taken by the real service (``SettlementService._claim``: read the event, plan,
     fence by the lease, submit, ask the rules again) on the model's table."""
-    settlement = SettlementService(HandoffStore(table.tables), lambda: _NO_TRANSPORT, clock=lambda: now)
+    settlement = SettlementService(
+        HandoffStore(table.tables, Layout()), lambda: _NO_TRANSPORT, clock=lambda: now
+    )
     row = settlement.store.get_event("Billing", EVENT)
     assert row is not None
     try:

@@ -16,7 +16,7 @@ from azure.core.pipeline.policies import HTTPPolicy
 from common import runtime
 from handoff import service
 from handoff.storage import keys
-from handoff.storage.keys import forget
+from handoff.storage.keys import Layout
 
 from .conftest import Flow
 
@@ -38,15 +38,32 @@ class HoldBatches(HTTPPolicy[Any, Any]):
         return self.next.send(request)
 
 
-@pytest.fixture
-def layout() -> Iterator[Callable[[int, tuple[int, ...], int], None]]:
-    """``layout(S, earlier, era)``: every hand-off of this process routes by it from now on."""
+class Switched:
+    """The layout this process routes by, switched by the test (a writer already under way keeps the one
+    it routed by); it has no recorded copy to forget."""
 
-    def follow(shards: int, earlier: tuple[int, ...], era: int) -> None:
-        keys.follow(lambda: (shards, earlier), lambda: era, forget)
+    def __init__(self) -> None:
+        self.current = Layout()
+
+    def now(self) -> Layout:
+        return self.current
+
+    def forget(self) -> None:
+        """Nothing recorded to drop: the test switches the layout."""
+
+
+@pytest.fixture
+def layout() -> Iterator[Callable[[Layout], None]]:
+    """``layout(Layout(...))``: every hand-off of this process routes by it from now on (through the
+    composition root: ``handoff.service.layout``)."""
+    switched = Switched()
+
+    def follow(to: Layout) -> None:
+        switched.current = to
+        service.layout.replace(switched)
 
     yield follow
-    keys.follow(None)
+    service.reset()
 
 
 def event_rows(event_id: str) -> list[dict[str, Any]]:
@@ -62,18 +79,19 @@ def test_an_event_request_landing_after_the_switch_joins_the_event_its_park_crea
     runtime.reset(policies=[hold])
     try:
         # Given the EventRequest projected under S = 1, its transaction in flight
-        layout(1, (), 0)
+        layout(Layout(1))
         at = datetime.now(UTC) - timedelta(minutes=5)
         held = threading.Thread(target=resolve, args=(flow.request(enqueued=at),), name=HELD)
         held.start()
         assert hold.entered.wait(10)
         # When the layout switches to S = 4, the PendingHandoffResponse is projected, then the request lands
-        layout(4, (1,), 1)
+        layout(Layout(4, (1,), era=1))
         resolve(flow.park(enqueued=at + timedelta(seconds=1), job="job-fence"))
         hold.released.set()
         held.join(20)
     finally:
         runtime.reset()
+    layout(Layout(4, (1,), era=1))  # the process's services are built again, on the new layout
     # Then the event has one row, in the new layout's partition, and the earlier partition holds its claim
     rows = event_rows(flow.event_id)
     events = [r for r in rows if "MovedTo" not in r]
@@ -88,5 +106,5 @@ def test_an_event_request_landing_after_the_switch_joins_the_event_its_park_crea
     event = store.get_event(flow.endpoint, flow.event_id)
     assert event is not None and event.is_pending_handoff
     # And a reader still routing by S = 1 follows the claim to it
-    layout(1, (), 0)
+    layout(Layout(1))
     assert store.get_event(flow.endpoint, flow.event_id) is not None

@@ -7,16 +7,15 @@ with both messages in its history, and every layout finds it."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from handoff.projection.resolver import ResolverService
 from handoff.storage import keys
+from handoff.storage.keys import Layout
 from handoff.storage.store import HandoffStore
 from tests.support.examples import examples
 from tests.support.interleave import interleave
@@ -24,25 +23,24 @@ from tests.support.memory_table import MemoryTables
 
 from .conftest import Flow
 
-# (S, earlier values of S) and the layout's index: 1 shard, then 4, back to 1, then 2.
-LAYOUTS = [((1, ()), 0), ((4, (1,)), 1), ((1, (4,)), 2), ((2, (1, 4)), 3)]
+# The layouts of one deployment, oldest first: 1 shard, then 4, back to 1, then 2.
+LAYOUTS = [Layout(1), Layout(4, (1,), era=1), Layout(1, (4,), era=2), Layout(2, (1, 4), era=3)]
 NEWEST = len(LAYOUTS) - 1
 
 
 class Routing(threading.local):
-    """The layout each thread routes by (a writer's own; the test's reads: the newest)."""
+    """The layout each thread's stores route by (a writer's own; the test's reads: the newest)."""
 
     era = NEWEST
 
+    def now(self) -> Layout:
+        return LAYOUTS[self.era]
+
+    def forget(self) -> None:
+        """A writer keeps its layout until its message is delivered again."""
+
 
 ROUTING = Routing()
-
-
-@pytest.fixture(autouse=True)
-def per_thread_layouts() -> Iterator[None]:
-    keys.follow(lambda: LAYOUTS[ROUTING.era][0], lambda: LAYOUTS[ROUTING.era][1], lambda: None)
-    yield
-    keys.follow(None)
 
 
 def project_all(tables: MemoryTables, jobs: list[tuple[int, Any]], schedule: list[int]) -> None:
@@ -57,7 +55,7 @@ def project_all(tables: MemoryTables, jobs: list[tuple[int, Any]], schedule: lis
         try:
             for _ in range(3):
                 try:
-                    ResolverService(HandoffStore(tables), sleep=lambda _: None).handle(message)
+                    ResolverService(HandoffStore(tables, ROUTING), sleep=lambda _: None).handle(message)
                     return
                 except Exception:  # a transient failure: redelivered, now under the newest layout
                     ROUTING.era = NEWEST
@@ -89,8 +87,8 @@ def test_two_messages_of_one_event_projected_under_any_two_layouts_in_any_order_
     assert sorted(history) == ["ev|ev-1|m|park-1", "ev|ev-1|m|req-1"]
     for era in range(len(LAYOUTS)):
         ROUTING.era = era
-        pk, found = HandoffStore(tables).locate_event("Billing", "ev-1")
+        pk, found = HandoffStore(tables, ROUTING).locate_event("Billing", "ev-1")
         assert found is not None and pk == events[0]
     ROUTING.era = NEWEST
-    event = HandoffStore(tables).get_event("Billing", "ev-1")
+    event = HandoffStore(tables, ROUTING).get_event("Billing", "ev-1")
     assert event is not None and event.is_pending_handoff

@@ -8,7 +8,6 @@ from datetime import UTC, datetime, timedelta
 from common.roundtrips import ROUND_TRIPS
 from handoff import service
 from handoff.functions import MAX_WAIT_SECONDS
-from handoff.storage import keys
 
 from .conftest import Flow, event_of
 
@@ -139,7 +138,9 @@ def test_reads_use_the_index_and_the_event_range_never_a_scan(call, resolve, flo
             ).status
             == 200
         )
-    shards = len(keys.endpoint_partitions(flow.endpoint))  # SETTLE_HANDOFF_SHARDS: one page per shard
+    shards = len(
+        service.layout().now().endpoint_partitions(flow.endpoint)
+    )  # SETTLE_HANDOFF_SHARDS: one page per shard
     assert receive.requests == shards + 1  # one index range page (per shard) + one event row read
     assert job.requests == shards + 1  # one job index range page (per shard) + one event row read
     assert read.requests == 1  # one range query: the event row, its history and its audits

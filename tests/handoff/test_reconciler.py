@@ -58,7 +58,7 @@ def reconcile_rows(endpoint: str) -> list[str]:
     table = runtime.tables().table(keys.EVENTS_TABLE)
     low, high = keys.RECONCILE_RANGE
     found: list[str] = []
-    for pk in keys.endpoint_partitions(endpoint):  # every shard (SETTLE_HANDOFF_SHARDS)
+    for pk in service.layout().now().endpoint_partitions(endpoint):  # every shard (SETTLE_HANDOFF_SHARDS)
         query = f"PartitionKey eq '{pk}' and RowKey ge '{low}' and RowKey lt '{high}'"
         found += [str(e["RowKey"]) for e in table.query_entities(query)]
     return sorted(found)

@@ -99,7 +99,7 @@ def test_a_parked_hand_off_is_received_and_settled_once_whatever_the_setting_say
         keys.SHARDS_SETTING in r.getMessage() and f"({before} shards" in r.getMessage()
         for r in caplog.records
     )
-    assert keys.shard_count() == before
+    assert service.layout().now().shards == before
 
 
 def test_a_change_made_the_explicit_way_loses_no_hand_off(call: Any, resolve: Any, deployment: Any) -> None:
@@ -111,7 +111,7 @@ def test_a_change_made_the_explicit_way_loses_no_hand_off(call: Any, resolve: An
     changed = reshard(layouts.HANDOFF, 4)
     assert [e.shards for e in changed.eras] == [1, 4]
     # Then new hand-offs go to the new shards, and the old ones are still found
-    assert keys.shard_count() == 4 and keys.previous_shard_counts() == (1,)
+    assert service.layout().now().shards == 4 and service.layout().now().previous == (1,)
     new = {f.event_id: f for f in parked(resolve, endpoint, 4, "new")}
     assert sorted(receive_all(call, endpoint, {**old, **new})) == sorted([*old, *new])
     assert len(broker.delivered) == 8
@@ -130,7 +130,7 @@ def test_a_message_in_the_moment_before_a_change_is_retried_never_poisoned(
     # Given a change to 4 shards about to take effect (inside its guard: nothing is routed)
     monkeypatch.setattr(layouts, "GUARD_S", 60.0)
     deployment(1)
-    assert keys.shard_count() == 1  # recorded
+    assert service.layout().now().shards == 1  # recorded
     reshard(layouts.HANDOFF, 4, wait=False)
     time.sleep(1.0)  # past 2 x RefreshSeconds + margin: the guard has begun, the change has not
     resolver = service.resolver_service()

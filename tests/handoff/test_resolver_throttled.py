@@ -98,7 +98,9 @@ def test_beyond_the_budget_the_resolver_reschedules_and_every_event_is_projected
             table.query_entities(
                 "PartitionKey eq @pk and RowKey ge @low and RowKey lt @high",
                 parameters={
-                    "pk": keys.event_partition(endpoint, f.event_id),  # the endpoint itself when S = 1
+                    "pk": service.layout()
+                    .now()
+                    .event_partition(endpoint, f.event_id),  # the endpoint itself when S = 1
                     "low": f"ev|{f.event_id}|",
                     "high": f"ev|{f.event_id}}}",
                 },

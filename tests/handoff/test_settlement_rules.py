@@ -5,7 +5,6 @@ is sent only within the send deadline, and a send's outcome decides the claim's 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -22,19 +21,15 @@ from handoff.settlement.settler import Settlement, SettlementService
 from handoff.settlement.timing import CONFIRM_AFTER, SEND_DEADLINE
 from handoff.storage import keys
 from handoff.storage.claim_state import ClaimState
+from handoff.storage.keys import Layout
 from handoff.storage.records import ClaimRow, EventRow, QueueRow
 from handoff.storage.store import HandoffStore
 
 from .claim_rows import CLAIM_KEY, EVENT, PARKED, PK, QUEUE_KEY, T0, parked
 from .memory_table import MemoryTable
 
-
-@pytest.fixture(autouse=True)
-def one_partition_per_endpoint() -> Iterator[None]:
-    """The hand-off keys route by S = 1 with no earlier layout (no recorded layout is read: no storage)."""
-    keys.follow(lambda: (1, ()), lambda: 0, lambda: None)
-    yield
-    keys.follow(None)
+# The hand-off keys route by S = 1 with no earlier layout (no recorded layout is read: no storage).
+ONE_PARTITION = Layout()
 
 
 @dataclass
@@ -77,7 +72,9 @@ def hand_off(row: EventRow | None = None) -> MemoryTable:
 
 
 def settler(table: MemoryTable, transport: Transport, clock: Clock | None = None) -> SettlementService:
-    return SettlementService(HandoffStore(table.tables), lambda: transport, clock=clock or Clock())
+    return SettlementService(
+        HandoffStore(table.tables, ONE_PARTITION), lambda: transport, clock=clock or Clock()
+    )
 
 
 def completion(**coordinates: Any) -> Settlement:

@@ -64,15 +64,15 @@ def test_an_endpoints_rows_land_in_four_partitions_and_each_events_rows_in_one(
         park(resolve, endpoint, event_id, base + timedelta(minutes=i))
     # Then the rows are in exactly the endpoint's 4 shards, none in the unsharded partition
     found = rows_of(endpoint)
-    assert sorted(found) == sorted(keys.endpoint_partitions(endpoint))
+    assert sorted(found) == sorted(service.layout().now().endpoint_partitions(endpoint))
     assert len(found) == 4 and keys.partition(endpoint) not in found
     # And every row of one event (ev|, hq|, jb|, ad|, sd|, sa|, ss|, ...) is in the event's own partition
     for event_id in events:
         where = {pk for pk, row_keys in found.items() for rk in row_keys if belongs(rk, event_id)}
-        assert where == {keys.event_partition(endpoint, event_id)}, event_id
+        assert where == {service.layout().now().event_partition(endpoint, event_id)}, event_id
         kinds = {
             rk.split("|")[0]
-            for rk in found[keys.event_partition(endpoint, event_id)]
+            for rk in found[service.layout().now().event_partition(endpoint, event_id)]
             if belongs(rk, event_id)
         }
         assert {"ev", "hq", "jb", "ad", "sd", "sa", "ss"} <= kinds

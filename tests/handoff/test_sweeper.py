@@ -177,7 +177,7 @@ def test_one_failing_endpoint_never_stops_the_sweep_of_the_others(call, resolve,
     overdue(resolve, broken)
     overdue(resolve, healthy)
     runtime.reset(
-        policies=[FailPartition(keys.event_partition(broken.endpoint, broken.event_id))],
+        policies=[FailPartition(service.layout().now().event_partition(broken.endpoint, broken.event_id))],
         client_options={"retry_total": 0},
     )
     service.use_transport(bus)

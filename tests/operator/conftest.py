@@ -59,7 +59,7 @@ def recount(endpoint: str) -> dict[str, int]:
     """What the counts must be: every event row of the partition, counted by scanning (tests only)."""
     table = service.store().table(keys.EVENTS_TABLE)
     totals = dict.fromkeys(counts.BUCKETS, 0)
-    for pk in keys.endpoint_partitions(endpoint):  # every shard (SETTLE_HANDOFF_SHARDS)
+    for pk in service.layout().now().endpoint_partitions(endpoint):  # every shard (SETTLE_HANDOFF_SHARDS)
         query = f"PartitionKey eq '{pk}' and RowKey ge 'ev|' and RowKey lt 'ev}}'"
         for entity in table.query_entities(query):
             if str(entity["RowKey"]).endswith("|e"):

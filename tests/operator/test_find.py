@@ -159,7 +159,7 @@ def test_one_find_costs_three_requests_at_any_number_of_endpoints_and_shards(
     try:
         store = service.store()
         find.find(store, "warm")  # the process's one table listing, before the counts
-        keys.shard_count()  # and its one read of the recorded layouts (common/layouts.py)
+        service.layout().now()  # and its one read of the recorded layouts (common/layouts.py)
         for q, kind in [
             ("node5-EVT-1", "eventId"),
             ("NODE5-SESS-1", "sessionId"),

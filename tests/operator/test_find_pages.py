@@ -57,7 +57,7 @@ def _seed(resolve: Any, tag: str, session: str) -> tuple[str, list[str]]:
     for event_id in event_ids:
         row = dict(entity)
         row.update(
-            PartitionKey=keys.event_partition(endpoint, event_id),
+            PartitionKey=service.layout().now().event_partition(endpoint, event_id),
             RowKey=keys.event_row(event_id),
             EventId=event_id,
         )

@@ -87,7 +87,7 @@ def failed_many(settle_tables: str) -> tuple[str, dict[tuple[str, str], datetime
             enqueued_time_utc=updated,
             reason="ERP timeout",
         )
-        pk = keys.event_partition(endpoint, event_id)
+        pk = service.layout().now().event_partition(endpoint, event_id)
         rows.append(row.to_entity(pk, keys.bucket_row(bucket, updated, event_id)))
         expected[(endpoint, event_id)] = updated
     for endpoint in {e for e, _ in expected}:
@@ -115,7 +115,7 @@ def test_a_failed_page_costs_what_the_first_page_did(call, failed_many) -> None:
     with ROUND_TRIPS.measure() as tally:
         items, _ = page(store, page_size=50, token=token)
     assert len(items) == 50
-    assert tally.requests == 1 + 2 * len(endpoints) * keys.shard_count(), tally.methods
+    assert tally.requests == 1 + 2 * len(endpoints) * service.layout().now().shards, tally.methods
 
 
 def test_a_failed_token_edited_or_of_another_list_is_refused_naming_it(call, failed_many) -> None:
@@ -137,7 +137,7 @@ def stuck_many(settle_tables: str) -> tuple[str, list[str]]:
     event_ids = [f"{tag}-{n:05d}" for n in range(MANY)]
     rows = []
     for n, event_id in enumerate(event_ids):
-        pk = keys.event_partition(endpoint, event_id)
+        pk = service.layout().now().event_partition(endpoint, event_id)
         at = BASE + timedelta(seconds=n)
         unconfirmed = UnconfirmedRow(
             event_id=event_id,
@@ -193,7 +193,7 @@ def test_a_stuck_page_costs_one_read_and_one_count_per_shard(call, stuck_many, w
             route_params=route,
         )
     assert second.status == 200 and len(second.json["items"]) == 100
-    assert tally.requests == 2 * keys.shard_count(), tally.methods
+    assert tally.requests == 2 * service.layout().now().shards, tally.methods
 
 
 @pytest.mark.parametrize("what", ["unconfirmed", "overdue"])

@@ -107,7 +107,7 @@ def _control_messages(endpoint: str, event_id: str) -> tuple[int, int]:
     table = service.store().table(keys.EVENTS_TABLE)
     low, high = keys.event_range(event_id)
     claims = audits = 0
-    pk = keys.event_partition(endpoint, event_id)
+    pk = service.layout().now().event_partition(endpoint, event_id)
     query = f"PartitionKey eq '{pk}' and RowKey ge '{low}' and RowKey lt '{high}'"
     for entity in table.query_entities(query):
         kind = str(entity["RowKey"]).split("|")[2]
@@ -263,7 +263,7 @@ def test_the_session_index_row_is_written_in_the_event_rows_transaction(resolve,
     )
     table = service.store().table(keys.EVENTS_TABLE)
     low, high = keys.session_range("s-1")
-    pk = keys.event_partition(flow.endpoint, flow.event_id)
+    pk = service.layout().now().event_partition(flow.endpoint, flow.event_id)
     query = f"PartitionKey eq '{pk}' and RowKey ge '{low}' and RowKey lt '{high}'"
     assert [e["EventId"] for e in table.query_entities(query)] == [
         flow.event_id

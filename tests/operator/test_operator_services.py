@@ -7,7 +7,6 @@ the conformance suite), then the real :class:`OperatorActions`, :class:`Operator
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -19,7 +18,7 @@ from handoff.messages.contract import MessageType
 from handoff.messages.transport import message_body
 from handoff.projection.resolver import ResolverService
 from handoff.settlement.settler import SettlementService
-from handoff.storage import keys
+from handoff.storage.keys import Layout
 from handoff.storage.records import PoisonRow
 from handoff.storage.store import HandoffStore
 from management import bulk
@@ -41,7 +40,7 @@ class Desk:
 
     def __init__(self) -> None:
         self.tables = MemoryTables()
-        self.store = HandoffStore(self.tables)
+        self.store = HandoffStore(self.tables, Layout())  # S = 1, no earlier layout: no recorded one read
         self.transport = CaptureTransport()
         self.resolver = ResolverService(self.store, sleep=lambda _s: None)
         self.actions = OperatorActions(SettlementService(self.store, lambda: self.transport))
@@ -64,11 +63,8 @@ class Desk:
 
 
 @pytest.fixture
-def desk() -> Iterator[Desk]:
-    """The hand-off keys route by S = 1 with no earlier layout (no recorded layout is read: no storage)."""
-    keys.follow(lambda: (1, ()), lambda: 0, lambda: None)
-    yield Desk()
-    keys.follow(None)
+def desk() -> Desk:
+    return Desk()
 
 
 def test_a_resubmit_sends_one_resubmission_of_the_latest_payload_and_copies_its_audit(desk: Desk) -> None:

@@ -18,7 +18,7 @@ from state.lifecycle import WriteContext
 from state.model import RecordKey, Scope, Status
 from state.rows import IndexRow, StateRow
 from state.store import StateStore
-from tests.state.written_entities import written_entities
+from tests.state.written_entities import expiry_index_calls, written_entities
 from tests.support.memory_table import MemoryTables
 
 KEY = RecordKey(7, Scope.ELEMENT, 3, "invoice", "INV-rows", entity_execution_id=11)
@@ -117,3 +117,10 @@ def test_the_store_writes_the_entities_it_wrote_before_rows_were_typed() -> None
     """The same operations, properties, types and values as the code at 5c06c05 sent (recorded there)."""
     before = json.loads((Path(__file__).parent / "entities_before_typed_rows.json").read_text())
     assert written_entities() == before
+
+
+def test_the_expiry_index_writes_the_markers_and_level_one_rows_it_wrote_before_they_were_typed() -> None:
+    """The markers, level-1 rows, their leases and deletes the scenario sends, as the code at f4ce423 sent
+    them (recorded there, before the expiry index's rows were typed)."""
+    before = json.loads((Path(__file__).parent / "expiry_index_before_typed_rows.json").read_text())
+    assert expiry_index_calls() == before
