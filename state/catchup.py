@@ -50,7 +50,8 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -60,10 +61,10 @@ from common.errors import StorageTableMissing, is_transient_storage_fault
 from common.roundtrips import ROUND_TRIPS
 from common.transactions import is_conflict
 from state.expiry import ExpiryIndex, Pointer
-from state.keys import BUCKET_MS, LOCK_KIND, RETENTION_KIND, bucket_range, due_range
+from state.keys import BUCKET_MS, LOCK_KIND, RETENTION_KIND, bucket_range, parse_index_row_key
 from state.lifecycle import INDEX_COLUMNS, Head, retain_until
 from state.model import Status
-from state.rows import IndexRow, MarkerRow, index_entry
+from state.rows import IndexRow, LockEntry, MarkerRow, index_entry
 from state.store import StateStore
 
 log = logging.getLogger("settle.state.catchup")
@@ -73,6 +74,9 @@ DEFAULT_MAX_ROWS = 500
 # a run acts on a page before it reads the next.
 INDEX_PAGE_ROWS = 1000
 CLOSE_MARGIN_MS = 5_000
+# Reads of a minute that closing it may take: a marker delete refused (412, a lock merged into it after the
+# read) reads the minute again; past the last, the minute stays open for the next run.
+CLOSE_ATTEMPTS = 3
 # How long one timer invocation keeps starting bounded runs while they run out of rows (the default schedule
 # is every minute; timer functions run on one instance at a time, so a longer drain only delays the next).
 DRAIN_SECONDS = 50.0
@@ -86,6 +90,33 @@ PROCESS_OWNER = uuid.uuid4().hex
 # guidance is to back off exponentially); each wait is taken with ±50 % jitter so refused workers spread.
 THROTTLED_BACKOFF_S = (0.5, 1.0, 2.0, 4.0, 8.0)
 _COLUMN_OF_KIND = {kind: column for column, kind in INDEX_COLUMNS.items()}
+# Lock ids whose lock this process saw end (ADR-0021): how many it keeps.
+_ENDED_MAX = 100_000
+
+
+class _Ended:
+    """Locks this process saw end: the head no longer Processing under that lock id (finished, taken again
+    or concluded here). A lock id is never taken again, so that holds for ever, and a later run passes their
+    entries by without a read or a share of its budget: a minute holding more entries than one run's
+    ``max_rows`` is still worked through, run after run. Only a cache: without it the head is read again."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._ids: OrderedDict[str, None] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def add(self, lock_id: str) -> None:
+        with self._lock:
+            self._ids[lock_id] = None
+            while len(self._ids) > self._size:
+                self._ids.popitem(last=False)
+
+    def __contains__(self, lock_id: object) -> bool:
+        with self._lock:
+            return lock_id in self._ids
+
+
+ENDED = _Ended(_ENDED_MAX)
 
 
 def storage_busy(exc: BaseException) -> bool:
@@ -314,42 +345,58 @@ class Catchup:
             raise errors[0]
 
     def _visit(self, pointer: Pointer, now: datetime, result: CatchupResult, budget: _Budget) -> bool:
-        """Handle one partition's due rows of one minute; close the minute when it is over and done. True
-        when every due row was handled (nothing is left there at ``now``)."""
+        """Handle one partition's due rows and lock entries of one minute; close the minute when it is over
+        and done. True when every due one was handled (nothing is left there at ``now``)."""
         now_ms = epoch_ms(now)
         closable = (pointer.bucket + 1) * BUCKET_MS <= now_ms - CLOSE_MARGIN_MS
-        if closable:
-            low, high = bucket_range(pointer.kind, pointer.bucket)
-        else:
-            low, high = due_range(pointer.kind, pointer.bucket, now_ms)
-        markers: list[MarkerRow] = []
-        rows = self._rows(pointer.partition, low, high, result)
-        if not self._handle_all(pointer, rows, now, result, budget, markers):
-            return False
-        if not closable:
+        # The whole minute: index rows (an earlier version's locks, deadlines), then its markers (they sort
+        # after the rows), whose entries name this minute's locks (ADR-0021). Rows not due are not read on.
+        low, high = bucket_range(pointer.kind, pointer.bucket)
+        for _ in range(CLOSE_ATTEMPTS):
+            markers: list[MarkerRow] = []
+            rows = self._rows(pointer.partition, low, high, result)
+            if not self._handle_all(pointer, rows, now, result, budget, markers):
+                return False
+            if not closable:
+                return True
+            if not self._delete_markers(pointer.partition, markers):
+                continue  # a lock merged into a marker after it was read (412): read the minute again
+            # An index row of the earlier code (a lock's, a deadline's) whose transaction applied while the
+            # range was being read is found now: its marker went, so no later one can land (ADR-0011).
+            again = self._rows(pointer.partition, low, high, result)
+            if not self._handle_all(pointer, again, now, result, budget, [], entries=False):
+                return False
+            if self._index.drop(pointer):
+                result.minutes_closed += 1
             return True
-        from azure.core import MatchConditions
+        return False
 
-        table = self._store.table
+    def _delete_markers(self, partition: str, markers: list[MarkerRow]) -> bool:
+        """Delete every marker listed, each ``If-Match`` the ETag of the read in which its entries were seen
+        (ADR-0021): a lock that merged into it since changed that ETag, so the delete fails (False: read the
+        minute again) instead of taking an entry nobody handled with it. Every one must go before level 1
+        may: a lock path still holding one could otherwise add an entry nobody would find."""
+        from azure.core import MatchConditions
+        from azure.core.exceptions import ResourceModifiedError, ResourceNotFoundError
+
         for marker in markers:
-            # Every marker listed must go before level 1 may: a lock path still holding one could
-            # otherwise add a row nobody would find.
-            table.delete_entity(
-                pointer.partition, marker.row_key, match_condition=MatchConditions.Unconditionally
-            )
-        again = self._rows(pointer.partition, low, high, result)
-        if not self._handle_all(pointer, again, now, result, budget, []):
-            return False
-        if self._index.drop(pointer):
-            result.minutes_closed += 1
+            assert marker.etag is not None  # read from the table
+            try:
+                self._store.table.delete_entity(
+                    partition, marker.row_key, etag=marker.etag, match_condition=MatchConditions.IfNotModified
+                )
+            except ResourceModifiedError:
+                return False
+            except ResourceNotFoundError:
+                continue  # another run closed it, after handling what it held
         return True
 
     def _rows(
         self, partition: str, low: str, high: str, result: CatchupResult
     ) -> Iterator[IndexRow | MarkerRow]:
-        """The due index rows and markers (with their ETags), a page at a time (``INDEX_PAGE_ROWS``): each
-        page is acted on before the next is read, so a run that storage stops midway keeps what it did, and
-        no read is larger than a page."""
+        """The index rows and markers (with their ETags and entries), a page at a time (``INDEX_PAGE_ROWS``):
+        each page is acted on before the next is read, so a run that storage stops midway keeps what it did,
+        and no read is larger than a page."""
         for entity in self._store.table.query_entities(
             "PartitionKey eq @pk and RowKey ge @low and RowKey lt @high",
             parameters={"pk": partition, "low": low, "high": high},
@@ -366,39 +413,94 @@ class Catchup:
         result: CatchupResult,
         budget: _Budget,
         markers: list[MarkerRow],
+        *,
+        entries: bool = True,
     ) -> bool:
-        """Act on every index row (the markers are kept in ``markers``); False when one is still live or the
-        budget ran out."""
+        """Act on every due index row, then (``entries``) on every due lock entry of the markers (kept in
+        ``markers``); False when one is still live or the budget ran out."""
         done = True
+        now_ms = epoch_ms(now)
         for row in rows:
             if isinstance(row, MarkerRow):
                 markers.append(row)
                 continue
+            if parse_index_row_key(row.row_key)[2] > now_ms:
+                done = False  # not due yet (the minute is still running)
+                continue
             if not budget.take() or not self._handle(pointer, row, now, result):
                 done = False
+        if not entries:
+            return done
+        for marker in markers:
+            for entry in marker.entries:
+                if entry.lock_id in ENDED:
+                    continue
+                if entry.expiry_ms > now_ms:
+                    done = False
+                    continue
+                if not budget.take() or not self._handle_entry(pointer, entry, now, result):
+                    done = False
         return done
 
     def _handle(self, pointer: Pointer, index: IndexRow, now: datetime, result: CatchupResult) -> bool:
-        """Conclude the record the row points at, or drop the row when it is stale; False if still live."""
+        """Conclude the record an index row points at, or drop the row when it is stale; False if still
+        live. A lock's row is one an earlier version of Settle wrote (ADR-0021, migration)."""
         column = _COLUMN_OF_KIND[pointer.kind]
+
+        def act(head: Head | None) -> bool:
+            if head is None or head.index_keys().get(column) != index.row_key:
+                self._drop_stale(pointer.partition, index)
+                result.stale_index_rows += 1
+                return True
+            if pointer.kind == LOCK_KIND:
+                if not self._fail_lock(head, now):
+                    return False
+                result.locks_failed += 1
+                self._drop_stale(pointer.partition, index)  # a conclusion no longer deletes a lock's row
+                return True
+            if not self._expire(head, now):
+                return False
+            result.records_expired += 1
+            return True
+
+        return self._settle(index.partition_key, index.state_row_key, index.row_key, act, result)
+
+    def _handle_entry(self, pointer: Pointer, entry: LockEntry, now: datetime, result: CatchupResult) -> bool:
+        """Conclude the lock a marker's entry names if its head is still Processing under that lock and it
+        expired; skip it when the head finished, was locked again, or was extended to another minute (whose
+        marker names it). False if still live."""
+
+        def act(head: Head | None) -> bool:
+            if head is None or head.status is not Status.PROCESSING or head.row.lock_id != entry.lock_id:
+                ENDED.add(entry.lock_id)
+                return True
+            moved = head.row.lock_index_key
+            if moved and parse_index_row_key(moved)[1] != pointer.bucket:
+                return True  # not ended: the entry of its new minute is read when that minute is visited
+            if not self._fail_lock(head, now):
+                return False
+            ENDED.add(entry.lock_id)
+            result.locks_failed += 1
+            return True
+
+        return self._settle(pointer.partition, entry.head_row_key, entry.column, act, result)
+
+    def _settle(
+        self,
+        partition: str,
+        head_row_key: str,
+        what: str,
+        act: Callable[[Head | None], bool],
+        result: CatchupResult,
+    ) -> bool:
+        """Read the head at ``head_row_key`` and ``act`` on it; a conflict (someone changed it meanwhile)
+        reads it again; throttled, back off and look again. False: left for a later run."""
         conflicts = refusals = 0
         while conflicts < 3:
             try:
-                head = self._store.read_head_at(index.partition_key, index.state_row_key)
+                head = self._store.read_head_at(partition, head_row_key)
                 result.records_read += 1
-                if head is None or head.index_keys().get(column) != index.row_key:
-                    self._drop_stale(pointer.partition, index)
-                    result.stale_index_rows += 1
-                    return True
-                if pointer.kind == LOCK_KIND:
-                    if not self._fail_lock(head, now):
-                        return False
-                    result.locks_failed += 1
-                else:
-                    if not self._expire(head, now):
-                        return False
-                    result.records_expired += 1
-                return True
+                return act(head)
             except Exception as exc:
                 if is_conflict(exc):
                     conflicts += 1
@@ -410,9 +512,7 @@ class Catchup:
                 # look again, never abort the run (every other pointer's work with it). Past the last
                 # attempt the row stays for the next run.
                 if refusals >= len(THROTTLED_BACKOFF_S):
-                    log.warning(
-                        "state catch-up: %s still refused, left for the next run: %s", index.row_key, exc
-                    )
+                    log.warning("state catch-up: %s still refused, left for the next run: %s", what, exc)
                     return False
                 time.sleep(THROTTLED_BACKOFF_S[refusals] * (0.5 + random.random()))
                 refusals += 1

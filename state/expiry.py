@@ -41,10 +41,15 @@ from common.clock import epoch_ms
 from common.table_protocol import TableSource
 from common.transactions import merge_if_unchanged
 from state.keys import EXPIRY_TABLE, STATE_TABLE, bucket_of, level1_partition
-from state.rows import Level1Row, MarkerRow
+from state.rows import Level1Row, LockEntry, MarkerRow
 
 _PREPARED_MAX = 4096
 _TOUCH_ATTEMPTS = 4
+# Lock entries one process merges into one marker before it prepares another for the same minute
+# (ADR-0021). An entity holds 252 user properties (255 with PartitionKey, RowKey and Timestamp:
+# shared/reference/idempotency-anchors.md, "Properties per entity"); 240 entries of at most
+# 33 + 14 + 1 KiB of key (UTF-16) stay far under its 1 MiB too.
+MARKER_ENTRIES = 240
 
 
 def level1_entity(kind: str, bucket: int, partition: str) -> dict[str, Any]:
@@ -85,45 +90,57 @@ class ExpiryIndex:
         # Where a partition's markers go (the state table; with several accounts, routed by partition).
         self._state_table = state_table or (lambda: tables.table(STATE_TABLE))
         self._guard = threading.Lock()
-        self._prepared: OrderedDict[tuple[str, str, int], str] = OrderedDict()
+        # (partition, kind, minute) -> [nonce, entries merged into it by this process]
+        self._prepared: OrderedDict[tuple[str, str, int], list[Any]] = OrderedDict()
         self._preparing: dict[tuple[str, str, int], threading.Lock] = {}
 
     # -- the lock path -------------------------------------------------------------------------------
-    def marker(self, partition: str, kind: str, bucket: int) -> dict[str, Any]:
-        """The marker a transaction inserting an index row of minute ``bucket`` must merge (``If-Match *``).
+    def marker(
+        self, partition: str, kind: str, bucket: int, entries: tuple[LockEntry, ...] = ()
+    ) -> dict[str, Any]:
+        """The marker a transaction inserting an index row (or a lock, named by its ``entries``) of minute
+        ``bucket`` must merge (``If-Match *``).
 
-        Prepares it first when this process has none for that partition and minute (2 requests)."""
-        nonce = self._nonce(partition, kind, bucket)
-        return MarkerRow.of(partition, kind, bucket, nonce).to_entity()
+        Prepares it first when this process has none for that partition and minute (2 requests), or when
+        the one it has holds :data:`MARKER_ENTRIES` entries already (a new marker for the same minute)."""
+        nonce = self._nonce(partition, kind, bucket, len(entries))
+        return MarkerRow.of(partition, kind, bucket, nonce, entries).to_entity()
 
     def forget(self, marker: dict[str, Any]) -> None:
         """The transaction found ``marker`` gone (catch-up closed its minute): prepare afresh next time."""
         row = MarkerRow.from_entity(marker)
         kind, bucket, nonce = row.minute()
-        key = (row.partition_key, kind, bucket)
+        self._drop((row.partition_key, kind, bucket), nonce)
+
+    def _drop(self, key: tuple[str, str, int], nonce: str) -> None:
         with self._guard:
-            if self._prepared.get(key) == nonce:  # not a newer preparation of another thread
+            slot = self._prepared.get(key)
+            if slot is not None and slot[0] == nonce:  # not a newer preparation of another thread
                 del self._prepared[key]
 
-    def _nonce(self, partition: str, kind: str, bucket: int) -> str:
+    def _nonce(self, partition: str, kind: str, bucket: int, take: int) -> str:
+        """The nonce of this process's marker for the minute, ``take`` more entries counted against it."""
         key = (partition, kind, bucket)
-        with self._guard:
-            nonce = self._prepared.get(key)
-            if nonce is not None:
-                return nonce
-            preparing = self._preparing.setdefault(key, threading.Lock())
-        with preparing:  # one preparation per key and process; the others wait for it
+        while True:
             with self._guard:
-                nonce = self._prepared.get(key)
-            if nonce is None:
-                nonce = self._prepare(partition, kind, bucket)
+                slot = self._prepared.get(key)
+                if slot is not None:
+                    if slot[1] + take <= MARKER_ENTRIES:
+                        slot[1] += take  # counted when taken: a write sent again counts twice (safe)
+                        return str(slot[0])
+                    del self._prepared[key]  # full: the next entry goes into a new marker
+                preparing = self._preparing.setdefault(key, threading.Lock())
+            with preparing:  # one preparation per key and process; the others wait for it
                 with self._guard:
-                    self._prepared[key] = nonce
-                    while len(self._prepared) > _PREPARED_MAX:
-                        self._prepared.popitem(last=False)
-        with self._guard:
-            self._preparing.pop(key, None)
-        return nonce
+                    slot = self._prepared.get(key)
+                if slot is None:
+                    nonce = self._prepare(partition, kind, bucket)
+                    with self._guard:
+                        self._prepared[key] = [nonce, 0]
+                        while len(self._prepared) > _PREPARED_MAX:
+                            self._prepared.popitem(last=False)
+            with self._guard:
+                self._preparing.pop(key, None)
 
     def _prepare(self, partition: str, kind: str, bucket: int) -> str:
         """(a) a marker with a fresh nonce, then (b) the level-1 row inserted or touched. Order matters.

@@ -71,7 +71,13 @@ INDEX_END = INDEX_MARK * 2  # exclusive upper bound of the index rows: index kin
 LOCK_KIND = "l"
 RETENTION_KIND = "r"
 BUCKET_MS = 60_000
-MARKER_MARK = "m"
+# A marker's RowKey ends ``{mark}{nonce}``. ``n``: a lock minute's marker, which carries its lock entries
+# (ADR-0021); ``m``: a retention minute's marker, and a lock minute's written before ADR-0021 (no entries,
+# still read and closed). The marks differ so that a catch-up of the earlier code, which reads an ``n`` row
+# as an index row without ``StateRK`` and stops, can never delete a marker whose entries it cannot read.
+MARKER_MARK = "n"
+LEGACY_MARKER_MARK = "m"
+MARKER_MARKS = (MARKER_MARK, LEGACY_MARKER_MARK)
 
 
 def partition_key(tenant_id: int, scope: Scope | int, entity_id: int) -> str:
@@ -295,17 +301,19 @@ def parse_index_row_key(row_key: str) -> tuple[str, int, int]:
 
 
 def marker_row_key(kind: str, bucket: int, nonce: str) -> str:
-    return f"{INDEX_MARK}{kind}{SEPARATOR}{bucket:010d}{SEPARATOR}{MARKER_MARK}{nonce}"
+    mark = MARKER_MARK if kind == LOCK_KIND else LEGACY_MARKER_MARK
+    return f"{INDEX_MARK}{kind}{SEPARATOR}{bucket:010d}{SEPARATOR}{mark}{nonce}"
 
 
 def parse_marker_row_key(row_key: str) -> tuple[str, int, str]:
     """(kind, minute, nonce) of a marker RowKey."""
     head, bucket, last = row_key.split(SEPARATOR, 2)
-    return head[len(INDEX_MARK) :], int(bucket), last[len(MARKER_MARK) :]
+    return head[len(INDEX_MARK) :], int(bucket), last[1:]
 
 
 def is_marker(row_key: str) -> bool:
-    return row_key.rsplit(SEPARATOR, 1)[-1].startswith(MARKER_MARK)
+    """A marker's RowKey, of either mark (``n`` or ``m``)."""
+    return row_key.rsplit(SEPARATOR, 1)[-1].startswith(MARKER_MARKS)
 
 
 def bucket_range(kind: str, bucket: int) -> tuple[str, str]:

@@ -12,7 +12,8 @@ refusal reads again and asks again. The rules, one function each:
   :func:`conclusion_replayed`;
 * the next version of a head for an outcome (:func:`recorded`), an extension (:func:`extended`) and
   catch-up's conclusions (:func:`concluded`);
-* which rows one write changes together: :func:`plan_write` (head, history row, expiry-index rows), and
+* which rows one write changes together: :func:`plan_write` (head, history row, retention index rows, the
+  markers, a lock's entry in its minute's marker: :func:`lock_entry`), and
   what a refusal of one of its index operations means (:class:`WritePlan`);
 * after a write whose answer was lost, was it applied: :func:`settled`.
 """
@@ -40,7 +41,7 @@ from state.keys import (
     index_row_key,
 )
 from state.model import LockDecision, RecordKey, Status, lock_decision
-from state.rows import LOCK_INDEX_KEY, RETAIN_INDEX_KEY, IndexRow, StateRow
+from state.rows import LOCK_INDEX_KEY, RETAIN_INDEX_KEY, IndexRow, LockEntry, StateRow
 from state.schemas import PreviousAttempt
 from state.token import LockClaims, key_digest
 
@@ -505,12 +506,31 @@ def check_size(new: StateRow) -> None:
 
 
 def index_changes(current: Head | None, new: StateRow) -> tuple[list[str], list[str]]:
-    """The expiry-index rows a write deletes (``current`` names them, ``new`` does not) and inserts."""
-    old = current.index_keys() if current is not None else {}
-    fresh = Head(new, "").index_keys()
+    """The expiry-index rows a write deletes (``current`` names them, ``new`` does not) and inserts: the
+    retention rows. A lock has no row (ADR-0021): its entry rides in its minute's marker
+    (:func:`lock_entry`), and an outcome deletes nothing; a row an earlier version of Settle wrote for a
+    lock is left to catch-up, which drops it as stale once the head no longer names it."""
+    old = _retention_keys(current.index_keys()) if current is not None else {}
+    fresh = _retention_keys(Head(new, "").index_keys())
     deletes = [row for c, row in old.items() if fresh.get(c) != row]
     inserts = [row for c, row in fresh.items() if old.get(c) != row]
     return deletes, inserts
+
+
+def _retention_keys(keys: dict[str, str]) -> dict[str, str]:
+    return {c: key for c, key in keys.items() if INDEX_COLUMNS[c] != LOCK_KIND}
+
+
+def lock_entry(current: Head | None, new: StateRow) -> LockEntry | None:
+    """The entry a write adds to its lock minute's marker (ADR-0021): a lock taken, taken over or moved
+    (an extension: the new minute's marker names it; the old entry is skipped when its minute is visited,
+    the head naming a later one). None when ``new`` holds no lock, or the lock ``current`` already had."""
+    key = new.lock_index_key
+    if not key or new.lock_id is None or new.locked_until is None:
+        return None
+    if current is not None and current.row.lock_index_key == key:
+        return None
+    return LockEntry(new.lock_id, epoch_ms(new.locked_until), new.row_key)
 
 
 def history_row(current: Head, new: StateRow) -> StateRow:

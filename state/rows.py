@@ -216,18 +216,53 @@ LEASED_BY = "LeasedBy"
 LEASED_UNTIL = "LeasedUntil"
 
 
+# A lock entry's column in its minute's marker: ``L{lockId}`` (ADR-0021).
+ENTRY_PREFIX = "L"
+
+
+@dataclass(frozen=True)
+class LockEntry:
+    """A lock as its minute's marker names it (ADR-0021): column ``L{lock_id}`` holding
+    ``{expiry ms}|{head RowKey}``. Catch-up reads the head and concludes it only while it is still
+    Processing under ``lock_id`` and expired; anything else (finished, locked again, extended to a later
+    minute) is skipped."""
+
+    lock_id: str
+    expiry_ms: int
+    head_row_key: str
+
+    @property
+    def column(self) -> str:
+        return f"{ENTRY_PREFIX}{self.lock_id}"
+
+    @property
+    def value(self) -> str:
+        return f"{self.expiry_ms}|{self.head_row_key}"
+
+    @classmethod
+    def parse(cls, column: str, value: str) -> LockEntry:
+        ms, head = value.split("|", 1)
+        return cls(column[len(ENTRY_PREFIX) :], int(ms), head)
+
+
 @dataclass(frozen=True)
 class MarkerRow:
-    """A minute's marker in a record's partition (``~{kind}|{minute}|m{nonce}``, ``state/keys.py``
-    ``marker_row_key``): no column but its keys. A transaction adding an index row of that minute merges it
-    (``If-Match: *``), so it fails once catch-up deleted the marker to close the minute."""
+    """A minute's marker in a record's partition (``~{kind}|{minute}|{n or m}{nonce}``, ``state/keys.py``
+    ``marker_row_key``). A transaction adding an index row or a lock of that minute merges it
+    (``If-Match: *``), so it fails once catch-up deleted the marker to close the minute. A lock's merge adds
+    its :class:`LockEntry` (ADR-0021): the marker is the minute's lock index. ``etag``: as read (catch-up
+    deletes it ``If-Match`` the read in which it saw the entries); never written."""
 
     partition_key: str
     row_key: str
+    entries: tuple[LockEntry, ...] = ()
+    etag: str | None = None
 
     @classmethod
-    def of(cls, partition: str, kind: str, bucket: int, nonce: str) -> MarkerRow:
-        return cls(partition, marker_row_key(kind, bucket, nonce))
+    def of(
+        cls, partition: str, kind: str, bucket: int, nonce: str, entries: tuple[LockEntry, ...] = ()
+    ) -> MarkerRow:
+        return cls(partition, marker_row_key(kind, bucket, nonce), entries)
 
     def minute(self) -> tuple[str, int, str]:
         """(kind, minute, nonce) of this marker."""
@@ -235,10 +270,17 @@ class MarkerRow:
 
     @classmethod
     def from_entity(cls, entity: Mapping[str, Any]) -> MarkerRow:
-        return cls(str(entity[PARTITION_KEY]), str(entity[ROW_KEY]))
+        entries = tuple(
+            LockEntry.parse(name, str(value))
+            for name, value in entity.items()
+            if name.startswith(ENTRY_PREFIX) and isinstance(value, str)
+        )
+        return cls(str(entity[PARTITION_KEY]), str(entity[ROW_KEY]), entries, _etag_of(entity))
 
     def to_entity(self) -> dict[str, Any]:
-        return {PARTITION_KEY: self.partition_key, ROW_KEY: self.row_key}
+        entity: dict[str, Any] = {PARTITION_KEY: self.partition_key, ROW_KEY: self.row_key}
+        entity.update({entry.column: entry.value for entry in self.entries})
+        return entity
 
 
 def index_entry(entity: Mapping[str, Any]) -> IndexRow | MarkerRow:

@@ -2,7 +2,8 @@
 
 Every write is ETag-conditional (``If-Match``) or insert-only, and every change that writes several rows
 of a record (the new head, the history row of the version it supersedes, the expiry-index rows the head
-names) is one entity group transaction, so the head, its history and its index can never disagree.
+names, the marker that names its lock: ADR-0021) is one entity group transaction, so the head, its
+history and its index can never disagree.
 
 History is written when a version is superseded: the head holds the current version, and the
 transaction that replaces it also inserts the replaced version as a history row marked Superseded (its
@@ -52,8 +53,10 @@ from state.expiry import ExpiryIndex
 from state.hints import HINT_BYTES, Hints
 from state.keys import (
     EXPIRY_TABLE,
+    LOCK_KIND,
     STATE_TABLE,
     Layout,
+    bucket_of,
     check_key_size,
     head_row_key,
     history_row_key_of,
@@ -78,6 +81,7 @@ from state.lifecycle import (
     decide_lock,
     extended,
     index_changes,
+    lock_entry,
     may_lock,
     new_head,
     plan_write,
@@ -361,9 +365,10 @@ class StateStore:
 
     def extend(self, key: RecordKey, ctx: WriteContext, token_text: str, lock_seconds: int) -> LockOutcome:
         """Move the lock's expiry. The head is rewritten in place (same version, lock id, substatus and
-        note; ``UpdatedAt`` and ``LockedUntil`` move; If-Match its ETag, the lock's index row moved in the
-        same transaction) and no history row is written: a lock held for hours leaves one history row,
-        its start, when its outcome supersedes it. Fencing is unchanged: the lock id decides."""
+        note; ``UpdatedAt`` and ``LockedUntil`` move; If-Match its ETag, the new expiry minute's marker
+        naming the lock in the same transaction, ADR-0021) and no history row is written: a lock held for
+        hours leaves one history row, its start, when its outcome supersedes it. Fencing is unchanged: the
+        lock id decides."""
         claims = self._check_token(key, token_text)
 
         def build(current: Head, now: datetime) -> StateRow:
@@ -510,9 +515,10 @@ class StateStore:
         fence: Fence | None = None,
     ) -> Head:
         """Insert the first version, or replace ``current`` (If-Match) and append its history row; in the
-        same transaction delete the index rows ``current`` names and insert the ones ``new`` names
-        (``lifecycle.plan_write``). ``keep_history=False``: ``new`` is the same version rewritten (an
-        extension), no history row. ``ready``: waited for (what it raises is raised) after the index is
+        same transaction delete the retention index rows ``current`` names and insert the ones ``new``
+        names, and merge the markers: a lock's names it (``lifecycle.plan_write``, ``lock_entry``).
+        ``keep_history=False``: ``new`` is the same version rewritten (an extension), no history row.
+        ``ready``: waited for (what it raises is raised) after the index is
         prepared, before the write.
 
         The table clients send a write again only when storage refused it before receiving it (503
@@ -521,6 +527,7 @@ class StateStore:
         check_size(new)
         pk, rk = new.partition_key, new.row_key
         deletes, inserts = index_changes(current, new)
+        entry = lock_entry(current, new)
         read_back = False  # an answer that left the outcome open: the head is read back at most once
         for _ in range(_WRITE_ATTEMPTS):
             markers: list[dict[str, Any]] = []
@@ -529,6 +536,8 @@ class StateStore:
                 marker = self.index.marker(pk, kind, bucket)
                 if marker not in markers:
                     markers.append(marker)
+            if entry is not None:  # a lock's entry, in its minute's marker (ADR-0021): no index row
+                markers.append(self.index.marker(pk, LOCK_KIND, bucket_of(entry.expiry_ms), (entry,)))
             plan = plan_write(
                 current, new, keep_history=keep_history, deleting=deletes, inserts=inserts, markers=markers
             )

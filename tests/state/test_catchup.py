@@ -1,7 +1,8 @@
 """Catch-up is complete and reads only the expiry index: its cost follows expired locks, not the table.
 
-The index is two levels (state/expiry.py, ADR-0011): a row per live lock beside its head, written in
-the head's own transaction, and a row per (minute, partition) in ``statelocks``, guarded by markers.
+The index is two levels (state/expiry.py, ADR-0011): a lock's entry in its minute's marker beside its head
+(ADR-0021), merged in the head's own transaction, and a row per (minute, partition) in ``statelocks``,
+guarded by those markers.
 """
 
 from __future__ import annotations
@@ -53,6 +54,17 @@ def index_rows() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     return level2, level1
 
 
+def entries_of(level2: list[dict[str, Any]]) -> dict[tuple[str, str], tuple[str, dict[str, Any]]]:
+    """Every lock entry of the markers read: (partition, lock id) -> (its value, the marker)."""
+    return {
+        (m["PartitionKey"], name[1:]): (value, m)
+        for m in level2
+        if "StateRK" not in m
+        for name, value in m.items()
+        if name.startswith("L")
+    }
+
+
 def until_of(state, key) -> datetime:
     return datetime.fromisoformat(state.get(key).json["lockedUntil"])
 
@@ -84,10 +96,11 @@ def test_catchup_over_many_records_reads_only_the_expired_locks(state, fresh_tab
     # when catch-up runs
     with ROUND_TRIPS.measure() as tally:
         result = service.catchup().run(now=now)
-    # then it read the 5 index rows and the 5 records, and turned exactly those into Failed
+    # then it read the level-1 rows, the markers of those minutes (the 5 locks' entries) and the 5
+    # records, and turned exactly those into Failed: never a finished record or a live lock of later minutes
     minutes = len({bucket_of(epoch_ms(u)) for u in untils})
     assert result.minutes_visited == minutes and result.minutes_closed == 0
-    assert result.index_rows_read == minutes + 5 and result.records_read == 5
+    assert result.index_rows_read == 2 * minutes and result.records_read == 5
     assert result.locks_failed == 5 and result.stale_index_rows == 0
     # two level-1 queries (locks, retention), per minute its lease (a conditional merge that keeps other
     # instances' runs off it) and one range read, per lock a read and a transaction
@@ -116,7 +129,7 @@ def test_every_live_lock_has_its_index_rows_and_a_finished_one_has_none(state, f
     for k in keys[::2]:
         state.release(k, error="done")
     level2, level1 = index_rows()
-    by_row = {(r["PartitionKey"], r["RowKey"]): r for r in level2}
+    entries = entries_of(level2)
     pointers = {(r["PartitionKey"], r["RowKey"]) for r in level1}
     for k in keys:
         record = state.get(k).json
@@ -127,14 +140,17 @@ def test_every_live_lock_has_its_index_rows_and_a_finished_one_has_none(state, f
             .get_entity(partition_key(rk.tenant_id, rk.scope, rk.entity_id), head_row_key(rk))
         )
         if record["status"] == "Processing":
-            row = by_row[(head["PartitionKey"], head["LockIndexKey"])]
-            assert row["StateRK"] == head["RowKey"]
+            # its minute's marker names it (ADR-0021), and level 1 points at that minute
+            value, marker = entries[(head["PartitionKey"], head["LockId"])]
+            assert value == f"{epoch_ms(head['LockedUntil'])}|{head['RowKey']}"
             bucket = bucket_of(epoch_ms(head["LockedUntil"]))
+            assert marker["RowKey"].startswith(f"~l|{bucket:010d}|n")
             assert (f"l{bucket:010d}", head["PartitionKey"]) in pointers
         else:
             assert "LockIndexKey" not in head
-    locks = [r for r in level2 if "StateRK" in r]
-    assert len(locks) == len(keys) // 2
+    # no lock has an index row (the outcome deleted nothing, the lock wrote none); every lock has an entry
+    assert [r for r in level2 if "StateRK" in r] == []
+    assert len(entries) == len(keys)
 
 
 def test_240_locks_of_one_second_taken_by_8_threads_are_all_caught_up(state, fresh_tables):
@@ -192,7 +208,9 @@ def test_locks_of_a_process_that_exits_normally_are_caught_up(state, fresh_table
     assert [state.get(k).json["status"] for k in keys] == ["Failed"] * 5
 
 
-def test_locks_released_before_they_expire_are_not_read_again(state, fresh_tables):
+def test_locks_released_before_they_expire_are_read_once_and_not_again(state, fresh_tables):
+    # ADR-0021: the outcome deletes nothing, so catch-up reads a finished lock's head once when its
+    # minute is due, skips it, and a later run of the process passes it by without a read
     for _ in range(10):
         k = new_key()
         lock = state.lock(k, lockSeconds=1).json
@@ -200,7 +218,9 @@ def test_locks_released_before_they_expire_are_not_read_again(state, fresh_table
     level2, _ = index_rows()
     assert [r for r in level2 if "StateRK" in r] == []
     result = service.catchup().run(now=utcnow() + timedelta(seconds=2))
-    assert result.records_read == 0 and result.locks_failed == 0
+    assert result.records_read == 10 and result.locks_failed == 0
+    again = service.catchup().run(now=utcnow() + timedelta(seconds=2))
+    assert again.records_read == 0 and again.locks_failed == 0
 
 
 def test_a_minute_that_is_over_is_closed_and_leaves_no_index_rows(state, fresh_tables):
