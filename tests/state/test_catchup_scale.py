@@ -49,7 +49,8 @@ def _backlog(store: StateStore, count: int, entity: int) -> datetime:
 
 
 def _outcome(entity: int) -> tuple[int, int, int]:
-    """(heads, heads Failed, lock index rows left) of the node, read straight from storage."""
+    """(heads, heads Failed, heads still Processing: locks not caught up) of the node, read straight from
+    storage (a lock has no index row of its own: its entry is in its minute's marker, ADR-0021)."""
     low, high = node_partition_range(3, 4, entity)
     rows = list(
         runtime.tables()
@@ -60,7 +61,7 @@ def _outcome(entity: int) -> tuple[int, int, int]:
     )
     heads = [r for r in rows if str(r["RowKey"]).endswith("|c")]
     failed = [r for r in heads if int(r["Status"]) == int(Status.FAILED)]
-    left = [r for r in rows if str(r["RowKey"]).startswith("~l") and "StateRK" in r]
+    left = [r for r in heads if int(r["Status"]) == int(Status.PROCESSING)]
     return len(heads), len(failed), len(left)
 
 

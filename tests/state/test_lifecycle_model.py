@@ -205,13 +205,27 @@ class Lifecycle(RuleBasedStateMachine):
         if not hasattr(self, "store"):
             return
         head = self.store.read_head_at(self.pk, RK)
-        named = set(head.index_keys().values()) if head is not None else set()
+        # A lock has no index row (ADR-0021): only a retention deadline does
+        keys = head.index_keys() if head is not None else {}
+        named = {key for column, key in keys.items() if column != "LockIndexKey"}
         found = {rk for rk in self.rows() if rk.startswith(INDEX_MARK)}
         assert found == named
+        if head is None or head.status is not Status.PROCESSING:
+            return
+        # and a Processing head's lock is named by an entry of a marker of its expiry minute
+        assert head.row.lock_id is not None and head.locked_until is not None
+        until = int(head.locked_until.timestamp() * 1000)
+        minute = f"{INDEX_MARK}l{SEPARATOR}{until // 60_000:010d}{SEPARATOR}"
+        entries = [
+            row.get(f"L{head.row.lock_id}")
+            for (pk, rk), row in self.tables.table("state").rows.items()
+            if pk == self.pk and _marker(rk) and rk.startswith(minute)
+        ]
+        assert f"{until}|{RK}" in entries, "a live lock that no marker of its minute names"
 
 
 def _marker(rk: str) -> bool:
-    """A minute's marker (``~kind|minute|m{nonce}``), not an index row (``~kind|minute|ms|id``)."""
+    """A minute's marker (``~kind|minute|{n or m}{nonce}``), not an index row (``~kind|minute|ms|id``)."""
     return rk.startswith(INDEX_MARK) and rk.count(SEPARATOR) == 2
 
 

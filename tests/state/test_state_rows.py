@@ -114,13 +114,16 @@ def test_a_history_row_keeps_the_status_it_was_recorded_with() -> None:
 
 
 def test_the_store_writes_the_entities_it_wrote_before_rows_were_typed() -> None:
-    """The same operations, properties, types and values as the code at 5c06c05 sent (recorded there)."""
+    """The same operations, properties, types and values as the code at 5c06c05 sent (recorded there), as
+    ADR-0021 changed them (re-recorded with it, the only differences: no level-2 lock row inserted or
+    deleted, the lock marker's mark ``n``, and each lock's merge carrying its ``L{lockId}`` entry)."""
     before = json.loads((Path(__file__).parent / "entities_before_typed_rows.json").read_text())
     assert written_entities() == before
 
 
 def test_the_expiry_index_writes_the_markers_and_level_one_rows_it_wrote_before_they_were_typed() -> None:
     """The markers, level-1 rows, their leases and deletes the scenario sends, as the code at f4ce423 sent
-    them (recorded there, before the expiry index's rows were typed)."""
+    them (recorded there, before the expiry index's rows were typed), as ADR-0021 changed them (re-recorded:
+    no level-2 lock row, the lock marker's mark ``n`` and its entries, markers deleted ``If-Match``)."""
     before = json.loads((Path(__file__).parent / "expiry_index_before_typed_rows.json").read_text())
     assert expiry_index_calls() == before
