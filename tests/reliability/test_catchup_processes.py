@@ -140,12 +140,21 @@ def _rows(table: str) -> list[dict[str, Any]]:
 
 
 def _pointers_of_locks() -> dict[str, tuple[str, int]]:
-    """Each item's level-1 pointer (state partition, minute), from its lock index row in storage."""
+    """Each item's level-1 pointer (state partition, minute), from the entry naming its lock in a marker of
+    that minute (ADR-0021: ``L{lockId}`` = ``{expiry ms}|{head RowKey}``), or a lock index row of the code
+    before it."""
     out: dict[str, tuple[str, int]] = {}
     for row in _rows(STATE_TABLE):
         rk = str(row["RowKey"])
-        if rk.startswith(INDEX_MARK) and "StateRK" in row:
+        if not rk.startswith(INDEX_MARK):
+            continue
+        if "StateRK" in row:
             out[_item(str(row["StateRK"]))] = (str(row["PartitionKey"]), parse_index_row_key(rk)[1])
+        elif is_marker(rk):
+            for name, value in row.items():
+                if name.startswith("L"):
+                    head = str(value).split("|", 1)[1]
+                    out[_item(head)] = (str(row["PartitionKey"]), int(rk.split("|")[1]))
     return out
 
 
@@ -206,13 +215,15 @@ def _concluded(inst: _Instance) -> Counter[str]:
     )
 
 
-def _pointers_written(inst: _Instance) -> set[tuple[str, int]]:
+def _pointers_written(inst: _Instance, pointers: dict[str, tuple[str, int]]) -> set[tuple[str, int]]:
     """The level-1 pointers (state partition, minute) whose rows this instance wrote: every catch-up
-    write in the state table names an index row or marker of one minute (a conclude deletes its row)."""
+    write in the state table is an index row or marker of one minute, or the head of a lock it concluded
+    (whose pointer ``pointers`` gives: a conclusion deletes no row, ADR-0021)."""
     out = set()
     for _, (table, pk, rk) in inst.seat.rows_written:
         if table.endswith(STATE_TABLE) and rk.startswith(INDEX_MARK):
             out.add((pk, parse_index_row_key(rk)[1] if not is_marker(rk) else int(rk.split("|")[1])))
+    out |= {pointers[item] for item in _concluded(inst) if item in pointers}
     return out
 
 
@@ -297,7 +308,7 @@ def test_two_processes_divide_a_backlog_and_fail_every_expired_lock_exactly_once
     twice = {i for i in pointers if sum(s[i] for s in shares) != 1}
     TALLY.check(AREA, not twice, f"{where}: concluded by more or fewer than one process: {sorted(twice)[:5]}")
     # And each pointer (a minute of a partition) was written by one process: the leases held
-    written = [_pointers_written(inst) for inst in instances]
+    written = [_pointers_written(inst, pointers) for inst in instances]
     shared_pointers = written[0] & written[1]
     TALLY.check(AREA, not shared_pointers, f"{where}: pointers written by both processes: {shared_pointers}")
     # (where a minute is not closed yet, level 1 still says who leased it: the process that wrote it)
@@ -354,9 +365,9 @@ def test_a_process_killed_mid_run_loses_nothing_and_its_lease_is_respected_until
         TALLY.check(AREA, held, f"{where}: the killed process holds no lease")
         TALLY.check(
             AREA,
-            not (_pointers_written(other) & set(held)),
+            not (_pointers_written(other, pointers) & set(held)),
             f"{where}: the other process wrote in pointers leased by the killed one: "
-            f"{_pointers_written(other) & set(held)}",
+            f"{_pointers_written(other, pointers) & set(held)}",
         )
         done = _concluded(killed) + _concluded(other)
         left = [i for i, p in pointers.items() if p in held and not done[i]]
