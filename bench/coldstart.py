@@ -175,8 +175,8 @@ events.submit_transaction([("create", history), ("upsert", row)])
 # written straight against the SDK with nothing of Settle's. Request for request it mirrors what the
 # counting proxy sees Settle send (the bench checks it each run: the figure says "not equivalent" when the
 # wire counts differ): for the lock, the table listing, the recorded layouts' read, the signing key's read,
-# the catch-up minute's marker, the lock-index upsert and one 3-entity transaction (head, catch-up row,
-# marker merge); for the message, three find-index inserts, the endpoint's registration (already there),
+# the catch-up minute's marker, the lock-index upsert and one 2-entity transaction (head, the marker merge
+# naming the lock: ADR-0021); for the message, three find-index inserts, the endpoint's registration (already there),
 # the event's point read, all five at once as Settle sends them, then one 7-entity transaction.
 EQUIVALENT_PROBE = (
     _COMMON
@@ -214,10 +214,8 @@ head = {"PartitionKey": "1|4|42", "RowKey": parsed.key.itemEntityKey + "|" + par
         "LockedUntil": now, "LockedBy": "floor", "Attempt": 1, "CreatedAt": now, "UpdatedAt": now}
 state.submit_transaction([
     ("create", head),
-    ("create", {"PartitionKey": "1|4|42", "RowKey": "~" + minute + "|" + lock_id, "LockId": lock_id,
-                "Until": now}),
-    ("update", dict(marker, Count=1), {"mode": UpdateMode.MERGE, "etag": created["etag"],
-                                       "match_condition": MatchConditions.IfNotModified}),
+    ("update", dict(marker, Count=1, **{"L" + lock_id: "0|" + head["RowKey"]}),
+     {"mode": UpdateMode.MERGE, "etag": created["etag"], "match_condition": MatchConditions.IfNotModified}),
 ])
 answer = func.HttpResponse(json.dumps({"acquired": True, "lockId": lock_id}), status_code=200,
                            mimetype="application/json")

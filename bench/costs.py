@@ -92,13 +92,13 @@ HANDOFF: tuple[Step, ...] = (
 STATE_ITEM: tuple[Step, ...] = (
     Step(
         "lock (new key)",
-        3,
-        "one transaction: the head, its `~l` lock index row, the minute marker merged (ADR-0011)",
+        2,
+        "one transaction: the head, the minute marker merged with the lock's entry `L{lockId}` (ADR-0021)",
     ),
     Step(
         "set Processed with the token",
-        3,
-        "one transaction: the head replaced, the history row of the replaced version, the `~l` row deleted",
+        2,
+        "one transaction: the head replaced, the history row of the replaced version (no index row: ADR-0021)",
     ),
     Step("exists (a second caller)", 0, "one point read of the head"),
 )

@@ -55,8 +55,8 @@ from state.store import StateStore
 
 SECTION = "scaleout"
 SHARD_COUNTS = (1, 4, 16)
-FLOOR_LOCK = 2  # head + lock index row (ADR-0011: a live lock always has its row)
-FLOOR_SET = 3  # new head + history row of the replaced version + the lock's index row deleted
+FLOOR_LOCK = 2  # head + the minute marker merge naming the lock (ADR-0011's proof row, ADR-0021's index)
+FLOOR_SET = 2  # new head + history row of the replaced version (ADR-0021: no index row to delete)
 TENANT, SCOPE, ENTITY = 7, Scope(4), 4242
 TIMER_PERIOD_S = 60.0  # STATE_CATCHUP_SCHEDULE's default (local.settings.json.example, infra)
 BACKOFF_MAX_S = 0.8  # below a bucket's one second of burst: a waiting caller leaves no budget unspent
@@ -219,9 +219,9 @@ def _writes_per_op(env: Environment) -> list[Figure]:
             "entity writes: lock, new key",
             per_lock,
             FLOOR_LOCK,
-            "head + index row; the 3rd is the minute marker merge",
+            "head + the minute marker merge that names the lock (ADR-0021)",
         ),
-        ("entity writes: set with the lock token", per_set, FLOOR_SET, "head + history + index row delete"),
+        ("entity writes: set with the lock token", per_set, FLOOR_SET, "head + history (ADR-0021)"),
     ):
         figures.append(
             Figure(
