@@ -3,25 +3,29 @@
 "Stuck" = Processing with its lock expired (catch-up turns those Failed on its next run; the listing shows
 what it has not reached yet, or everything when catch-up is not running). It reads the catch-up index of
 ADR-0011 and nothing else: the level-1 rows (``statelocks``) of lock minutes that have begun, then, per
-(minute, partition), the level-2 rows already due (``~l|{minute}|…`` beside the heads, markers excluded),
-then the head each row names. A row whose head no longer names it (concluded, extended, taken over) is
-skipped, as catch-up would. Never a scan: its cost follows expired locks.
+(minute, partition), the locks already due that the minute's markers name (ADR-0021: ``L{lockId}`` entries;
+and the earlier code's level-2 rows ``~l|{minute}|…``), then the head each names. A lock whose head no longer
+holds it (concluded, extended, taken over) is skipped, as catch-up would. Never a scan: its cost follows the
+locks of the minutes that are due.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import datetime
 from functools import partial
 from itertools import islice
+from typing import Any
 
 from common.beside import side_by_side
 from common.clock import epoch_ms
 from common.errors import NotFound
 from state import service as state_service
 from state.handlers import to_record
-from state.keys import LOCK_KIND, due_range, is_marker
-from state.lifecycle import INDEX_COLUMNS
+from state.keys import LOCK_KIND, bucket_range, parse_index_row_key
+from state.lifecycle import INDEX_COLUMNS, Head
 from state.model import Status
+from state.rows import MarkerRow, index_entry
 from state.schemas import HistoryRequest, KeyRequest, Record, RecordPage
 
 MAX_STUCK = 200
@@ -42,14 +46,46 @@ def lookup(req: HistoryRequest) -> tuple[Record | None, RecordPage]:
     return record, handler.history(req)
 
 
-# Where a page of stuck records ended: the level-1 pointer (expiry minute, partition) and the level-2 row.
+# Where a page of stuck records ended: the level-1 pointer (expiry minute, partition) and the lock's place in
+# that minute (a level-2 row's RowKey, or ``{marker RowKey}|{lockId}`` for a marker's entry).
 Position = tuple[int, str, str]
+
+
+def _locks_due(store: Any, partition: str, bucket: int, now_ms: int) -> Iterator[tuple[str, str, str]]:
+    """The locks of one minute of one partition due at ``now_ms``, in order: (place, head RowKey, what the
+    head must name): a marker's entries (ADR-0021: the lock id) and the earlier code's level-2 rows (their
+    RowKey, the head's ``LockIndexKey``). One range read of the minute."""
+    low, high = bucket_range(LOCK_KIND, bucket)
+    found: list[tuple[str, str, str]] = []
+    for row in store.table.query_entities(
+        "PartitionKey eq @pk and RowKey ge @low and RowKey lt @high",
+        parameters={"pk": partition, "low": low, "high": high},
+    ):
+        entry = index_entry(row)
+        if isinstance(entry, MarkerRow):
+            found += [
+                (f"{entry.row_key}|{lock.lock_id}", lock.head_row_key, lock.lock_id)
+                for lock in entry.entries
+                if lock.expiry_ms <= now_ms
+            ]
+        elif parse_index_row_key(entry.row_key)[2] <= now_ms:
+            found.append((entry.row_key, entry.state_row_key, entry.row_key))
+    yield from sorted(found)
+
+
+def _holds(head: Head, named: str, bucket: int) -> bool:
+    """Does ``head`` still hold the lock a level-2 row (``named`` its RowKey) or a marker's entry (``named``
+    the lock id) of minute ``bucket`` names?"""
+    index_key = head.entity.get(_LOCK_COLUMN)
+    if named == index_key:
+        return True
+    return bool(named == head.row.lock_id and index_key and parse_index_row_key(index_key)[1] == bucket)
 
 
 def stuck(
     *, limit: int = MAX_STUCK, after: Position | None = None, now: datetime | None = None
 ) -> tuple[list[Record], Position | None]:
-    """Records whose lock expired while Processing, oldest expiry minute first (index rows only), behind
+    """Records whose lock expired while Processing, oldest expiry minute first (the index only), behind
     ``after``; and where the next page starts (None: none is left)."""
 
     store = state_service.store()
@@ -60,36 +96,29 @@ def stuck(
         place = (pointer.bucket, pointer.partition)
         if after is not None and place < after[:2]:
             continue
-        low, high = due_range(LOCK_KIND, pointer.bucket, now_ms)
-        op = "ge"
-        if after is not None and place == after[:2]:
-            low, op = after[2], "gt"
-        rows = (
-            (str(row["RowKey"]), str(row["StateRK"]))
-            for row in store.table.query_entities(
-                f"PartitionKey eq @pk and RowKey {op} @low and RowKey lt @high",
-                parameters={"pk": pointer.partition, "low": low, "high": high},
-            )
-            if not is_marker(str(row["RowKey"]))
+        locks = (
+            lock
+            for lock in _locks_due(store, pointer.partition, pointer.bucket, now_ms)
+            if after is None or place != after[:2] or lock[0] > after[2]
         )
         # The heads a page still needs, read side by side (one point read each).
-        while chunk := list(islice(rows, min(limit + 1 - len(found), _HEAD_READS))):
+        while chunk := list(islice(locks, min(limit + 1 - len(found), _HEAD_READS))):
             heads = side_by_side(
                 partial(store.read_head_at, pointer.partition),
-                [state_row for _, state_row in chunk],
+                [head_row for _, head_row, _ in chunk],
                 workers=_HEAD_READERS,
                 name="settle-stuck",
             )
-            for (row_key, _), head in zip(chunk, heads, strict=True):
-                if head is None or head.entity.get(_LOCK_COLUMN) != row_key:
-                    continue  # concluded, extended or taken over since: not this lock any more
+            for (at, _, named), head in zip(chunk, heads, strict=True):
+                if head is None or not _holds(head, named, pointer.bucket):
+                    continue  # concluded, taken again or moved to another minute: not this lock here
                 if (
                     head.status is not Status.PROCESSING
                     or head.locked_until is None
                     or head.locked_until > moment
                 ):
-                    continue
-                found.append((to_record(head.row, moment), (*place, row_key)))
+                    continue  # finished, or extended: not stuck
+                found.append((to_record(head.row, moment), (*place, at)))
             if len(found) > limit:
                 return [record for record, _ in found[:limit]], found[limit - 1][1]
     return [record for record, _ in found], None
