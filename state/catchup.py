@@ -142,6 +142,7 @@ class CatchupResult:
     locks_failed: int = 0
     records_expired: int = 0
     stale_index_rows: int = 0
+    locks_ended: int = 0  # marker entries whose lock had ended (finished, taken again): skipped from now on
     minutes_visited: int = 0
     minutes_closed: int = 0
     minutes_finished: int = 0  # pointers left with no due row (the drain's later runs pass them by)
@@ -152,11 +153,12 @@ class CatchupResult:
 
     @property
     def progressed(self) -> bool:
-        """Did the run change the index (so that another run would start further on)?"""
+        """Did the run change the index or learn of ended locks (so another run would start further on)?"""
         return bool(
             self.locks_failed
             or self.records_expired
             or self.stale_index_rows
+            or self.locks_ended
             or self.minutes_closed
             or self.minutes_finished
         )
@@ -168,6 +170,7 @@ class CatchupResult:
             "locks_failed",
             "records_expired",
             "stale_index_rows",
+            "locks_ended",
             "minutes_visited",
             "minutes_closed",
             "minutes_finished",
@@ -473,6 +476,7 @@ class Catchup:
         def act(head: Head | None) -> bool:
             if head is None or head.status is not Status.PROCESSING or head.row.lock_id != entry.lock_id:
                 ENDED.add(entry.lock_id)
+                result.locks_ended += 1
                 return True
             moved = head.row.lock_index_key
             if moved and parse_index_row_key(moved)[1] != pointer.bucket:

@@ -21,6 +21,7 @@ from unittest import mock
 import pytest
 from azure.data.tables import UpdateMode
 
+from state import catchup
 from state.catchup import Catchup
 from state.expiry import MARKER_ENTRIES
 from state.keys import LEGACY_MARKER_MARK, Layout, bucket_of, head_row_key, is_marker
@@ -259,3 +260,28 @@ def test_an_entry_is_named_by_lock_id_and_expiry_and_points_at_the_head(
     until = int(head.row.locked_until.timestamp() * 1000)
     assert rk.startswith(f"~l|{until // 60_000:010d}|n")
     assert entries(row) == {f"L{head.row.lock_id}": f"{until}|{head_row_key(key('a'))}"}
+
+
+def test_a_minute_with_more_ended_locks_than_one_runs_budget_is_worked_through_in_one_drain(
+    clock: Clock, tables: MemoryTables, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An ended lock's entry stays in its marker until the minute closes: without the process remembering
+    # the lock ids it saw end, every run would spend its budget re-reading the first entries
+    monkeypatch.setattr("state.catchup.ENDED", type(catchup.ENDED)(1000))
+    store = StateStore(tables, layout=Layout(1))
+    # Given 40 locks of one minute that finished, and 5 that expired after them
+    for n in range(40):
+        lock = store.lock(key(n), CTX, 1)
+        store.record(
+            key(n), CTX, status=Status.PROCESSED, envelope_props=None, substatus=None, error=None,
+            token_text=lock.token, digest="d",
+        )  # fmt: skip
+    for n in range(40, 45):
+        store.lock(key(n), CTX, 1)
+    # When the timer drains with a budget of 10 rows a run
+    runs = Catchup(store, parallelism=1).drain(now=T0 + timedelta(minutes=2), max_rows=10)
+    # Then one drain reads each finished lock once, fails the 5, and closes the minute
+    assert sum(r.locks_ended for r in runs) == 40 and sum(r.records_read for r in runs) == 45
+    assert sum(r.locks_failed for r in runs) == 5 and sum(r.minutes_closed for r in runs) == 1
+    assert {status_of(store, key(n)) for n in range(40, 45)} == {Status.FAILED}
+    assert index_left(tables) == ([], [])
