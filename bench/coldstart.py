@@ -176,8 +176,9 @@ events.submit_transaction([("create", history), ("upsert", row)])
 # counting proxy sees Settle send (the bench checks it each run: the figure says "not equivalent" when the
 # wire counts differ): for the lock, the table listing, the recorded layouts' read, the signing key's read,
 # the catch-up minute's marker, the lock-index upsert and one 2-entity transaction (head, the marker merge
-# naming the lock: ADR-0021); for the message, three find-index inserts, the endpoint's registration (already there),
-# the event's point read, all five at once as Settle sends them, then one 7-entity transaction.
+# naming the lock: ADR-0021); for the message, three find-index inserts, the endpoint's registration
+# (already there), the event's point read, all five at once as Settle sends them, then one 7-entity
+# transaction.
 EQUIVALENT_PROBE = (
     _COMMON
     + """

@@ -98,7 +98,7 @@ STATE_ITEM: tuple[Step, ...] = (
     Step(
         "set Processed with the token",
         2,
-        "one transaction: the head replaced, the history row of the replaced version (no index row: ADR-0021)",
+        "one transaction: the head replaced, the history row of the version it replaced (ADR-0021)",
     ),
     Step("exists (a second caller)", 0, "one point read of the head"),
 )

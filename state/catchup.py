@@ -1,16 +1,20 @@
 """Catch-up: expired locks become Failed, records past retention become Expired.
 
 It reads the expiry index (``state/expiry.py``), never the records table as a whole: level 1 names the
-(minute, partition) pairs whose minute has begun, and in each such partition a range read returns the
-index rows that are due. Each row is checked against the record's head (a point read) and acted on with
-an ETag-conditional transaction that also deletes the row, so several instances may run at once: one
-of them wins each record, the others see the change and move on. Its cost grows with the expired locks
-and due deadlines (and the partitions holding them), not with the table or with live locks.
+(minute, partition) pairs whose minute has begun, and in each such partition one range read returns the
+minute's markers, whose entries name its locks (ADR-0021), and its index rows (deadlines; locks of the code
+before ADR-0021). Each due one is checked against the record's head (a point read) and acted on with an
+ETag-conditional transaction, so several instances may run at once: one of them wins each record, the
+others see the change and move on. A lock's entry is skipped when its head finished, was locked again
+(remembered: :data:`ENDED`) or moved to another minute. Its cost grows with the locks and deadlines that
+became due (and the partitions holding them), not with the table or with live locks of later minutes.
 
-A minute whose end lies ``CLOSE_MARGIN_MS`` in the past is closed once every row of it was handled:
-delete the minute's markers in that partition, read its rows again (a transaction that slipped in
-before the markers went is handled now), then delete the level-1 row ``If-Match`` the ETag read at the
-start. If a lock path touched it meanwhile, the delete fails and the next run looks again (ADR-0011).
+A minute whose end lies ``CLOSE_MARGIN_MS`` in the past is closed once everything in it was handled:
+delete the minute's markers in that partition, each ``If-Match`` the read that showed its entries (a lock
+merged since fails the delete: the minute is read again), read its rows again (an earlier code's row that
+slipped in while the range was read is handled now), then delete the level-1 row ``If-Match`` the ETag
+read at the start. If a lock path touched it meanwhile, the delete fails and the next run looks again
+(ADR-0011).
 
 Scale-out: a run works on up to ``STATE_CATCHUP_PARALLELISM`` (default 8) level-1 pointers at once, one
 thread per (minute, partition) pair taken in order from level 1, so a backlog spread over a node's shards

@@ -1,23 +1,25 @@
 """The expiry index catch-up reads: two levels, kept atomic with the records (ADR-0011).
 
-Level 2 lives in each record's own partition of the ``state`` table: one row per live lock
-(``~l|{minute}|{expiry ms}|{lockId}``) and per retention deadline (``~r|...``), pointing at the head's
-RowKey. The head names its index rows (``LockIndexKey``, ``RetainIndexKey``) and the transaction that
-changes the head inserts and deletes them, so a live lock always has its row: no buffer, no background
-thread, nothing a process exit or a kill can lose.
+Level 2 lives in each record's own partition of the ``state`` table: for a lock, an entry
+``L{lockId}`` = ``{expiry ms}|{head RowKey}`` in its minute's marker (ADR-0021), merged by the transaction
+that takes, takes over or extends the lock; for a retention deadline, a row (``~r|...``) pointing at the
+head's RowKey, which the head names (``RetainIndexKey``) and the transaction that changes the head inserts
+and deletes. So a live lock is always named: no buffer, no background thread, nothing a process exit or a
+kill can lose. A process merges at most :data:`MARKER_ENTRIES` entries into one marker, then prepares
+another for the same minute.
 
 Level 1 (table ``statelocks``) tells catch-up where to look: one row per (kind, expiry minute M, state
-partition P). It cannot join the record's transaction (another table), so it is guarded by **markers**:
-every transaction that inserts a level-2 row of minute M in P also merges (``If-Match: *``) a marker row
-``~{kind}|{M}|m{nonce}`` of P, and fails unless that marker exists. A process makes its marker once per
-(P, kind, M) (:meth:`ExpiryIndex.prepare`): (a) insert a marker with a fresh nonce, (b) insert the level-1
-row or, when it exists, touch it (one Insert Or Merge: a merge changes its ETag); only then is the nonce
-used. Catch-up deletes a level-1 row only after deleting every marker it listed and re-reading the
-minute's rows, and only with ``If-Match`` the ETag it read first. A marker listed and deleted cannot be
-used again (its nonce is never re-created); a marker made later was followed by a touch that changed the
-ETag (the delete fails) or re-created the row. So a successful lock transaction always finds a level-1
-row, and no crash, lost answer or slow request can leave a live lock that catch-up cannot find. The proof
-is in ADR-0011.
+partition P). It cannot join the record's transaction (another table), so it is guarded by **markers**: every
+transaction that inserts a level-2 row or a lock entry of minute M in P also merges (``If-Match: *``) a marker
+row ``~{kind}|{M}|{n or m}{nonce}`` of P, and fails unless that marker exists. A process makes its marker once
+per (P, kind, M) (:meth:`ExpiryIndex.prepare`): (a) insert a marker with a fresh nonce, (b) insert the level-1
+row or, when it exists, touch it (one Insert Or Merge: a merge changes its ETag); only then is the nonce used.
+Catch-up deletes a level-1 row only after deleting every marker it listed (each ``If-Match`` the read that
+showed its entries) and re-reading the minute's rows, and only with ``If-Match`` the ETag it read first. A
+marker listed and deleted cannot be used again (its nonce is never re-created); a marker made later was
+followed by a touch that changed the ETag (the delete fails) or re-created the row. So a successful lock
+transaction always finds a level-1 row, and no crash, lost answer or slow request can leave a live lock that
+catch-up cannot find. The proof is in ADR-0011.
 
 The cost on the lock path: the marker merge rides in the lock's own transaction (still one round trip);
 preparing costs two requests once per partition, minute and process.
