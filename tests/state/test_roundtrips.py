@@ -243,12 +243,16 @@ def test_catch_up_costs_what_the_table_says(state, fresh_tables):
     keys = [new_key() for _ in range(3)]
     for k in keys:
         state.lock(k, lockSeconds=1)
+    # and 2 locks of the same minutes that finished (ADR-0021: their entries stay until the minute closes)
+    for k in [new_key() for _ in range(2)]:
+        state.set(k, status="Processed", lockToken=state.lock(k, lockSeconds=1).json["lockToken"])
     now = utcnow() + timedelta(seconds=2)
     with ROUND_TRIPS.measure() as tally:
         result = service.catchup().run(now=now)
-    assert result.locks_failed == 3 and result.minutes_closed == 0
-    assert tally.requests == 2 + 2 * result.minutes_visited + 2 * 3
-    assert "2 + 2 per minute visited + 2 per expired lock or deadline" in documented()["catch-up"]
+    assert result.locks_failed == 3 and result.locks_ended == 2 and result.minutes_closed == 0
+    assert tally.requests == 2 + 2 * result.minutes_visited + 5 + 3
+    documented_as = "2 + 2 per minute visited + 1 per due lock of those minutes + 1 per expired lock"
+    assert documented_as in documented()["catch-up"]
 
 
 def test_retention_markers_are_prepared_like_lock_markers(state):
