@@ -22,7 +22,7 @@ from common.clock import epoch_ms
 from common.errors import NotFound
 from state import service as state_service
 from state.handlers import to_record
-from state.keys import LOCK_KIND, bucket_range, parse_index_row_key
+from state.keys import LOCK_KIND, bucket_range, is_marker, parse_index_row_key
 from state.lifecycle import INDEX_COLUMNS, Head
 from state.model import Status
 from state.rows import MarkerRow, index_entry
@@ -51,11 +51,16 @@ def lookup(req: HistoryRequest) -> tuple[Record | None, RecordPage]:
 Position = tuple[int, str, str]
 
 
-def _locks_due(store: Any, partition: str, bucket: int, now_ms: int) -> Iterator[tuple[str, str, str]]:
-    """The locks of one minute of one partition due at ``now_ms``, in order: (place, head RowKey, what the
-    head must name): a marker's entries (ADR-0021: the lock id) and the earlier code's level-2 rows (their
-    RowKey, the head's ``LockIndexKey``). One range read of the minute."""
+def _locks_due(
+    store: Any, partition: str, bucket: int, now_ms: int, after: str | None
+) -> Iterator[tuple[str, str, str]]:
+    """The locks of one minute of one partition due at ``now_ms``, in order, behind the place ``after``:
+    (place, head RowKey, what the head must name): a marker's entries (ADR-0021: the lock id) and the earlier
+    code's level-2 rows (their RowKey, the head's ``LockIndexKey``). One range read of the minute from
+    ``after``'s row on (markers sort after the rows)."""
     low, high = bucket_range(LOCK_KIND, bucket)
+    if after is not None:
+        low = after if not is_marker(after.rsplit("|", 1)[0]) else after.rsplit("|", 1)[0]
     found: list[tuple[str, str, str]] = []
     for row in store.table.query_entities(
         "PartitionKey eq @pk and RowKey ge @low and RowKey lt @high",
@@ -70,7 +75,7 @@ def _locks_due(store: Any, partition: str, bucket: int, now_ms: int) -> Iterator
             ]
         elif parse_index_row_key(entry.row_key)[2] <= now_ms:
             found.append((entry.row_key, entry.state_row_key, entry.row_key))
-    yield from sorted(found)
+    yield from (lock for lock in sorted(found) if after is None or lock[0] > after)
 
 
 def _holds(head: Head, named: str, bucket: int) -> bool:
@@ -96,11 +101,8 @@ def stuck(
         place = (pointer.bucket, pointer.partition)
         if after is not None and place < after[:2]:
             continue
-        locks = (
-            lock
-            for lock in _locks_due(store, pointer.partition, pointer.bucket, now_ms)
-            if after is None or place != after[:2] or lock[0] > after[2]
-        )
+        since = after[2] if after is not None and place == after[:2] else None
+        locks = _locks_due(store, pointer.partition, pointer.bucket, now_ms, since)
         # The heads a page still needs, read side by side (one point read each).
         while chunk := list(islice(locks, min(limit + 1 - len(found), _HEAD_READS))):
             heads = side_by_side(

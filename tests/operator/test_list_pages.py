@@ -251,7 +251,9 @@ def stuck_records(settle_tables: str, functions: dict[str, Any]) -> list[str]:
     head = store.read_head(RecordKey(9, Scope(4), entity_id, "invoice", "t"))
     assert head is not None
     pk, lock_row = str(head.entity["PartitionKey"]), str(head.entity[_LOCK_COLUMN])
-    index = dict(store.table.get_entity(pk, lock_row))
+    # cloned with a level-2 row each, as the code before ADR-0021 wrote them (still listed; a lock has no row
+    # of its own any more, its entry is in its minute's marker)
+    index = {"PartitionKey": pk}
     items = [f"stuck-{tag}-{n:05d}" for n in range(MANY)]
     rows = []
     for n, item in enumerate(items):
