@@ -285,3 +285,32 @@ def test_a_minute_with_more_ended_locks_than_one_runs_budget_is_worked_through_i
     assert sum(r.locks_failed for r in runs) == 5 and sum(r.minutes_closed for r in runs) == 1
     assert {status_of(store, key(n)) for n in range(40, 45)} == {Status.FAILED}
     assert index_left(tables) == ([], [])
+
+
+class Killed(BaseException):
+    """The catch-up process dies here (nothing after this step of it happens)."""
+
+
+def test_a_catch_up_killed_between_its_marker_deletes_and_level_one_loses_no_lock(
+    clock: Clock, tables: MemoryTables
+) -> None:
+    store = StateStore(tables, layout=Layout(1))
+    # Given an expired lock of minute M
+    assert store.lock(key("a"), CTX, 1).acquired
+
+    # When a catch-up run concludes it, deletes M's marker and dies before deleting level 1
+    def die_at_level_one(call: str, args: tuple[Any, ...]) -> None:
+        if call == "delete_entity" and str(args[0]).endswith("statelocks"):
+            raise Killed
+
+    tables.gate = die_at_level_one
+    with pytest.raises(Killed):
+        Catchup(store, parallelism=1).run(now=T0 + timedelta(minutes=2))
+    tables.gate = None
+    assert status_of(store, key("a")) is Status.FAILED and not markers(tables)
+    # and the same process then takes another lock of M (its cached marker is gone: it prepares again)
+    assert store.lock(key("b"), CTX, 1).acquired
+    # Then the next run concludes it and closes M: nothing is lost, nothing is left
+    result = Catchup(store, parallelism=1).run(now=T0 + timedelta(minutes=2))
+    assert result.locks_failed == 1 and status_of(store, key("b")) is Status.FAILED
+    assert index_left(tables) == ([], [])
