@@ -22,7 +22,7 @@ import os
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import azure.functions as func
 import pytest
@@ -33,6 +33,9 @@ from common import runtime
 from common.settings import AZURITE_ACCOUNT_KEY
 from devtools.azurite import Azurite
 from tests.support.tiers import TierIndex
+
+if TYPE_CHECKING:
+    from tests.support.children import HostProcess, StartHost
 
 # Property tests judge behaviour, never speed: Hypothesis's per-example deadline (200 ms) and its "too slow"
 # health check fail a correct test on a busy machine (CI saw a 400 ms example of test_keys.py). Timing
@@ -185,6 +188,26 @@ def fresh_tables(azurite_connection: str, settle_tables: str) -> Iterator[str]:
     _use_tables(azurite_connection, prefix)
     yield prefix
     _use_tables(azurite_connection, settle_tables)
+
+
+@pytest.fixture(scope="module")
+def start_host(azurite_connection: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[StartHost]:
+    """Start development hosts for a module (``tests/support/children.py``), on the test Azurite, each with
+    a table prefix of its own; every one is stopped at the end."""
+    from tests.support.children import start_devhost
+    from tests.support.devhost import host_environment
+
+    started: list[HostProcess] = []
+
+    def start(*, app: str = "function_app", env: dict[str, str] | None = None) -> HostProcess:
+        environ = host_environment(azurite_connection, new_prefix(), **(env or {}))
+        host = start_devhost(tmp_path_factory.mktemp("devhost"), environ, "--app", app)
+        started.append(host)
+        return host
+
+    yield start
+    for host in started:
+        host.stop()
 
 
 @pytest.fixture(scope="session")
