@@ -15,14 +15,14 @@ import pytest
 from tests.infra.armtypes import type_data
 from tests.infra.bicep import INFRA, bicep_files, load
 from tests.infra.conftest import SUMMARY
-from tests.infra.infracheck import check_infra
+from tests.infra.infracheck import InfraCheck
 from tests.infra.report import Report
 from tests.infra.typecheck.declarations import type_check
 
 
 @pytest.fixture(scope="module")
-def infra_report() -> Report:
-    report = check_infra(INFRA, type_data()).report
+def infra_report(infra_check: InfraCheck) -> Report:
+    report = infra_check.report
     SUMMARY.append(f"{report.summary()} (what was skipped and why: make infra-types)")
     return report
 
