@@ -51,17 +51,17 @@ class Step:
 HANDOFF: tuple[Step, ...] = (
     Step(
         "EventRequest projected",
-        10,
-        "one transaction: `ev|…|m` history row, `ev|…|e` event row, `ss|` session index, `ad|` listing by "
-        "change, `sd|` listing by status, `sa|` oldest open, `ct|d|` count delta (7); `hoids` find index: "
-        "event, session and message id (3 inserts)",
+        9,
+        "one transaction: `ev|…|m` history row, `ev|…|e` event row, `ad|` listing by change, `sd|` listing "
+        "by status, `sa|` oldest open, `ct|d|` count delta (6); `hoids` find index: event, session and "
+        "message id (3 inserts; find by session reads them, ADR-0022)",
     ),
     Step(
         "PendingHandoffResponse projected",
-        13,
-        "one transaction: history row, event row replaced, `hq|` queue, `jb|` job index, `ex|` expiry "
-        "index, `ad|` and `sd|` moved (2 deletes, 2 inserts), `sd|PendingHandoff` inserted, count delta "
-        "(11); `hoids`: message and job id (2)",
+        12,
+        "one transaction: history row, event row replaced, `hq|` queue, `ex|` expiry index, `ad|` and "
+        "`sd|` moved (2 deletes, 2 inserts), `sd|PendingHandoff` inserted, count delta (10); `hoids`: "
+        "message and job id (2; the job lookup reads them, ADR-0022)",
     ),
     Step("an agent's next", 0, "reads only: the queue's first row, the event row"),
     Step(
@@ -72,9 +72,9 @@ HANDOFF: tuple[Step, ...] = (
     ),
     Step(
         "HandoffCompletedRequest projected",
-        12,
-        "one transaction: history row, event row replaced, `hq|` `jb|` `ex|` deleted, `ad|` and two `sd|` "
-        "deleted, `ad|` and `sd|` inserted, count delta (11); `hoids`: message id (1)",
+        11,
+        "one transaction: history row, event row replaced, `hq|` `ex|` deleted, `ad|` and two `sd|` "
+        "deleted, `ad|` and `sd|` inserted, count delta (10); `hoids`: message id (1)",
     ),
     Step(
         "ResolutionResponse projected",

@@ -29,7 +29,7 @@ from __future__ import annotations
 import contextvars
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from common.settings import env
@@ -39,19 +39,22 @@ HTTP_DEADLINE_SETTING = "SETTLE_HTTP_DEADLINE_SECONDS"
 RESOLVER_DEADLINE_S = 60.0
 TIMER_DEADLINE_S = 240.0  # host.json functionTimeout is 5 minutes
 
+# The clock deadlines are kept by (monotonic seconds); tests put a clock of their own here.
+clock: Callable[[], float] = time.monotonic
+
 
 class Budget:
     """One invocation's deadline (monotonic seconds) and its write tally."""
 
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
-        self.ends = time.monotonic() + seconds
+        self.ends = clock() + seconds
         self._lock = threading.Lock()
         self._writes_sent = 0
         self._writes_refused = 0
 
     def remaining(self) -> float:
-        return max(0.0, self.ends - time.monotonic())
+        return max(0.0, self.ends - clock())
 
     def extend(self, seconds: float) -> None:
         """Push the deadline out by ``seconds``: a long poll's wait comes on top of its storage time."""

@@ -22,23 +22,37 @@ import os
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import azure.functions as func
 import pytest
 from azure.core.pipeline.policies import SansIOHTTPPolicy
-from hypothesis import HealthCheck, settings
 
 from common import runtime
 from common.settings import AZURITE_ACCOUNT_KEY
-from devtools.azurite import Azurite
 from tests.support.tiers import TierIndex
 
-# Property tests judge behaviour, never speed: Hypothesis's per-example deadline (200 ms) and its "too slow"
-# health check fail a correct test on a busy machine (CI saw a 400 ms example of test_keys.py). Timing
-# belongs to `make bench`. A test's own @settings still sets its sizes.
-settings.register_profile("settle", deadline=None, suppress_health_check=[HealthCheck.too_slow])
-settings.load_profile("settle")
+if TYPE_CHECKING:
+    import azure.functions as func
+
+    from tests.support.children import HostProcess, StartHost
+
+# Imported where they are used, not here: under pytest-xdist the controller, which runs no test, loads this
+# module too, and every worker waits for its start (azure.functions, devtools.azurite, Hypothesis).
+
+
+def _property_tests_judge_behaviour_never_speed() -> None:
+    """Property tests judge behaviour, never speed: Hypothesis's per-example deadline (200 ms) and its "too
+    slow" health check fail a correct test on a busy machine (CI saw a 400 ms example of test_keys.py).
+    Timing belongs to `make bench`. A test's own @settings still sets its sizes."""
+    from hypothesis import HealthCheck, settings
+
+    settings.register_profile("settle", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    settings.load_profile("settle")
+
+
+def _runs_no_test(config: pytest.Config) -> bool:
+    """The pytest-xdist controller: it hands the tests to its workers (each of which runs this conftest)."""
+    return bool(getattr(config.option, "numprocesses", None)) and "PYTEST_XDIST_WORKER" not in os.environ
 
 
 # Where the app's tables point before any storage test ran: the discard port, closed on any machine
@@ -101,6 +115,8 @@ def pytest_configure(config: pytest.Config) -> None:
         "indexer; or checks a whole copy of infra/); make test runs them, make test-unit does not",
     )
     _use_tables(NO_STORAGE, "settlenostorage")
+    if not _runs_no_test(config):  # before any test module is imported
+        _property_tests_judge_behaviour_never_speed()
     # A tier (-m) is chosen without importing the modules it would leave out: tests/support/tiers.py.
     config.pluginmanager.register(TierIndex(config), TIERS_PLUGIN)
 
@@ -133,6 +149,8 @@ def azurite_connection() -> Iterator[str]:
     if given:
         yield given
         return
+    from devtools.azurite import Azurite
+
     with Azurite(services=("blob", "queue", "table")) as azurite:
         yield azurite.connection_string
 
@@ -187,6 +205,26 @@ def fresh_tables(azurite_connection: str, settle_tables: str) -> Iterator[str]:
     _use_tables(azurite_connection, settle_tables)
 
 
+@pytest.fixture(scope="module")
+def start_host(azurite_connection: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[StartHost]:
+    """Start development hosts for a module (``tests/support/children.py``), on the test Azurite, each with
+    a table prefix of its own; every one is stopped at the end."""
+    from tests.support.children import start_devhost
+    from tests.support.devhost import host_environment
+
+    started: list[HostProcess] = []
+
+    def start(*, app: str = "function_app", env: dict[str, str] | None = None) -> HostProcess:
+        environ = host_environment(azurite_connection, new_prefix(), **(env or {}))
+        host = start_devhost(tmp_path_factory.mktemp("devhost"), environ, "--app", app)
+        started.append(host)
+        return host
+
+    yield start
+    for host in started:
+        host.stop()
+
+
 @pytest.fixture(scope="session")
 def functions() -> dict[str, Any]:
     """The app's functions by name, as the Python worker indexes and accepts them (once per process:
@@ -227,6 +265,8 @@ class Caller:
         headers: dict[str, str] | None = None,
     ) -> HttpResult:
         """Invoke HTTP function ``name`` the way the Functions worker does."""
+        import azure.functions as func
+
         fn = self.functions[name]
         trigger = fn.get_trigger()
         methods = [str(getattr(m, "value", m)) for m in (trigger.methods or ["POST"])]

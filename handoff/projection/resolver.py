@@ -269,6 +269,9 @@ class ResolverService:
                 self._registered.add(endpoint)
             ops = plan_projection(pk, m, current, decision, now=now)
             lost = indexed()
+            if decision.row is not None and decision.row.is_pending_handoff and _job_row_lost(lost):
+                # The job lookup reads only the index: a park is never written before its job's row.
+                raise TransientProjectionError(f"the job id index row of {m.message_id} was not written")
             if lost:
                 ops.append(tx.insert(ids.repair_entity(pk, m, lost, now)))
             try:
@@ -361,3 +364,7 @@ class ResolverService:
         log.warning("storage unavailable (%s); retrying %s after %.0f s", exc, msg.message_id, delay)
         self.sleep(delay)
         raise TransientProjectionError(f"projection of {msg.message_id} failed transiently: {exc}") from exc
+
+
+def _job_row_lost(lost: list[dict[str, Any]]) -> bool:
+    return any(entity.get("Kind") == "externalJobId" for entity in lost)

@@ -15,7 +15,6 @@ from enum import Enum
 from typing import Any
 
 from common import transactions as tx
-from common.errors import KeyTooLong
 from common.models import from_fields
 from common.transactions import Operation, Refusal
 from handoff.messages.contract import MANAGER_ID, InboundMessage, MessageType, ResolutionStatus
@@ -28,7 +27,6 @@ from handoff.storage.records import (
     EventRow,
     ExpiryRow,
     HistoryRow,
-    JobRow,
     ListingRow,
     QueueRow,
     SinceRow,
@@ -126,18 +124,6 @@ def project(m: InboundMessage, current: EventRow | None, *, now: datetime) -> Pr
         if group
         else None
     )
-    notes = list(m.input_notes)
-    job_key = None
-    if parked and m.external_job_id:
-        try:
-            job_key = keys.job_row(m.external_job_id, m.event_id)
-        except KeyTooLong:
-            # NimBus stores the id; the park is kept (and settles by its coordinates), only the lookup by
-            # job id cannot find it.
-            notes.append(
-                "ExternalJobId is too long for the job index (a Table Storage key holds 1 KiB): "
-                "kept on the row, but the job lookup cannot find this park."
-            )
     row = from_fields(
         EventRow,
         m,
@@ -151,12 +137,11 @@ def project(m: InboundMessage, current: EventRow | None, *, now: datetime) -> Pr
         message_content=m.body_text or None,
         processing_time_ms=processing_time,
         pending_sub_status=sub_status,
-        input_notes="\n".join(notes) or None,
+        input_notes="\n".join(m.input_notes) or None,
         request_enqueued_at=request_at,
         handoff_seen=handoff_seen,
         history_count=(current.history_count if current else 0) + 1,
         queue_key=keys.queue_row(m.enqueued_time_utc, m.event_id) if parked else None,
-        job_key=job_key,
         expiry_key=keys.expiry_row(m.expected_by, m.event_id) if parked and m.expected_by else None,
         counted=True,
         all_key=keys.all_events_row(now, m.event_id),
@@ -239,13 +224,9 @@ def _applied_ops(pk: str, row: EventRow, current: EventRow | None) -> list[Opera
                 parked_message_id=row.last_message_id or "",
             ),
         ),
-        (
-            current.job_key if current else None,
-            row.job_key,
-            JobRow(event_id=row.event_id, external_job_id=row.external_job_id)
-            if row.external_job_id
-            else None,
-        ),
+        # A park's job row of the layout before ADR-0022 (the job lookup now reads ``hoids``): deleted
+        # when the park ends, never written again.
+        (current.job_key if current else None, None, None),
         (
             current.expiry_key if current else None,
             row.expiry_key,
@@ -259,9 +240,6 @@ def _applied_ops(pk: str, row: EventRow, current: EventRow | None) -> list[Opera
             ops.append(tx.delete(pk, before))
         if after and index_row is not None:
             ops.append(tx.insert(index_row.to_entity(pk, after)))
-    if current is None and row.session_id:  # the session index (operators' find), insert-only
-        key = keys.session_row(row.session_id, row.event_id)
-        ops.append(tx.insert({"PartitionKey": pk, "RowKey": key, "EventId": row.event_id}))
     return ops + _operator_ops(pk, row, current)
 
 

@@ -277,9 +277,13 @@ class ReceiveService:
         )
 
     def job(self, endpoint_id: str, external_job_id: str) -> EventRow:
-        """The parked event carrying ``external_job_id``, or 404."""
-        for entry in self.store.jobs(endpoint_id, external_job_id):
-            row = self.store.get_event(endpoint_id, entry.event_id)
+        """The parked event carrying ``external_job_id``, or 404: the events the lookup index names for it
+        (or, for parks written before ADR-0022, their job rows), each checked on its event row."""
+        event_ids = self.store.job_events(endpoint_id, external_job_id) or [
+            entry.event_id for entry in self.store.legacy_jobs(endpoint_id, external_job_id)
+        ]
+        for event_id in event_ids:
+            row = self.store.get_event(endpoint_id, event_id)
             if row is not None and row.is_pending_handoff and row.external_job_id == external_job_id:
                 return row
         raise NotFound(f"No parked hand-off with external job id {external_job_id!r} on {endpoint_id!r}.")

@@ -13,7 +13,7 @@ RowKey                             row
 ``ev|{eventId}|a|{stamp}|{id}``    audit rows (CompleteHandoff / FailHandoff / Resolver Comment)
 ``ev|{eventId}|c|{parkedMsgId}``   the settlement claim of one parked message (an outbox record)
 ``hq|{parkedAt}|{eventId}``        pending hand-off queue, oldest first (agent ``next``)
-``jb|{externalJobId}|{eventId}``   parked row by external job id
+``jb|{externalJobId}|{eventId}``   parked row by external job id (before ADR-0022: deleted, never written)
 ``ex|{expectedBy}|{eventId}``      parked rows by ExpectedBy (timeout sweeper)
 ``rc|{due}|{eventId}|{parked}``    open claims by when the reconciler looks at them next
 ``rc|{now}|~ids|{digest}``         lookup index rows whose insert failed, for the reconciler (``hoids``)
@@ -24,7 +24,7 @@ RowKey                             row
 ``ct|0``                           the counts snapshot of the endpoint
 ``ct|d|{stamp}|{id}``              a counts delta (insert-only, written with the change it counts)
 ``pz|{day}|{poisonRowKey}``        an unreplayed poison message attributed to this endpoint
-``ss|{sessionId}|{eventId}``       the events of one session (insert-only, with the event row's insert)
+``ss|{sessionId}|{eventId}``       the events of one session (before ADR-0022; no longer written or read)
 =================================  =====================================================================
 
 Every row of one event shares the prefix ``ev|{eventId}|``, so the event read (row + history + audits)
@@ -293,10 +293,6 @@ def job_range(external_job_id: str) -> tuple[str, str]:
     return prefix, prefix[:-1] + "}"
 
 
-def job_row(external_job_id: str, event_id: str) -> str:
-    return checked(f"jb|{encode(external_job_id)}|{encode(event_id)}", field="externalJobId")
-
-
 def expiry_row(expected_by: datetime, event_id: str) -> str:
     return checked(f"ex|{stamp(expected_by)}|{encode(event_id)}", field="eventId")
 
@@ -368,15 +364,6 @@ def poison_index_row(day: str, poison_row_key: str) -> str:
 
 
 # -- find (operators): the events of one session -----------------------------------------------------
-
-
-def session_row(session_id: str, event_id: str) -> str:
-    return checked(f"ss|{encode(session_id)}|{encode(event_id)}", field="sessionId")
-
-
-def session_range(session_id: str) -> tuple[str, str]:
-    prefix = checked(f"ss|{encode(session_id)}|", field="sessionId")
-    return prefix, prefix[:-1] + "}"
 
 
 # -- hoids: the lookup index (see the module docstring) ---------------------------------------------------

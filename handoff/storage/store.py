@@ -273,8 +273,26 @@ class HandoffStore:
         rows = self.point_rows(endpoint_id, event_id, [queue_key])
         return QueueRow.from_entity(rows[0]) if rows else None
 
-    def jobs(self, endpoint_id: str, external_job_id: str, *, limit: int = 5) -> list[JobRow]:
-        low, high = keys.job_range(external_job_id)
+    def job_events(self, endpoint_id: str, external_job_id: str) -> list[str]:
+        """The events of ``endpoint_id`` that carried ``external_job_id``, from the lookup index (``hoids``:
+        one partition per id, whatever the shards), in event id order. The index is insert-only: a caller
+        checks the event row (is it parked with that job now?)."""
+        low, high = keys.exact_kind_range("externalJobId")
+        query = (
+            f"PartitionKey eq {quoted(keys.exact_id_partition(external_job_id))} and RowKey ge {quoted(low)}"
+            f" and RowKey lt {quoted(high)} and EndpointId eq {quoted(endpoint_id)}"
+            f" and Value eq {quoted(external_job_id)}"
+        )
+        found = self.table(keys.IDS_TABLE).query_entities(query, select=["EventId"])
+        return sorted({str(e["EventId"]) for e in found})
+
+    def legacy_jobs(self, endpoint_id: str, external_job_id: str, *, limit: int = 5) -> list[JobRow]:
+        """Job rows ``jb|`` of parks written before ADR-0022 (deleted when such a park ends; no longer
+        written): read only when the lookup index names no event. An id too long for a key had none."""
+        try:
+            low, high = keys.job_range(external_job_id)
+        except KeyTooLong:
+            return []
         found: list[Any] = []
         for pk in self.endpoint_partitions(endpoint_id):  # the job's rows may be in any shard
             query = f"PartitionKey eq {quoted(pk)} and RowKey ge {quoted(low)} and RowKey lt {quoted(high)}"

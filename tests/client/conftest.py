@@ -16,9 +16,7 @@ import httpx
 import pytest
 from settle_client import RetryPolicy, SettleClient
 
-from tests.devhost.conftest import HostProcess, start_host
-
-__all__ = ["start_host"]  # the fixture, imported so this package's tests can use it
+from tests.support.children import HostProcess
 
 # Fast retries: the tests lose answers on purpose and should not wait seconds for each retry.
 FAST_RETRY = RetryPolicy(attempts=4, backoff=0.01, max_backoff=0.05)

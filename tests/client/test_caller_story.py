@@ -25,7 +25,7 @@ from settle_client import AsyncSettleClient, LockHeld, SettleClient, Unavailable
 
 from tests.client import worker as workers
 from tests.client.conftest import FAST_RETRY, some, wait_until
-from tests.devhost.conftest import HostProcess
+from tests.support.children import HostProcess
 
 LOCK_S = 2
 _started: list[subprocess.Popen[str]] = []

@@ -24,7 +24,7 @@ import pytest
 
 from tests.client.conftest import WAIT_S, park
 from tests.conftest import new_prefix
-from tests.devhost.conftest import HostProcess
+from tests.support.children import HostProcess
 
 pytestmark = pytest.mark.heavy  # runs other programs: seconds a test
 

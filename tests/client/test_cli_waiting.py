@@ -35,7 +35,8 @@ def slow_settle() -> Iterator[str]:
             return
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Slow)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    # shutdown() waits for serve_forever's next poll: every 0.05 s, not the default 0.5 s
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()

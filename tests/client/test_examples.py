@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.client.conftest import park, some
-from tests.devhost.conftest import HostProcess
+from tests.support.children import HostProcess
 
 pytestmark = pytest.mark.heavy  # runs other programs: seconds a test
 

@@ -9,7 +9,7 @@ import pytest
 from settle_client import AsyncSettleClient, SettleClient, TransportFailure
 
 from tests.client.conftest import FAST_RETRY, LoseAnswers, park, some
-from tests.devhost.conftest import HostProcess
+from tests.support.children import HostProcess
 
 
 def test_an_action_addressed_to_the_message_read_is_retried_after_a_lost_answer(host: HostProcess) -> None:

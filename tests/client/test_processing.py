@@ -28,7 +28,7 @@ from settle_client import (
 )
 
 from tests.client.conftest import FAST_RETRY, Gate, LoseAnswers, some, wait_until
-from tests.devhost.conftest import HostProcess
+from tests.support.children import HostProcess
 
 
 def statuses(client: SettleClient, key: Any) -> list[tuple[str, str | None]]:

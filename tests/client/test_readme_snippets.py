@@ -21,7 +21,7 @@ import pytest
 from settle_client import Handoff, SettleClient
 
 from tests.client.conftest import park
-from tests.devhost.conftest import HostProcess
+from tests.support.children import HostProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 READMES = [ROOT / "README.md", ROOT / "client" / "README.md"]

@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from tests.conftest import new_prefix
-from tests.devhost.conftest import HostProcess, StartHost, start_host  # noqa: F401  (fixture)
+from tests.support.children import HostProcess, StartHost
 
 KNOWN_BROWSERS = (
     "/usr/bin/chromium",
@@ -72,7 +72,7 @@ WAIT_MS = 30_000  # generous: several suites share two cores
 
 
 @pytest.fixture(scope="module")
-def console_host(start_host: StartHost) -> tuple[HostProcess, str]:  # noqa: F811
+def console_host(start_host: StartHost) -> tuple[HostProcess, str]:
     """A development host of our own (its table prefix is known, so a test can write rows directly)."""
     prefix = new_prefix()
     host = start_host(

@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-from tests.devhost.conftest import StartHost, start_host  # noqa: F401  (fixture)
+from tests.support.children import StartHost
 
 from .conftest import nimbus_message, resolver_message
 
@@ -52,7 +52,7 @@ def _rows(connection: str, prefix: str) -> dict[str, Counter[str]]:
 
 
 def test_bulk_and_single_actions_raced_from_two_processes_act_once_per_event(
-    start_host: StartHost,  # noqa: F811
+    start_host: StartHost,
     azurite_connection: str,
 ) -> None:
     from tests.conftest import new_prefix

@@ -7,11 +7,11 @@ import pytest
 
 from devtools import demo
 from devtools.azurite import free_port
-from tests.devhost.conftest import StartHost, start_host  # noqa: F401  (fixture)
+from tests.support.children import StartHost
 
 
 def test_make_demo_fills_a_running_settle_through_the_resolver(
-    start_host: StartHost,  # noqa: F811
+    start_host: StartHost,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     host = start_host()

@@ -13,7 +13,7 @@ import time
 import httpx
 import pytest
 
-from tests.devhost.conftest import HostProcess, StartHost
+from tests.support.children import HostProcess, StartHost
 
 
 @pytest.fixture(scope="module")

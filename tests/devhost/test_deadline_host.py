@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from devtools.azurite import Azurite
-from tests.devhost.conftest import HostProcess
+from tests.support.children import HostProcess
 
 pytestmark = [pytest.mark.storage, pytest.mark.heavy]  # starts Azurite and development hosts of its own
 

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.devhost.conftest import HostProcess, StartHost
+from tests.support.children import HostProcess, StartHost
 
 KEY = "dev-key-" + uuid.uuid4().hex[:8]
 ITEM = "3f2504e0-4f89-11d3-9a0c-0305e82c3301"

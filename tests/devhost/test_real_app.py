@@ -11,7 +11,7 @@ import uuid
 import httpx
 import pytest
 
-from tests.devhost.conftest import HostProcess, StartHost
+from tests.support.children import HostProcess, StartHost
 
 KEY = "real-app-key-" + uuid.uuid4().hex[:6]
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from tests.devhost.conftest import HostProcess, StartHost
+from tests.support.children import HostProcess, StartHost
 
 ROOT = Path(__file__).resolve().parents[2]
 WALKTHROUGH = ROOT / "docs" / "walkthrough.md"

@@ -19,7 +19,7 @@ from handoff.messages.contract import (
 )
 from handoff.projection.rules import history_row, plan_projection, project
 from handoff.storage import counts, keys
-from handoff.storage.records import EventRow, ExpiryRow, JobRow, ListingRow, QueueRow, SinceRow, columns_of
+from handoff.storage.records import EventRow, ExpiryRow, ListingRow, QueueRow, SinceRow, columns_of
 
 T0 = datetime(2026, 12, 1, 9, 0, 0, tzinfo=UTC)
 PK = "billing"
@@ -104,7 +104,7 @@ def test_a_park_projects_pending_handoff_with_its_queue_job_and_expiry_rows() ->
 
     assert row.is_pending_handoff and row.pending_sub_status == HANDOFF_SUB_STATUS
     assert row.queue_key == keys.queue_row(T0 + timedelta(seconds=5), EVENT)
-    assert row.job_key == keys.job_row("job-9", EVENT)
+    assert row.job_key is None  # the job lookup reads the lookup index (hoids), ADR-0022
     assert row.expiry_key == keys.expiry_row(expected_by, EVENT)
     assert row.handoff_seen and row.history_count == 2 and row.request_enqueued_at == T0
     assert row.since_key == request.since_key and row.since_at == T0  # still in the pending group
@@ -114,13 +114,13 @@ def test_a_park_projects_pending_handoff_with_its_queue_job_and_expiry_rows() ->
     )
 
 
-def test_a_job_id_too_long_for_the_job_index_is_kept_on_the_row_with_a_note() -> None:
+def test_a_job_id_of_any_length_is_kept_on_the_row_and_plans_no_job_row() -> None:
     m = message(MessageType.PendingHandoffResponse, "m-park", external_job_id="j" * 2000)
 
     row = applied(m)
 
     assert row.job_key is None and row.external_job_id == "j" * 2000
-    assert row.input_notes is not None and "too long for the job index" in row.input_notes
+    assert row.input_notes is None  # the lookup index keys an id of any length by its digest
     assert row.queue_key is not None
 
 
@@ -186,9 +186,7 @@ def test_the_first_message_writes_history_event_index_session_listing_since_and_
                 PK, str(row.queue_key)
             )
         ),
-        tx.insert(JobRow(event_id=EVENT, external_job_id="job-9").to_entity(PK, str(row.job_key))),
         tx.insert(ExpiryRow(event_id=EVENT, expected_by=T0).to_entity(PK, str(row.expiry_key))),
-        tx.insert({"PartitionKey": PK, "RowKey": keys.session_row("s-1", EVENT), "EventId": EVENT}),
         *[tx.insert(listing.to_entity(PK, key)) for key in row.listing_keys],
         tx.insert(SinceRow(event_id=EVENT, since_at=T0).to_entity(PK, str(row.since_key))),
     ]
@@ -222,7 +220,6 @@ def test_a_later_message_replaces_the_row_as_read_and_moves_only_what_changed() 
         tx.insert(history_row(m, now=later, sequence=2).to_entity(PK, keys.history_row(EVENT, "m-done"))),
         tx.replace(row.to_entity(PK, keys.event_row(EVENT)), '"e1"'),
         tx.delete(PK, str(park.queue_key)),
-        tx.delete(PK, str(park.job_key)),
         tx.delete(PK, str(park.expiry_key)),
         *[tx.delete(PK, key) for key in park.listing_keys],
         *[tx.insert(listing.to_entity(PK, key)) for key in row.listing_keys],
@@ -288,18 +285,31 @@ def test_a_row_read_without_an_etag_is_replaced_if_match_any() -> None:
     assert ops[1] == tx.replace(ops[1][1], "*")
 
 
-def test_a_park_again_at_the_same_place_in_the_queue_still_moves_its_job_row() -> None:
-    first = stored(applied(message(MessageType.PendingHandoffResponse, "m-park-1", external_job_id="job-1")))
+def test_a_park_written_before_the_lookup_index_served_jobs_has_its_job_row_deleted_and_none_written() -> (
+    None
+):
+    first = applied(message(MessageType.PendingHandoffResponse, "m-park-1", external_job_id="job-1"))
+    legacy = stored(first.model_copy(update={"job_key": "jb|job-1|" + EVENT}))
     again = message(MessageType.PendingHandoffResponse, "m-park-2", external_job_id="job-2")  # same time
 
-    decision = project(again, first, now=T0)
-    ops = plan_projection(PK, again, first, decision, now=T0)
+    decision = project(again, legacy, now=T0)
+    ops = plan_projection(PK, again, legacy, decision, now=T0)
 
-    assert decision.row is not None and decision.row.queue_key == first.queue_key
+    assert decision.row is not None and decision.row.queue_key == legacy.queue_key
+    assert decision.row.job_key is None
     written = [(op[0], op[1]["RowKey"]) for op in ops]
-    assert ("delete", keys.job_row("job-1", EVENT)) in written
-    assert ("create", keys.job_row("job-2", EVENT)) in written
-    assert all(key != first.queue_key for _, key in written)  # the queue row stays (it may hold a lease)
+    assert ("delete", "jb|job-1|" + EVENT) in written
+    assert not any(str(key).startswith("jb|") for kind, key in written if kind != "delete")
+    assert all(key != legacy.queue_key for _, key in written)  # the queue row stays (it may hold a lease)
+
+
+def test_no_session_index_row_is_planned_for_a_new_event() -> None:
+    m = message(MessageType.EventRequest, "m-request")
+    decision = project(m, None, now=T0)
+
+    ops = plan_projection(PK, m, None, decision, now=T0)
+
+    assert not any(str(op[1]["RowKey"]).startswith("ss|") for op in ops)
 
 
 def test_a_listing_row_that_stays_is_replaced_and_a_row_never_counted_is_counted_now() -> None:

@@ -8,6 +8,8 @@ from datetime import UTC, datetime, timedelta
 from common.roundtrips import ROUND_TRIPS
 from handoff import service
 from handoff.functions import MAX_WAIT_SECONDS
+from handoff.messages.contract import MessageType
+from handoff.storage import keys
 
 from .conftest import Flow, event_of
 
@@ -142,7 +144,7 @@ def test_reads_use_the_index_and_the_event_range_never_a_scan(call, resolve, flo
         service.layout().now().endpoint_partitions(flow.endpoint)
     )  # SETTLE_HANDOFF_SHARDS: one page per shard
     assert receive.requests == shards + 1  # one index range page (per shard) + one event row read
-    assert job.requests == shards + 1  # one job index range page (per shard) + one event row read
+    assert job.requests == 2  # the job's rows of the lookup index (one partition, any shards) + the event row
     assert read.requests == 1  # one range query: the event row, its history and its audits
 
 
@@ -158,6 +160,43 @@ def test_job_lookup_finds_the_parked_row_and_404s_otherwise(call, resolve, flow)
         "handoff_job", method="GET", route_params={"endpointId": flow.endpoint, "externalJobId": "DMF"}
     )
     assert missing.status == 404 and missing.content_type.startswith("application/problem+json")
+
+
+def test_job_lookup_answers_the_event_parked_with_the_job_now_among_every_event_that_carried_it(
+    call, resolve, flow
+):
+    ended = park(resolve, flow.endpoint, "ev-a", at=datetime.now(UTC) - timedelta(seconds=5), job="JOB-7")
+    resolve(ended.response(MessageType.ResolutionResponse, message_id="done-a", parent="park-1"))
+    park(resolve, flow.endpoint, "ev-b", at=datetime.now(UTC), job="JOB-7")
+    park(resolve, flow.endpoint, "ev-c", at=datetime.now(UTC), job="job-7")  # another id: case counts
+
+    found = call(
+        "handoff_job", method="GET", route_params={"endpointId": flow.endpoint, "externalJobId": "JOB-7"}
+    )
+
+    assert found.status == 200 and found.json["coordinates"]["eventId"] == "ev-b"
+    elsewhere = call(
+        "handoff_job", method="GET", route_params={"endpointId": "Other-endpoint", "externalJobId": "JOB-7"}
+    )
+    assert elsewhere.status == 404
+
+
+def test_a_park_from_before_the_lookup_index_served_jobs_is_found_by_its_job_row(call, resolve, flow):
+    park(resolve, flow.endpoint, "ev-old", at=datetime.now(UTC), job="job-old")
+    store = service.store()
+    ids = store.table(keys.IDS_TABLE)
+    for row in ids.query_entities(f"PartitionKey eq '{keys.exact_id_partition('job-old')}'"):
+        ids.delete_entity(row["PartitionKey"], row["RowKey"])  # as if indexed before ADR-0022: no hoids row
+    pk = store.event_partition(flow.endpoint, "ev-old")
+    low, _ = keys.job_range("job-old")
+    legacy = {"PartitionKey": pk, "RowKey": low + "ev-old", "EventId": "ev-old", "ExternalJobId": "job-old"}
+    store.table(keys.EVENTS_TABLE).create_entity(legacy)
+
+    found = call(
+        "handoff_job", method="GET", route_params={"endpointId": flow.endpoint, "externalJobId": "job-old"}
+    )
+
+    assert found.status == 200 and found.json["coordinates"]["eventId"] == "ev-old"
 
 
 def test_event_read_returns_nimbus_field_names_history_and_audits(call, resolve, flow):

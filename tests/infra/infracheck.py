@@ -24,7 +24,7 @@ from tests.infra.report import Finding, Report
 from tests.infra.roles import Grant, check_roles
 from tests.infra.rules import check_rules
 from tests.infra.settings import check_settings
-from tests.infra.typecheck import Checker
+from tests.infra.typecheck.declarations import Checker
 from tests.infra.units import load_units
 from tests.infra.values import check_values
 from tests.infra.wiring import check_wiring

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.infra.bicep import REPO, Expr, Interp, Loop, bicep_files, load_infra, walk_values
-from tests.infra.infracheck import check_infra
+from tests.infra.infracheck import InfraCheck
 
 # Roles that grant far more than Settle needs: never assigned (names of infra/builtin-roles.json).
 BROAD_ROLES = {"Owner", "Contributor", "Azure Service Bus Data Owner", "Storage Blob Data Contributor"}
@@ -346,8 +346,8 @@ def test_every_role_assignment_is_named_by_guid_of_its_scope_and_has_a_principal
         assert f"guid({scope}.id, {principal}, roles[" in name.text, f"{path} {a.symbol}"
 
 
-def test_the_app_identity_holds_exactly_the_narrow_roles() -> None:
-    grants = [g for g in check_infra().grants if g.symbol != "resolverScaleReader"]  # opt-in, below
+def test_the_app_identity_holds_exactly_the_narrow_roles(infra_check: InfraCheck) -> None:
+    grants = [g for g in infra_check.grants if g.symbol != "resolverScaleReader"]  # opt-in, below
     granted = {(g.file, g.role, g.scope.split("[")[0]) for g in grants if g.principal == "principalId"}
     assert granted == {
         ("modules/rbac.bicep", "Storage Blob Data Owner", "hostStorage"),
@@ -376,15 +376,17 @@ def test_the_app_identity_holds_exactly_the_narrow_roles() -> None:
     assert main["rbac"].body["params"]["stateStorageNames"].text == "stateAccountsModule.outputs.storageNames"
 
 
-def test_no_broad_role_is_granted_anywhere() -> None:
+def test_no_broad_role_is_granted_anywhere(infra_check: InfraCheck) -> None:
     opt_in = {"resolverScaleReader"}  # Data Owner on the resolver subscription, off by default (below)
-    assert {g.role for g in check_infra().grants if g.symbol not in opt_in} & BROAD_ROLES == set()
+    assert {g.role for g in infra_check.grants if g.symbol not in opt_in} & BROAD_ROLES == set()
 
 
-def test_target_based_scaling_is_an_opt_in_data_owner_on_the_resolver_subscription_only() -> None:
+def test_target_based_scaling_is_an_opt_in_data_owner_on_the_resolver_subscription_only(
+    infra_check: InfraCheck,
+) -> None:
     # ADR-0014: the target-based scaler needs Manage; Data Owner is the only built-in data role
     # with it, so it is granted on the one subscription the resolver reads, and only when asked for.
-    [grant] = [g for g in check_infra().grants if g.role == "Azure Service Bus Data Owner"]
+    [grant] = [g for g in infra_check.grants if g.role == "Azure Service Bus Data Owner"]
     assert (grant.file, grant.symbol, grant.scope, grant.principal) == (
         "modules/servicebus-rbac.bicep",
         "resolverScaleReader",

@@ -10,7 +10,7 @@ import json
 import subprocess
 
 from tests.infra.bicep import INFRA, REPO
-from tests.infra.infracheck import check_infra
+from tests.infra.infracheck import InfraCheck
 from tests.infra.roles import GUID, ROLES_FILE, VERIFIED_DIGEST, digest, role_table
 
 
@@ -24,9 +24,9 @@ def test_the_role_list_is_the_verified_one_with_its_provenance() -> None:
     assert len(set(table.values())) == len(table)  # one ID per name
 
 
-def test_every_role_assignment_resolves_to_a_listed_name_and_its_id() -> None:
+def test_every_role_assignment_resolves_to_a_listed_name_and_its_id(infra_check: InfraCheck) -> None:
     table = role_table(INFRA)
-    grants = check_infra().grants
+    grants = infra_check.grants
     assert len(grants) == 12
     for grant in grants:
         assert table[grant.role] == grant.role_id, grant

@@ -1,4 +1,4 @@
-"""The type check (tests/infra/typecheck.py): infra/ passes it whole, and each kind of mistake it promises to
+"""The type check (tests/infra/typecheck/): infra/ passes it whole, and each kind of mistake it promises to
 catch is caught in a small template of its own (the mutation test does the same on copies of infra/).
 
 The report of the real infra/ is printed (``pytest -s``, or ``make infra-types``), skipped checks included.
@@ -15,14 +15,14 @@ import pytest
 from tests.infra.armtypes import type_data
 from tests.infra.bicep import INFRA, bicep_files, load
 from tests.infra.conftest import SUMMARY
-from tests.infra.infracheck import check_infra
+from tests.infra.infracheck import InfraCheck
 from tests.infra.report import Report
-from tests.infra.typecheck import type_check
+from tests.infra.typecheck.declarations import type_check
 
 
 @pytest.fixture(scope="module")
-def infra_report() -> Report:
-    report = check_infra(INFRA, type_data()).report
+def infra_report(infra_check: InfraCheck) -> Report:
+    report = infra_check.report
     SUMMARY.append(f"{report.summary()} (what was skipped and why: make infra-types)")
     return report
 

@@ -15,6 +15,7 @@ from common import runtime
 from common.roundtrips import ROUND_TRIPS
 from handoff import service
 from handoff.messages.contract import MessageType
+from handoff.projection.resolver import TransientProjectionError
 from handoff.storage import keys
 from tests.handoff.conftest import Flow, nimbus
 
@@ -204,22 +205,29 @@ class RefuseIndexInserts(SansIOHTTPPolicy):  # type: ignore[type-arg]
 
 @pytest.mark.parametrize("shards", [1, 4])
 def test_a_lost_index_write_is_repaired_by_the_reconciler(call, resolve, monkeypatch, shards: int) -> None:
-    """Given the index inserts fail while the hand-off is projected, the projection is kept and the next
-    reconciler run writes the rows: the job number then finds the hand-off."""
+    """Given the index inserts fail while the hand-off is projected, the request is projected all the same
+    and the next reconciler run writes its rows; the park waits for its job's row (the job lookup reads
+    only the index, ADR-0022): retried, not written, until the index answers again."""
     monkeypatch.setenv(keys.SHARDS_SETTING, str(shards))
     tag = uuid.uuid4().hex[:8]
     flow = Flow(endpoint=f"Lost-{tag}", event_id=f"lost-{tag}")
     refuse = RefuseIndexInserts()
     runtime.reset(policies=[refuse], client_options={"retry_total": 0})
     try:
-        _park(resolve, flow, session=f"sess-{tag}", job=f"JOB-{tag}")
+        resolve(flow.request(session_id=f"sess-{tag}"))
+        with pytest.raises(TransientProjectionError):  # raised to the host: Service Bus delivers it again
+            resolve(flow.park(message_id=f"park-{flow.event_id}", session_id=f"sess-{tag}", job=f"JOB-{tag}"))
     finally:
         runtime.reset()
     assert refuse.refused >= 4  # message ids, event id, session id, job id
-    assert service.store().get_event(flow.endpoint, flow.event_id) is not None  # projected all the same
+    row = service.store().get_event(flow.endpoint, flow.event_id)
+    assert row is not None and not row.is_pending_handoff  # the request projected; the park retried
     assert _find(call, q=f"job-{tag}") == []
+    resolve(flow.park(message_id=f"park-{flow.event_id}", session_id=f"sess-{tag}", job=f"JOB-{tag}"))
+    parked = service.store().get_event(flow.endpoint, flow.event_id)
+    assert parked is not None and parked.is_pending_handoff  # the redelivery, once the index answers
     report = service.reconciler().run()
-    assert report.indexed.count(flow.event_id) == 2  # one repair row per message
+    assert report.indexed.count(flow.event_id) == 1  # the request's repair row
     assert not report.errors.get(flow.endpoint)
     for q, kind in [
         (f"job-{tag}", "externalJobId"),

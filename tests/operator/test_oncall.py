@@ -248,7 +248,9 @@ def test_an_event_is_found_by_id_or_prefix_and_a_session_across_endpoints(call, 
     ]
 
 
-def test_the_session_index_row_is_written_in_the_event_rows_transaction(resolve, flow):
+def test_the_events_of_a_session_are_indexed_once_in_the_lookup_index_and_not_in_the_event_partition(
+    resolve, flow
+):
     resolve(nimbus("EventRequest", endpoint=flow.endpoint, event_id=flow.event_id, session_id="s-1"))
     resolve(
         nimbus(
@@ -261,13 +263,15 @@ def test_the_session_index_row_is_written_in_the_event_rows_transaction(resolve,
             error_text="boom",
         )
     )
-    table = service.store().table(keys.EVENTS_TABLE)
-    low, high = keys.session_range("s-1")
+    low, high = keys.exact_kind_range("sessionId")
+    ids = service.store().table(keys.IDS_TABLE)
+    query = f"PartitionKey eq '{keys.exact_id_partition('s-1')}' and RowKey ge '{low}' and RowKey lt '{high}'"
+    named = [(e["EndpointId"], e["EventId"]) for e in ids.query_entities(query)]
+    assert named.count((flow.endpoint, flow.event_id)) == 1  # one row, not one per message
+    events = service.store().table(keys.EVENTS_TABLE)
     pk = service.layout().now().event_partition(flow.endpoint, flow.event_id)
-    query = f"PartitionKey eq '{pk}' and RowKey ge '{low}' and RowKey lt '{high}'"
-    assert [e["EventId"] for e in table.query_entities(query)] == [
-        flow.event_id
-    ]  # one row, not one per message
+    legacy = f"PartitionKey eq '{pk}' and RowKey ge 'ss|' and RowKey lt 'ss}}'"
+    assert list(events.query_entities(legacy)) == []  # ADR-0022: no session index in the event partition
 
 
 class EntitiesRead(SansIOHTTPPolicy):  # type: ignore[type-arg]

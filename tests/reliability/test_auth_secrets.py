@@ -11,10 +11,7 @@ from __future__ import annotations
 
 import json
 import re
-import signal
 import subprocess
-import sys
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,10 +22,10 @@ import httpx
 import pytest
 
 from common.settings import AZURITE_ACCOUNT_KEY
-from devtools.azurite import free_port
 from devtools.host import route_prefix
 from tests.conftest import Caller, new_prefix
 from tests.reliability.tally import TALLY
+from tests.support.children import HostProcess, start_devhost
 from tests.support.devhost import host_environment
 from tests.test_app import OPERATOR_ROUTES
 
@@ -122,59 +119,15 @@ def test_the_scanner_finds_what_it_looks_for():
 # ------------------------------------------------------------------------------------ auth, over HTTP
 
 
-@dataclass
-class Host:
-    base_url: str
-    process: subprocess.Popen[bytes]
-    log: Path
-    prefix: str
-
-
 @pytest.fixture(scope="module")
-def host(azurite_connection: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
+def host(azurite_connection: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[HostProcess]:
     """``python -m devtools.host`` with a function key, on tables of its own, timers off (they write)."""
-    folder = tmp_path_factory.mktemp("auth-host")
-    settings = folder / "local.settings.json"
-    settings.write_text((ROOT / "local.settings.json.example").read_text(encoding="utf-8"), encoding="utf-8")
-    port, prefix = free_port(), new_prefix()
-    environ = host_environment(azurite_connection, prefix, SETTLE_DEV_FUNCTION_KEY=KEY)
-    log = folder / "host.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "devtools.host",
-                "--port",
-                str(port),
-                "--settings",
-                str(settings),
-                "--no-timers",
-            ],
-            cwd=ROOT,
-            env=environ,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    running = Host(f"http://127.0.0.1:{port}", process, log, prefix)
+    environ = host_environment(azurite_connection, new_prefix(), SETTLE_DEV_FUNCTION_KEY=KEY)
+    running = start_devhost(tmp_path_factory.mktemp("auth-host"), environ, "--no-timers")
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert process.poll() is None, f"the development host exited:\n{log.read_text()}"
-            try:
-                httpx.get(running.base_url + "/", timeout=2.0)
-                break
-            except httpx.TransportError:
-                assert time.monotonic() < deadline, f"the development host did not answer:\n{log.read_text()}"
-                time.sleep(0.2)
         yield running
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        running.stop()
 
 
 @dataclass(frozen=True)
@@ -273,7 +226,9 @@ def stored_entities(connection: str, prefix: str) -> dict[str, int]:
     return found
 
 
-def send(host: Host, route: Route, *, headers: dict[str, str] | None = None, code: str | None = None) -> int:
+def send(
+    host: HostProcess, route: Route, *, headers: dict[str, str] | None = None, code: str | None = None
+) -> int:
     params = {"code": code} if code is not None else None
     response = httpx.request(
         route.method,

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import random
 import signal
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -32,12 +30,12 @@ import httpx
 import pytest
 
 from common.clock import iso, utcnow
-from devtools.azurite import free_port
 from handoff import service
 from handoff.messages.transport import LoopbackTransport
 from tests.conftest import Caller, _use_tables, new_prefix
 from tests.reliability.tally import TALLY, sized
 from tests.reliability.test_state_adversary import catch_up_until_quiet, check_every_lock_concluded
+from tests.support.children import HostProcess, start_devhost
 from tests.support.devhost import host_environment
 
 pytestmark = pytest.mark.slow
@@ -66,16 +64,15 @@ class Traffic:
 
 
 class Host:
+    """The development host of this test, started again after each kill (tests/support/children.py)."""
+
     def __init__(self, connection: str, prefix: str, folder: Path) -> None:
         self.connection, self.prefix, self.folder = connection, prefix, folder
-        self.settings = folder / "local.settings.json"
-        self.settings.write_text((ROOT / "local.settings.json.example").read_text(encoding="utf-8"))
-        self.process: subprocess.Popen[bytes] | None = None
+        self.running: HostProcess | None = None
         self.url = ""
         self.starts = 0
 
     def start(self) -> None:
-        port = free_port()
         environ = host_environment(
             self.connection,
             self.prefix,
@@ -84,31 +81,18 @@ class Host:
             HANDOFF_SWEEPER_SCHEDULE="*/3 * * * * *",
         )
         self.starts += 1
-        log = (self.folder / f"host-{self.starts}.log").open("wb")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "devtools.host", "--port", str(port), "--settings", str(self.settings)],
-            cwd=ROOT,
-            env=environ,
-            stdout=log,
-            stderr=subprocess.STDOUT,
+        self.running = start_devhost(
+            self.folder,
+            environ,
+            log_name=f"host-{self.starts}.log",
+            ready_path="/api/v1/health",
+            ready_status=200,
         )
-        self.url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 120
-        while True:
-            assert self.process.poll() is None, f"the host exited: {self.log_tail()}"
-            try:
-                if httpx.get(self.url + "/api/v1/health", timeout=2.0).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, f"the host did not answer: {self.log_tail()}"
-            time.sleep(0.1)
+        self.url = self.running.base_url
 
     def kill(self) -> int | None:
-        assert self.process is not None
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait(30)
-        return self.process.returncode
+        assert self.running is not None
+        return self.running.kill()
 
     def log_tail(self) -> str:
         return (self.folder / f"host-{self.starts}.log").read_text(errors="replace")[-3000:]

@@ -9,8 +9,7 @@ import uuid
 
 import httpx
 
-from tests.devhost.conftest import HostProcess, StartHost
-from tests.devhost.conftest import start_host as start_host  # the fixture, for this module
+from tests.support.children import HostProcess, StartHost
 
 
 def wait_for(host: HostProcess, *needles: str, timeout: float = 60.0) -> str:
