@@ -20,7 +20,7 @@ import pytest
 from common.errors import SettleError
 from handoff import limits
 from tests.conftest import Caller
-from tests.handoff.conftest import Flow
+from tests.support.handoff_flows import Flow
 
 pytestmark = pytest.mark.usefixtures("settle_tables")
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -13,127 +12,12 @@ import pytest
 from azure.functions.servicebus import ServiceBusMessage
 
 from handoff import service
-from handoff.messages.contract import MessageType
+from tests.support.handoff_flows import Flow
 
 from .broker import Broker, BrokerTransport
 
 if TYPE_CHECKING:
     from handoff.settlement.settler import SettlementService
-
-EVENT_TYPE = "Billing.InvoiceCreated"
-T0 = datetime(2026, 11, 30, 9, 0, 0, tzinfo=UTC)
-
-
-def nimbus(
-    message_type: MessageType | str,
-    *,
-    endpoint: str,
-    event_id: str,
-    message_id: str | None = None,
-    session_id: str | None = "session-1",
-    correlation_id: str | None = None,
-    parent: str | None = None,
-    originating: str | None = None,
-    from_: str | None = "default",
-    to: str | None = "default",
-    event_type: str | None = EVENT_TYPE,
-    event_json: str | None = '{"invoice": 42}',
-    error_text: str | None = None,
-    body: bytes | None = None,
-    enqueued: datetime | None = None,
-    delivery_count: int = 1,
-    drop: tuple[str, ...] = (),
-    **props: Any,
-) -> ServiceBusMessage:
-    """A message as the resolver subscription delivers it (after NimBus's forwarding rules)."""
-    kind = (
-        MessageType[message_type]
-        if isinstance(message_type, str) and message_type in MessageType.__members__
-        else message_type
-    )
-    is_request = isinstance(kind, MessageType) and kind.is_request
-    if to == "default":
-        to = endpoint if is_request else "Resolver"
-    if from_ == "default":
-        from_ = "Storefront" if kind is MessageType.EventRequest else ("Manager" if is_request else endpoint)
-    application: dict[str, Any] = {
-        "MessageType": kind.name if isinstance(kind, MessageType) else kind,
-        "EventId": event_id,
-        "OriginatingMessageId": originating or "self",
-        "ParentMessageId": parent or "self",
-        "RetryCount": 0,
-        "OriginatingFrom": "self",
-    }
-    if to is not None:
-        application["To"] = to
-    if from_ is not None:
-        application["From"] = from_
-    if event_type is not None:
-        application["EventTypeId"] = event_type
-    application.update({k: v for k, v in props.items() if v is not None})
-    for name in drop:
-        application.pop(name, None)
-    if body is None:
-        content: dict[str, Any] = {"EventContent": None, "ErrorContent": None}
-        if event_json is not None:
-            content["EventContent"] = {"EventTypeId": event_type, "EventJson": event_json}
-        if error_text is not None:
-            content["ErrorContent"] = {
-                "ErrorText": error_text,
-                "ErrorType": "InvalidOperationException",
-                "ExceptionStackTrace": None,
-                "ExceptionSource": None,
-            }
-        body = json.dumps(content).encode()
-    return ServiceBusMessage(
-        body=body,
-        message_id=message_id or str(uuid.uuid4()),
-        application_properties=application,
-        user_properties={},
-        session_id=session_id,
-        correlation_id=correlation_id,
-        enqueued_time_utc=enqueued or datetime.now(UTC),
-        delivery_count=delivery_count,
-    )
-
-
-@dataclass
-class Flow:
-    """One event's messages, addressed consistently (endpoint, event, session)."""
-
-    endpoint: str
-    event_id: str
-    request_id: str = "req-1"
-
-    def request(self, **kw: Any) -> ServiceBusMessage:
-        kw.setdefault("message_id", self.request_id)
-        return nimbus(MessageType.EventRequest, endpoint=self.endpoint, event_id=self.event_id, **kw)
-
-    def response(self, kind: MessageType, **kw: Any) -> ServiceBusMessage:
-        kw.setdefault("parent", self.request_id)
-        kw.setdefault("correlation_id", self.request_id)
-        return nimbus(kind, endpoint=self.endpoint, event_id=self.event_id, **kw)
-
-    def park(
-        self,
-        *,
-        message_id: str = "park-1",
-        job: str | None = "job-1",
-        expected_by: str | None = None,
-        **kw: Any,
-    ) -> ServiceBusMessage:
-        return self.response(
-            MessageType.PendingHandoffResponse,
-            message_id=message_id,
-            HandoffReason="Awaiting DMF import",
-            ExternalJobId=job,
-            ExpectedBy=expected_by,
-            **kw,
-        )
-
-    def control(self, kind: MessageType, **kw: Any) -> ServiceBusMessage:
-        kw.setdefault("from_", "Manager")
-        return nimbus(kind, endpoint=self.endpoint, event_id=self.event_id, **kw)
 
 
 @pytest.fixture
@@ -204,16 +88,3 @@ def no_sleep() -> Iterator[list[float]]:
     resolver.sleep = slept.append
     yield slept
     resolver.sleep = original
-
-
-def event_of(call: Any, flow: Flow) -> dict[str, Any]:
-    result = call(
-        "event_get", method="GET", route_params={"endpointId": flow.endpoint, "eventId": flow.event_id}
-    )
-    assert result.status == 200, result.body
-    data: dict[str, Any] = result.json
-    return data
-
-
-def later(minutes: float) -> datetime:
-    return datetime.now(UTC) + timedelta(minutes=minutes)

@@ -14,12 +14,11 @@ import pytest
 
 from handoff import service
 from handoff.limits import MAX_AGENT_ID, MAX_ENDPOINT_ID, MAX_ID
+from tests.support.handoff_flows import Flow, coordinates, parked
 
 from .broker import Broker, BrokerTransport
-from .conftest import Flow
 from .test_leased_receive import lease_call, receive
 from .test_receive import park
-from .test_settlement import coordinates, parked
 
 
 @pytest.fixture

@@ -9,8 +9,7 @@ from typing import Any
 from handoff import service
 from handoff.messages.contract import MessageType
 from handoff.storage.records import HistoryRow
-
-from .conftest import Flow, event_of
+from tests.support.handoff_flows import Flow, event_of
 
 # Optional text properties of a parked response, sent empty.
 EMPTY = {

@@ -17,8 +17,7 @@ from common import runtime
 from common.roundtrips import ROUND_TRIPS
 from handoff import service
 from handoff.projection.resolver import Outcome, TransientProjectionError
-
-from .conftest import Flow
+from tests.support.handoff_flows import Flow
 
 pytestmark = pytest.mark.usefixtures("settle_tables")
 

@@ -17,8 +17,7 @@ from common import runtime
 from handoff import service
 from handoff.storage import keys
 from handoff.storage.keys import Layout
-
-from .conftest import Flow
+from tests.support.handoff_flows import Flow
 
 HELD = "held-resolver"
 

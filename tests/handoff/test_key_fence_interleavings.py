@@ -18,10 +18,9 @@ from handoff.storage import keys
 from handoff.storage.keys import Layout
 from handoff.storage.store import HandoffStore
 from tests.support.examples import examples
+from tests.support.handoff_flows import Flow
 from tests.support.interleave import interleave
 from tests.support.memory_table import MemoryTables
-
-from .conftest import Flow
 
 # The layouts of one deployment, oldest first: 1 shard, then 4, back to 1, then 2.
 LAYOUTS = [Layout(1), Layout(4, (1,), era=1), Layout(1, (4,), era=2), Layout(2, (1, 4), era=3)]

@@ -25,11 +25,10 @@ from azure.core.pipeline.transport import RequestsTransportResponse
 
 from common import runtime
 from handoff import service
+from tests.support.handoff_flows import Flow, complete
 
 from .broker import Broker, BrokerTransport
-from .conftest import Flow
 from .test_receive import park
-from .test_settlement import complete
 
 
 @pytest.fixture

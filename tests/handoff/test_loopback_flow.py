@@ -9,8 +9,7 @@ import pytest
 
 from handoff import service
 from handoff.messages.contract import MessageType
-
-from .conftest import Flow, event_of
+from tests.support.handoff_flows import Flow, event_of
 
 
 @pytest.fixture

@@ -12,10 +12,8 @@ from datetime import UTC, datetime, timedelta
 
 from handoff import service
 from tests.conftest import Caller
-from tests.handoff.conftest import Flow, event_of
 from tests.support.children import run_children
-
-from .test_settlement import coordinates, parked
+from tests.support.handoff_flows import Flow, coordinates, event_of, parked
 
 
 def test_identical_settlements_from_two_processes_all_get_202_and_one_message(call: Caller, resolve):

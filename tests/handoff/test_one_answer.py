@@ -17,10 +17,9 @@ import pytest
 
 from common.clock import utcnow
 from handoff import service
+from tests.support.handoff_flows import Flow, complete, parked
 
 from .broker import Broker, BrokerTransport
-from .conftest import Flow
-from .test_settlement import complete, parked
 
 
 @pytest.fixture

@@ -16,10 +16,9 @@ from typing import Any
 import pytest
 
 from handoff import service
+from tests.support.handoff_flows import Flow, complete, fail, parked
 
 from .broker import Broker, BrokerTransport
-from .conftest import Flow
-from .test_settlement import complete, fail, parked
 
 CALLERS = 5
 

@@ -10,8 +10,7 @@ from handoff import service
 from handoff.functions import MAX_WAIT_SECONDS
 from handoff.messages.contract import MessageType
 from handoff.storage import keys
-
-from .conftest import Flow, event_of
+from tests.support.handoff_flows import Flow, event_of
 
 
 def park(

@@ -18,10 +18,9 @@ from common.clock import utcnow
 from handoff import service
 from handoff.messages.contract import MessageType
 from handoff.storage import keys
+from tests.support.handoff_flows import Flow, complete, event_of, parked
 
 from .broker import Broker, BrokerTransport
-from .conftest import Flow, event_of
-from .test_settlement import complete, parked
 
 
 @pytest.fixture

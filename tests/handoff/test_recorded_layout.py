@@ -17,9 +17,9 @@ from common import layouts, runtime
 from handoff import service
 from handoff.storage import keys
 from tests.layouts import fast_changes, reshard
+from tests.support.handoff_flows import Flow
 
 from .broker import Broker, BrokerTransport
-from .conftest import Flow
 from .test_leased_receive import receive, settle_leased
 from .test_receive import park
 

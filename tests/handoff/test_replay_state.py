@@ -20,11 +20,10 @@ import pytest
 
 from handoff.messages.contract import Coordinates, MessageType
 from handoff.settlement.settler import Settlement, SettlementService
+from tests.support.handoff_flows import Flow, complete, fail, parked
 
 from .broker import Broker
-from .conftest import Flow
 from .replays import RESULT, Answer, at_once, check_replays_answer_storage, over_two_instances
-from .test_settlement import complete, fail, parked
 
 
 def settlement_pair(

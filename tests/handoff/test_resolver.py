@@ -12,8 +12,7 @@ from handoff import service
 from handoff.messages.contract import MessageType
 from handoff.projection.resolver import Outcome
 from handoff.storage import keys
-
-from .conftest import EVENT_TYPE, Flow, event_of, nimbus
+from tests.support.handoff_flows import EVENT_TYPE, Flow, event_of, nimbus
 
 RESPONSE_STATUS = [
     (MessageType.ResolutionResponse, "Completed"),

@@ -15,8 +15,7 @@ from handoff import service
 from handoff.messages.contract import MessageType
 from handoff.projection.resolver import RETRY_BUDGET, Outcome, TransientProjectionError, retry_delay
 from handoff.storage import keys as handoff_keys
-
-from .conftest import Flow, event_of, nimbus
+from tests.support.handoff_flows import Flow, event_of, nimbus
 
 pytestmark = pytest.mark.usefixtures("settle_tables")
 

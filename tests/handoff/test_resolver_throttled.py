@@ -18,8 +18,7 @@ from common import runtime
 from handoff import service
 from handoff.messages.contract import MessageType
 from handoff.projection.resolver import Outcome
-
-from .conftest import Flow
+from tests.support.handoff_flows import Flow
 
 
 class Copies:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import threading
 
 import pytest
@@ -10,48 +9,17 @@ import pytest
 from common.roundtrips import ROUND_TRIPS
 from handoff import service
 from handoff.messages.contract import MessageType
-
-from .conftest import EVENT_TYPE, Flow, event_of
-
-
-def parked(resolve, flow: Flow, **park) -> None:
-    resolve(flow.request(correlation_id="corr-1"))
-    resolve(flow.park(correlation_id="corr-1", originating="req-1", **park))
-
-
-def coordinates(flow: Flow, message_id: str = "park-1", **overrides):
-    coords = {
-        "eventId": flow.event_id,
-        "sessionId": "session-1",
-        "messageId": message_id,
-        "eventTypeId": EVENT_TYPE,
-        "correlationId": "corr-1",
-        "originatingMessageId": "req-1",
-    }
-    coords.update(overrides)
-    return coords
-
-
-def complete(call, flow: Flow, **body):
-    body.setdefault("endpointId", flow.endpoint)
-    body.setdefault("coordinates", coordinates(flow))
-    return call("handoff_complete", body)
-
-
-def fail(call, flow: Flow, **body):
-    body.setdefault("endpointId", flow.endpoint)
-    body.setdefault("coordinates", coordinates(flow))
-    body.setdefault("errorText", "DMF import rejected 3 rows")
-    return call("handoff_fail", body)
-
-
-def props(message) -> dict[str, object]:
-    return {str(k): v for k, v in (message.application_properties or {}).items()}
-
-
-def body_of(message) -> dict[str, object]:
-    body: dict[str, object] = json.loads(b"".join(message.body))
-    return body
+from tests.support.handoff_flows import (
+    EVENT_TYPE,
+    Flow,
+    body_of,
+    complete,
+    coordinates,
+    event_of,
+    fail,
+    parked,
+    props,
+)
 
 
 def test_complete_sends_one_handoff_completed_request_with_the_pinned_wire_shape(

@@ -18,10 +18,9 @@ from common import runtime
 from common.clock import utcnow
 from handoff import service
 from handoff.messages.contract import MessageType
+from tests.support.handoff_flows import EVENT_TYPE, Flow, complete, coordinates, event_of, fail, parked
 
 from .broker import Broker, BrokerTransport
-from .conftest import EVENT_TYPE, Flow, event_of
-from .test_settlement import complete, coordinates, fail, parked
 
 
 @pytest.fixture

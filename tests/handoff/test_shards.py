@@ -16,8 +16,8 @@ from handoff import service
 from handoff.messages.contract import MessageType
 from handoff.storage import keys
 from tests.layouts import fast_changes, reshard
+from tests.support.handoff_flows import Flow, event_of
 
-from .conftest import Flow, event_of
 from .test_loopback_flow import loopback  # noqa: F401  (fixture)
 
 

@@ -19,9 +19,9 @@ from common.clock import utcnow
 from handoff import service
 from handoff.storage import keys
 from handoff.timers.sweeper import Sweeper
+from tests.support.handoff_flows import Flow, event_of
 
 from .broker import Broker, BrokerTransport
-from .conftest import Flow, event_of
 
 
 def iso(value: datetime) -> str:

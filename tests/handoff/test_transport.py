@@ -200,7 +200,7 @@ def test_a_settlement_to_an_endpoint_settle_may_not_send_to_is_a_503_naming_the_
     from azure.servicebus.exceptions import ServiceBusAuthorizationError
 
     from handoff import service
-    from tests.handoff.test_settlement import complete, parked
+    from tests.support.handoff_flows import complete, parked
 
     monkeypatch.setattr("handoff.messages.transport.time.sleep", lambda _s: None)
     refusal = ServiceBusAuthorizationError(message="Unauthorized access. 'Send' claim(s) are required")

@@ -12,8 +12,7 @@ import pytest
 from handoff import service
 from handoff.messages.contract import MessageType, parse_int
 from handoff.projection.resolver import Outcome
-
-from .conftest import Flow, event_of, nimbus
+from tests.support.handoff_flows import Flow, event_of, nimbus
 
 
 @pytest.fixture(autouse=True)

@@ -16,16 +16,14 @@ from handoff.storage.records import EventRow
 from tests.handoff.broker import Broker, BrokerTransport
 from tests.handoff.conftest import (  # noqa: F401  (fixtures shared with the hand-off suite)
     CaptureTransport,
-    Flow,
     delivered_then_raised,
-    event_of,
     flow,
-    nimbus,
     no_sleep,
     other_instance,
     resolve,
     transport,
 )
+from tests.support.handoff_flows import Flow
 
 
 @pytest.fixture(params=[1, 4], ids=lambda s: f"S={s}")

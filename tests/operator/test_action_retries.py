@@ -15,7 +15,7 @@ import pytest
 from handoff import service
 from handoff.messages.contract import MessageType
 from tests.handoff.broker import Broker, BrokerTransport
-from tests.handoff.conftest import Flow, event_of
+from tests.support.handoff_flows import Flow, event_of
 
 from .conftest import failed_event
 from .test_actions import act

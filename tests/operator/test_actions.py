@@ -12,7 +12,7 @@ from handoff import service
 from handoff.messages.contract import MessageType
 from handoff.timers.reconciler import Reconciler
 from tests.handoff.broker import Broker, BrokerTransport
-from tests.handoff.conftest import Flow, event_of
+from tests.support.handoff_flows import Flow, event_of
 
 from .conftest import failed_event, principal_headers
 

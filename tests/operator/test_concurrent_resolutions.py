@@ -14,8 +14,7 @@ from typing import Any
 import pytest
 
 from handoff import service
-from tests.handoff.conftest import Flow, event_of
-from tests.handoff.test_settlement import complete
+from tests.support.handoff_flows import Flow, complete, event_of
 
 from .conftest import principal_headers
 from .test_stuck_settlements import resolve_claim, stuck

@@ -11,7 +11,7 @@ from common.roundtrips import ROUND_TRIPS
 from handoff import service
 from handoff.messages.contract import MessageType
 from handoff.storage import keys
-from tests.handoff.conftest import Flow, nimbus
+from tests.support.handoff_flows import Flow, nimbus
 
 from .conftest import counted, counts_partitions, recount
 

@@ -17,7 +17,7 @@ from handoff import service
 from handoff.messages.contract import MessageType
 from handoff.projection.resolver import TransientProjectionError
 from handoff.storage import keys
-from tests.handoff.conftest import Flow, nimbus
+from tests.support.handoff_flows import Flow, nimbus
 
 from .conftest import failed_event
 from .test_oncall import EntitiesRead

@@ -16,7 +16,7 @@ import pytest
 from handoff import service
 from handoff.storage import keys
 from handoff.storage.ids import IdRef
-from tests.handoff.conftest import Flow
+from tests.support.handoff_flows import Flow
 from tests.support.seeding import tables_of_this_module, upsert_all  # noqa: F401 (the fixture is autouse)
 
 from .conftest import failed_event

@@ -9,7 +9,7 @@ from common.roundtrips import ROUND_TRIPS
 from handoff import service
 from handoff.messages.contract import MessageType
 from handoff.projection.resolver import RETRY_BUDGET, Outcome
-from tests.handoff.conftest import Flow, nimbus
+from tests.support.handoff_flows import Flow, nimbus
 
 from .conftest import counts_partitions, principal_headers
 

@@ -14,7 +14,7 @@ from azure.core.pipeline.policies import SansIOHTTPPolicy
 from common.clock import iso
 from handoff import service
 from handoff.storage import keys
-from tests.handoff.conftest import Flow, nimbus
+from tests.support.handoff_flows import Flow, nimbus
 
 from .conftest import failed_event, principal_headers
 from .test_stuck_settlements import resolve_claim, stuck

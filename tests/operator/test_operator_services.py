@@ -27,7 +27,8 @@ from management.audits import AUDIT_TABLE
 from management.poison import PoisonDesk
 from management.reads import OperatorReads
 from management.rules import AlreadyDismissed
-from tests.handoff.conftest import CaptureTransport, Flow
+from tests.handoff.conftest import CaptureTransport
+from tests.support.handoff_flows import Flow
 from tests.support.memory_table import MemoryTables
 
 OPS = Actor(by="ops", principal=None)

@@ -16,9 +16,8 @@ from handoff.messages.contract import MessageType
 from handoff.settlement.settler import SettlementService
 from management.actions import OperatorActions
 from tests.handoff.broker import Broker
-from tests.handoff.conftest import Flow
 from tests.handoff.replays import RESULT, Answer, at_once, check_replays_answer_storage, over_two_instances
-from tests.handoff.test_settlement import parked
+from tests.support.handoff_flows import Flow, parked
 
 from .conftest import failed_event
 from .test_actions import act

@@ -18,8 +18,7 @@ import pytest
 from common.clock import utcnow
 from handoff import service
 from tests.handoff.broker import Broker, BrokerTransport
-from tests.handoff.conftest import Flow, event_of
-from tests.handoff.test_settlement import complete, parked
+from tests.support.handoff_flows import Flow, complete, event_of, parked
 
 from .conftest import principal_headers
 

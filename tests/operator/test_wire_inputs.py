@@ -12,7 +12,7 @@ import pytest
 from common.principal import Unauthenticated, actor_of, allowed
 from handoff import service
 from handoff.projection.resolver import Outcome
-from tests.handoff.conftest import Flow, event_of, nimbus
+from tests.support.handoff_flows import Flow, event_of, nimbus
 
 from .conftest import failed_event, principal_headers
 

@@ -53,7 +53,7 @@ def main() -> None:
             }
             print(json.dumps(line), flush=True)
         return
-    from tests.handoff.conftest import Flow
+    from tests.support.handoff_flows import Flow
 
     resolver = call.functions["resolver"].get_user_function()
     for event in args["events"]:

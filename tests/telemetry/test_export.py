@@ -262,8 +262,8 @@ def test_no_settlement_result_or_error_text_reaches_a_span_an_event_or_a_log_lin
     otel: Recorded, call, caplog, resolve, fresh_tables
 ):
     from handoff import service
-    from tests.handoff.conftest import CaptureTransport, Flow
-    from tests.handoff.test_settlement import complete, fail, parked
+    from tests.handoff.conftest import CaptureTransport
+    from tests.support.handoff_flows import Flow, complete, fail, parked
 
     transport = CaptureTransport()
     service.use_transport(transport)

@@ -15,7 +15,7 @@ import azure.functions as func
 import pytest
 
 from devtools import host, indexing
-from tests.handoff.conftest import Flow
+from tests.support.handoff_flows import Flow
 from tests.telemetry.conftest import HOST_SPAN, HOST_TRACE, Recorded, child_of_host, parent_of
 
 pytestmark = pytest.mark.usefixtures("settle_tables")

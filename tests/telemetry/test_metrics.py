@@ -15,8 +15,8 @@ from common import runtime
 from common.clock import utcnow
 from handoff import service as handoff_service
 from state import service as state_service
-from tests.handoff.conftest import CaptureTransport, Flow, nimbus
-from tests.handoff.test_settlement import complete, fail, parked
+from tests.handoff.conftest import CaptureTransport
+from tests.support.handoff_flows import Flow, complete, fail, nimbus, parked
 from tests.telemetry.conftest import Recorded
 
 

@@ -8,7 +8,7 @@ import time
 import uuid
 from typing import Any
 
-from tests.handoff.conftest import Flow
+from tests.support.handoff_flows import Flow
 from tests.telemetry.conftest import Recorded, attrs
 
 

@@ -10,13 +10,10 @@ import pytest
 from opentelemetry.trace import StatusCode
 
 from handoff import service
-from tests.handoff.conftest import (
-    CaptureTransport,
-    Flow,
-)
-from tests.handoff.test_settlement import parked
+from tests.handoff.conftest import CaptureTransport
 from tests.operator.conftest import failed_event, principal_headers
 from tests.operator.test_actions import act
+from tests.support.handoff_flows import Flow, parked
 from tests.telemetry.conftest import Recorded, attrs, parent_of
 
 

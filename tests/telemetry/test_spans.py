@@ -16,8 +16,8 @@ from opentelemetry.trace import StatusCode
 from common.clock import utcnow
 from handoff import service
 from handoff.messages.contract import MessageType
-from tests.handoff.conftest import CaptureTransport, Flow, nimbus
-from tests.handoff.test_settlement import complete, parked
+from tests.handoff.conftest import CaptureTransport
+from tests.support.handoff_flows import Flow, complete, nimbus, parked
 from tests.telemetry.conftest import Recorded, attrs, parent_of
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"

@@ -22,8 +22,7 @@ from azure.functions.servicebus import ServiceBusMessageInConverter
 
 from handoff import service
 from handoff.messages.transport import ServiceBusTransport
-from tests.handoff.conftest import Flow
-from tests.handoff.test_settlement import complete, parked
+from tests.support.handoff_flows import Flow, complete, parked
 from tests.telemetry.conftest import Recorded, parent_of
 
 # A namespace that is never reached: the SDK builds its client and sender offline.

@@ -22,7 +22,7 @@ from devtools import indexing
 from devtools.routing import decode_path
 from devtools.worker import Worker
 from handoff.messages.contract import MessageType
-from tests.handoff.conftest import Flow
+from tests.support.handoff_flows import Flow
 from tests.telemetry.conftest import HOST_SPAN, HOST_TRACE, Recorded, child_of_host
 
 pytestmark = pytest.mark.usefixtures("settle_tables")
