@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from tests.support.routes import OPERATOR_ROUTES
+
 
 def test_health_is_anonymous_and_answers_ok(call, functions):
     result = call("health", method="GET")
@@ -25,33 +27,6 @@ def test_openapi_document_lists_every_http_function(call, functions):
 
 # ADR-0013: the console and the management API are anonymous for the Functions host; App Service
 # authentication signs operators in and the code checks the principal (401/403, fail closed in Azure).
-OPERATOR_ROUTES = {
-    "console",
-    "console_asset",
-    "endpoints_overview",
-    "endpoint_events",
-    "endpoint_event",
-    "event_resubmit",
-    "event_skip",
-    "event_complete",
-    "event_fail",
-    "event_settlement_resolve",
-    "endpoint_unconfirmed",
-    "endpoint_overdue",
-    "poison_list",
-    "poison_replay",
-    "records_lookup",
-    "records_stuck",
-    # the operator's find, bulk actions, dismiss, audit search and records query
-    "find_events",
-    "failed_events",
-    "endpoint_bulk",
-    "poison_dismiss",
-    "audits_search",
-    "records_query",
-    "layout_show",
-    "layout_change",
-}
 
 
 def test_only_health_openapi_the_state_lookups_and_the_operator_routes_are_anonymous(functions):

@@ -8,7 +8,7 @@ start meets its target is the benchmark's to say (``bench/coldstart.py``); this 
 
 from __future__ import annotations
 
-from tests.telemetry.test_export import clean_env, run_probe
+from tests.support.probes import clean_env, run_probe
 
 # Loaded only when an operator or a hand-off agent calls its API (or the OpenAPI document is asked for).
 NOT_AT_COLD_START = (

@@ -20,7 +20,7 @@ from common import invocation
 from common.http import DEADLINE_RETRY_AFTER_S, guard
 from common.table_retry import SettleRetryPolicy
 from common.tables import WRITE_WATCH
-from tests.test_table_retry import Scripted
+from tests.support.scripted_storage import Scripted
 
 URL = "http://127.0.0.1:1/devstoreaccount1/settlestate"
 

@@ -5,60 +5,19 @@ any other call keeps the SDK's retries."""
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import requests
 from azure.core.exceptions import AzureError, HttpResponseError, ServiceRequestError, ServiceResponseError
 from azure.core.pipeline import Pipeline
-from azure.core.pipeline.transport import HttpRequest, HttpTransport, RequestsTransportResponse
+from azure.core.pipeline.transport import HttpRequest
 
 from common.table_options import RESEND_UNRECEIVED_ONLY
 from common.table_retry import UNRECEIVED_BACKOFF_S, UNRECEIVED_RESENDS, SettleRetryPolicy
+from tests.support.scripted_storage import Script, Scripted
 
 URL = "http://127.0.0.1:1/devstoreaccount1/$batch"
-Script = Sequence[tuple[int, str | None] | Exception]
-
-
-class Scripted(HttpTransport):  # type: ignore[type-arg]
-    """Answers request after request from ``script``: (status, x-ms-error-code) or an exception to raise."""
-
-    def __init__(self, script: Script) -> None:
-        self.script = list(script)
-        self.sent = 0
-        self.slept: list[float] = []
-
-    def send(self, request: Any, **kwargs: Any) -> Any:
-        self.sent += 1
-        step = self.script.pop(0) if self.script else (202, None)
-        if isinstance(step, Exception):
-            raise step
-        status, code = step
-        raw = requests.Response()
-        raw.status_code = status
-        raw.headers["Content-Type"] = "application/json;odata=minimalmetadata"
-        if code is not None:
-            raw.headers["x-ms-error-code"] = code
-        raw._content = json.dumps({"odata.error": {"code": code}} if code else {}).encode()
-        raw.url = request.url
-        return RequestsTransportResponse(request, raw)
-
-    def sleep(self, duration: float) -> None:
-        self.slept.append(duration)
-
-    def open(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-    def __enter__(self) -> Scripted:
-        return self
-
-    def __exit__(self, *args: Any) -> None:
-        pass
 
 
 def sent(

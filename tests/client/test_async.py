@@ -276,7 +276,7 @@ def test_async_idempotent_a_result_that_cannot_be_stored_never_reruns_the_side_e
 def test_async_idempotent_a_result_settle_refuses_after_the_side_effect_never_reruns_it(host, key):
     """As tests/client/test_idempotent.py: Settle refuses the result (413) after the side effect; the key
     is recorded Processed without it and the next call raises ResultNotStored."""
-    from tests.client.test_idempotent import refuses_the_result, result_refused
+    from tests.support.client_results import refuses_the_result, result_refused
 
     charges: list[int] = []
     inner = httpx.AsyncHTTPTransport()

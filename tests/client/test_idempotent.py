@@ -22,6 +22,7 @@ from settle_client import (
 )
 
 from tests.client.conftest import some, wait_until
+from tests.support.client_results import refuses_the_result, result_refused
 
 
 def invoice_key(invoice: dict[str, Any]) -> dict[str, Any]:
@@ -133,20 +134,6 @@ def test_a_result_that_cannot_be_stored_never_reruns_the_side_effect(settle, key
     assert charges == [1], "the side effect ran again"
     record = settle.get(invoice_key(invoice))
     assert record.status == "Processed" and "resultNotStored" in record.data
-
-
-def refuses_the_result(request: httpx.Request) -> bool:
-    """A fenced ``set`` carrying the function's result (not the ``resultNotStored`` fallback)."""
-    return request.url.path.endswith("/state/set") and b"resultNotStored" not in request.content
-
-
-def result_refused() -> httpx.Response:
-    body = {"type": "urn:settle:problem:payload-too-large", "title": "Payload too large", "status": 413}
-    return httpx.Response(
-        413,
-        json={**body, "detail": "too large (test)", "field": "data"},
-        headers={"content-type": "application/problem+json"},
-    )
 
 
 class RefuseResult(httpx.BaseTransport):

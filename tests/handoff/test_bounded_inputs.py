@@ -14,11 +14,9 @@ import pytest
 
 from handoff import service
 from handoff.limits import MAX_AGENT_ID, MAX_ENDPOINT_ID, MAX_ID
-from tests.support.handoff_flows import Flow, coordinates, parked
+from tests.support.handoff_flows import Flow, coordinates, lease_call, park, parked, receive
 
 from .broker import Broker, BrokerTransport
-from .test_leased_receive import lease_call, receive
-from .test_receive import park
 
 
 @pytest.fixture

@@ -25,10 +25,9 @@ from azure.core.pipeline.transport import RequestsTransportResponse
 
 from common import runtime
 from handoff import service
-from tests.support.handoff_flows import Flow, complete
+from tests.support.handoff_flows import Flow, lease_call, park, receive, settle_leased
 
 from .broker import Broker, BrokerTransport
-from .test_receive import park
 
 
 @pytest.fixture
@@ -51,32 +50,6 @@ def clock() -> Iterator[list[datetime]]:
 def parked_many(resolve: Any, endpoint: str, n: int) -> list[Flow]:
     base = datetime.now(UTC) - timedelta(hours=1)
     return [park(resolve, endpoint, f"ev-{i:03d}", at=base + timedelta(seconds=i)) for i in range(n)]
-
-
-def receive(call: Any, endpoint: str, agent: str = "agent-1", **params: str) -> Any:
-    return call(
-        "handoff_receive",
-        None,
-        route_params={"endpointId": endpoint},
-        params=params,
-        headers={"x-agent-id": agent},
-    )
-
-
-def lease_call(call: Any, what: str, endpoint: str, event_id: str, token: str, **extra: Any) -> Any:
-    return call(
-        f"handoff_lease_{what}",
-        {"eventId": event_id, "leaseToken": token, **extra},
-        route_params={"endpointId": endpoint},
-    )
-
-
-def settle_leased(call: Any, flow: Flow, token: str | None, agent: str) -> Any:
-    extra: dict[str, Any] = {"settledBy": agent}
-    if token is not None:
-        extra["leaseToken"] = token
-    coords = {"eventId": flow.event_id, "messageId": "park-1"}
-    return complete(call, flow, coordinates=coords, **extra)
 
 
 def test_agents_on_threads_split_the_parked_hand_offs_and_none_is_received_twice(call, resolve, broker):

@@ -78,7 +78,7 @@ def test_an_operator_retry_from_another_process_is_answered_from_the_claim(call:
 
 
 def test_agents_on_two_processes_lease_each_parked_hand_off_once(call: Caller, resolve):
-    from .test_receive import park
+    from tests.support.handoff_flows import park
 
     endpoint = "Billing-" + uuid.uuid4().hex[:8]
     base = datetime.now(UTC) - timedelta(hours=1)

@@ -10,22 +10,7 @@ from handoff import service
 from handoff.functions import MAX_WAIT_SECONDS
 from handoff.messages.contract import MessageType
 from handoff.storage import keys
-from tests.support.handoff_flows import Flow, event_of
-
-
-def park(
-    resolve,
-    endpoint: str,
-    event_id: str,
-    *,
-    at: datetime,
-    event_type: str = "Billing.InvoiceCreated",
-    job: str | None = None,
-) -> Flow:
-    flow = Flow(endpoint=endpoint, event_id=event_id)
-    resolve(flow.request(event_type=event_type, enqueued=at - timedelta(seconds=1)))
-    resolve(flow.park(event_type=event_type, enqueued=at, job=job or f"job-{event_id}"))
-    return flow
+from tests.support.handoff_flows import event_of, park
 
 
 def next_of(call, endpoint: str, **params: str):

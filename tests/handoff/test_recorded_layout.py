@@ -17,11 +17,9 @@ from common import layouts, runtime
 from handoff import service
 from handoff.storage import keys
 from tests.layouts import fast_changes, reshard
-from tests.support.handoff_flows import Flow
+from tests.support.handoff_flows import Flow, park, receive, settle_leased
 
 from .broker import Broker, BrokerTransport
-from .test_leased_receive import receive, settle_leased
-from .test_receive import park
 
 
 @pytest.fixture
@@ -124,8 +122,7 @@ def test_a_message_in_the_moment_before_a_change_is_retried_never_poisoned(
     call: Any, deployment: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from handoff.projection.resolver import Outcome
-
-    from .test_resolver_failures import RecordingRedelivery
+    from tests.support.handoff_flows import RecordingRedelivery
 
     # Given a change to 4 shards about to take effect (inside its guard: nothing is routed)
     monkeypatch.setattr(layouts, "GUARD_S", 60.0)

@@ -15,7 +15,7 @@ from handoff import service
 from handoff.messages.contract import MessageType
 from handoff.projection.resolver import RETRY_BUDGET, Outcome, TransientProjectionError, retry_delay
 from handoff.storage import keys as handoff_keys
-from tests.support.handoff_flows import Flow, event_of, nimbus
+from tests.support.handoff_flows import Flow, RecordingRedelivery, _status_error, event_of, nimbus
 
 pytestmark = pytest.mark.usefixtures("settle_tables")
 
@@ -105,17 +105,6 @@ def outage():
     runtime.reset()
 
 
-class RecordingRedelivery:
-    def __init__(self, *, fail: bool = False) -> None:
-        self.scheduled: list[tuple[str, float, int]] = []
-        self.fail = fail
-
-    def schedule_copy(self, msg, *, delay_s: float, throttle_retry_count: int) -> None:
-        if self.fail:
-            raise ConnectionError("Service Bus down too")
-        self.scheduled.append((msg.message_id, delay_s, throttle_retry_count))
-
-
 def test_a_storage_outage_reschedules_a_copy_with_backoff_and_loses_nothing(call, flow, outage):
     resolver = service.resolver_service()
     redelivery = RecordingRedelivery()
@@ -188,14 +177,6 @@ def test_an_unexpected_storage_rejection_is_stored_as_poison_not_retried(flow, m
 
 
 # --- transient faults are retried, never poison --------------------------------
-
-
-def _status_error(status: int | None) -> Exception:
-    from azure.core.exceptions import HttpResponseError
-
-    error = HttpResponseError(message=f"storage answered {status} (test)")
-    error.status_code = status
-    return error
 
 
 def _with_status(error: Any, status: int) -> Any:
@@ -279,7 +260,7 @@ def test_at_the_retry_budget_the_message_is_stored_as_poison_with_the_reason_and
 
 
 def test_a_storage_answer_that_cannot_be_decoded_is_rescheduled_not_poisoned(flow):
-    from .test_settlement_outbox import Undecodable
+    from tests.support.handoff_flows import Undecodable
 
     undecodable = Undecodable("GET")
     runtime.reset(policies=[undecodable], client_options={"retry_total": 0})

@@ -18,7 +18,16 @@ from common import runtime
 from common.clock import utcnow
 from handoff import service
 from handoff.messages.contract import MessageType
-from tests.support.handoff_flows import EVENT_TYPE, Flow, complete, coordinates, event_of, fail, parked
+from tests.support.handoff_flows import (
+    EVENT_TYPE,
+    Flow,
+    Undecodable,
+    complete,
+    coordinates,
+    event_of,
+    fail,
+    parked,
+)
 
 from .broker import Broker, BrokerTransport
 
@@ -331,34 +340,6 @@ def test_storage_throttling_during_a_settlement_is_503_with_retry_after(call, re
         assert complete(call, flow).status == 202
     finally:
         runtime.reset()
-
-
-class Undecodable(HTTPPolicy):  # type: ignore[type-arg]
-    """The chosen storage request (by HTTP method) is applied, and its 200 answer arrives cut short, so
-    its JSON cannot be decoded (a proxy or a connection dropping mid-body). The Tables SDK raises that as
-    an ``HttpResponseError`` with status 200 whose cause is a ``DecodeError``."""
-
-    def __init__(self, method: str) -> None:
-        super().__init__()
-        self.method = method
-        self.armed = 0
-
-    def send(self, request: Any) -> Any:
-        response = self.next.send(request)
-        if not (self.armed and request.http_request.method == self.method):
-            return response
-        self.armed -= 1
-        import requests
-        from azure.core.pipeline import PipelineResponse
-        from azure.core.pipeline.transport import RequestsTransportResponse
-
-        raw = requests.Response()
-        raw.status_code = 200
-        raw.reason = "OK"
-        raw.headers["Content-Type"] = "application/json;odata=minimalmetadata"
-        raw._content = b'{"odata.metadata":"https://example/$metadata#events/@Element","PartitionKey":"'
-        cut = RequestsTransportResponse(request.http_request, raw)
-        return PipelineResponse(request.http_request, cut, request.context)
 
 
 def test_a_storage_answer_that_cannot_be_decoded_during_a_settlement_is_503(call, resolve, flow, bus):

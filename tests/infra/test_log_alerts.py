@@ -9,20 +9,9 @@ from typing import Any
 
 from common.telemetry import INSTRUMENTS
 from tests.infra.bicep import Expr, load_infra
+from tests.support.infra_reads import recorded_attributes
 
 ROOT = Path(__file__).resolve().parents[2]
-CALL = re.compile(r"telemetry\.(?:add|gauge|record)\(\s*\"(settle\.[a-z_.]+)\"(.*?)\)\n", re.DOTALL)
-
-
-def recorded_attributes() -> dict[str, set[str]]:
-    """Metric name → keyword attributes passed where the code records it (all of Settle's packages)."""
-    found: dict[str, set[str]] = {}
-    for folder in ("common", "state", "handoff"):
-        for path in (ROOT / folder).rglob("*.py"):
-            for name, rest in CALL.findall(path.read_text()):
-                found.setdefault(name, set()).update(re.findall(r"\b([a-z_]+)=", rest))
-    found.setdefault("settle.state.operations", set()).update({"op", "outcome"})  # state_operation()
-    return found
 
 
 def alerts() -> list[dict[str, Any]]:

@@ -136,7 +136,7 @@ def test_an_excluded_directory_cannot_be_re_included_below(tmp_path: Path) -> No
 
 
 def test_the_app_runs_its_python_so_the_shipped_bytecode_is_the_one_it_reads() -> None:
-    from tests.infra.test_policy import ci_python
+    from tests.support.infra_reads import ci_python
 
     runtime = package_module().RUNTIME
     assert f"{runtime[0]}.{runtime[1]}" == ci_python()  # = the function app's runtime version (test_policy)

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import json
 import re
-import tomllib
 from typing import Any
 
 import pytest
 
 from tests.infra.bicep import REPO, Expr, Interp, Loop, bicep_files, load_infra, walk_values
 from tests.infra.infracheck import InfraCheck
+from tests.support.infra_reads import ci_python
 
 # Roles that grant far more than Settle needs: never assigned (names of infra/builtin-roles.json).
 BROAD_ROLES = {"Owner", "Contributor", "Azure Service Bus Data Owner", "Storage Blob Data Contributor"}
@@ -68,14 +68,6 @@ SECRET_MARKERS = (
     "password",
     "secret",
 )
-
-
-def ci_python() -> str:
-    """The Python minor version CI runs, from pyproject's requires-python (e.g. '>=3.11,<3.12')."""
-    spec = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["requires-python"]
-    match = re.search(r">=\s*(\d+)\.(\d+)", spec)
-    assert match, spec
-    return f"{match.group(1)}.{match.group(2)}"
 
 
 def text_of(value: Any) -> str:

@@ -19,7 +19,7 @@ import pytest
 from common.telemetry import INSTRUMENTS, OUTCOME
 from state.catchup import CatchupResult
 from tests.infra.bicep import INFRA, Expr, load_infra
-from tests.infra.test_log_alerts import recorded_attributes
+from tests.support.infra_reads import recorded_attributes
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKBOOK = INFRA / "workbooks" / "settle-operations.json"

@@ -16,9 +16,9 @@ from handoff import service
 from handoff.messages.contract import MessageType
 from tests.handoff.broker import Broker, BrokerTransport
 from tests.support.handoff_flows import Flow, event_of
+from tests.support.operator_calls import act
 
 from .conftest import failed_event
-from .test_actions import act
 
 
 @pytest.fixture

@@ -12,7 +12,8 @@ from handoff import service
 from handoff.messages.contract import MessageType
 from handoff.timers.reconciler import Reconciler
 from tests.handoff.broker import Broker, BrokerTransport
-from tests.support.handoff_flows import Flow, event_of
+from tests.support.handoff_flows import event_of
+from tests.support.operator_calls import act
 
 from .conftest import failed_event, principal_headers
 
@@ -28,15 +29,6 @@ NIMBUS_PROPERTIES = {
     "OriginatingFrom",
     "EventTypeId",
 }
-
-
-def act(call, flow: Flow, action: str, body=None, headers=None):
-    return call(
-        f"event_{action}",
-        body,
-        route_params={"endpointId": flow.endpoint, "eventId": flow.event_id},
-        headers=headers,
-    )
 
 
 def props(message) -> dict[str, Any]:

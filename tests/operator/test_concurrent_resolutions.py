@@ -15,9 +15,9 @@ import pytest
 
 from handoff import service
 from tests.support.handoff_flows import Flow, complete, event_of
+from tests.support.operator_calls import resolve_claim, stuck
 
 from .conftest import principal_headers
-from .test_stuck_settlements import resolve_claim, stuck
 
 OPERATORS = 5
 

@@ -166,7 +166,7 @@ def test_counts_stay_exact_when_operator_actions_race_projections_replays_and_fo
 ):
     # Given one endpoint with 18 failed events and 4 poison messages (2 replayable, 2 that stay poison)
     from handoff.storage import overview as overview_module
-    from tests.operator.test_listings_and_poison import _day, _poison_after_budget
+    from tests.support.operator_calls import _day, _poison_after_budget
 
     endpoint = "Ops-" + uuid.uuid4().hex[:8]
     resolver = service.resolver_service()

@@ -18,9 +18,9 @@ from handoff.messages.contract import MessageType
 from handoff.projection.resolver import TransientProjectionError
 from handoff.storage import keys
 from tests.support.handoff_flows import Flow, nimbus
+from tests.support.operator_calls import EntitiesRead
 
 from .conftest import failed_event
-from .test_oncall import EntitiesRead
 
 
 def _find(call: Any, **params: str) -> list[dict[str, Any]]:

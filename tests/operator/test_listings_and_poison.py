@@ -8,8 +8,8 @@ from datetime import UTC, datetime, timedelta
 from common.roundtrips import ROUND_TRIPS
 from handoff import service
 from handoff.messages.contract import MessageType
-from handoff.projection.resolver import RETRY_BUDGET, Outcome
 from tests.support.handoff_flows import Flow, nimbus
+from tests.support.operator_calls import _day, _poison_after_budget
 
 from .conftest import counts_partitions, principal_headers
 
@@ -131,25 +131,6 @@ def test_the_overview_lists_counts_ages_and_poison_per_endpoint(call, resolve):
     assert item["poison"] == 0
 
 
-def _poison_after_budget(resolve_service, flow: Flow, monkeypatch):
-    """A message whose projection kept failing until its retry budget was spent: stored as poison."""
-    from tests.handoff.test_resolver_failures import _status_error
-
-    resolver = resolve_service
-    original = resolver.store.submit
-
-    def throttled(operations):
-        if any(str(op[1]["RowKey"]).startswith("ev|") for op in operations):
-            raise _status_error(503)  # the projection keeps failing (the poison count goes through)
-        return original(operations)
-
-    monkeypatch.setattr(resolver.store, "submit", throttled)
-    msg = flow.request(message_id=f"req-{flow.event_id}", ThrottleRetryCount=RETRY_BUDGET - 1)
-    assert resolver.handle(msg) is Outcome.POISONED
-    monkeypatch.undo()
-    return msg
-
-
 def test_poison_is_listed_by_day_replayed_once_and_uncounted(call, flow, monkeypatch):
     resolver = service.resolver_service()
     resolver.redelivery = lambda: None
@@ -199,11 +180,6 @@ def test_a_replay_by_a_principal_without_the_role_is_403(call, resolve, flow):
     assert denied.status == 403
     assert call("poison_list", method="GET", params={"day": "2026-12-01"}).json["field"] == "day"
     assert call("poison_replay", route_params={"day": day, "id": "nope"}).status == 404
-
-
-def _day(msg) -> str:
-    assert msg.enqueued_time_utc is not None
-    return str(msg.enqueued_time_utc.strftime("%Y%m%d"))
 
 
 def test_one_event_for_operators_is_one_read_with_its_actions_and_payload(call, resolve):

@@ -9,15 +9,14 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from azure.core.pipeline.policies import SansIOHTTPPolicy
 
 from common.clock import iso
 from handoff import service
 from handoff.storage import keys
 from tests.support.handoff_flows import Flow, nimbus
+from tests.support.operator_calls import resolve_claim, stuck
 
 from .conftest import failed_event, principal_headers
-from .test_stuck_settlements import resolve_claim, stuck
 
 
 def _day(msg) -> str:
@@ -272,21 +271,6 @@ def test_the_events_of_a_session_are_indexed_once_in_the_lookup_index_and_not_in
     pk = service.layout().now().event_partition(flow.endpoint, flow.event_id)
     legacy = f"PartitionKey eq '{pk}' and RowKey ge 'ss|' and RowKey lt 'ss}}'"
     assert list(events.query_entities(legacy)) == []  # ADR-0022: no session index in the event partition
-
-
-class EntitiesRead(SansIOHTTPPolicy):  # type: ignore[type-arg]
-    """Counts the entities storage returns to queries and point reads (what a request can hide: one request
-    may return a whole partition)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.count = 0
-
-    def on_response(self, request: Any, response: Any) -> None:
-        if request.http_request.method != "GET" or response.http_response.status_code != 200:
-            return
-        body = json.loads(response.http_response.text() or "{}")
-        self.count += len(body["value"]) if isinstance(body.get("value"), list) else 1
 
 
 # -- the audit search holds every operator audit: resolutions and refusals too ------------------------------

@@ -5,16 +5,12 @@ from __future__ import annotations
 import base64
 import json
 
-import azure.functions as func
 import pytest
 
 from common.principal import Unauthenticated, actor_of, allowed, principal_of
+from tests.support.operator_calls import request
 
 from .conftest import principal_headers
-
-
-def request(headers: dict[str, str]) -> func.HttpRequest:
-    return func.HttpRequest("GET", "http://localhost/api/v1/endpoints", headers=headers, body=b"")
 
 
 def encoded(document: object) -> str:

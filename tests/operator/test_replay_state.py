@@ -18,9 +18,9 @@ from management.actions import OperatorActions
 from tests.handoff.broker import Broker
 from tests.handoff.replays import RESULT, Answer, at_once, check_replays_answer_storage, over_two_instances
 from tests.support.handoff_flows import Flow, parked
+from tests.support.operator_calls import act
 
 from .conftest import failed_event
-from .test_actions import act
 
 # The message each action addresses (sent as ``messageId``, so that a retry after the action was projected
 # still names the same action: without it the row's newer last message would make it another one).

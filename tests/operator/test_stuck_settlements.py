@@ -17,25 +17,10 @@ import pytest
 
 from common.clock import utcnow
 from handoff import service
-from tests.handoff.broker import Broker, BrokerTransport
 from tests.support.handoff_flows import Flow, complete, event_of, parked
+from tests.support.operator_calls import resolve_claim, stuck
 
 from .conftest import principal_headers
-
-
-def stuck(call: Any, resolve: Any, flow: Flow, broker: Broker, behaviour: str = "lost-before") -> str:
-    """A parked hand-off whose settlement is unconfirmed; its control message id."""
-    bus = service.transport()
-    assert isinstance(bus, BrokerTransport)
-    parked(resolve, flow)
-    bus.then([behaviour])
-    answer = complete(call, flow, settledBy="erp-agent")
-    assert answer.status == 202 and answer.json["confirmed"] is False
-    service.settlement_service().clock = lambda: utcnow() + timedelta(minutes=3)
-    service.reconciler().run()
-    claim = service.store().get_claim(flow.endpoint, flow.event_id, "park-1")
-    assert claim is not None and claim.state.name == "unconfirmed"
-    return str(answer.json["controlMessageId"])
 
 
 def overview_of(call: Any, endpoint: str) -> dict[str, Any]:
@@ -43,15 +28,6 @@ def overview_of(call: Any, endpoint: str) -> dict[str, Any]:
     assert answer.status == 200, answer.body
     [item] = [i for i in answer.json["items"] if i["endpointId"] == endpoint]
     return dict(item)
-
-
-def resolve_claim(call: Any, flow: Flow, body: dict[str, Any], headers: dict[str, str] | None = None) -> Any:
-    return call(
-        "event_settlement_resolve",
-        body,
-        route_params={"endpointId": flow.endpoint, "eventId": flow.event_id},
-        headers=headers,
-    )
 
 
 def detail(call: Any, flow: Flow) -> dict[str, Any]:

@@ -90,7 +90,7 @@ def test_a_principal_app_service_vouches_for_is_recorded_on_the_settlement(
 
 
 def test_optional_operator_auth_on_app_service_is_refused_not_anonymous(monkeypatch) -> None:
-    from tests.operator.test_principal import request
+    from tests.support.operator_calls import request
 
     monkeypatch.setenv("WEBSITE_INSTANCE_ID", "abc123")
     monkeypatch.setenv("SETTLE_OPERATOR_AUTH", "optional")
@@ -123,7 +123,7 @@ def large_principal(*roles: str) -> dict[str, str]:
 
 
 def test_an_operator_with_a_principal_header_over_16_kib_may_operate(monkeypatch) -> None:
-    from tests.operator.test_principal import request
+    from tests.support.operator_calls import request
 
     monkeypatch.setenv("WEBSITE_INSTANCE_ID", "abc123")
     monkeypatch.setenv("SETTLE_OPERATOR_AUTH", "required")

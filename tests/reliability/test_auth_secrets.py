@@ -27,7 +27,7 @@ from tests.conftest import Caller, new_prefix
 from tests.reliability.tally import TALLY
 from tests.support.children import HostProcess, start_devhost
 from tests.support.devhost import host_environment
-from tests.test_app import OPERATOR_ROUTES
+from tests.support.routes import OPERATOR_ROUTES
 
 pytestmark = pytest.mark.slow
 

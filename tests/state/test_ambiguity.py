@@ -19,6 +19,7 @@ from common import runtime
 from common.clock import SERVER_CLOCK, utcnow
 from state import service
 from tests.state.conftest import State, new_key
+from tests.support.state_calls import state_writes, versions
 
 
 class ApplyThenLose(HTTPPolicy):  # type: ignore[type-arg]
@@ -62,26 +63,12 @@ class ApplyThenLose(HTTPPolicy):  # type: ignore[type-arg]
         return PipelineResponse(http, RequestsTransportResponse(http, raw), request.context)
 
 
-def state_writes(http: Any) -> bool:
-    """A write of a record's head: an insert or a transaction (POST) carrying a ``Status`` column (the
-    expiry index's own writes carry none)."""
-    body = http.body if isinstance(http.body, bytes | str) else b""
-    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
-    return http.method == "POST" and '"Status"' in text
-
-
 @pytest.fixture
 def lose() -> Iterator[ApplyThenLose]:
     policy = ApplyThenLose()
     runtime.reset(policies=[policy])  # the SDK's own retries stay on, as in production
     yield policy
     runtime.reset()
-
-
-def versions(state: State, key: dict[str, Any]) -> list[int]:
-    page = state.history(key, pageSize=100)
-    assert page.status == 200, page.body
-    return [item["version"] for item in page.json["items"]]
 
 
 # --- a lock whose answer was lost is the caller's own -------------------------------------------------------

@@ -18,7 +18,7 @@ from typing import Any
 from common.clock import utcnow
 from state import service
 from tests.state.conftest import new_key
-from tests.state.test_tokens import lock_lost, rows_of
+from tests.support.state_calls import lock_lost, rows_of
 
 MS_TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
 

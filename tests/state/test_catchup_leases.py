@@ -12,7 +12,7 @@ from state.catchup import Catchup, CatchupResult
 from state.keys import STATE_TABLE, node_partition_range
 from state.lifecycle import WriteContext
 from state.model import RecordKey, Scope
-from tests.state.test_catchup_scale import _backlog, _outcome, _store
+from tests.support.state_calls import _backlog, _outcome, _store
 
 
 def _history_rows(entity: int) -> dict[str, int]:

@@ -5,20 +5,13 @@ outcome is read from storage, never from catch-up's own report."""
 from __future__ import annotations
 
 import threading
-from datetime import datetime, timedelta
 from typing import Any
 
 from azure.core.pipeline.policies import SansIOHTTPPolicy
 
-from common import runtime
 from common.roundtrips import ROUND_TRIPS
-from common.settings import TableSettings
-from common.tables import Tables
 from state.catchup import Catchup
-from state.keys import STATE_TABLE, Layout, node_partition_range
-from state.lifecycle import WriteContext
-from state.model import RecordKey, Scope, Status
-from state.store import StateStore
+from tests.support.state_calls import _backlog, _outcome, _store
 
 
 class Threads(SansIOHTTPPolicy[Any, Any]):
@@ -29,40 +22,6 @@ class Threads(SansIOHTTPPolicy[Any, Any]):
 
     def on_request(self, request: Any) -> None:
         self.names.add(threading.current_thread().name)
-
-
-def _store(fresh: str, policies: list[Any] | None = None, shards: int = 8) -> StateStore:
-    settings = TableSettings.from_env()
-    assert settings.prefix == fresh
-    return StateStore(Tables(settings, policies=policies or []), layout=Layout(shards))
-
-
-def _backlog(store: StateStore, count: int, entity: int) -> datetime:
-    ctx = WriteContext()
-    untils = []
-    for n in range(count):
-        key = RecordKey(3, Scope(4), entity, "invoice", f"item-{n}")
-        outcome = store.lock(key, ctx, 1)
-        assert outcome.acquired and outcome.locked_until is not None
-        untils.append(outcome.locked_until)
-    return max(untils) + timedelta(milliseconds=1)
-
-
-def _outcome(entity: int) -> tuple[int, int, int]:
-    """(heads, heads Failed, heads still Processing: locks not caught up) of the node, read straight from
-    storage (a lock has no index row of its own: its entry is in its minute's marker, ADR-0021)."""
-    low, high = node_partition_range(3, 4, entity)
-    rows = list(
-        runtime.tables()
-        .table(STATE_TABLE)
-        .query_entities(
-            "PartitionKey ge @low and PartitionKey lt @high", parameters={"low": low, "high": high}
-        )
-    )
-    heads = [r for r in rows if str(r["RowKey"]).endswith("|c")]
-    failed = [r for r in heads if int(r["Status"]) == int(Status.FAILED)]
-    left = [r for r in heads if int(r["Status"]) == int(Status.PROCESSING)]
-    return len(heads), len(failed), len(left)
 
 
 def test_a_backlog_over_shards_is_caught_up_by_parallel_workers(fresh_tables: str) -> None:

@@ -15,7 +15,7 @@ from bench.proxy import CountingProxy
 from bench.throttle import OPERATION_TIMED_OUT, SERVER_BUSY, Budget, Charge, Refusal
 from common import runtime
 from state.catchup import Catchup
-from tests.state.test_catchup_scale import _backlog, _outcome, _store
+from tests.support.state_calls import _backlog, _outcome, _store
 
 
 class RefuseTransactions(Budget):

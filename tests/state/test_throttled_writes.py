@@ -20,7 +20,7 @@ from azure.core.pipeline.transport import RequestsTransportResponse
 
 from common import runtime
 from tests.state.conftest import State, new_key
-from tests.state.test_ambiguity import state_writes, versions
+from tests.support.state_calls import state_writes, versions
 
 
 class Answer(HTTPPolicy):  # type: ignore[type-arg]

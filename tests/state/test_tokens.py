@@ -17,6 +17,7 @@ from common import runtime
 from state.keys import STATE_TABLE, head_row_key, partition_key
 from state.schemas import KeyIn
 from tests.state.conftest import new_key
+from tests.support.state_calls import lock_lost, rows_of
 
 
 def b64(raw: bytes) -> str:
@@ -33,26 +34,6 @@ def with_payload(token: str, payload: dict[str, Any] | str) -> str:
     raw = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
     parts[1] = b64(raw.encode())
     return ".".join(parts)
-
-
-def lock_lost(result) -> None:
-    assert result.status == 409, (result.status, result.body)
-    assert result.json["type"] == "urn:settle:problem:lock-lost" and result.json["field"] == "lockToken"
-
-
-def rows_of(key: dict[str, Any]) -> list[dict[str, Any]]:
-    rk = KeyIn.model_validate(key).record_key()
-    pk = partition_key(rk.tenant_id, rk.scope, rk.entity_id)
-    path = head_row_key(rk)[:-2]
-    return [
-        dict(e)
-        for e in runtime.tables()
-        .table(STATE_TABLE)
-        .query_entities(
-            "PartitionKey eq @pk and RowKey ge @low and RowKey lt @high",
-            parameters={"pk": pk, "low": path + "|", "high": path + "}"},
-        )
-    ]
 
 
 def test_editing_the_expiry_of_an_expired_token_does_not_bypass_the_fence(state, key):

@@ -9,6 +9,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import requests
+from azure.core.pipeline import PipelineResponse
+from azure.core.pipeline.policies import HTTPPolicy
+from azure.core.pipeline.transport import RequestsTransportResponse
 from azure.functions.servicebus import ServiceBusMessage
 
 from handoff.messages.contract import MessageType
@@ -182,3 +186,88 @@ def props(message) -> dict[str, object]:
 def body_of(message) -> dict[str, object]:
     body: dict[str, object] = json.loads(b"".join(message.body))
     return body
+
+
+def _status_error(status: int | None) -> Exception:
+    from azure.core.exceptions import HttpResponseError
+
+    error = HttpResponseError(message=f"storage answered {status} (test)")
+    error.status_code = status
+    return error
+
+
+def park(
+    resolve,
+    endpoint: str,
+    event_id: str,
+    *,
+    at: datetime,
+    event_type: str = "Billing.InvoiceCreated",
+    job: str | None = None,
+) -> Flow:
+    flow = Flow(endpoint=endpoint, event_id=event_id)
+    resolve(flow.request(event_type=event_type, enqueued=at - timedelta(seconds=1)))
+    resolve(flow.park(event_type=event_type, enqueued=at, job=job or f"job-{event_id}"))
+    return flow
+
+
+def receive(call: Any, endpoint: str, agent: str = "agent-1", **params: str) -> Any:
+    return call(
+        "handoff_receive",
+        None,
+        route_params={"endpointId": endpoint},
+        params=params,
+        headers={"x-agent-id": agent},
+    )
+
+
+def lease_call(call: Any, what: str, endpoint: str, event_id: str, token: str, **extra: Any) -> Any:
+    return call(
+        f"handoff_lease_{what}",
+        {"eventId": event_id, "leaseToken": token, **extra},
+        route_params={"endpointId": endpoint},
+    )
+
+
+def settle_leased(call: Any, flow: Flow, token: str | None, agent: str) -> Any:
+    extra: dict[str, Any] = {"settledBy": agent}
+    if token is not None:
+        extra["leaseToken"] = token
+    coords = {"eventId": flow.event_id, "messageId": "park-1"}
+    return complete(call, flow, coordinates=coords, **extra)
+
+
+class RecordingRedelivery:
+    def __init__(self, *, fail: bool = False) -> None:
+        self.scheduled: list[tuple[str, float, int]] = []
+        self.fail = fail
+
+    def schedule_copy(self, msg, *, delay_s: float, throttle_retry_count: int) -> None:
+        if self.fail:
+            raise ConnectionError("Service Bus down too")
+        self.scheduled.append((msg.message_id, delay_s, throttle_retry_count))
+
+
+class Undecodable(HTTPPolicy):  # type: ignore[type-arg]
+    """The chosen storage request (by HTTP method) is applied, and its 200 answer arrives cut short, so
+    its JSON cannot be decoded (a proxy or a connection dropping mid-body). The Tables SDK raises that as
+    an ``HttpResponseError`` with status 200 whose cause is a ``DecodeError``."""
+
+    def __init__(self, method: str) -> None:
+        super().__init__()
+        self.method = method
+        self.armed = 0
+
+    def send(self, request: Any) -> Any:
+        response = self.next.send(request)
+        if not (self.armed and request.http_request.method == self.method):
+            return response
+        self.armed -= 1
+
+        raw = requests.Response()
+        raw.status_code = 200
+        raw.reason = "OK"
+        raw.headers["Content-Type"] = "application/json;odata=minimalmetadata"
+        raw._content = b'{"odata.metadata":"https://example/$metadata#events/@Element","PartitionKey":"'
+        cut = RequestsTransportResponse(request.http_request, raw)
+        return PipelineResponse(request.http_request, cut, request.context)

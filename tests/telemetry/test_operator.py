@@ -12,8 +12,8 @@ from opentelemetry.trace import StatusCode
 from handoff import service
 from tests.handoff.conftest import CaptureTransport
 from tests.operator.conftest import failed_event, principal_headers
-from tests.operator.test_actions import act
 from tests.support.handoff_flows import Flow, parked
+from tests.support.operator_calls import act
 from tests.telemetry.conftest import Recorded, attrs, parent_of
 
 
