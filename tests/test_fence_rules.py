@@ -221,3 +221,115 @@ def test_a_claim_at_home_this_process_cannot_clear_names_where_it_points() -> No
 
     with pytest.raises(LayoutBehind, match="partition 'p-unknown'"):
         f.clear_home(t, t.get_entity(HOME, RK))
+
+
+OLDER = claim_row(EARLY, RK, HOME, 1)  # an older layout's claim: the key was meant for HOME then too
+
+
+class Meddler:
+    """Another writer acting on (``pk``, RK) just before this process's calls there: ``before[call]`` is
+    what it does before each such call, in order (one action per call; then nothing)."""
+
+    def __init__(self, tables: MemoryTables, t: Any, **before: list[str]) -> None:
+        self.t, self.tables, self.before = t, tables, {k: list(v) for k, v in before.items()}
+        self.calls: list[str] = []
+        tables.gate = self
+
+    def __call__(self, call: str, args: tuple[Any, ...]) -> None:
+        self.calls.append(call)
+        actions = self.before.get(call)
+        if not actions:
+            return
+        action = actions.pop(0)
+        gate, self.tables.gate = self.tables.gate, None
+        try:
+            if action == "delete":
+                self.t.delete_entity(EARLY, RK)
+            elif action == "older":  # an older layout's claim, written again (a new ETag)
+                self.t.upsert_entity(OLDER, mode=UpdateMode.REPLACE)
+            elif action == "record":  # the record itself, created by an earlier layout's writer
+                self.t.delete_entity(EARLY, RK)
+                self.t.create_entity({"PartitionKey": EARLY, "RowKey": RK, "Status": 7})
+        finally:
+            self.tables.gate = gate
+
+
+def test_a_claim_deleted_between_our_insert_and_our_read_is_claimed_again() -> None:
+    tables = MemoryTables()
+    t, (f, forget) = tables.table("state"), fence(earlier=(EARLY,))
+    t.create_entity(OLDER)
+    meddler = Meddler(tables, t, get_entity=["delete"])
+
+    assert f.claim_earlier(t, RK) is None
+
+    assert row(t, EARLY) == claim_row(EARLY, RK, HOME, 2) and forget.times == 0
+    assert meddler.calls == ["create_entity", "get_entity", "create_entity"]
+
+
+def test_a_claim_that_keeps_vanishing_under_our_reads_is_a_retry_after_three_attempts() -> None:
+    tables = MemoryTables()
+    t, (f, forget) = tables.table("state"), fence(earlier=(EARLY,))
+    t.create_entity(OLDER)
+    meddler = Meddler(tables, t, get_entity=["delete"] * 3, create_entity=["", "older", "older"])
+
+    with pytest.raises(LayoutBehind) as again:
+        f.claim_earlier(t, RK)
+
+    assert str(again.value) == f"The claim of {RK!r} in {EARLY!r} kept changing; retry."
+    assert again.value.headers.get("Retry-After") == "1" and again.value.status == 503
+    assert meddler.calls == ["create_entity", "get_entity"] * 3 and forget.times == 0
+    assert row(t, EARLY) is None
+
+
+def test_an_older_claim_rewritten_meanwhile_is_read_again_and_then_replaced() -> None:
+    tables = MemoryTables()
+    t, (f, forget) = tables.table("state"), fence(earlier=(EARLY,))
+    t.create_entity(OLDER)
+    meddler = Meddler(tables, t, update_entity=["older"])
+
+    assert f.claim_earlier(t, RK) is None
+
+    assert row(t, EARLY) == claim_row(EARLY, RK, HOME, 2) and forget.times == 0
+    assert meddler.calls == [
+        "create_entity", "get_entity", "update_entity",  # refused: another ETag now
+        "create_entity", "get_entity", "update_entity",  # read again, replaced
+    ]  # fmt: skip
+
+
+def test_an_older_claim_deleted_meanwhile_leaves_the_partition_to_our_claim() -> None:
+    tables = MemoryTables()
+    t, (f, _) = tables.table("state"), fence(earlier=(EARLY,))
+    t.create_entity(OLDER)
+    meddler = Meddler(tables, t, update_entity=["delete"])
+
+    assert f.claim_earlier(t, RK) is None
+
+    assert row(t, EARLY) == claim_row(EARLY, RK, HOME, 2)
+    assert meddler.calls == ["create_entity", "get_entity", "update_entity", "create_entity"]
+
+
+def test_an_older_claim_that_became_the_record_meanwhile_answers_that_record() -> None:
+    tables = MemoryTables()
+    t, (f, _) = tables.table("state"), fence(earlier=(EARLY,))
+    t.create_entity(OLDER)
+    Meddler(tables, t, update_entity=["record"])
+
+    found = f.claim_earlier(t, RK)
+
+    assert found is not None and found["PartitionKey"] == EARLY and found["Status"] == 7
+    assert row(t, EARLY) == {"PartitionKey": EARLY, "RowKey": RK}  # the record, left as it is
+
+
+def test_an_older_claim_that_keeps_changing_is_a_retry_after_three_replacements() -> None:
+    tables = MemoryTables()
+    t, (f, forget) = tables.table("state"), fence(earlier=(EARLY,))
+    t.create_entity(OLDER)
+    meddler = Meddler(tables, t, update_entity=["older"] * 3)
+
+    with pytest.raises(LayoutBehind) as again:
+        f.claim_earlier(t, RK)
+
+    assert str(again.value) == f"The claim of {RK!r} in {EARLY!r} kept changing; retry."
+    assert again.value.headers.get("Retry-After") == "1" and forget.times == 0
+    assert meddler.calls.count("update_entity") == 3
+    assert row(t, EARLY) == OLDER
