@@ -4,93 +4,23 @@ is sent only within the send deadline, and a send's outcome decides the claim's 
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta
-from typing import Any
+from datetime import timedelta
 
 import pytest
 
-from common.clock import iso
 from common.errors import Conflict, NotFound, PayloadTooLarge
 from handoff.messages.contract import Coordinates, MessageType
 from handoff.messages.transport import MAX_SEND_BYTES, SendRefused
 from handoff.receive.leases import LeaseLost
 from handoff.settlement.claims import SettlementInFlight
-from handoff.settlement.settler import Settlement, SettlementService
+from handoff.settlement.settler import Settlement
 from handoff.settlement.timing import CONFIRM_AFTER, SEND_DEADLINE
-from handoff.storage import keys
 from handoff.storage.claim_state import ClaimState
-from handoff.storage.keys import Layout
-from handoff.storage.records import ClaimRow, EventRow, QueueRow
-from handoff.storage.store import HandoffStore
+from handoff.storage.records import QueueRow
 
-from .claim_rows import CLAIM_KEY, EVENT, PARKED, PK, QUEUE_KEY, T0, parked
+from .claim_rows import EVENT, PARKED, PK, QUEUE_KEY, T0, parked
 from .memory_table import MemoryTable
-
-# The hand-off keys route by S = 1 with no earlier layout (no recorded layout is read: no storage).
-ONE_PARTITION = Layout()
-
-
-@dataclass
-class Transport:
-    """Records what is sent; ``fail`` is raised instead (after recording the attempt)."""
-
-    fail: Exception | None = None
-    sent: list[Any] = field(default_factory=list)
-    name: str = "test"
-
-    @property
-    def duplicate_window(self) -> timedelta | None:
-        return timedelta(minutes=10)
-
-    def send(self, topic: str, message: Any) -> None:
-        self.sent.append((topic, message))
-        if self.fail is not None:
-            raise self.fail
-
-
-@dataclass
-class Clock:
-    """The claim is taken at ``T0``; every later reading is ``T0 + later``."""
-
-    later: timedelta = timedelta(0)
-    readings: int = 0
-
-    def __call__(self) -> datetime:
-        self.readings += 1
-        return T0 if self.readings == 1 else T0 + self.later
-
-
-def hand_off(row: EventRow | None = None) -> MemoryTable:
-    table = MemoryTable()
-    park = row or parked(etag=None)
-    table.submit([("create", park.to_entity(PK, keys.event_row(EVENT)))])
-    queue = QueueRow(event_id=EVENT, parked_message_id=PARKED)
-    table.submit([("create", queue.to_entity(PK, QUEUE_KEY))])
-    return table
-
-
-def settler(table: MemoryTable, transport: Transport, clock: Clock | None = None) -> SettlementService:
-    return SettlementService(
-        HandoffStore(table.tables, ONE_PARTITION), lambda: transport, clock=clock or Clock()
-    )
-
-
-def completion(**coordinates: Any) -> Settlement:
-    coords = {"event_id": EVENT, "message_id": PARKED, **coordinates}
-    return Settlement(
-        kind=MessageType.HandoffCompletedRequest,
-        endpoint_id="Billing",
-        coordinates=Coordinates(**coords),
-        settled_by="agent",
-        result={"ok": True},
-    )
-
-
-def claim_in(table: MemoryTable) -> ClaimRow | None:
-    return table.read(ClaimRow, PK, CLAIM_KEY)
-
+from .settling import Clock, Transport, claim_in, completion, hand_off, leased, settler, with_lease
 
 # -- the coordinates ---------------------------------------------------------------------------------
 
@@ -288,19 +218,6 @@ def test_a_send_with_an_unknown_outcome_keeps_the_claim_sending_for_the_reconcil
 
 
 # -- a leased settlement -----------------------------------------------------------------------------------
-
-
-def leased(token: str = "tok") -> MemoryTable:
-    table = MemoryTable()
-    table.submit([("create", parked(etag=None).to_entity(PK, keys.event_row(EVENT)))])
-    until = iso(T0 + timedelta(seconds=30))
-    queue = QueueRow(event_id=EVENT, parked_message_id=PARKED, lease_token=token, claimed_until=until)
-    table.submit([("create", queue.to_entity(PK, QUEUE_KEY))])
-    return table
-
-
-def with_lease(token: str, **changes: Any) -> Settlement:
-    return dataclasses.replace(completion(), lease_token=token, **changes)
 
 
 def test_a_settlement_with_the_lease_that_holds_the_hand_off_is_sent() -> None:
