@@ -333,3 +333,42 @@ def test_an_older_claim_that_keeps_changing_is_a_retry_after_three_replacements(
     assert again.value.headers.get("Retry-After") == "1" and forget.times == 0
     assert meddler.calls.count("update_entity") == 3
     assert row(t, EARLY) == OLDER
+
+
+def test_a_claim_of_our_own_layout_is_left_as_it_is() -> None:
+    tables = MemoryTables()
+    t, (f, _) = tables.table("state"), fence(earlier=(EARLY,))
+    t.create_entity(claim_row(EARLY, RK, HOME, 2))
+    etag = t.get_entity(EARLY, RK).metadata["etag"]
+    calls: list[str] = []
+    tables.gate = lambda call, args: calls.append(call)
+
+    assert f.claim_earlier(t, RK) is None
+
+    assert calls == ["create_entity", "get_entity"]  # no rewrite
+    assert t.get_entity(EARLY, RK).metadata["etag"] == etag
+
+
+def test_older_claims_in_every_earlier_partition_are_all_replaced() -> None:
+    tables = MemoryTables()
+    t, (f, _) = tables.table("state"), fence()
+    for pk in (EARLY, EARLIER):
+        t.create_entity(claim_row(pk, RK, HOME, 1))
+
+    assert f.claim_earlier(t, RK) is None
+
+    assert row(t, EARLY) == claim_row(EARLY, RK, HOME, 2)
+    assert row(t, EARLIER) == claim_row(EARLIER, RK, HOME, 2)
+
+
+def test_an_older_claim_deleted_meanwhile_does_not_end_the_fencing_of_the_next_partition() -> None:
+    tables = MemoryTables()
+    t, (f, _) = tables.table("state"), fence()
+    for pk in (EARLY, EARLIER):
+        t.create_entity(claim_row(pk, RK, HOME, 1))
+    Meddler(tables, t, update_entity=["delete"])  # the first replacement (EARLY) meets no row
+
+    assert f.claim_earlier(t, RK) is None
+
+    assert row(t, EARLY) == claim_row(EARLY, RK, HOME, 2)
+    assert row(t, EARLIER) == claim_row(EARLIER, RK, HOME, 2)
