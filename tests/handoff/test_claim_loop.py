@@ -17,14 +17,14 @@ from common.clock import iso
 from common.errors import Conflict
 from handoff.messages.contract import MessageType
 from handoff.messages.transport import SendRefused
-from handoff.receive.leases import UNCLAIMED
+from handoff.receive.leases import UNCLAIMED, LeaseLost
 from handoff.settlement.claims import ClaimOrder, SettlementInFlight
 from handoff.storage import keys
 from handoff.storage.claim_state import ClaimState
-from handoff.storage.records import AuditRow, EventRow
+from handoff.storage.records import AuditRow, ClaimRow, EventRow, QueueRow
 from tests.support.interleave import interleave
 
-from .claim_rows import CLAIM_KEY, EVENT, PARKED, PK, QUEUE_KEY, T0, message
+from .claim_rows import CLAIM_KEY, EVENT, PARKED, PK, QUEUE_KEY, T0, message, parked
 from .memory_table import MemoryTable
 from .settling import (
     Clock,
@@ -320,3 +320,58 @@ def test_a_settlement_claim_records_the_agent_and_principal_that_asked() -> None
     assert audit is not None and audit.audit_type == "CompleteHandoff" and audit.auditor_name == "agent"
     assert (audit.principal_name, audit.principal_id) == ("Billing App", "oid-9")
     assert '"agentId":"agent-7"' in (audit.data or "")
+
+
+# -- a refused send whose claim cannot be released ----------------------------------------------------------
+
+
+def test_a_refused_send_whose_release_fails_is_answered_unconfirmed_from_the_claim_left() -> None:
+    table, transport = hand_off(), Transport(fail=SendRefused("nothing was sent (test)"))
+
+    def release_fails(name: str, args: tuple[Any, ...]) -> None:
+        if name == "submit_transaction" and args[1][0][0] == "delete":
+            raise ServiceRequestError("storage unreachable for the release (test)")
+
+    table.tables.gate = release_fails
+
+    accepted = settler(table, transport).settle(completion())
+
+    claim = claim_in(table)
+    assert claim is not None and claim.state is ClaimState.sending  # left for the reconciler
+    assert not accepted.replayed and not accepted.confirmed and accepted.state == "sending"
+    assert accepted.endpoint_id == "Billing" and accepted.control_message_id == claim.control_message_id
+    assert accepted.follow_up is not None and len(transport.sent) == 1
+
+
+# -- the lease that fences a claim ---------------------------------------------------------------------------
+
+
+def test_a_leased_settlement_reads_the_queue_row_in_its_events_shard() -> None:
+    keys.follow(lambda: (4, ()), lambda: 0, lambda: None)
+    pk = keys.event_partition("Billing", EVENT)
+    assert pk != PK  # four shards: the event's rows live in its shard's partition
+    table, transport = MemoryTable(), Transport()
+    row = parked(etag=None)
+    table.submit([("create", row.to_entity(pk, keys.event_row(EVENT)))])
+    until = iso(T0 + timedelta(seconds=30))
+    queue = QueueRow(event_id=EVENT, parked_message_id=PARKED, lease_token="tok", claimed_until=until)
+    table.submit([("create", queue.to_entity(pk, QUEUE_KEY))])
+
+    accepted = settler(table, transport).settle(with_lease("tok"))
+
+    assert accepted.confirmed and len(transport.sent) == 1
+    assert table.read(ClaimRow, pk, CLAIM_KEY) is not None
+
+
+def test_our_own_leased_settlement_retried_once_the_lease_is_gone_is_answered_from_its_claim() -> None:
+    table, transport = leased(), Transport()
+    first = settler(table, transport).settle(with_lease("tok"))
+    table.submit([tx.merge({"PartitionKey": PK, "RowKey": QUEUE_KEY, "LeaseToken": ""})])  # the lease ended
+
+    again = settler(table, transport).settle(with_lease("tok"))
+
+    assert (
+        again.replayed and again.control_message_id == first.control_message_id and len(transport.sent) == 1
+    )
+    with pytest.raises(LeaseLost):  # anyone else's settlement with that token is not
+        settler(table, transport).settle(with_lease("tok", settled_by="someone-else"))
