@@ -263,6 +263,7 @@ def operator_order() -> ClaimOrder:
         agent_id="console",
         principal_name="Operator One",
         principal_id="oid-1",
+        audit_comment="replayed after the fix",
         pins_event=True,
     )
 
@@ -297,6 +298,7 @@ def test_an_operator_action_claims_pins_and_audits_who_asked() -> None:
     assert (claim.principal_name, claim.principal_id) == ("Operator One", "oid-1")
     audit = table.read(AuditRow, PK, claim.audit_key)
     assert audit is not None and audit.audit_type == "Resubmit" and audit.data == '{"a":1}'
+    assert audit.comment == "replayed after the fix"
     assert (audit.auditor_name, audit.principal_name, audit.principal_id) == (
         "operator@contoso",
         "Operator One",
@@ -375,3 +377,25 @@ def test_our_own_leased_settlement_retried_once_the_lease_is_gone_is_answered_fr
     )
     with pytest.raises(LeaseLost):  # anyone else's settlement with that token is not
         settler(table, transport).settle(with_lease("tok", settled_by="someone-else"))
+
+
+def test_two_settlements_of_one_event_at_the_same_instant_are_both_audited() -> None:
+    """The hand-off is settled, parked again by another message and settled again, all at ``T0``: each
+    claim has its own audit row."""
+    table, transport = hand_off(), Transport()
+    settler(table, transport).settle(completion())
+    again = parked(etag=None).model_copy(update={"last_message_id": "park-2"})
+    queue = QueueRow(event_id=EVENT, parked_message_id="park-2")
+    table.submit([tx.merge(again.to_entity(PK, keys.event_row(EVENT)))])
+    table.submit([tx.delete(PK, QUEUE_KEY)])
+    table.submit([tx.insert(queue.to_entity(PK, QUEUE_KEY))])
+
+    accepted = settler(table, transport).settle(completion(message_id="park-2"))
+
+    assert accepted.confirmed and not accepted.replayed and len(transport.sent) == 2
+    audits = [
+        table.read(AuditRow, PK, str(c.audit_key))
+        for c in (claim_in(table), table.read(ClaimRow, PK, keys.claim_row(EVENT, "park-2")))
+        if c is not None
+    ]
+    assert len(audits) == 2 and all(a is not None and a.audit_timestamp == T0 for a in audits)

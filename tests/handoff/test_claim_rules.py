@@ -177,3 +177,39 @@ def test_plan_transition_to_unconfirmed_lists_the_claim_for_operators_once() -> 
     assert move.moved.last_sent_at == claim.last_sent_at
     listed_again = claims.plan_transition(PK, move.moved, ClaimState.unconfirmed, now=T0, due=due)
     assert ("create", unconfirmed) not in [(op[0], op[1]["RowKey"]) for op in listed_again.ops]
+
+
+@pytest.mark.parametrize(
+    ("state", "due", "listed"),
+    [
+        (ClaimState.sending, T0 + timedelta(minutes=5), None),  # looked at again later
+        (ClaimState.unconfirmed, T0 + timedelta(minutes=5), None),  # listed for operators
+        (ClaimState.sent, None, keys.unconfirmed_row("ev-1", "park-1")),  # unlisted once it moves on
+    ],
+)
+def test_a_claims_move_is_one_transaction_in_the_claims_partition(
+    state: ClaimState, due: object, listed: str | None
+) -> None:
+    claim = claim_row(unconfirmed_key=listed)
+
+    move = claims.plan_transition(PK, claim, state, now=T0, due=due)  # type: ignore[arg-type]
+
+    assert len(move.ops) >= 3 and {op[1]["PartitionKey"] for op in move.ops} == {PK}
+
+
+def test_the_request_digest_of_a_request_is_the_same_in_every_version() -> None:
+    """Claims written by an earlier deployment answer retries after an upgrade: the digest of a request is
+    fixed (the JSON of its parts as written, non-ASCII text kept as is, then SHA-256 of its UTF-8)."""
+    digest = claims.request_digest(
+        kind="HandoffCompletedRequest",
+        endpoint_id="Billing",
+        event_id="ev-1",
+        addressed_message_id="park-1",
+        settled_by="agent",
+        principal_id=None,
+        result_json='{"name":"Zoë"}',
+        error_text=None,
+        error_type=None,
+    )
+
+    assert digest == "be5c2b2be466ccfe3fdc986c1b339e61620f1bfce3a485a9702be07474d21975"

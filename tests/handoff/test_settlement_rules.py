@@ -184,6 +184,9 @@ def test_a_claim_older_than_the_send_deadline_is_not_sent_but_left_to_the_reconc
     claim = claim_in(table)
     assert claim is not None and claim.state is ClaimState.sending and claim.attempts == 0
     assert claim.last_sent_at is None and accepted.replayed is False and accepted.confirmed is False
+    assert claim.claimed_at == T0 and claim.updated_at == T0  # as taken: nothing recorded it since
+    reconcile = table.get(PK, keys.reconcile_row(T0 + CONFIRM_AFTER, EVENT, PARKED))
+    assert reconcile is not None and claim.reconcile_key == reconcile["RowKey"]  # due after CONFIRM_AFTER
 
 
 def test_a_claim_exactly_at_the_send_deadline_is_still_sent() -> None:
