@@ -351,3 +351,50 @@ def test_a_write_that_loses_every_race_gives_up_with_a_conflict(clock: Clock, ta
         store.lock(KEY, CTX, 30)
     assert refused.value.field == "key"
     assert str(refused.value) == "The record changed on every attempt to lock it; retry."
+
+
+def test_a_refusal_remembered_from_our_own_lock_is_confirmed_by_storage_before_it_is_answered(
+    clock: Clock, tables: MemoryTables
+) -> None:
+    """This instance locked the record (it remembers the head it wrote, held); another instance ended the
+    lock with the token. Asked again, this instance reads the head before refusing: the record is free."""
+    here, elsewhere = store_on(tables), store_on(tables)
+    lock = here.lock(KEY, CTX, 30)
+    assert lock.token is not None
+    record(elsewhere, lock.token, Status.FAILED)
+    calls = calls_of(tables)
+
+    again = here.lock(KEY, CTX, 30)
+
+    assert again.acquired and not again.takeover
+    assert calls == ["get_entity", "submit_transaction"]  # one read confirms it, then the write
+    assert again.previous is not None and again.previous.version == 2
+
+
+def test_a_lock_that_loses_the_race_for_a_free_record_is_refused_as_storage_holds_it(
+    clock: Clock, tables: MemoryTables
+) -> None:
+    """This instance remembers the record free and writes its lock; another instance locked it first. The
+    refused write is followed by one read and a decision on what storage holds: held by the other."""
+    here, elsewhere = store_on(tables), store_on(tables)
+    first = here.lock(KEY, CTX, 30)
+    assert first.token is not None
+    record(here, first.token, Status.FAILED)
+    clock.passes(1)
+    calls: list[str] = []
+    theirs: list[Any] = []
+
+    def another_instance_first(call: str, args: tuple[Any, ...]) -> None:
+        calls.append(call)
+        if call == "submit_transaction" and not theirs:
+            tables.gate = None
+            theirs.append(elsewhere.lock(KEY, CTX, 60))
+            tables.gate = another_instance_first
+
+    tables.gate = another_instance_first
+
+    refused = here.lock(KEY, CTX, 30)
+
+    assert theirs[0].acquired and not refused.acquired and refused.token is None
+    assert refused.locked_until == T0 + timedelta(seconds=61)  # the other instance's lock
+    assert calls == ["submit_transaction", "get_entity"]  # refused, read again, decided: no second write
