@@ -398,3 +398,72 @@ def test_a_lock_that_loses_the_race_for_a_free_record_is_refused_as_storage_hold
     assert theirs[0].acquired and not refused.acquired and refused.token is None
     assert refused.locked_until == T0 + timedelta(seconds=61)  # the other instance's lock
     assert calls == ["submit_transaction", "get_entity"]  # refused, read again, decided: no second write
+
+
+def test_a_lock_whose_token_cannot_be_issued_is_never_written(clock: Clock, tables: MemoryTables) -> None:
+    """A cold instance reads its signing key beside its first lock; when that read fails, the lock is not
+    written (a lock nobody holds a token for would block the record until it expires)."""
+    from azure.core.exceptions import ServiceRequestError
+
+    def no_signing_key(call: str, args: tuple[Any, ...]) -> None:
+        if call == "get_entity" and str(args[0]).endswith("statelocks") and args[1] == "hmac":
+            raise ServiceRequestError("the signing key cannot be read (test)")
+
+    tables.gate = no_signing_key
+    store = store_on(tables)
+
+    with pytest.raises(ServiceRequestError):
+        store.lock(KEY, CTX, 30)
+
+    tables.gate = None
+    assert store.read_head(KEY) is None
+    assert store_on(tables).lock(KEY, CTX, 30).acquired  # the next call reads the key and locks
+
+
+def test_a_return_to_an_earlier_shard_count_clears_the_claim_left_where_the_record_goes(
+    clock: Clock, tables: MemoryTables
+) -> None:
+    """1 -> 4 -> 1: a writer of the four-partition layout claimed the key in the one partition (naming its
+    own partition) and never created the record. Back at one partition, the lock clears that claim and
+    creates the record in its place."""
+    from common.fence import claim_row as fence_claim
+
+    four, back = NOW_FOUR, Layout.of_eras((1, 1), [(1, 1), (4, 1)])
+    home, theirs = back.partition(KEY), four.partition(KEY)
+    assert home == EARLIER.partition(KEY) and theirs != home
+    tables.table("state").create_entity(fence_claim(home, head_row_key(KEY), theirs, four.era))
+
+    lock = StateStore(tables, layout=back).lock(KEY, CTX, 30)
+
+    assert lock.acquired
+    rows = tables.table("state").rows
+    assert MOVED_TO not in rows[(home, head_row_key(KEY))]  # the record, where the claim stood
+    assert rows[(theirs, head_row_key(KEY))][MOVED_TO] == home  # their partition fenced: no twin there
+
+
+def test_a_key_already_created_where_it_lives_now_costs_one_read_and_fences_nothing(
+    clock: Clock, tables: MemoryTables
+) -> None:
+    assert StateStore(tables, layout=NOW_FOUR).lock(KEY, CTX, 30).acquired
+    where = heads_of(tables)
+    calls = calls_of(tables)
+
+    refused = StateStore(tables, layout=NOW_FOUR).lock(KEY, CTX, 30)  # an instance that does not know it
+
+    assert not refused.acquired and calls == ["get_entity"] and heads_of(tables) == where
+
+
+def test_an_expired_lock_on_a_record_of_the_earlier_layout_is_taken_over_where_it_is(
+    clock: Clock, tables: MemoryTables
+) -> None:
+    assert StateStore(tables, layout=EARLIER).lock(KEY, CTX, 30).acquired
+    where = heads_of(tables)
+    clock.passes(31)
+    calls = calls_of(tables)
+
+    taken = StateStore(tables, layout=NOW_FOUR).lock(KEY, CTX, 30)  # an instance that does not know it
+
+    assert taken.acquired and taken.takeover and heads_of(tables) == where
+    # read where it is created now, fenced in the earlier partition (where it is found), the expiry minute
+    # prepared, written there once
+    assert calls == ["get_entity", "create_entity", "get_entity", "create_entity", "submit_transaction"]
