@@ -467,3 +467,30 @@ def test_an_expired_lock_on_a_record_of_the_earlier_layout_is_taken_over_where_i
     # read where it is created now, fenced in the earlier partition (where it is found), the expiry minute
     # prepared, written there once
     assert calls == ["get_entity", "create_entity", "get_entity", "create_entity", "submit_transaction"]
+
+
+def test_a_token_whose_record_was_deleted_meanwhile_is_lock_lost(clock: Clock, tables: MemoryTables) -> None:
+    store = store_on(tables)
+    lock = store.lock(KEY, CTX, 30)
+    assert lock.token is not None
+    tables.table("state").delete_entity(store.layout.partition(KEY), head_row_key(KEY))
+
+    with pytest.raises(LockLost):
+        record(store, lock.token, Status.PROCESSED)
+    assert store.read_head(KEY) is None  # nothing written in its place
+
+
+def test_a_conclusion_asked_again_once_its_version_can_no_longer_be_read_is_lock_lost(
+    clock: Clock, tables: MemoryTables
+) -> None:
+    """The version the token wrote is gone from the history (newer versions followed): the retry cannot be
+    answered from it, and is refused rather than guessed."""
+    store = store_on(tables)
+    lock = store.lock(KEY, CTX, 30)
+    assert lock.token is not None
+    record(store, lock.token, Status.FAILED, "d1")
+    assert store.lock(KEY, CTX, 30).acquired  # version 3
+    tables.table("state").delete_entity(store.layout.partition(KEY), history_row_key_of(head_row_key(KEY), 2))
+
+    with pytest.raises(LockLost):
+        record(store_on(tables), lock.token, Status.FAILED, "d1")
