@@ -260,3 +260,38 @@ def test_a_lost_answer_is_settled_by_the_head_read_back():
     assert settled(None, None, locked().row) == "not-applied"
     other = extended(current, at(2), 90)
     assert settled(Head(other, "e3"), current, new) == "changed"
+
+
+def test_a_head_of_exactly_the_row_limit_is_written_and_one_character_more_is_refused_naming_the_limit():
+    from common.limits import entity_size
+    from state.lifecycle import MAX_ENTITY_BYTES
+
+    def padded(n: int) -> StateRow:
+        return StateRow.from_entity({**locked().entity, "D0": "x" * n})
+
+    n = 1000 + (MAX_ENTITY_BYTES - entity_size(padded(1000).to_entity())) // 2
+    assert entity_size(padded(n).to_entity()) == MAX_ENTITY_BYTES
+    check_size(padded(n))
+
+    with pytest.raises(PayloadTooLarge) as refused:
+        check_size(padded(n + 1))
+    assert str(refused.value) == (
+        f"The record would take {MAX_ENTITY_BYTES + 2} bytes in Table Storage; the limit is "
+        f"{MAX_ENTITY_BYTES} bytes per row. Send less data."
+    )
+    assert refused.value.extra == {"limitBytes": MAX_ENTITY_BYTES}
+
+
+def test_index_changes_leave_the_index_rows_a_write_keeps():
+    kept = finished(Status.PROCESSED, retention=3600)
+    rewritten = StateRow.from_entity({**kept.entity, "Note": "the same head, another note"})
+    assert kept.index_keys()  # it owns a retention index row
+
+    assert index_changes(kept, rewritten) == ([], [])
+
+
+def test_a_lock_that_is_no_takeover_says_so():
+    plan = decide_lock(None, LOCK, partition=PK, now=T0, judged=T0)
+    free = decide_lock(finished(Status.FAILED), LOCK, partition=PK, now=at(1), judged=at(1))
+
+    assert plan.takeover is False and free.takeover is False
