@@ -263,8 +263,7 @@ def test_a_lost_answer_is_settled_by_the_head_read_back():
 
 
 def test_a_head_of_exactly_the_row_limit_is_written_and_one_character_more_is_refused_naming_the_limit():
-    from common.limits import entity_size
-    from state.lifecycle import MAX_ENTITY_BYTES
+    from common.limits import MAX_ENTITY_BYTES, entity_size
 
     def padded(n: int) -> StateRow:
         return StateRow.from_entity({**locked().entity, "D0": "x" * n})
