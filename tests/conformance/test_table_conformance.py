@@ -101,6 +101,24 @@ def test_every_write_gives_a_new_etag_and_if_match_refuses_an_old_one(table: Any
     assert table.get_entity(pk, "r")["N"] == 2
 
 
+def test_if_match_any_writes_over_every_etag_and_needs_the_row(table: Any, pk: str) -> None:
+    """``If-Match: *`` (an update or delete "if not modified" from ETag ``*``): any ETag matches; the row
+    must exist. The cores pass ``*`` for a row read without its ETag (``plan_transition``, listings)."""
+    table.create_entity(row(pk, "s", N=1))
+    table.update_entity(row(pk, "s", N=2), mode=UpdateMode.MERGE)  # a new ETag
+    table.update_entity(
+        row(pk, "s", N=3), mode=UpdateMode.MERGE, etag="*", match_condition=MatchConditions.IfNotModified
+    )
+    assert table.get_entity(pk, "s")["N"] == 3
+    table.submit_transaction([replace(row(pk, "s", N=4), "*")])
+    assert table.get_entity(pk, "s")["N"] == 4
+    with pytest.raises(TableTransactionError) as raised:
+        table.submit_transaction([merge(row(pk, "s", N=5), "*"), merge(row(pk, "missing", N=1), "*")])
+    refused = refusal(raised.value)
+    assert refused is not None and (refused.index, refused.status) == (1, 404)
+    assert table.get_entity(pk, "s")["N"] == 4
+
+
 def test_an_update_without_an_etag_needs_the_row(table: Any, pk: str) -> None:
     with pytest.raises(ResourceNotFoundError) as raised:
         table.update_entity(row(pk, "missing", N=1), mode=UpdateMode.MERGE)

@@ -399,3 +399,26 @@ def test_two_settlements_of_one_event_at_the_same_instant_are_both_audited() -> 
         if c is not None
     ]
     assert len(audits) == 2 and all(a is not None and a.audit_timestamp == T0 for a in audits)
+
+
+def test_a_claim_read_back_after_a_lost_answer_is_moved_if_match_as_read() -> None:
+    """The claim's answer was lost and it was read back; while it is being sent, a re-sender pins it (one
+    more attempt). The send's ``sent`` is written If-Match the claim as read back: refused, then recorded
+    again over the pin, so the re-sender's attempt is kept."""
+    table = hand_off()
+    answer_lost(table, applied=True)
+
+    class Pinned(Transport):
+        def send(self, topic: str, message: Any) -> None:
+            super().send(topic, message)
+            claim = claim_in(table)
+            assert claim is not None
+            table.submit([tx.merge({"PartitionKey": PK, "RowKey": CLAIM_KEY, "Attempts": claim.attempts + 1})])
+
+    transport = Pinned()
+
+    accepted = settler(table, transport).settle(completion())
+
+    claim = claim_in(table)
+    assert accepted.confirmed and claim is not None and claim.state is ClaimState.sent
+    assert claim.attempts == 2  # the re-sender's attempt and ours

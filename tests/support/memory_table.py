@@ -431,7 +431,7 @@ class MemoryTable:
             raise _error(ResourceNotFoundError, 404, "ResourceNotFound", "No such row.")
         if (
             options.get("match_condition") == MatchConditions.IfNotModified
-            and options.get("etag") != found["odata.etag"]
+            and options.get("etag") not in ("*", found["odata.etag"])  # If-Match: * is any ETag
         ):
             raise _error(
                 ResourceModifiedError,
