@@ -413,7 +413,8 @@ def test_a_claim_read_back_after_a_lost_answer_is_moved_if_match_as_read() -> No
             super().send(topic, message)
             claim = claim_in(table)
             assert claim is not None
-            table.submit([tx.merge({"PartitionKey": PK, "RowKey": CLAIM_KEY, "Attempts": claim.attempts + 1})])
+            pin = {"PartitionKey": PK, "RowKey": CLAIM_KEY, "Attempts": claim.attempts + 1}
+            table.submit([tx.merge(pin)])
 
     transport = Pinned()
 
