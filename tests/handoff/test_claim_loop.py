@@ -21,6 +21,7 @@ from handoff.receive.leases import UNCLAIMED, LeaseLost
 from handoff.settlement.claims import ClaimOrder, SettlementInFlight
 from handoff.storage import keys
 from handoff.storage.claim_state import ClaimState
+from handoff.storage.keys import Layout
 from handoff.storage.records import AuditRow, ClaimRow, EventRow, QueueRow
 from tests.support.interleave import interleave
 
@@ -349,8 +350,8 @@ def test_a_refused_send_whose_release_fails_is_answered_unconfirmed_from_the_cla
 
 
 def test_a_leased_settlement_reads_the_queue_row_in_its_events_shard() -> None:
-    keys.follow(lambda: (4, ()), lambda: 0, lambda: None)
-    pk = keys.event_partition("Billing", EVENT)
+    four = Layout(shards=4)
+    pk = four.event_partition("Billing", EVENT)
     assert pk != PK  # four shards: the event's rows live in its shard's partition
     table, transport = MemoryTable(), Transport()
     row = parked(etag=None)
@@ -359,7 +360,7 @@ def test_a_leased_settlement_reads_the_queue_row_in_its_events_shard() -> None:
     queue = QueueRow(event_id=EVENT, parked_message_id=PARKED, lease_token="tok", claimed_until=until)
     table.submit([("create", queue.to_entity(pk, QUEUE_KEY))])
 
-    accepted = settler(table, transport).settle(with_lease("tok"))
+    accepted = settler(table, transport, layout=four).settle(with_lease("tok"))
 
     assert accepted.confirmed and len(transport.sent) == 1
     assert table.read(ClaimRow, pk, CLAIM_KEY) is not None

@@ -43,17 +43,11 @@ def test_a_history_row_leaves_out_what_the_message_did_not_carry() -> None:
     assert (row.throttle_retry_count, row.input_notes) == (None, None)
 
 
-def test_a_job_id_too_long_is_noted_after_the_messages_own_notes() -> None:
-    m = message(
-        MessageType.PendingHandoffResponse, "m-park", external_job_id="j" * 2000, input_notes=("first",)
-    )
+def test_the_notes_a_message_came_with_are_kept_on_the_row_one_a_line() -> None:
+    m = message(MessageType.PendingHandoffResponse, "m-park", input_notes=("first", "second"))
 
-    row = applied(m)
-
-    assert row.input_notes == (
-        "first\nExternalJobId is too long for the job index (a Table Storage key holds 1 KiB): kept on the "
-        "row, but the job lookup cannot find this park."
-    )
+    assert applied(m).input_notes == "first\nsecond"
+    assert applied(message(MessageType.EventRequest, "m-request")).input_notes is None
 
 
 def test_a_skip_response_without_error_content_has_no_reason() -> None:

@@ -15,6 +15,7 @@ from handoff.receive.leases import LeaseLost
 from handoff.settlement.claims import SettlementInFlight
 from handoff.settlement.settler import Settlement
 from handoff.settlement.timing import CONFIRM_AFTER, SEND_DEADLINE
+from handoff.storage import keys
 from handoff.storage.claim_state import ClaimState
 from handoff.storage.records import QueueRow
 
