@@ -10,7 +10,7 @@ from handoff.messages.contract import HANDOFF_SUB_STATUS, MessageContent, Messag
 from handoff.projection.rules import history_row, project
 from handoff.storage import counts, keys
 
-from .test_projection_rows import EVENT, T0, applied, message, stored
+from .projected import EVENT, T0, applied, message, stored
 
 
 def test_the_history_row_keeps_the_message_as_received_with_its_place_and_time() -> None:
