@@ -258,7 +258,6 @@ listing = {"PartitionKey": props["To"], "EventId": event_id, "ResolutionStatus":
 events.submit_transaction([
     ("create", dict(row, RowKey="ev|" + event_id + "|m|" + message.message_id)),
     ("create", row),
-    ("create", dict(listing, RowKey="ss|" + message.session_id + "|" + event_id)),
     ("create", dict(listing, RowKey="ad|" + stamp + "|" + event_id)),
     ("create", dict(listing, RowKey="sd|Pending|" + stamp + "|" + event_id)),
     ("create", dict(listing, RowKey="sa|P|" + stamp + "|" + event_id)),

@@ -88,3 +88,14 @@ def no_sleep() -> Iterator[list[float]]:
     resolver.sleep = slept.append
     yield slept
     resolver.sleep = original
+
+
+@pytest.fixture
+def loopback(monkeypatch) -> Iterator[None]:
+    """Settlements go through the in-process loopback transport (no Service Bus connection set)."""
+    for name in ("ServiceBusConnection", "ServiceBusConnection__fullyQualifiedNamespace"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("SETTLE_LOOPBACK", "true")
+    service.reset()
+    yield
+    service.reset()

@@ -2,24 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
-import pytest
-
-from handoff import service
 from handoff.messages.contract import MessageType
 from tests.support.handoff_flows import Flow, event_of
-
-
-@pytest.fixture
-def loopback(monkeypatch) -> Iterator[None]:
-    for name in ("ServiceBusConnection", "ServiceBusConnection__fullyQualifiedNamespace"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("SETTLE_LOOPBACK", "true")
-    service.reset()
-    yield
-    service.reset()
 
 
 def test_a_parked_event_is_received_settled_and_completed(call, resolve, flow: Flow, loopback):

@@ -18,8 +18,6 @@ from handoff.storage import keys
 from tests.layouts import fast_changes, reshard
 from tests.support.handoff_flows import Flow, event_of
 
-from .test_loopback_flow import loopback  # noqa: F401  (fixture)
-
 
 def rows_of(endpoint: str) -> dict[str, list[str]]:
     """Every ``hoevents`` row of the endpoint, any layout, by PartitionKey (reads every partition whose key
@@ -103,7 +101,7 @@ def test_the_layout_setting_is_checked(monkeypatch):
     assert keys.configured_previous_shard_counts() == (1, 2)  # the current value is not an earlier one
 
 
-def test_changing_the_shard_count_loses_nothing(call, resolve, monkeypatch, loopback, fresh_tables):  # noqa: F811
+def test_changing_the_shard_count_loses_nothing(call, resolve, monkeypatch, loopback, fresh_tables):
     # Given events parked under the unsharded layout (S = 1)
     fast_changes(monkeypatch)
     monkeypatch.setenv(keys.SHARDS_SETTING, "1")
