@@ -253,7 +253,7 @@ class ResolverService:
         self,
         m: InboundMessage,
         listing: Beside[None] | None,
-        indexed: Callable[[], list[dict[str, Any]]],
+        indexed: ids.SentIds,
     ) -> Outcome:
         endpoint = m.endpoint_id
         for _ in range(_ETAG_ATTEMPTS):
@@ -269,9 +269,12 @@ class ResolverService:
                 self._registered.add(endpoint)
             ops = plan_projection(pk, m, current, decision, now=now)
             lost = indexed()
-            if decision.row is not None and decision.row.is_pending_handoff and _job_row_lost(lost):
+            job_error = indexed.error_of("externalJobId")
+            if decision.row is not None and decision.row.is_pending_handoff and job_error is not None:
                 # The job lookup reads only the index: a park is never written before its job's row.
-                raise TransientProjectionError(f"the job id index row of {m.message_id} was not written")
+                raise TransientProjectionError(
+                    f"the job id index row of {m.message_id} was not written: {job_error}"
+                ) from job_error
             if lost:
                 ops.append(tx.insert(ids.repair_entity(pk, m, lost, now)))
             try:
@@ -364,7 +367,3 @@ class ResolverService:
         log.warning("storage unavailable (%s); retrying %s after %.0f s", exc, msg.message_id, delay)
         self.sleep(delay)
         raise TransientProjectionError(f"projection of {msg.message_id} failed transiently: {exc}") from exc
-
-
-def _job_row_lost(lost: list[dict[str, Any]]) -> bool:
-    return any(entity.get("Kind") == "externalJobId" for entity in lost)

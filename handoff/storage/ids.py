@@ -15,7 +15,6 @@ import contextlib
 import json
 import logging
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
@@ -80,6 +79,38 @@ def repair_entity(pk: str, m: InboundMessage, rows: list[dict[str, Any]], now: d
     return entity
 
 
+class SentIds:
+    """The lookup index inserts of one message, sent beside its read."""
+
+    def __init__(self, sent: list[tuple[dict[str, Any], Beside[None]]]) -> None:
+        self._sent = sent
+        self._lost: list[dict[str, Any]] | None = None
+        self._errors: dict[str, BaseException] = {}
+
+    def __call__(self) -> list[dict[str, Any]]:
+        """Wait for the inserts (once); the rows whose insert failed."""
+        if self._lost is None:
+            self._lost = []
+            for entity, beside in self._sent:
+                try:
+                    beside.result()
+                except Exception as exc:
+                    log.warning(
+                        "index row %s %s not written; the reconciler writes it",
+                        entity["PartitionKey"],
+                        entity["RowKey"],
+                        exc_info=True,
+                    )
+                    self._lost.append(entity)
+                    self._errors.setdefault(str(entity["Kind"]), exc)
+        return self._lost
+
+    def error_of(self, kind: str) -> BaseException | None:
+        """Why the insert of an id of ``kind`` failed (after the call), or None."""
+        self()
+        return self._errors.get(kind)
+
+
 class IdsIndex:
     """Inserts into ``hoids`` (one process-wide instance per store)."""
 
@@ -99,35 +130,13 @@ class IdsIndex:
                 self._written.clear()
             self._written.add((entity["PartitionKey"], entity["RowKey"]))
 
-    def send(self, refs: list[IdRef]) -> Callable[[], list[dict[str, Any]]]:
-        """Start the inserts of ``refs`` not written lately, each on a thread of its own; the returned
-        callable waits for them and gives the rows whose insert failed (logged, not raised)."""
+    def send(self, refs: list[IdRef]) -> SentIds:
+        """Start the inserts of ``refs`` not written lately, each on a thread of its own; calling the answer
+        waits for them and gives the rows whose insert failed (logged, not raised)."""
         entities = [
             e for e in map(IdRef.entity, refs) if (e["PartitionKey"], e["RowKey"]) not in self._written
         ]
-        sent = [(e, Beside(partial(self._insert, e), name="settle-ids-insert")) for e in entities]
-
-        lost: list[dict[str, Any]] = []
-        waited: list[bool] = []
-
-        def failed() -> list[dict[str, Any]]:
-            if waited:
-                return lost
-            waited.append(True)
-            for entity, beside in sent:
-                try:
-                    beside.result()
-                except Exception:
-                    log.warning(
-                        "index row %s %s not written; the reconciler writes it",
-                        entity["PartitionKey"],
-                        entity["RowKey"],
-                        exc_info=True,
-                    )
-                    lost.append(entity)
-            return lost
-
-        return failed
+        return SentIds([(e, Beside(partial(self._insert, e), name="settle-ids-insert")) for e in entities])
 
     def replay(self, endpoint_id: str, row: ReconcileRow) -> Operation:
         """Insert the rows a repair row carries (a row already there is success); the delete of the repair
