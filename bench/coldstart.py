@@ -258,10 +258,7 @@ listing = {"PartitionKey": props["To"], "EventId": event_id, "ResolutionStatus":
 events.submit_transaction([
     ("create", dict(row, RowKey="ev|" + event_id + "|m|" + message.message_id)),
     ("create", row),
-    ("create", dict(listing, RowKey="ad|" + stamp + "|" + event_id)),
     ("create", dict(listing, RowKey="sd|Pending|" + stamp + "|" + event_id)),
-    ("create", dict(listing, RowKey="sa|P|" + stamp + "|" + event_id)),
-    ("create", {"PartitionKey": props["To"], "RowKey": "ct|d|" + stamp + "|" + event_id, "Pending": 1}),
 ])
 """
     + _FLOOR_ANSWER

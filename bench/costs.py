@@ -51,17 +51,17 @@ class Step:
 HANDOFF: tuple[Step, ...] = (
     Step(
         "EventRequest projected",
-        9,
-        "one transaction: `ev|…|m` history row, `ev|…|e` event row, `ad|` listing by change, `sd|` listing "
-        "by status, `sa|` oldest open, `ct|d|` count delta (6); `hoids` find index: event, session and "
-        "message id (3 inserts; find by session reads them, ADR-0022)",
+        6,
+        "one transaction: `ev|…|m` history row, `ev|…|e` event row, `sd|Pending|` listing row (3; Pending "
+        "is counted from it, no delta, ADR-0022); `hoids` find index: event, session and message id (3 "
+        "inserts; find by session reads them, ADR-0022)",
     ),
     Step(
         "PendingHandoffResponse projected",
-        12,
-        "one transaction: history row, event row replaced, `hq|` queue, `ex|` expiry index, `ad|` and "
-        "`sd|` moved (2 deletes, 2 inserts), `sd|PendingHandoff` inserted, count delta (10); `hoids`: "
-        "message and job id (2; the job lookup reads them, ADR-0022)",
+        8,
+        "one transaction: history row, event row replaced, `hq|` queue, `ex|` expiry index, the `sd|` "
+        "listing row moved (delete, insert) (6); `hoids`: message and job id (2; the job lookup reads "
+        "them, ADR-0022)",
     ),
     Step("an agent's next", 0, "reads only: the queue's first row, the event row"),
     Step(
@@ -72,20 +72,20 @@ HANDOFF: tuple[Step, ...] = (
     ),
     Step(
         "HandoffCompletedRequest projected",
-        11,
-        "one transaction: history row, event row replaced, `hq|` `ex|` deleted, `ad|` and two `sd|` "
-        "deleted, `ad|` and `sd|` inserted, count delta (10); `hoids`: message id (1)",
+        7,
+        "one transaction: history row, event row replaced, `hq|` `ex|` deleted, the `sd|` listing row "
+        "moved (6); `hoids`: message id (1)",
     ),
     Step(
         "ResolutionResponse projected",
-        9,
-        "one transaction: history row, event row replaced, `ad|` `sd|` moved (2 deletes, 2 inserts), "
-        "`sa|` deleted, count delta (8); `hoids`: message id (1)",
+        6,
+        "one transaction: history row, event row replaced, the listing row moved from `sd|Pending|` to "
+        "`sd|Completed|`, the `ct|d|` delta `+1 Completed` (5); `hoids`: message id (1)",
     ),
     Step(
         "the next sweeper tick",
-        5,
-        "the fold: the hand-off's 4 `ct|d|` deltas deleted and the `ct|0` snapshot replaced, one "
+        2,
+        "the fold: the hand-off's `ct|d|` delta deleted and the `ct|0` snapshot replaced, one "
         "transaction (the snapshot's write is shared by every hand-off folded in the same tick)",
     ),
 )

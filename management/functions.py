@@ -84,7 +84,7 @@ def _per_endpoint(
 @operator_read(
     bp,
     "v1/endpoints",
-    "Every endpoint with exact counts by status, oldest ages and poison (no scan)",
+    "Every endpoint with counts by status, oldest ages and poison (no scan of the table)",
     lambda: models.EndpointsOverview,
 )
 def endpoints_overview(req: func.HttpRequest) -> EndpointsOverview:

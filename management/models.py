@@ -24,7 +24,7 @@ EventJson = Annotated[str, StringConstraints(min_length=1, max_length=240_000)]
 
 
 class Counts(ApiModel):
-    """Exact counts of an endpoint's events by status (``pending`` includes ``pendingHandoff``)."""
+    """Counts of an endpoint's events by status (``pending`` includes ``pendingHandoff``)."""
 
     pending: int
     pending_handoff: int
@@ -106,9 +106,10 @@ class EventPage(ApiModel):
     continuation_token: str | None
     count: int | None = Field(
         default=None,
-        description="How many of the endpoint's events are in `status`, exact: the overview's count, read "
-        "from the counts snapshot and the deltas written since (no scan). Only when `status` is the only "
-        "filter (a type or time filter narrows the listing, not the count), and on the first page.",
+        description="How many of the endpoint's events are in `status`: the overview's count (an open "
+        "status: its events' listing rows counted, keys only; Completed or Skipped: the counts snapshot and "
+        "the deltas written since). Only when `status` is the only filter (a type or time filter narrows "
+        "the listing, not the count), and on the first page.",
     )
 
 

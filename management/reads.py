@@ -16,7 +16,7 @@ from common import page_tokens
 from common.clock import utcnow
 from common.errors import NotFound
 from handoff.storage import keys
-from handoff.storage.counts import FAILED_GROUP, PENDING_GROUP, POISON
+from handoff.storage.counts import POISON
 from handoff.storage.overview import Overview
 from handoff.storage.records import (
     AuditRow,
@@ -109,17 +109,20 @@ class OperatorReads:
     # -- overview and listings ----------------------------------------------------------------------
 
     def figures(self) -> Figures:
-        """Every endpoint with exact counts by status, oldest ages, poison and stuck counts (no scan)."""
+        """Every endpoint with counts by status, oldest ages, poison and stuck counts: the tallies (exact) and
+        one keys-only read of the open events' rows per endpoint and shard (no scan of the table)."""
         endpoints = []
         for endpoint_id in sorted(self.store.endpoints()):
-            totals = self.overview.counts(endpoint_id)
+            totals = self.overview.tallies(endpoint_id)
+            open_events = self.overview.open_events(endpoint_id)
+            totals.update(open_events.totals)
             poison = totals[POISON]
             endpoints.append(
                 EndpointFigures(
                     endpoint_id=endpoint_id,
                     totals=totals,
-                    oldest_pending_at=self.overview.oldest(endpoint_id, PENDING_GROUP),
-                    oldest_failed_at=self.overview.oldest(endpoint_id, FAILED_GROUP),
+                    oldest_pending_at=open_events.oldest_pending_at,
+                    oldest_failed_at=open_events.oldest_failed_at,
                     poison=poison,
                     oldest_poison_day=self.overview.oldest_poison_day(endpoint_id) if poison else None,
                     unconfirmed=self._count(endpoint_id, keys.UNCONFIRMED_RANGE),
@@ -145,7 +148,7 @@ class OperatorReads:
         continuation: str | None,
     ) -> EventsPage:
         """A page of an endpoint's events, newest change first; counted as :func:`rules.counted_status`
-        says (the overview's count: snapshot + deltas, 2 round trips per counts partition)."""
+        says (the overview's count of that status: its tally, or its open rows counted)."""
         page = self.overview.events(
             endpoint_id,
             bucket=bucket,
@@ -161,7 +164,7 @@ class OperatorReads:
         return EventsPage(
             rows=page.items,
             continuation=page.continuation,
-            count=self.overview.counts(endpoint_id)[counted] if counted else None,
+            count=self.overview.count(endpoint_id, counted) if counted else None,
         )
 
     def event(self, endpoint_id: str, event_id: str) -> EventDetail:

@@ -29,7 +29,6 @@ from handoff.storage.records import (
     HistoryRow,
     ListingRow,
     QueueRow,
-    SinceRow,
     System,
     TableRecord,
     columns_of,
@@ -109,21 +108,17 @@ def project(m: InboundMessage, current: EventRow | None, *, now: datetime) -> Pr
     sub_status = pending_sub_status(m.message_type)
     parked = status is ResolutionStatus.Pending and sub_status is not None
     error = m.content.ErrorContent
-    # Operator listings: newest change first per bucket; the oldest-first row keeps the time the event
-    # entered its group (Pending, or Failed/DeadLettered) for as long as it stays there.
+    # Operator listings: one row per event in its status's range, newest change first (ADR-0022). An open
+    # event's row keeps the time it entered its group (Pending, or Failed/DeadLettered) for as long as it
+    # stays there: the overview's oldest ages read it.
     group = counts.group_of(status)
     stays = (
         current is not None
         and current.counted
-        and current.since_key is not None
+        and current.since_at is not None
         and counts.group_of(current.resolution_status) == group
     )
     since_at = (current.since_at if current and stays else now) if group else None
-    since_key = (
-        (current.since_key if current and stays else keys.since_row(group, now, m.event_id))
-        if group
-        else None
-    )
     row = from_fields(
         EventRow,
         m,
@@ -144,11 +139,7 @@ def project(m: InboundMessage, current: EventRow | None, *, now: datetime) -> Pr
         queue_key=keys.queue_row(m.enqueued_time_utc, m.event_id) if parked else None,
         expiry_key=keys.expiry_row(m.expected_by, m.event_id) if parked and m.expected_by else None,
         counted=True,
-        all_key=keys.all_events_row(now, m.event_id),
-        bucket_keys="\n".join(
-            keys.bucket_row(b, now, m.event_id) for b in counts.buckets_of(status, sub_status)
-        ),
-        since_key=since_key,
+        bucket_keys=keys.bucket_row(status.name, now, m.event_id),
         since_at=since_at,
     )
     return Projection(status, True, row, request_at, handoff_seen)
@@ -244,7 +235,12 @@ def _applied_ops(pk: str, row: EventRow, current: EventRow | None) -> list[Opera
 
 
 def _operator_ops(pk: str, row: EventRow, current: EventRow | None) -> list[Operation]:
-    """Listing rows, the oldest-first row and the counts delta, in the event row's transaction."""
+    """The event's listing row and the closed statuses' count delta, in the event row's transaction.
+
+    One listing row per event (``sd|{status}|{inverted change}|{event}``), moved when the event changes;
+    rows of the layout before ADR-0022 that the current row names (``ad|``, ``sd|PendingHandoff|``, ``sa|``)
+    are deleted here when their event next changes, never written again. Open statuses are counted by
+    reading their listing rows, so only a change into or out of Completed or Skipped writes a delta."""
     ops: list[Operation] = []
     counted = current is not None and current.counted
     old_keys = current.listing_keys if current and counted else []
@@ -255,20 +251,16 @@ def _operator_ops(pk: str, row: EventRow, current: EventRow | None) -> list[Oper
     for key in row.listing_keys:
         entity = summary.to_entity(pk, key)
         ops.append(tx.replace(entity, "*") if key in old_keys else tx.insert(entity))
-    old_since = current.since_key if current and counted else None
-    if old_since != row.since_key:
-        if old_since:
-            ops.append(tx.delete(pk, old_since))
-        if row.since_key and row.since_at:
-            ops.append(
-                tx.insert(SinceRow(event_id=row.event_id, since_at=row.since_at).to_entity(pk, row.since_key))
-            )
+    if current is not None and counted and current.since_key:
+        ops.append(tx.delete(pk, current.since_key))  # the oldest-first row of the layout before ADR-0022
     before = (
         counts.buckets_of(current.resolution_status, current.pending_sub_status)
         if current and counted
         else ()
     )
-    change = counts.delta(before, counts.buckets_of(row.resolution_status, row.pending_sub_status))
+    change = counts.tallied(
+        counts.delta(before, counts.buckets_of(row.resolution_status, row.pending_sub_status))
+    )
     if change:
         ops.append(tx.insert(delta_entity(pk, row.updated_at, change)))
     return ops

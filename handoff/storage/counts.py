@@ -1,12 +1,17 @@
 """Which status buckets an event row counts in, and what one change does to the counts. Pure.
 
-The operator overview needs exact counts per endpoint without scanning a partition, and the resolver
-projects concurrently (sessions in parallel, several instances), so a single counter row updated in every
-projection would serialise them. Instead every projection that moves an event between buckets inserts
-one *delta* row (``+1 Failed, -1 Pending``) in the same entity-group transaction as the event row: the
-delta exists exactly when the change does, and inserts never contend. Readers add the deltas to a
-snapshot row; folding deltas into the snapshot is one ETag-conditional transaction that also deletes
-the deltas it folded (``management/overview.py``).
+Two kinds of buckets (ADR-0022):
+
+* **open** statuses (Pending and its hand-off subset, Deferred, Failed, DeadLettered, Unsupported) are
+  counted by reading their listing rows (``sd|{status}|``, one per open event, keys and two columns only):
+  the rows exist anyway, so counting them costs no write; the read is linear in the endpoint's *open*
+  events, never in the table.
+* **tallied** buckets (Completed, Skipped, and Poison) grow without bound, so they are counted the way
+  they always were: a projection that moves an event into or out of one inserts a *delta* row
+  (``+1 Completed``) in the same entity-group transaction as the event row, so the delta exists exactly
+  when the change does and inserts never contend; readers add the deltas to a snapshot row, and folding
+  is one ETag-conditional transaction that also deletes the deltas it folded
+  (``handoff/storage/overview.py``).
 """
 
 from __future__ import annotations
@@ -31,6 +36,19 @@ BUCKETS = (
     ResolutionStatus.Skipped.name,
 )
 COUNTED = (*BUCKETS, POISON)
+# Counted from the open events' listing rows (no delta is written for them).
+OPEN = (
+    ResolutionStatus.Pending.name,
+    PENDING_HANDOFF,
+    ResolutionStatus.Deferred.name,
+    ResolutionStatus.Failed.name,
+    ResolutionStatus.DeadLettered.name,
+    ResolutionStatus.Unsupported.name,
+)
+# Counted by snapshot + deltas.
+TALLIED = (ResolutionStatus.Completed.name, ResolutionStatus.Skipped.name, POISON)
+# The statuses with a listing range of their own (``PendingHandoff`` is a filter on ``Pending``'s).
+LISTED = tuple(s.name for s in ResolutionStatus if s.name in BUCKETS)
 
 # Groups of the oldest-first index: when an open event became Pending (P), or failed (F: Failed or
 # DeadLettered, NimBus's OldestFailureAt).
@@ -61,6 +79,18 @@ def delta(before: Iterable[str], after: Iterable[str]) -> dict[str, int]:
     return changes
 
 
+def tallied(change: Mapping[str, int]) -> dict[str, int]:
+    """The part of a change a delta row records: the tallied buckets only (open ones are read from rows)."""
+    return {bucket: value for bucket, value in change.items() if bucket in TALLIED}
+
+
+def listed(bucket: str | None) -> tuple[str, ...]:
+    """The listing ranges an events listing of ``bucket`` reads (None: all events)."""
+    if bucket is None:
+        return LISTED
+    return (ResolutionStatus.Pending.name,) if bucket == PENDING_HANDOFF else (bucket,)
+
+
 def column(bucket: str) -> str:
     """Column name of a bucket in delta and snapshot rows."""
     return f"N{bucket}"
@@ -74,9 +104,10 @@ def add(total: Mapping[str, int], change: Mapping[str, int]) -> dict[str, int]:
 
 
 def read_columns(entity: Mapping[str, object]) -> dict[str, int]:
-    """The bucket values stored in a delta or snapshot row (missing columns are 0)."""
+    """The tallied buckets' values stored in a delta or snapshot row (missing columns are 0; the open
+    buckets' columns that rows before ADR-0022 carry are not read)."""
     values: dict[str, int] = {}
-    for bucket in COUNTED:
+    for bucket in TALLIED:
         raw = entity.get(column(bucket))
         raw = getattr(raw, "value", raw)
         if isinstance(raw, int | str) and not isinstance(raw, bool):

@@ -18,9 +18,8 @@ RowKey                             row
 ``rc|{due}|{eventId}|{parked}``    open claims by when the reconciler looks at them next
 ``rc|{now}|~ids|{digest}``         lookup index rows whose insert failed, for the reconciler (``hoids``)
 ``uc|{eventId}|{parked}``          claims that could not be confirmed (operators)
-``ad|{inverted updatedAt}|{eventId}``        every event, newest change first (operator listing)
-``sd|{bucket}|{inverted updatedAt}|{eventId}``  events of one status bucket, newest first
-``sa|{group}|{since}|{eventId}``   open events by when they became Pending (P) or failed (F), oldest first
+``sd|{status}|{inverted updatedAt}|{eventId}``  an event's listing row in its status, newest first
+``ad|…`` ``sa|…`` ``sd|PendingHandoff|…``  listing rows before ADR-0022: deleted when their event changes
 ``ct|0``                           the counts snapshot of the endpoint
 ``ct|d|{stamp}|{id}``              a counts delta (insert-only, written with the change it counts)
 ``pz|{day}|{poisonRowKey}``        an unreplayed poison message attributed to this endpoint
@@ -76,6 +75,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -321,31 +321,57 @@ def inverted(value: datetime) -> str:
     return f"{_INVERT_FROM - micros:017d}"
 
 
-def all_events_row(updated_at: datetime, event_id: str) -> str:
-    return checked(f"ad|{inverted(updated_at)}|{encode(event_id)}", field="eventId")
+def bucket_row(status: str, updated_at: datetime, event_id: str) -> str:
+    """An event's listing row: in its status's range, newest change first (ADR-0022: one per event)."""
+    return checked(f"sd|{status}|{inverted(updated_at)}|{encode(event_id)}", field="eventId")
 
 
-def bucket_row(bucket: str, updated_at: datetime, event_id: str) -> str:
-    return checked(f"sd|{bucket}|{inverted(updated_at)}|{encode(event_id)}", field="eventId")
+def listing_prefix(status: str) -> str:
+    return f"sd|{status}|"
 
 
-def listing_range(bucket: str | None, newest: datetime | None, oldest: datetime | None) -> tuple[str, str]:
-    """``[low, high)`` of the listing rows of ``bucket`` (all events when None) changed in [oldest, newest].
+def listing_range(status: str, newest: datetime | None, oldest: datetime | None) -> tuple[str, str]:
+    """``[low, high)`` of the listing rows of ``status`` changed in [oldest, newest].
 
     Newest first: ``newest`` (the ``to`` filter) is the low end, ``oldest`` (``from``) the high end.
     """
-    prefix = "ad|" if bucket is None else f"sd|{bucket}|"
+    prefix = listing_prefix(status)
     low = prefix + inverted(newest) if newest else prefix
     high = prefix + inverted(oldest) + "}" if oldest else prefix[:-1] + "}"
     return low, high
 
 
+def listing_status(row_key: str) -> str:
+    """The status a listing row's key names."""
+    return row_key[3:].split("|", 1)[0]
+
+
+def open_ranges(statuses: Sequence[str], listed: Sequence[str]) -> list[tuple[str, str]]:
+    """The fewest ``[low, high)`` ranges holding the listing rows of ``statuses`` and no other listed status
+    (``listed``: every status with rows): neighbouring statuses in key order share one range read."""
+    ordered = sorted(listed, key=listing_prefix)
+    ranges: list[tuple[str, str]] = []
+    run: list[str] = []
+    for status in [*ordered, ""]:
+        if status in statuses:
+            run.append(status)
+            continue
+        if run:
+            ranges.append((listing_prefix(run[0]), listing_prefix(run[-1])[:-1] + "}"))
+            run = []
+    return ranges
+
+
+# Rows of the layout before ADR-0022, never written now: an event row that still names one deletes it when
+# the event next changes (the keys are kept so tests can write such rows as the old code did).
+
+
+def all_events_row(updated_at: datetime, event_id: str) -> str:
+    return checked(f"ad|{inverted(updated_at)}|{encode(event_id)}", field="eventId")
+
+
 def since_row(group: str, since: datetime, event_id: str) -> str:
     return checked(f"sa|{group}|{stamp(since)}|{encode(event_id)}", field="eventId")
-
-
-def since_range(group: str) -> tuple[str, str]:
-    return f"sa|{group}|", f"sa|{group}}}"
 
 
 COUNTS_SNAPSHOT = "ct|0"

@@ -1,20 +1,26 @@
-"""Reads for operators: exact counts per endpoint, event listings, one event with what it allows.
+"""Reads for operators: counts per endpoint, event listings, one event with what it allows.
 
-It lives with the hand-off tables it reads: the resolver writes the counts' deltas and the sweeper's tick
-folds them, both below the operator API that shows them.
+It lives with the hand-off tables it reads: the resolver writes the listing rows and the counts' deltas,
+and the sweeper's tick folds the deltas, both below the operator API that shows them.
 
-Counts (``handoff/storage/counts.py``): a snapshot row ``ct|0`` plus insert-only delta rows ``ct|d|…`` that
-the
-resolver writes in the same transaction as the change they count. Reading them is one range query
-(snapshot first, then the deltas) followed by a point read of the snapshot: an unchanged ETag proves no
-fold ran in between (a fold changes the snapshot and deletes the deltas it folded in one transaction),
-so the sum is exact; a changed one means "read again". Folding is ETag-conditional, at most 99 deltas a
-transaction, done by the timer and by a reader that meets many deltas.
+Counts (``handoff/storage/counts.py``, ADR-0022):
 
-Round trips: counts 2 (+1 per fold); oldest ages 1 per group (the first row of ``sa|P|`` / ``sa|F|``);
-the oldest poison day 1, only where poison is counted (the first ``pz|`` row); the overview 1 (the
-endpoint list) + 4 per endpoint (+1 with poison) + 2 for unattributed poison (+1 with any); a listing
-page 1.
+* **tallied** buckets (Completed, Skipped, Poison): a snapshot row ``ct|0`` plus insert-only delta rows
+  ``ct|d|…`` that the resolver writes in the same transaction as the change they count. Reading them is one
+  range query (snapshot first, then the deltas) followed by a point read of the snapshot: an unchanged ETag
+  proves no fold ran in between (a fold changes the snapshot and deletes the deltas it folded in one
+  transaction), so the sum is exact; a changed one means "read again". Folding is ETag-conditional, at
+  most 99 deltas a transaction, done by the timer and by a reader that meets many deltas.
+* **open** buckets (Pending, PendingHandoff, Deferred, Failed, DeadLettered, Unsupported): the open
+  events' listing rows, read keys-only (with the two columns the overview needs) in three ranges per
+  partition (``sd|DeadLettered|``…``sd|Failed}``, ``sd|Pending|``, ``sd|Unsupported|``): one request per
+  1,000 open events, never a scan of the table. Each row is counted in the status it had when its page was
+  read: an event that changes status *during* the read may be counted in both or neither for that read.
+  The same read gives the oldest ages (``SinceAt`` of the Pending rows and of the Failed and DeadLettered
+  rows).
+
+A listing page: one range read per listed status and shard (a status: 1; all events: the 7 statuses'
+ranges, merged newest change first; ``PendingHandoff``: ``Pending``'s range, filtered server-side).
 
 Azure SDK imports are inside the functions that use them, so the worker's indexing of the app does not load
 them.
@@ -33,8 +39,9 @@ from common.clock import utcnow
 from common.errors import Conflict
 from common.tables import first_rows, quoted
 from common.transactions import Operation, delete, insert, replace
+from handoff.messages.contract import HANDOFF_SUB_STATUS, ResolutionStatus
 from handoff.storage import counts, keys
-from handoff.storage.records import ListingRow, SinceRow
+from handoff.storage.records import ListingRow
 from handoff.storage.store import HandoffStore
 
 log = logging.getLogger("settle.management")
@@ -43,6 +50,8 @@ FOLD_BATCH = 99  # + the snapshot = 100 operations, Azure's limit per transactio
 FOLD_WHEN = 200  # a reader folds when it meets this many deltas
 _READ_ATTEMPTS = 5
 MAX_PAGE = 200
+# The open statuses with rows of their own (``PendingHandoff`` is counted from ``Pending``'s).
+OPEN_LISTED = tuple(s for s in counts.OPEN if s in counts.LISTED)
 
 
 @dataclass(frozen=True)
@@ -50,6 +59,15 @@ class CountsRead:
     totals: dict[str, int]
     snapshot: Any  # the TableEntity (its ETag is in ``metadata``), or None
     deltas: list[Any]
+
+
+@dataclass(frozen=True)
+class OpenEvents:
+    """The open events of an endpoint: how many per open bucket, and when the oldest entered each group."""
+
+    totals: dict[str, int]
+    oldest_pending_at: datetime | None
+    oldest_failed_at: datetime | None
 
 
 @dataclass(frozen=True)
@@ -105,9 +123,9 @@ class Overview:
         base = keys.partition(endpoint_id)
         return [base, *(pk for pk in self.store.endpoint_partitions(endpoint_id) if pk != base)]
 
-    def counts(self, endpoint_id: str | None) -> dict[str, int]:
-        """Exact counts of an endpoint (None: poison that names no endpoint), the sum of its partitions'
-        folds; folds a partition when its deltas pile up."""
+    def tallies(self, endpoint_id: str | None) -> dict[str, int]:
+        """Exact counts of the tallied buckets of an endpoint (None: poison that names no endpoint), the sum
+        of its partitions' folds; folds a partition when its deltas pile up."""
         totals: dict[str, int] = {}
         for pk in self._count_partitions(endpoint_id):
             read = self.read_counts(pk)
@@ -115,6 +133,47 @@ class Overview:
                 self._fold(pk, read)
             totals = counts.add(totals, read.totals) if totals else read.totals
         return totals
+
+    def counts(self, endpoint_id: str | None) -> dict[str, int]:
+        """Every bucket's count of an endpoint: the tallies, and the open events' rows counted."""
+        totals = self.tallies(endpoint_id)
+        if endpoint_id is not None:
+            totals.update(self.open_events(endpoint_id).totals)
+        return totals
+
+    def count(self, endpoint_id: str, bucket: str) -> int:
+        """One bucket's count, reading only what it needs (an open status: its own range)."""
+        if bucket in counts.OPEN:
+            return self.open_events(endpoint_id, statuses=counts.listed(bucket)).totals[bucket]
+        return self.tallies(endpoint_id)[bucket]
+
+    def open_events(self, endpoint_id: str, *, statuses: Sequence[str] = OPEN_LISTED) -> OpenEvents:
+        """Counts and oldest ages of the endpoint's open events of ``statuses`` (all open ones by default),
+        from their listing rows: keys and two columns, every shard."""
+        totals = dict.fromkeys(counts.OPEN, 0)
+        oldest: dict[str, datetime] = {}
+        select = ["RowKey", "PendingSubStatus", "SinceAt", "UpdatedAt"]
+        for pk in self.store.endpoint_partitions(endpoint_id):
+            for low, high in keys.open_ranges(statuses, (*counts.LISTED, counts.PENDING_HANDOFF)):
+                for entity in self._range(pk, low, high, select=select, results_per_page=1000):
+                    status = keys.listing_status(str(entity["RowKey"]))
+                    if status not in statuses:
+                        continue  # not a listing row of these statuses (cannot be in these ranges)
+                    totals[status] += 1
+                    if status == ResolutionStatus.Pending.name and entity.get("PendingSubStatus") == (
+                        HANDOFF_SUB_STATUS
+                    ):
+                        totals[counts.PENDING_HANDOFF] += 1
+                    group = counts.group_of(ResolutionStatus[status])
+                    # rows before ADR-0022 carry no SinceAt: their last change is the closest time they hold
+                    since = entity.get("SinceAt") or entity.get("UpdatedAt")
+                    if (
+                        group
+                        and isinstance(since, datetime)
+                        and (group not in oldest or since < oldest[group])
+                    ):
+                        oldest[group] = since
+        return OpenEvents(totals, oldest.get(counts.PENDING_GROUP), oldest.get(counts.FAILED_GROUP))
 
     def fold(self, endpoint_id: str | None) -> int:
         """Fold up to :data:`FOLD_BATCH` deltas of each partition into its snapshot; how many (0 when
@@ -156,15 +215,6 @@ class Overview:
             return 0  # another fold won (the snapshot changed, or the deltas are gone): nothing lost
         return len(batch)
 
-    def oldest(self, endpoint_id: str, group: str) -> datetime | None:
-        low, high = keys.since_range(group)
-        found: list[datetime] = []
-        for pk in self.store.endpoint_partitions(endpoint_id):  # each shard's first row; the oldest of them
-            for entity in first_rows(self._range(pk, low, high, results_per_page=1), 1):
-                row: SinceRow = SinceRow.from_entity(entity)
-                found.append(row.since_at)
-        return min(found) if found else None
-
     def oldest_poison_day(self, endpoint_id: str | None) -> str | None:
         """The UTC day (YYYYMMDD) of the oldest poison still counted: the first ``pz|`` index row."""
         pk = keys.partition(endpoint_id) if endpoint_id is not None else keys.UNATTRIBUTED_PARTITION
@@ -188,10 +238,14 @@ class Overview:
     ) -> Listing:
         """A page of the endpoint's events, newest change first, from the rows that can match only.
 
-        Sharded endpoints: each shard's next ``page_size + 1`` rows, merged by RowKey (newest first); the
-        continuation holds each shard's position."""
-        partitions = self.store.endpoint_partitions(endpoint_id)
-        low, high = keys.listing_range(bucket, newest, oldest)
+        Every listed status's range (one for a status, seven for all events) in every shard: the next
+        ``page_size + 1`` rows of each, merged by the key after the status (newest first); the continuation
+        holds each range's position."""
+        ranges = {
+            _label(status, pk): (status, pk)
+            for status in counts.listed(bucket)
+            for pk in self.store.endpoint_partitions(endpoint_id)
+        }
         bound = page_tokens.binding(
             "events",
             endpoint_id,
@@ -204,28 +258,47 @@ class Overview:
         if continuation:
             positions = page_tokens.decode(continuation, bound)
             if not isinstance(positions, dict) or not all(
-                k in partitions and isinstance(v, str) and low <= v < high for k, v in positions.items()
+                label in ranges
+                and isinstance(key, str)
+                and _within(key, keys.listing_range(ranges[label][0], newest, oldest))
+                for label, key in positions.items()
             ):
                 raise page_tokens.refused()
+        filters: list[str] = []
+        if event_type_ids:
+            filters.append("(" + " or ".join(f"EventTypeId eq {quoted(t)}" for t in event_type_ids) + ")")
+        if bucket == counts.PENDING_HANDOFF:
+            filters.append(f"PendingSubStatus eq {quoted(HANDOFF_SUB_STATUS)}")
         merged: list[tuple[str, str, Any]] = []
-        for pk in partitions:
-            after = positions.get(pk)
+        for label, (status, pk) in ranges.items():
+            low, high = keys.listing_range(status, newest, oldest)
+            after = positions.get(label)
             clauses = [
                 f"PartitionKey eq {quoted(pk)}",
                 f"RowKey {'gt' if after else 'ge'} {quoted(after or low)}",
                 f"RowKey lt {quoted(high)}",
+                *filters,
             ]
-            if event_type_ids:
-                clauses.append("(" + " or ".join(f"EventTypeId eq {quoted(t)}" for t in event_type_ids) + ")")
             entities = self._table().query_entities(" and ".join(clauses), results_per_page=page_size + 1)
+            prefix = keys.listing_prefix(status)
             for n, entity in enumerate(entities, 1):
-                merged.append((str(entity["RowKey"]), pk, entity))
+                # newest first across statuses: the key after the status is "{inverted change}|{event}"
+                merged.append((str(entity["RowKey"])[len(prefix) :], label, entity))
                 if n > page_size:
                     break
         merged.sort(key=lambda item: item[:2])
         rows = [ListingRow.from_entity(entity) for _, _, entity in merged[:page_size]]
         if len(merged) <= page_size:
             return Listing(rows, None)
-        for row_key, pk, _ in merged[:page_size]:
-            positions[pk] = row_key
+        for _, label, entity in merged[:page_size]:
+            positions[label] = str(entity["RowKey"])
         return Listing(rows, page_tokens.encode(bound, positions))
+
+
+def _label(status: str, pk: str) -> str:
+    """A listing range's name in a continuation token (statuses hold no space)."""
+    return f"{status} {pk}"
+
+
+def _within(key: str, span: tuple[str, str]) -> bool:
+    return span[0] <= key < span[1]

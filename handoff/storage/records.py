@@ -226,8 +226,9 @@ class EventRow(MessageColumns):
     job_key: str | None = None
     expiry_key: str | None = None
     # Operator listings and counts (handoff/storage/counts.py): whether this row's buckets are in the counts,
-    # the keys of its listing rows (``ad|``, ``sd|`` newline-joined) and of its oldest-first row
-    # (``sa|``) with the time it entered that group.
+    # the key of its listing row (``sd|``; before ADR-0022 also ``ad|`` and ``sd|PendingHandoff|``, newline-
+    # joined, and an oldest-first row ``sa|``: deleted when the event next changes), and when it entered its
+    # open group.
     counted: bool = False
     all_key: str | None = None
     bucket_keys: str | None = None
@@ -409,9 +410,10 @@ class QueueRow(TableRecord):
 
 
 class ListingRow(TableRecord):
-    """Index: one event in an operator listing (all events, or one status bucket), newest change first.
+    """Index: one event in its status's operator listing, newest change first (one row per event).
 
-    It carries the summary the listing shows, so a page of events is one range read.
+    It carries the summary the listing shows, so a page of one status is one range read; the open
+    statuses' rows are also what their counts and the oldest ages are read from.
     """
 
     event_id: str
@@ -425,13 +427,8 @@ class ListingRow(TableRecord):
     enqueued_time_utc: datetime
     reason: str | None = None
     external_job_id: str | None = None
-
-
-class SinceRow(TableRecord):
-    """Index: an open event by when it became Pending or failed, oldest first (the overview's ages)."""
-
-    event_id: str
-    since_at: datetime
+    # An open event's: when it entered its group (Pending, or Failed/DeadLettered): the overview's ages.
+    since_at: datetime | None = None
 
 
 class JobRow(TableRecord):

@@ -8,7 +8,7 @@ from datetime import timedelta
 
 from handoff.messages.contract import HANDOFF_SUB_STATUS, MessageContent, MessageType, ResolutionStatus
 from handoff.projection.rules import history_row, project
-from handoff.storage import counts, keys
+from handoff.storage import keys
 
 from .projected import EVENT, T0, applied, message, stored
 
@@ -97,7 +97,8 @@ def test_an_event_entering_another_group_takes_the_time_it_entered() -> None:
 
     failed = applied(message(MessageType.ErrorResponse, "m-err", at=300), pending, now=later)
 
-    assert failed.since_at == later and failed.since_key == keys.since_row(counts.FAILED_GROUP, later, EVENT)
+    assert failed.since_at == later and failed.since_key is None
+    assert failed.listing_keys == [keys.bucket_row("Failed", later, EVENT)]
 
 
 def test_a_response_at_the_instant_of_its_request_after_a_hand_off_took_no_time() -> None:

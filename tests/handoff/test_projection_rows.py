@@ -18,7 +18,7 @@ from handoff.messages.contract import (
 )
 from handoff.projection.rules import history_row, plan_projection, project
 from handoff.storage import counts, keys
-from handoff.storage.records import ExpiryRow, ListingRow, QueueRow, SinceRow, columns_of
+from handoff.storage.records import ExpiryRow, ListingRow, QueueRow, columns_of
 
 from .projected import EVENT, PK, T0, applied, message, stored
 
@@ -32,9 +32,9 @@ def test_an_event_request_projects_a_pending_row_counted_in_the_pending_group() 
     assert (row.last_message_id, row.updated_at, row.request_enqueued_at) == ("m-request", T0, T0)
     assert (row.handoff_seen, row.history_count, row.counted, row.processing_time_ms) == (False, 1, True, 40)
     assert (row.queue_key, row.job_key, row.expiry_key, row.reason) == (None, None, None, None)
-    assert row.all_key == keys.all_events_row(T0, EVENT)
-    assert row.bucket_keys == keys.bucket_row("Pending", T0, EVENT)
-    assert (row.since_key, row.since_at) == (keys.since_row(counts.PENDING_GROUP, T0, EVENT), T0)
+    assert row.all_key is None  # one listing row per event, in its status's range (ADR-0022)
+    assert row.listing_keys == [keys.bucket_row("Pending", T0, EVENT)]
+    assert (row.since_key, row.since_at) == (None, T0)
     assert (row.session_id, row.correlation_id, row.event_type_id) == (
         "s-1",
         "corr-1",
@@ -62,11 +62,9 @@ def test_a_park_projects_pending_handoff_with_its_queue_job_and_expiry_rows() ->
     assert row.job_key is None  # the job lookup reads the lookup index (hoids), ADR-0022
     assert row.expiry_key == keys.expiry_row(expected_by, EVENT)
     assert row.handoff_seen and row.history_count == 2 and row.request_enqueued_at == T0
-    assert row.since_key == request.since_key and row.since_at == T0  # still in the pending group
+    assert row.since_key is None and row.since_at == T0  # still in the pending group
     later = T0 + timedelta(seconds=6)
-    assert row.bucket_keys == "\n".join(
-        [keys.bucket_row("Pending", later, EVENT), keys.bucket_row(counts.PENDING_HANDOFF, later, EVENT)]
-    )
+    assert row.listing_keys == [keys.bucket_row("Pending", later, EVENT)]  # no PendingHandoff row
 
 
 def test_a_job_id_of_any_length_is_kept_on_the_row_and_plans_no_job_row() -> None:
@@ -97,7 +95,8 @@ def test_a_terminal_response_without_a_hand_off_keeps_its_own_processing_time() 
     row = applied(message(MessageType.ErrorResponse, "m-err", at=3), request, now=T0 + timedelta(seconds=4))
 
     assert row.resolution_status is ResolutionStatus.Failed and row.processing_time_ms == 40
-    assert row.since_key == keys.since_row(counts.FAILED_GROUP, T0 + timedelta(seconds=4), EVENT)
+    assert row.since_at == T0 + timedelta(seconds=4) and row.since_key is None
+    assert row.listing_keys == [keys.bucket_row("Failed", T0 + timedelta(seconds=4), EVENT)]
 
 
 def test_an_earlier_request_copy_moves_the_request_time_back() -> None:
@@ -124,7 +123,9 @@ def test_a_skip_response_gives_its_error_text_as_the_reason_and_a_dead_letter_it
     assert applied(message(MessageType.ErrorResponse, "m-err")).reason is None
 
 
-def test_the_first_message_writes_history_event_index_session_listing_since_and_count_rows() -> None:
+def test_the_first_message_writes_history_event_index_and_listing_rows_and_no_count_of_an_open_status() -> (
+    None
+):
     m = message(MessageType.PendingHandoffResponse, "m-park", external_job_id="job-9", expected_by=T0)
     decision = project(m, None, now=T0)
     row = decision.row
@@ -142,18 +143,10 @@ def test_the_first_message_writes_history_event_index_session_listing_since_and_
             )
         ),
         tx.insert(ExpiryRow(event_id=EVENT, expected_by=T0).to_entity(PK, str(row.expiry_key))),
-        *[tx.insert(listing.to_entity(PK, key)) for key in row.listing_keys],
-        tx.insert(SinceRow(event_id=EVENT, since_at=T0).to_entity(PK, str(row.since_key))),
+        tx.insert(listing.to_entity(PK, keys.bucket_row("Pending", T0, EVENT))),
     ]
-    assert ops[: len(expected)] == expected
-    assert len(ops) == len(expected) + 1
-    delta = ops[-1][1]
-    assert ops[-1][0] == "create" and str(delta["RowKey"]).startswith(keys.delta_row(T0, ""))
-    assert delta["PartitionKey"] == PK
-    assert {k: v for k, v in delta.items() if k not in ("PartitionKey", "RowKey")} == {
-        counts.column("Pending"): 1,
-        counts.column(counts.PENDING_HANDOFF): 1,
-    }
+    assert ops == expected  # open statuses are counted from their listing rows: no delta
+    assert listing.since_at == T0  # the overview's oldest age is read from the listing row
 
 
 def test_a_later_message_replaces_the_row_as_read_and_moves_only_what_changed() -> None:
@@ -176,18 +169,18 @@ def test_a_later_message_replaces_the_row_as_read_and_moves_only_what_changed() 
         tx.replace(row.to_entity(PK, keys.event_row(EVENT)), '"e1"'),
         tx.delete(PK, str(park.queue_key)),
         tx.delete(PK, str(park.expiry_key)),
-        *[tx.delete(PK, key) for key in park.listing_keys],
-        *[tx.insert(listing.to_entity(PK, key)) for key in row.listing_keys],
-        tx.delete(PK, str(park.since_key)),
+        tx.delete(PK, keys.bucket_row("Pending", T0, EVENT)),
+        tx.insert(listing.to_entity(PK, keys.bucket_row("Completed", later, EVENT))),
     ]
     assert ops[: len(expected)] == expected
     delta = ops[-1][1]
+    assert ops[-1][0] == "create" and str(delta["RowKey"]).startswith(keys.delta_row(later, ""))
+    assert delta["PartitionKey"] == PK
+    # only the tallied bucket's change: the open ones are counted from the listing rows
     assert {k: v for k, v in delta.items() if k not in ("PartitionKey", "RowKey")} == {
-        counts.column("Pending"): -1,
-        counts.column(counts.PENDING_HANDOFF): -1,
         counts.column("Completed"): 1,
     }
-    assert len(ops) == len(expected) + 1
+    assert len(ops) == len(expected) + 1 and listing.since_at is None
 
 
 def test_a_refused_message_writes_its_history_its_comment_and_the_bookkeeping_only() -> None:
@@ -272,25 +265,31 @@ def test_a_listing_row_that_stays_is_replaced_and_a_row_never_counted_is_counted
     copy = message(MessageType.EventRequest, "m-request-2", at=4)
 
     ops = plan_projection(PK, copy, first, project(copy, first, now=T0), now=T0)
-    assert ("update", first.all_key) in [(op[0], op[1]["RowKey"]) for op in ops]
-    assert next(op for op in ops if op[1]["RowKey"] == first.all_key)[2]["etag"] == "*"
+    [key] = first.listing_keys
+    assert ("update", key) in [(op[0], op[1]["RowKey"]) for op in ops]
+    assert next(op for op in ops if op[1]["RowKey"] == key)[2]["etag"] == "*"
     assert not any(str(op[1]["RowKey"]).startswith("ct|d|") for op in ops)  # same buckets: no delta
 
     uncounted = first.model_copy(update={"counted": False})
     ops = plan_projection(PK, copy, uncounted, project(copy, uncounted, now=T0), now=T0)
     kinds = {str(op[1]["RowKey"]): op[0] for op in ops}
-    assert all(kinds[key] == "create" for key in first.listing_keys)  # nothing was listed: all inserted
-    assert kinds[str(first.since_key)] == "create"
+    assert kinds[key] == "create"  # nothing was listed: inserted
+    assert not any(str(op[1]["RowKey"]).startswith("ct|d|") for op in ops)  # Pending is read from rows
+
+    done = message(MessageType.ResolutionResponse, "m-done", at=20)
+    ops = plan_projection(PK, done, uncounted, project(done, uncounted, now=T0), now=T0)
     delta = [op[1] for op in ops if str(op[1]["RowKey"]).startswith("ct|d|")]
-    assert len(delta) == 1 and delta[0][counts.column("Pending")] == 1
+    assert len(delta) == 1 and delta[0][counts.column("Completed")] == 1
+    assert counts.column("Pending") not in delta[0]
 
 
 def listed_reason(m: InboundMessage) -> object:
-    """The ``Reason`` of the all-events listing row the first message ``m`` writes."""
+    """The ``Reason`` of the listing row the first message ``m`` writes."""
     decision = project(m, None, now=T0)
     assert decision.row is not None
     ops = plan_projection(PK, m, None, decision, now=T0)
-    return next(op[1] for op in ops if op[1]["RowKey"] == decision.row.all_key)["Reason"]
+    [key] = decision.row.listing_keys
+    return next(op[1] for op in ops if op[1]["RowKey"] == key)["Reason"]
 
 
 def test_a_listing_row_shows_the_reason_or_the_error_text_cut_to_300_characters() -> None:
@@ -310,3 +309,39 @@ def test_error_text_reads_the_error_text_of_a_stored_body() -> None:
     assert error_text(json.dumps({"ErrorContent": {"ErrorText": "boom"}})) == "boom"
     assert error_text(json.dumps({"ErrorContent": None})) is None
     assert error_text(None) is None
+
+
+def test_a_park_listed_before_adr_0022_has_its_all_events_hand_off_and_since_rows_deleted_when_it_ends() -> (
+    None
+):
+    # Given a park as the layout before ADR-0022 wrote it: listed under all events, Pending and
+    # PendingHandoff, with an oldest-first row, and counted in Pending and PendingHandoff
+    park = applied(message(MessageType.PendingHandoffResponse, "m-park"))
+    old_keys = [
+        keys.all_events_row(T0, EVENT),
+        keys.bucket_row("Pending", T0, EVENT),
+        keys.bucket_row(counts.PENDING_HANDOFF, T0, EVENT),
+    ]
+    since = keys.since_row(counts.PENDING_GROUP, T0, EVENT)
+    legacy = stored(
+        park.model_copy(
+            update={"all_key": old_keys[0], "bucket_keys": "\n".join(old_keys[1:]), "since_key": since}
+        )
+    )
+    m = message(MessageType.ResolutionResponse, "m-done", at=5)
+    later = T0 + timedelta(seconds=5)
+
+    # When it ends
+    decision = project(m, legacy, now=later)
+    ops = plan_projection(PK, m, legacy, decision, now=later)
+
+    # Then every old row goes in the event row's transaction, one listing row is written, and the
+    # delta counts only the tallied bucket
+    written = [(op[0], str(op[1]["RowKey"])) for op in ops]
+    assert all(("delete", key) in written for key in [*old_keys, since])
+    assert decision.row is not None and decision.row.listing_keys == [
+        keys.bucket_row("Completed", later, EVENT)
+    ]
+    assert ("create", decision.row.listing_keys[0]) in written
+    [delta] = [op[1] for op in ops if str(op[1]["RowKey"]).startswith("ct|d|")]
+    assert {k: v for k, v in delta.items() if k.startswith("N")} == {counts.column("Completed"): 1}

@@ -300,7 +300,7 @@ def test_an_event_keeps_the_time_it_entered_its_group_while_it_stays_there() -> 
     )
     done = project(message(MessageType.ResolutionResponse, "m-done"), request, now=later)
 
-    assert park.row is not None and park.row.since_at == T0 and park.row.since_key == request.since_key
+    assert park.row is not None and park.row.since_at == T0 and park.row.since_key is None
     assert done.row is not None and done.row.since_at is None and done.row.since_key is None
 
 
@@ -322,7 +322,24 @@ def test_a_projection_that_moves_an_event_between_buckets_writes_its_count_delta
 
     deltas = [op[1] for op in ops if any(str(k).startswith("N") for k in op[1])]
     assert len(deltas) == 1
-    assert deltas[0][counts.column("Pending")] == -1 and deltas[0][counts.column("Completed")] == 1
+    assert deltas[0][counts.column("Completed")] == 1
+    assert counts.column("Pending") not in deltas[0]  # open statuses are counted from their listing rows
+
+
+def test_only_the_tallied_buckets_go_into_a_delta() -> None:
+    assert counts.tallied({"Pending": -1, "PendingHandoff": -1, "Completed": 1, "Poison": 1}) == {
+        "Completed": 1,
+        "Poison": 1,
+    }
+    assert counts.tallied({"Pending": 1, "Failed": -1}) == {}
+    assert set(counts.OPEN) | set(counts.TALLIED) == set(counts.COUNTED)
+    assert not set(counts.OPEN) & set(counts.TALLIED)
+
+
+def test_a_listing_of_a_status_reads_its_range_and_all_events_read_every_status() -> None:
+    assert counts.listed("Failed") == ("Failed",)
+    assert counts.listed(counts.PENDING_HANDOFF) == ("Pending",)  # a filter on Pending's rows
+    assert set(counts.listed(None)) == {s for s in counts.BUCKETS if s != counts.PENDING_HANDOFF}
 
 
 def test_a_projection_says_applied_with_the_new_row_or_refused_without_one() -> None:
@@ -346,8 +363,13 @@ def test_the_resolver_is_the_auditor_of_a_refused_projections_comment() -> None:
     assert RESOLVER_AUDITOR == "Resolver" and ops[1][1]["AuditorName"] == RESOLVER_AUDITOR
 
 
-def test_read_columns_reads_every_counted_bucket_and_skips_what_is_not_a_count() -> None:
+def test_read_columns_reads_every_tallied_bucket_and_skips_what_is_not_a_tally() -> None:
     assert counts.POISON in counts.COUNTED and set(counts.BUCKETS) < set(counts.COUNTED)
-    entity = {counts.column("Pending"): 3, counts.column(counts.POISON): "2", counts.column("Failed"): True}
+    entity = {
+        counts.column("Completed"): 3,
+        counts.column(counts.POISON): "2",
+        counts.column("Skipped"): True,
+        counts.column("Pending"): 7,  # an open bucket's column of a row before ADR-0022: not read
+    }
 
-    assert counts.read_columns(entity) == {"Pending": 3, counts.POISON: 2}
+    assert counts.read_columns(entity) == {"Completed": 3, counts.POISON: 2}

@@ -88,22 +88,64 @@ def test_counts_stay_exact_when_projections_and_folds_race(resolve):
 def test_a_fold_that_loses_its_race_changes_nothing(resolve, flow: Flow):
     for i in range(5):
         resolve(
-            nimbus(MessageType.EventRequest, endpoint=flow.endpoint, event_id=f"e{i}", message_id=f"r{i}")
+            nimbus(
+                MessageType.ResolutionResponse, endpoint=flow.endpoint, event_id=f"e{i}", message_id=f"r{i}"
+            )
         )
     overview = service.overview()
     pk = keys.partition(flow.endpoint)
     stale = overview.read_counts(pk)
     assert overview.fold(flow.endpoint) == 5  # another instance folds first
     assert overview._fold(pk, stale) == 0  # our fold, from the read before, loses and writes nothing
-    assert counted(flow.endpoint)["Pending"] == 5
+    assert counted(flow.endpoint)["Completed"] == 5
 
 
-def test_reading_the_counts_costs_two_round_trips(resolve, flow: Flow, handoff_shards: int):
+def test_reading_the_counts_costs_two_round_trips_per_tally_and_three_per_shard(
+    resolve, flow: Flow, handoff_shards: int
+):
     resolve(flow.request())
     with ROUND_TRIPS.measure() as tally:
         service.overview().counts(flow.endpoint)
-    # per partition counted: one range read (snapshot + deltas) and the snapshot's ETag check
-    assert tally.requests == 2 * counts_partitions(handoff_shards)
+    # per partition tallied: one range read (snapshot + deltas) and the snapshot's ETag check; per shard
+    # the open events' listing rows, keys only, in three ranges (DeadLettered..Failed, Pending, Unsupported)
+    assert tally.requests == 2 * counts_partitions(handoff_shards) + 3 * handoff_shards
+
+
+def test_open_counts_and_ages_are_read_from_the_open_events_rows(resolve, flow: Flow, handoff_shards: int):
+    # Given events in every open status but Unsupported, one parked, one completed
+    endpoint = flow.endpoint
+    resolve(nimbus(MessageType.EventRequest, endpoint=endpoint, event_id="p", message_id="p1"))
+    resolve(nimbus(MessageType.EventRequest, endpoint=endpoint, event_id="h", message_id="h1"))
+    resolve(
+        nimbus(
+            MessageType.PendingHandoffResponse, endpoint=endpoint, event_id="h", message_id="h2", parent="h1"
+        )
+    )
+    resolve(nimbus(MessageType.ErrorResponse, endpoint=endpoint, event_id="f", message_id="f1"))
+    resolve(nimbus(MessageType.DeferralResponse, endpoint=endpoint, event_id="d", message_id="d1"))
+    resolve(nimbus(MessageType.ResolutionResponse, endpoint=endpoint, event_id="c", message_id="c1"))
+    overview = service.overview()
+
+    # When the open events are read
+    found = overview.open_events(endpoint)
+
+    # Then each open status counts its rows, the parked one also in PendingHandoff, and the ages are the
+    # earliest times an event entered Pending / failed
+    assert found.totals == {
+        "Pending": 2,
+        "PendingHandoff": 1,
+        "Deferred": 1,
+        "Failed": 1,
+        "DeadLettered": 0,
+        "Unsupported": 0,
+    }
+    assert found.oldest_pending_at is not None and found.oldest_failed_at is not None
+    assert found.oldest_pending_at < found.oldest_failed_at
+    assert counted(endpoint) == recount(endpoint)
+    # And one status's count reads only its own range
+    with ROUND_TRIPS.measure() as tally:
+        assert overview.count(endpoint, "PendingHandoff") == 1
+    assert tally.requests == handoff_shards
 
 
 def test_a_projection_that_fails_writes_no_delta(resolve, flow: Flow, monkeypatch):
@@ -131,16 +173,20 @@ def test_a_projection_that_fails_writes_no_delta(resolve, flow: Flow, monkeypatc
 
 
 def test_a_fold_during_a_paged_read_of_a_count_makes_it_read_again(resolve, flow: Flow, monkeypatch):
-    # Given a snapshot of 3 and 2 newer deltas
+    # Given a snapshot of 3 and 2 newer deltas (Completed: a tallied bucket)
     for i in range(3):
         resolve(
-            nimbus(MessageType.EventRequest, endpoint=flow.endpoint, event_id=f"e{i}", message_id=f"r{i}")
+            nimbus(
+                MessageType.ResolutionResponse, endpoint=flow.endpoint, event_id=f"e{i}", message_id=f"r{i}"
+            )
         )
     overview = service.overview()
     assert overview.fold(flow.endpoint) == 3
     for i in range(3, 5):
         resolve(
-            nimbus(MessageType.EventRequest, endpoint=flow.endpoint, event_id=f"e{i}", message_id=f"r{i}")
+            nimbus(
+                MessageType.ResolutionResponse, endpoint=flow.endpoint, event_id=f"e{i}", message_id=f"r{i}"
+            )
         )
     original = overview._range
     folded = {"done": False}
@@ -157,7 +203,7 @@ def test_a_fold_during_a_paged_read_of_a_count_makes_it_read_again(resolve, flow
 
     monkeypatch.setattr(overview, "_range", paged_with_a_fold_between)
     # When the counts are read across that fold, Then they are still exact (the snapshot's ETag changed)
-    assert overview.counts(flow.endpoint)["Pending"] == 5
+    assert overview.counts(flow.endpoint)["Completed"] == 5
     assert folded["done"]
 
 

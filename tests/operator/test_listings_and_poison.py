@@ -103,10 +103,18 @@ def test_listing_filters_by_time_and_reads_one_page(call, resolve, handoff_shard
     with ROUND_TRIPS.measure() as tally:
         assert ids(listing(call, endpoint, status="Failed", eventTypeId="Billing.InvoiceCreated")) == ["e2"]
     assert tally.requests == handoff_shards  # one page per shard, merged newest first
-    # By status alone the first page also counts them: the counts' snapshot and deltas, then its ETag
+    # By status alone the first page also counts them: an open status's rows, keys only, once per shard
     with ROUND_TRIPS.measure() as tally:
         assert listing(call, endpoint, status="Failed").json["count"] == 1
+    assert tally.requests == handoff_shards + handoff_shards
+    # a tallied status's count: the counts' snapshot and deltas, then its ETag
+    with ROUND_TRIPS.measure() as tally:
+        assert listing(call, endpoint, status="Completed").json["count"] == 1
     assert tally.requests == handoff_shards + 2 * counts_partitions(handoff_shards)
+    # all events: every status's range, merged newest change first
+    with ROUND_TRIPS.measure() as tally:
+        assert ids(listing(call, endpoint)) == ["e3", "e2", "e1", "e0"]
+    assert tally.requests == 7 * handoff_shards
     assert listing(call, endpoint, status="Bogus").status == 400
     assert listing(call, endpoint, to="yesterday").json["field"] == "to"
 
@@ -195,7 +203,7 @@ def test_one_event_for_operators_is_one_read_with_its_actions_and_payload(call, 
     assert unknown.status == 404
 
 
-def test_the_overview_costs_one_read_plus_six_per_endpoint_plus_two(
+def test_the_overview_costs_one_read_plus_seven_per_endpoint_plus_two(
     call, resolve, fresh_tables, handoff_shards: int
 ):
     seed(resolve, "Alpha")
@@ -203,10 +211,10 @@ def test_the_overview_costs_one_read_plus_six_per_endpoint_plus_two(
     with ROUND_TRIPS.measure() as tally:
         result = call("endpoints_overview", method="GET")
     assert [i["endpointId"] for i in result.json["items"]] == ["Alpha", "Beta"]
-    # the endpoint list; per endpoint: counts (range read + ETag check per counted partition), and per
-    # shard the two oldest-first rows and the unconfirmed / overdue index ranges; the
-    # unattributed poison counts. Unsharded (S = 1): 1 + 6 per endpoint + 2.
-    per_endpoint = 2 * counts_partitions(handoff_shards) + 4 * handoff_shards
+    # the endpoint list; per endpoint: the tallies (range read + ETag check per counted partition), and per
+    # shard the open events' rows (three ranges, keys only: counts and oldest ages) and the unconfirmed /
+    # overdue index ranges; the unattributed poison counts. Unsharded (S = 1): 1 + 7 per endpoint + 2.
+    per_endpoint = 2 * counts_partitions(handoff_shards) + 5 * handoff_shards
     assert tally.requests == 1 + per_endpoint * 2 + 2
 
 
