@@ -1,6 +1,7 @@
 """Operator actions on an event: resubmit (as is, or with an edited payload), skip, and settling a parked
 hand-off from the console. Each goes through the settlement outbox (:mod:`handoff.settlement.settler`): one
-claim, one control message, one audit row, a retry answered from its claim, the reconciler behind it.
+claim (which is also its audit, ADR-0022 change 3), one control message, a retry answered from its claim,
+the reconciler behind it.
 
 Wire shape (``reference/nimbus-contract.md`` §1.5, ``ManagerClient``): ``ResubmissionRequest`` carries
 ``EventContent{EventTypeId, EventJson}`` (the latest request message in the event's history that carries
@@ -38,7 +39,7 @@ from management.audits import mirror
 
 @dataclass(frozen=True)
 class ActionResult:
-    """The accepted action and the audit row it wrote."""
+    """The accepted action and its audit (rendered from its claim, or the audit row an older claim names)."""
 
     accepted: Settled
     action: str
@@ -285,9 +286,13 @@ class OperatorActions:
         return self._answer(self.settlement.submit(order, row, message, data), action)
 
     def _answer(self, accepted: Settled, action: str) -> ActionResult:
+        """The action's answer with its audit: rendered from its claim (ADR-0022 change 3), or the audit row
+        a claim written before that names."""
         claim = self.store.get_claim(accepted.endpoint_id, accepted.event_id, accepted.parked_message_id)
         audit = None
         if claim is not None:
+            audit = claim.audit()
+        if claim is not None and audit is None and claim.audit_key:
             _, _, audits = classify_event_rows(
                 iter(self.store.point_rows(accepted.endpoint_id, accepted.event_id, [claim.audit_key]))
             )

@@ -3,12 +3,12 @@
 ``hoaudit`` holds the audits of actions without an event row (poison replays and dismissals) and a copy
 of every operator action's audit on an event (resubmit, skip, complete, fail, single or bulk; settlement
 resolutions; and the ``AccessDenied`` audit of any of them refused). The event audit itself stays where
-the action writes it (the event's partition, in the claim's or the resolution's transaction) and is the
-record; the copy is an insert-only index row keyed by that audit (its time and a hash of its
-coordinates), written after the action returns, so a retried action (answered from its claim, or a
-resolution from the earlier resolution's audit) lands on the same row and never doubles it. A process that
-dies between the action and the copy leaves the copy missing until the action is retried; the event's own
-audits are always complete.
+the action writes it (the event's partition: the claim, which the audit is rendered from by ADR-0022
+change 3, or the resolution's audit row) and is the record; the copy is an insert-only index row keyed by
+that audit (its time and a hash of its coordinates), written after the action returns, so a retried action
+(answered from its claim, or a resolution from the earlier resolution's audit) lands on the same row and
+never doubles it. A process that dies between the action and the copy leaves the copy missing until the
+action is retried; the event's own audits are always complete.
 
 A search reads the day partitions of ``[from, to]`` (both ends included, to the millisecond) oldest
 first, each one range of its RowKey (``{stamp}|…``: the time), with ``EndpointId`` / ``AuditType`` /

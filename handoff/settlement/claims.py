@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import uuid
 from dataclasses import dataclass
 from datetime import datetime
 from enum import Enum
@@ -34,7 +33,6 @@ from handoff.settlement.timing import CONFIRM_AFTER
 from handoff.storage import keys
 from handoff.storage.claim_state import ClaimState
 from handoff.storage.records import (
-    AuditRow,
     ClaimRow,
     EventRow,
     QueueRow,
@@ -85,9 +83,9 @@ class ClaimOrder:
 
 @dataclass(frozen=True)
 class ClaimPlan:
-    """The claim transaction: claim, audit and reconcile row inserted, the queue row marked, and (operator
-    actions) the event row pinned. ``fence``/``pin``: the position of the lease-fenced queue mark and of
-    the event pin in ``ops`` (None: not part of it)."""
+    """The claim transaction: claim (its own audit, ADR-0022 change 3) and reconcile row inserted, the queue
+    row marked, and (operator actions) the event row pinned. ``fence``/``pin``: the position of the
+    lease-fenced queue mark and of the event pin in ``ops`` (None: not part of it)."""
 
     claim: ClaimRow
     ops: list[Operation]
@@ -104,9 +102,12 @@ class ClaimPlan:
 def plan_claim(
     order: ClaimOrder, row: EventRow, message: OutboxMessage, data: str, *, pk: str, now: datetime
 ) -> ClaimPlan:
-    """The claim of ``message`` for ``row`` (``data``: the audit's ``Data``), taken at ``now``."""
+    """The claim of ``message`` for ``row`` (``data``: the audit's ``Data``), taken at ``now``.
+
+    The claim is the audit: it carries the audit's type, comment and ``Data`` and the event's endpoint and
+    type, and readers render the entry from it (:meth:`~handoff.storage.records.ClaimRow.audit`); no audit
+    row is written beside it."""
     parked = order.addressed_message_id
-    audit_key = keys.audit_row(row.event_id, now, uuid.uuid4().hex)
     reconcile_key = keys.reconcile_row(now + CONFIRM_AFTER, row.event_id, parked)
     claim = ClaimRow(
         event_id=row.event_id,
@@ -122,16 +123,18 @@ def plan_claim(
         principal_name=order.principal_name,
         principal_id=order.principal_id,
         attempts=0,
-        audit_key=audit_key,
         reconcile_key=reconcile_key,
         control_envelope=message.envelope_json(),
         control_body=message.body,
+        audit_type=order.audit_type,
+        audit_comment=order.audit_comment,
+        audit_data=data,
+        endpoint_id=row.endpoint_id,
+        event_type_id=row.event_type_id,
     )
-    audit = AuditRow.of(row, now, order, order.audit_type, comment=order.audit_comment, data=data)
     due = ReconcileRow(event_id=row.event_id, parked_message_id=parked, due_at=now + CONFIRM_AFTER)
     ops: list[Operation] = [
         tx.insert(claim.to_entity(pk, keys.claim_row(row.event_id, parked))),
-        tx.insert(audit.to_entity(pk, audit_key)),
         tx.insert(due.to_entity(pk, reconcile_key)),
     ]
     fence: int | None = None
@@ -358,7 +361,9 @@ def pinned(claim: ClaimRow, answer: dict[str, Any], *, now: datetime, count: boo
 @dataclass(frozen=True)
 class Release:
     """Undo a claim whose send certainly reached nothing: the claim (``If-Match`` the ETag its sender
-    wrote), its audit and reconcile rows, and the queue mark (``mark``: its position, None without one)."""
+    wrote) and with it the audit rendered from it, its reconcile row, the audit row of a claim written
+    before the audit was rendered (``audit_key``), and the queue mark (``mark``: its position, None without
+    one)."""
 
     ops: list[Operation]
     mark: int | None
@@ -372,10 +377,9 @@ class Release:
 
 
 def plan_release(pk: str, row: EventRow, claim: ClaimRow) -> Release:
-    ops: list[Operation] = [
-        tx.delete(pk, keys.claim_row(row.event_id, claim.parked_message_id), claim.etag),
-        tx.delete(pk, claim.audit_key),
-    ]
+    ops: list[Operation] = [tx.delete(pk, keys.claim_row(row.event_id, claim.parked_message_id), claim.etag)]
+    if claim.audit_key:
+        ops.append(tx.delete(pk, claim.audit_key))
     if claim.reconcile_key:
         ops.append(tx.delete(pk, claim.reconcile_key))
     mark: int | None = None

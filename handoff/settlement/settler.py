@@ -1,13 +1,13 @@
 """Settlement of a parked hand-off: check → claim (an outbox record) → send → mark. 202: Settle owns it.
 
-The claim row, keyed (endpoint, event id, parked message id), holds the exact control message and is
-written in one transaction with the audit row, the reconcile index row and the queue's ``ClaimedUntil``
-mark, *before* the send (``docs/adr/0012-settlement-outbox.md``):
+The claim row, keyed (endpoint, event id, parked message id), holds the exact control message and its
+audit (who, when, the audit's type and data: the event's audits render the entry from it, ADR-0022 change
+3), and is written in one transaction with the reconcile index row and the queue's ``ClaimedUntil`` mark,
+*before* the send (``docs/adr/0012-settlement-outbox.md``):
 
 * the send succeeds → the claim becomes ``sent`` → 202 ``confirmed: true``;
-* the send certainly reached nothing (:class:`~handoff.messages.transport.SendRefused`) → claim, audit,
-reconcile
-  row and mark are deleted in one transaction → 503, and a retry starts clean;
+* the send certainly reached nothing (:class:`~handoff.messages.transport.SendRefused`) → claim (and so
+  its audit), reconcile row and mark are deleted in one transaction → 503, and a retry starts clean;
 * anything else (a timeout, a link lost during the send, the process killed) → the claim stays
   ``sending`` → 202 ``confirmed: false``; the reconciler confirms it from the resolver's history, re-sends
   the identical message while duplicate detection covers it, or shows it as unconfirmed.
@@ -252,8 +252,9 @@ class SettlementService:
         return self.submit(order, row, message, audit_data(s, message.message_id, parked))
 
     def submit(self, order: ClaimOrder, row: EventRow, message: OutboxMessage, data: str) -> Settled:
-        """Claim (with the audit row, ``data`` its ``Data``), send, answer: the outbox path of any control
-        message. A claim already there for the same request answers its retry; another request's is a 409."""
+        """Claim (the claim carries its audit, ``data`` the audit's ``Data``), send, answer: the outbox path
+        of any control message. A claim already there for the same request answers its retry; another
+        request's is a 409."""
         claim, existing = self._claim(order, row, message, data)
         if existing is not None:
             return self._answer(order.endpoint_id, existing, replayed=True)

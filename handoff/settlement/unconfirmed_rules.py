@@ -130,7 +130,11 @@ def plan_resolution(
     pk: str, row: EventRow, claim: ClaimRow, resolution: str, audit: AuditRow
 ) -> list[Operation]:
     """One transaction: the claim marked delivered or deleted (``If-Match`` it as read; a release also frees
-    the queue row of the hand-off it settled), its index rows deleted, the audit inserted."""
+    the queue row of the hand-off it settled), its index rows deleted, the audit inserted.
+
+    A released claim whose audit was rendered from it (ADR-0022 change 3) leaves that audit behind as a row
+    of its own, written here with the claim's time: the settlement's audit stays after its release (its
+    message may have reached the endpoint), beside the resolution's, as when the claim wrote it."""
     claim_key = keys.claim_row(claim.event_id, claim.parked_message_id)
     now = audit.audit_timestamp
     ops: list[Operation] = []
@@ -156,6 +160,10 @@ def plan_resolution(
         ops.append(tx.delete(pk, claim.reconcile_key))
     if claim.unconfirmed_key:
         ops.append(tx.delete(pk, claim.unconfirmed_key))
+    settled = claim.audit() if resolution != DELIVERED else None
+    if settled is not None:  # the released claim's own audit, left behind as a row
+        key = keys.audit_row(claim.event_id, settled.audit_timestamp, uuid.uuid4().hex)
+        ops.append(tx.insert(settled.to_entity(pk, key)))
     ops.append(tx.insert(audit.to_entity(pk, keys.audit_row(claim.event_id, now, uuid.uuid4().hex))))
     return ops
 

@@ -10,8 +10,10 @@ RowKey                             row
 =================================  =====================================================================
 ``ev|{eventId}|e``                 the event row (NimBus ``UnresolvedEvent``; one per endpoint + event)
 ``ev|{eventId}|m|{messageId}``     history: one per projected message (insert-only = idempotent)
-``ev|{eventId}|a|{stamp}|{id}``    audit rows (CompleteHandoff / FailHandoff / Resolver Comment)
-``ev|{eventId}|c|{parkedMsgId}``   the settlement claim of one parked message (an outbox record)
+``ev|{eventId}|a|{stamp}|{id}``    audit rows (Resolver Comment, ResolveSettlement, AccessDenied; a
+                                   claim's CompleteHandoff / FailHandoff / operator action before ADR-0022)
+``ev|{eventId}|c|{parkedMsgId}``   the settlement claim of one parked message (an outbox record), also
+                                   the audit of its control message (rendered from it, ADR-0022)
 ``hq|{parkedAt}|{eventId}``        pending hand-off queue, oldest first (agent ``next``)
 ``jb|{externalJobId}|{eventId}``   parked row by external job id (before ADR-0022: deleted, never written)
 ``ex|{expectedBy}|{eventId}``      parked rows by ExpectedBy (timeout sweeper)

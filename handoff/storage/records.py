@@ -340,8 +340,13 @@ class AuditRow(TableRecord):
 class ClaimRow(TableRecord):
     """The settlement of one parked message: an outbox record holding the exact control message.
 
-    Inserted (with its audit row) before the send; never taken over; deleted only after a send that
-    certainly reached nothing. See :mod:`handoff.storage.claim_state` for the states.
+    Inserted before the send; never taken over; deleted only after a send that certainly reached nothing.
+    See :mod:`handoff.storage.claim_state` for the states.
+
+    It is also the audit of what it sends (ADR-0022 change 3): who (``SettledBy``, the principal), when
+    (``ClaimedAt``), the audit's type, comment and ``Data`` and the event it is about are its columns, and
+    every reader of an event's audits renders the entry from them (:meth:`audit`). A claim written before
+    that has its own audit row instead, named by ``AuditKey`` (and no audit columns).
     """
 
     event_id: str
@@ -358,16 +363,42 @@ class ClaimRow(TableRecord):
     principal_id: str | None = None
     attempts: int = 0
     last_sent_at: datetime | None = None
-    audit_key: str
+    # A claim written before ADR-0022 change 3: the key of its audit row (written in its transaction).
+    audit_key: str | None = None
     reconcile_key: str | None = None
     unconfirmed_key: str | None = None
     control_envelope: str | None = None
     control_body: str | None = None
+    # The audit rendered from the claim (None on a claim whose audit is its own row, ``audit_key``).
+    audit_type: str | None = None
+    audit_comment: str | None = None
+    audit_data: str | None = None
+    endpoint_id: str | None = None
+    event_type_id: str | None = None
 
     def outbox_message(self) -> OutboxMessage:
         if self.control_envelope is None or self.control_body is None:
             raise ValueError(f"claim of {self.event_id} holds no message")
         return OutboxMessage.from_stored(self.control_envelope, self.control_body)
+
+    def audit(self) -> AuditRow | None:
+        """The audit entry of this claim, as the audit row it replaces said it: who settled, when it was
+        claimed, the audit's type, comment and data. None for a claim written with its own audit row
+        (``audit_key``): that row is the entry."""
+        if self.audit_key or self.audit_type is None:
+            return None
+        return AuditRow(
+            auditor_name=self.settled_by,
+            audit_timestamp=self.claimed_at,
+            audit_type=self.audit_type,
+            comment=self.audit_comment,
+            data=self.audit_data,
+            event_id=self.event_id,
+            endpoint_id=self.endpoint_id or "",
+            event_type_id=self.event_type_id,
+            principal_name=self.principal_name,
+            principal_id=self.principal_id,
+        )
 
 
 class ReconcileRow(TableRecord):

@@ -448,10 +448,16 @@ class HandoffStore:
 
 
 def classify_event_rows(entities: Iterator[Any]) -> tuple[EventRow | None, list[HistoryRow], list[AuditRow]]:
-    """Split one event's range query into its event row, history (projection order) and audits (by time)."""
+    """Split one event's range query into its event row, history (projection order) and audits (by time).
+
+    The audits are the audit rows and the entries rendered from the event's claims (every ``ev|…|c|`` row:
+    a claim is the audit of the control message it holds, ADR-0022 change 3), merged by time. A claim
+    written before that names its own audit row (``AuditKey``), which is the entry: it is never shown twice.
+    A released claim is gone, and with it its audit."""
     event: EventRow | None = None
     history: list[HistoryRow] = []
     audits: list[AuditRow] = []
+    claims: list[ClaimRow] = []
     for entity in entities:
         row_key = str(entity["RowKey"])
         parts = row_key.split("|")
@@ -462,5 +468,16 @@ def classify_event_rows(entities: Iterator[Any]) -> tuple[EventRow | None, list[
             history.append(HistoryRow.from_entity(entity))
         elif kind == "a":
             audits.append(AuditRow.from_entity(entity))
+        elif kind == "c":
+            claims.append(ClaimRow.from_entity(entity))
     history.sort(key=lambda h: (h.sequence or 0, h.enqueued_time_utc))
-    return event, history, audits
+    return event, history, with_claim_audits(audits, claims)
+
+
+def with_claim_audits(audits: list[AuditRow], claims: list[ClaimRow]) -> list[AuditRow]:
+    """``audits`` (audit rows, by time) with the entries rendered from ``claims`` merged in by time. A claim
+    that names its audit row (``AuditKey``: written before the audit was rendered) renders nothing."""
+    rendered = [audit for claim in claims if (audit := claim.audit()) is not None]
+    if not rendered:
+        return audits
+    return sorted([*audits, *rendered], key=lambda audit: audit.audit_timestamp)

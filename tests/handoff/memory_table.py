@@ -48,6 +48,13 @@ class MemoryTable:
         found.etag = entity.metadata["etag"]
         return found
 
+    def event_rows(self, pk: str, event_id: str) -> list[Any]:
+        """Every row of one event (its ``ev|{eventId}|`` range), in key order, as the store reads them."""
+        low, high = keys.event_range(event_id)
+        return list(
+            self._table.query_entities(f"PartitionKey eq '{pk}' and RowKey ge '{low}' and RowKey lt '{high}'")
+        )
+
     def submit(self, ops: list[Operation]) -> list[dict[str, Any]]:
         """Apply ``ops`` all or none; the answers carry each written row's new ETag, in order."""
         try:

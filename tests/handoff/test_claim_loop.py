@@ -21,8 +21,10 @@ from handoff.receive.leases import UNCLAIMED, LeaseLost
 from handoff.settlement.claims import ClaimOrder, SettlementInFlight
 from handoff.storage import keys
 from handoff.storage.claim_state import ClaimState
+from handoff.storage.json_text import text_at
 from handoff.storage.keys import Layout
 from handoff.storage.records import AuditRow, ClaimRow, EventRow, QueueRow
+from handoff.storage.store import classify_event_rows
 from tests.support.interleave import interleave
 
 from .claim_rows import CLAIM_KEY, EVENT, PARKED, PK, QUEUE_KEY, T0, message, parked
@@ -40,6 +42,16 @@ from .settling import (
 )
 
 Action = Callable[[], object]
+
+
+def event_audits(table: MemoryTable) -> list[AuditRow]:
+    """The event's audits as every reader shows them (audit rows and the entries rendered from claims)."""
+    return classify_event_rows(iter(table.event_rows(PK, EVENT)))[2]
+
+
+def audit_rows(table: MemoryTable) -> list[str]:
+    """The keys of the event's audit rows (``ev|…|a|``) as written."""
+    return [str(e["RowKey"]) for e in table.event_rows(PK, EVENT) if str(e["RowKey"]).split("|")[2] == "a"]
 
 
 def before(table: MemoryTable, call: str, *actions: Action, rk: str | None = None) -> list[str]:
@@ -297,14 +309,18 @@ def test_an_operator_action_claims_pins_and_audits_who_asked() -> None:
     assert claim is not None and accepted.confirmed and accepted.control_message_id == "ctl-op"
     assert (claim.settled_by, claim.agent_id) == ("operator@contoso", "console")
     assert (claim.principal_name, claim.principal_id) == ("Operator One", "oid-1")
-    audit = table.read(AuditRow, PK, claim.audit_key)
-    assert audit is not None and audit.audit_type == "Resubmit" and audit.data == '{"a":1}'
+    # The claim is the audit (ADR-0022 change 3): no audit row, the event's audits render it
+    assert claim.audit_key is None and audit_rows(table) == []
+    [audit] = event_audits(table)
+    assert audit == claim.audit()
+    assert audit.audit_type == "Resubmit" and audit.data == '{"a":1}' and audit.audit_timestamp == T0
     assert audit.comment == "replayed after the fix"
     assert (audit.auditor_name, audit.principal_name, audit.principal_id) == (
         "operator@contoso",
         "Operator One",
         "oid-1",
     )
+    assert (audit.event_id, audit.endpoint_id) == (EVENT, "Billing")
     pinned = table.get(PK, keys.event_row(EVENT))
     assert pinned is not None and pinned["OperatorClaimAt"] == T0
     assert table.get(PK, QUEUE_KEY)["ClaimedUntil"] == UNCLAIMED  # type: ignore[index]  # no queue mark
@@ -319,10 +335,11 @@ def test_a_settlement_claim_records_the_agent_and_principal_that_asked() -> None
     claim = claim_in(table)
     assert claim is not None
     assert (claim.agent_id, claim.principal_name, claim.principal_id) == ("agent-7", "Billing App", "oid-9")
-    audit = table.read(AuditRow, PK, claim.audit_key)
-    assert audit is not None and audit.audit_type == "CompleteHandoff" and audit.auditor_name == "agent"
+    [audit] = event_audits(table)
+    assert audit.audit_type == "CompleteHandoff" and audit.auditor_name == "agent"
     assert (audit.principal_name, audit.principal_id) == ("Billing App", "oid-9")
     assert '"agentId":"agent-7"' in (audit.data or "")
+    assert audit_rows(table) == []  # rendered from the claim, not written beside it
 
 
 # -- a refused send whose claim cannot be released ----------------------------------------------------------
@@ -382,7 +399,7 @@ def test_our_own_leased_settlement_retried_once_the_lease_is_gone_is_answered_fr
 
 def test_two_settlements_of_one_event_at_the_same_instant_are_both_audited() -> None:
     """The hand-off is settled, parked again by another message and settled again, all at ``T0``: each
-    claim has its own audit row."""
+    claim renders its own audit entry."""
     table, transport = hand_off(), Transport()
     settler(table, transport).settle(completion())
     again = parked(etag=None).model_copy(update={"last_message_id": "park-2"})
@@ -394,12 +411,9 @@ def test_two_settlements_of_one_event_at_the_same_instant_are_both_audited() -> 
     accepted = settler(table, transport).settle(completion(message_id="park-2"))
 
     assert accepted.confirmed and not accepted.replayed and len(transport.sent) == 2
-    audits = [
-        table.read(AuditRow, PK, str(c.audit_key))
-        for c in (claim_in(table), table.read(ClaimRow, PK, keys.claim_row(EVENT, "park-2")))
-        if c is not None
-    ]
-    assert len(audits) == 2 and all(a is not None and a.audit_timestamp == T0 for a in audits)
+    audits = event_audits(table)
+    assert len(audits) == 2 and all(a.audit_timestamp == T0 for a in audits)
+    assert sorted(text_at(a.data, "parkedMessageId") or "" for a in audits) == [PARKED, "park-2"]
 
 
 def test_a_claim_read_back_after_a_lost_answer_is_moved_if_match_as_read() -> None:

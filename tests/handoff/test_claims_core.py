@@ -10,6 +10,7 @@ and that a write from a stale read never wins.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -32,7 +33,7 @@ from handoff.settlement.settler import SettlementService
 from handoff.storage import keys
 from handoff.storage.claim_state import ClaimState
 from handoff.storage.keys import Layout
-from handoff.storage.records import ClaimRow, QueueRow
+from handoff.storage.records import AuditRow, ClaimRow, QueueRow
 from handoff.storage.store import HandoffStore
 from tests.support.examples import examples
 
@@ -49,30 +50,67 @@ def kinds(ops: list[tuple[object, ...]]) -> list[tuple[object, str]]:
 # -- taken ------------------------------------------------------------------------------------------
 
 
-def test_a_claim_inserts_claim_audit_and_reconcile_row_and_marks_the_queue_row_if_it_still_exists() -> None:
+def test_a_claim_inserts_claim_and_reconcile_row_and_marks_the_queue_row_if_it_still_exists() -> None:
     plan = claims.plan_claim(order(), parked(), message("ctl-1"), "{}", pk=PK, now=T0)
 
-    assert [op[0] for op in plan.ops] == ["create", "create", "create", "update"]
-    assert plan.ops[0][1]["RowKey"] == CLAIM_KEY
-    assert plan.ops[3][1] == {"PartitionKey": PK, "RowKey": QUEUE_KEY, "ClaimedUntil": leases.CLAIMED}
-    assert "etag" not in plan.ops[3][2]  # If-Match *: only that the hand-off is still queued
+    # No audit row: the claim is the audit (ADR-0022 change 3)
+    assert kinds(plan.ops) == [
+        ("create", CLAIM_KEY),
+        ("create", str(plan.claim.reconcile_key)),
+        ("update", QUEUE_KEY),
+    ]
+    assert plan.ops[2][1] == {"PartitionKey": PK, "RowKey": QUEUE_KEY, "ClaimedUntil": leases.CLAIMED}
+    assert "etag" not in plan.ops[2][2]  # If-Match *: only that the hand-off is still queued
     assert plan.fence is None and plan.pin is None
     assert plan.claim.state is ClaimState.sending and plan.claim.control_message_id == "ctl-1"
+
+
+def test_a_claim_carries_the_audit_the_row_beside_it_used_to_hold() -> None:
+    asked = dataclasses.replace(
+        order(), principal_name="Billing App", principal_id="oid-9", audit_comment="why", agent_id="a-7"
+    )
+    plan = claims.plan_claim(asked, parked(), message("ctl-1"), '{"controlMessageId":"ctl-1"}', pk=PK, now=T0)
+
+    # The claim as written (and read back) renders the audit row the claim transaction used to insert
+    written = ClaimRow.from_entity(plan.ops[0][1])
+    assert written.audit_key is None
+    expected = AuditRow.of(
+        parked(), T0, asked, "CompleteHandoff", comment="why", data='{"controlMessageId":"ctl-1"}'
+    )
+    assert written.audit() == expected == plan.claim.audit()
+    # A claim written before (its own audit row, ``AuditKey``) renders nothing: that row is its audit
+    legacy = written.model_copy(update={"audit_key": keys.audit_row(EVENT, T0, "x")})
+    assert legacy.audit() is None
+    assert ClaimRow.from_entity({"RowKey": CLAIM_KEY, **_legacy_columns()}).audit() is None
+
+
+def _legacy_columns() -> dict[str, object]:
+    """A claim row as written before ADR-0022 change 3: no audit columns, the key of its audit row."""
+    return {
+        "EventId": EVENT,
+        "ParkedMessageId": PARKED,
+        "State": "sent",
+        "ClaimedAt": T0,
+        "ControlMessageId": "ctl-0",
+        "MessageType": "HandoffCompletedRequest",
+        "SettledBy": "agent",
+        "AuditKey": keys.audit_row(EVENT, T0, "legacy"),
+    }
 
 
 def test_a_leased_claim_is_fenced_by_the_queue_row_as_read_holding_the_lease() -> None:
     plan = claims.plan_claim(order(token="tok"), parked(), message(), "{}", pk=PK, now=T0)
 
-    assert plan.fence == 3
+    assert plan.fence == 2
     fenced = plan.fenced('"q7"')
-    assert fenced[3][1]["ClaimedUntil"] == leases.CLAIMED and fenced[3][2]["etag"] == '"q7"'
-    assert fenced[:3] == plan.ops[:3]
+    assert fenced[2][1]["ClaimedUntil"] == leases.CLAIMED and fenced[2][2]["etag"] == '"q7"'
+    assert fenced[:2] == plan.ops[:2]
 
 
 def test_an_operator_claim_pins_the_event_row_as_checked_and_needs_its_etag() -> None:
     plan = claims.plan_claim(order(pins_event=True), parked(), message(), "{}", pk=PK, now=T0)
 
-    assert plan.pin == 3 and plan.ops[3][2]["etag"] == '"e1"'
+    assert plan.pin == 2 and plan.ops[2][2]["etag"] == '"e1"'
     with pytest.raises(ValueError, match="ETag"):
         claims.plan_claim(order(pins_event=True), parked(etag=None), message(), "{}", pk=PK, now=T0)
 
@@ -81,11 +119,11 @@ def test_an_operator_claim_pins_the_event_row_as_checked_and_needs_its_etag() ->
     ("index", "status", "fenced", "pinned", "verdict"),
     [
         (0, 409, False, False, ClaimRefused.TAKEN),
-        (3, 412, True, False, ClaimRefused.LEASE_MOVED),
-        (3, 404, True, False, ClaimRefused.NOT_PARKED),
-        (3, 404, False, False, ClaimRefused.NOT_PARKED),
-        (3, 412, False, True, ClaimRefused.EVENT_MOVED),
-        (3, 404, False, True, ClaimRefused.EVENT_MOVED),
+        (2, 412, True, False, ClaimRefused.LEASE_MOVED),
+        (2, 404, True, False, ClaimRefused.NOT_PARKED),
+        (2, 404, False, False, ClaimRefused.NOT_PARKED),
+        (2, 412, False, True, ClaimRefused.EVENT_MOVED),
+        (2, 404, False, True, ClaimRefused.EVENT_MOVED),
         (1, 409, False, False, ClaimRefused.OTHER),
         (None, 412, False, False, ClaimRefused.OTHER),
     ],
@@ -258,18 +296,31 @@ def test_a_release_deletes_the_claim_as_its_sender_wrote_it_and_frees_the_queue_
     claim = claim_row()
     release = claims.plan_release(PK, parked(), claim)
 
+    # The claim's audit is rendered from it: deleting the claim is deleting its audit
     assert kinds(release.ops) == [
         ("delete", CLAIM_KEY),
-        ("delete", claim.audit_key),
         ("delete", str(claim.reconcile_key)),
         ("update", QUEUE_KEY),
     ]
-    assert release.ops[0][2]["etag"] == '"c1"' and release.ops[3][1]["ClaimedUntil"] == leases.UNCLAIMED
+    assert release.ops[0][2]["etag"] == '"c1"' and release.ops[2][1]["ClaimedUntil"] == leases.UNCLAIMED
     # The queue row is gone (projected away): the claim is released alone; nothing else is retried.
-    assert release.again(Refusal(index=3, status=404, code="ResourceNotFound")) == release.ops[:3]
+    assert release.again(Refusal(index=2, status=404, code="ResourceNotFound")) == release.ops[:2]
     assert release.again(Refusal(index=0, status=412, code="")) is None
     assert release.again(None) is None
     assert claims.plan_release(PK, parked(queue_key=None), claim).mark is None
+
+
+def test_a_release_of_a_claim_written_with_its_own_audit_row_deletes_that_row_too() -> None:
+    legacy = claim_row(audit_key=keys.audit_row(EVENT, T0, "legacy"))
+    release = claims.plan_release(PK, parked(), legacy)
+
+    assert kinds(release.ops) == [
+        ("delete", CLAIM_KEY),
+        ("delete", str(legacy.audit_key)),
+        ("delete", str(legacy.reconcile_key)),
+        ("update", QUEUE_KEY),
+    ]
+    assert release.mark == 3
 
 
 # -- leases -------------------------------------------------------------------------------------------

@@ -265,8 +265,22 @@ def test_plan_resolution_of_released_deletes_the_claim_and_frees_its_queue_row()
         tx.merge({"PartitionKey": PK, "RowKey": QUEUE_KEY, "ClaimedUntil": UNCLAIMED}),
         tx.delete(PK, keys.unconfirmed_row("ev-1", "park-1")),
     ]
-    assert len(ops) == 4
-    assert_audit_insert(ops[3], resolved_audit)
+    assert len(ops) == 5
+    # The settlement's audit, rendered from the claim until now, stays: written as a row at the claim's time
+    settled = claim.audit()
+    assert settled is not None
+    assert_audit_insert(ops[3], settled)
+    assert AuditRow.from_entity(ops[3][1]).model_dump() == settled.model_dump()
+    assert_audit_insert(ops[4], resolved_audit)
+
+
+def test_plan_resolution_of_a_released_claim_with_its_own_audit_row_leaves_that_row() -> None:
+    legacy = unconfirmed_claim(reconcile_key=None, audit_key=keys.audit_row("ev-1", T0, "legacy"))
+
+    ops = plan_resolution(PK, parked(), legacy, RELEASED, audit(RELEASED))
+
+    assert [op[0] for op in ops] == ["delete", "update", "delete", "create"]
+    assert_audit_insert(ops[3], audit(RELEASED))
 
 
 def test_plan_resolution_frees_no_queue_row_of_another_park_or_of_none() -> None:
@@ -275,7 +289,7 @@ def test_plan_resolution_frees_no_queue_row_of_another_park_or_of_none() -> None
 
     for row in (moved_on, parked(queue_key=None)):
         ops = plan_resolution(PK, row, claim, RELEASED, audit(RELEASED))
-        assert [op[0] for op in ops] == ["delete", "create"]
+        assert [op[0] for op in ops] == ["delete", "create", "create"]
 
 
 def test_plan_resolution_of_a_claim_read_without_an_etag_matches_any() -> None:
