@@ -66,9 +66,10 @@ HANDOFF: tuple[Step, ...] = (
     Step("an agent's next", 0, "reads only: the queue's first row, the event row"),
     Step(
         "HTTP settle complete",
-        6,
-        "the claim transaction: `ev|…|c` claim (the outbox), `ev|…|a` audit, `rc|` reconcile row, `hq|` "
-        "marked (merge) (4); after the send: the claim marked sent (merge), the `rc|` row deleted (2)",
+        5,
+        "the claim transaction: `ev|…|c` claim (the outbox; the audit is rendered from it, no `ev|…|a` row, "
+        "ADR-0022), `rc|` reconcile row, `hq|` marked (merge) (3); after the send: the claim marked sent "
+        "(merge), the `rc|` row deleted (2)",
     ),
     Step(
         "HandoffCompletedRequest projected",

@@ -19,11 +19,13 @@ EVENTS = [f"race-{n}" for n in range(12)]
 
 
 def _rows(connection: str, prefix: str) -> dict[str, Counter[str]]:
-    """Per event: claims (c), audits (a) and control messages projected back (ctl)."""
+    """Per event: claims (c), audits as the event view shows them (a: the audit rows and the entries
+    rendered from claims, ADR-0022 change 3) and control messages projected back (ctl)."""
     from common.settings import TableSettings
     from common.tables import Tables
     from handoff import service
     from handoff.storage import keys
+    from handoff.storage.store import classify_event_rows
 
     tables = Tables(
         TableSettings(connection_string=connection, service_uri=None, client_id=None, prefix=prefix)
@@ -39,13 +41,17 @@ def _rows(connection: str, prefix: str) -> dict[str, Counter[str]]:
                 f"PartitionKey eq '{pk}' and RowKey ge 'ev|' and RowKey lt 'ev}}'"
             )
         ]
+        of_event: dict[str, list[object]] = {e: [] for e in EVENTS}
         for entity in rows:
             _, event, kind, *_ = str(entity["RowKey"]).split("|")
             event = keys.decode(event)
-            if kind in ("c", "a"):
+            of_event[event].append(entity)
+            if kind == "c":
                 found[event][kind] += 1
             if kind == "m" and entity.get("MessageType") in ("ResubmissionRequest", "SkipRequest"):
                 found[event]["ctl"] += 1
+        for event, entities in of_event.items():
+            found[event]["a"] += len(classify_event_rows(iter(entities))[2])
     finally:
         tables.close()
     return found

@@ -212,7 +212,7 @@ def test_a_settlement_costs_three_table_round_trips(call, resolve, flow, transpo
     with ROUND_TRIPS.measure() as tally:
         settlement_result = complete(call, flow)
     assert settlement_result.status == 202
-    # Read the event row; one $batch: claim + audit + reconcile row + queue mark; send; one $batch: the
+    # Read the event row; one $batch: claim (its audit) + reconcile row + queue mark; send; one $batch: the
     # claim marked sent and its reconcile row deleted.
     assert tally.methods == ["GET", "POST", "POST"]
 

@@ -13,6 +13,7 @@ import pytest
 from common.clock import iso
 from handoff import service
 from handoff.storage import keys
+from handoff.storage.store import classify_event_rows
 from tests.support.handoff_flows import Flow, nimbus
 from tests.support.operator_calls import resolve_claim, stuck
 
@@ -102,17 +103,15 @@ def _failed(resolve, endpoint: str, n: int) -> list[str]:
 
 
 def _control_messages(endpoint: str, event_id: str) -> tuple[int, int]:
-    """(claims, audits) of one event: what a bulk action may leave exactly once."""
+    """(claims, audits) of one event: what a bulk action may leave exactly once (the audits as the event
+    view shows them: audit rows and the entries rendered from claims, ADR-0022 change 3)."""
     table = service.store().table(keys.EVENTS_TABLE)
     low, high = keys.event_range(event_id)
-    claims = audits = 0
     pk = service.layout().now().event_partition(endpoint, event_id)
     query = f"PartitionKey eq '{pk}' and RowKey ge '{low}' and RowKey lt '{high}'"
-    for entity in table.query_entities(query):
-        kind = str(entity["RowKey"]).split("|")[2]
-        claims += kind == "c"
-        audits += kind == "a"
-    return claims, audits
+    rows = list(table.query_entities(query))
+    claims = sum(str(entity["RowKey"]).split("|")[2] == "c" for entity in rows)
+    return claims, len(classify_event_rows(iter(rows))[2])
 
 
 def test_bulk_resubmit_is_the_single_action_per_event_with_per_event_results(call, resolve, flow, transport):
