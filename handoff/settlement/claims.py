@@ -123,6 +123,9 @@ def plan_claim(
         principal_name=order.principal_name,
         principal_id=order.principal_id,
         attempts=0,
+        # Empty: the audit is rendered from the claim. Written (not left out) for a reader from before,
+        # which needs the column on every claim.
+        audit_key="",
         reconcile_key=reconcile_key,
         control_envelope=message.envelope_json(),
         control_body=message.body,

@@ -363,7 +363,8 @@ class ClaimRow(TableRecord):
     principal_id: str | None = None
     attempts: int = 0
     last_sent_at: datetime | None = None
-    # A claim written before ADR-0022 change 3: the key of its audit row (written in its transaction).
+    # A claim written before ADR-0022 change 3: the key of its audit row (written in its transaction);
+    # empty (or missing) on a claim whose audit is rendered from it.
     audit_key: str | None = None
     reconcile_key: str | None = None
     unconfirmed_key: str | None = None

@@ -310,7 +310,7 @@ def test_an_operator_action_claims_pins_and_audits_who_asked() -> None:
     assert (claim.settled_by, claim.agent_id) == ("operator@contoso", "console")
     assert (claim.principal_name, claim.principal_id) == ("Operator One", "oid-1")
     # The claim is the audit (ADR-0022 change 3): no audit row, the event's audits render it
-    assert claim.audit_key is None and audit_rows(table) == []
+    assert not claim.audit_key and audit_rows(table) == []
     [audit] = event_audits(table)
     assert audit == claim.audit()
     assert audit.audit_type == "Resubmit" and audit.data == '{"a":1}' and audit.audit_timestamp == T0

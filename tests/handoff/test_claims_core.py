@@ -73,7 +73,7 @@ def test_a_claim_carries_the_audit_the_row_beside_it_used_to_hold() -> None:
 
     # The claim as written (and read back) renders the audit row the claim transaction used to insert
     written = ClaimRow.from_entity(plan.ops[0][1])
-    assert written.audit_key is None
+    assert written.audit_key == "" and plan.ops[0][1]["AuditKey"] == ""  # rendered from the claim
     expected = AuditRow.of(
         parked(), T0, asked, "CompleteHandoff", comment="why", data='{"controlMessageId":"ctl-1"}'
     )
