@@ -71,6 +71,9 @@ bench: $(STAMP) ## Side-by-side benchmark (own Azurite); writes bench/results.js
 bench-smoke: $(STAMP) ## Tiny sizes (CI): fails only on an error, never on a missed target.
 	$(PY) -m bench --smoke --out bench/results-smoke.json
 
+handoff-ratio: $(STAMP) ## Full hand-offs/s on one partition under the throttle, this checkout against BEFORE (a commit): make handoff-ratio BEFORE=d71aadb [RATIO_ARGS="--runs 3 --seconds 60"]
+	$(PY) -m bench.ratio --before $(BEFORE) $(RATIO_ARGS)
+
 bench-report: $(STAMP) ## Render docs/benchmark.md and docs/reliability.md from the last full runs.
 	$(PY) -m bench.report
 
