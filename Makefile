@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 # The Python half alone (the unit tier, lint and type checks need no npm package: no Azurite, no browser).
 PYSTAMP := $(VENV)/.installed-python
 
-.PHONY: install run demo screenshots test test-unit test-tiers lint typecheck pytest bench bench-smoke bench-report reliability reliability-throttled infra-check infra-types azurite table-export table-restore reshard mutation clean
+.PHONY: install run demo screenshots test test-unit test-tiers lint typecheck pytest bench bench-smoke handoff-ratio bench-report reliability reliability-throttled infra-check infra-types azurite table-export table-restore reshard mutation clean
 
 $(PYSTAMP): requirements.txt requirements-dev.txt client/pyproject.toml
 	@test -n "$(PYTHON)" || { devtools/find-python.sh >/dev/null; exit 1; }
