@@ -58,10 +58,10 @@ HANDOFF: tuple[Step, ...] = (
     ),
     Step(
         "PendingHandoffResponse projected",
-        12,
-        "one transaction: history row, event row replaced, `hq|` queue, `ex|` expiry index, `ad|` and "
-        "`sd|` moved (2 deletes, 2 inserts), `sd|PendingHandoff` inserted, count delta (10); `hoids`: "
-        "message and job id (2; the job lookup reads them, ADR-0022)",
+        11,
+        "one transaction: history row, event row replaced, `hq|` queue (carrying ExpectedBy: overdue reads "
+        "it, no `ex|` row, ADR-0022), `ad|` and `sd|` moved (2 deletes, 2 inserts), `sd|PendingHandoff` "
+        "inserted, count delta (9); `hoids`: message and job id (2; the job lookup reads them, ADR-0022)",
     ),
     Step("an agent's next", 0, "reads only: the queue's first row, the event row"),
     Step(
@@ -72,9 +72,9 @@ HANDOFF: tuple[Step, ...] = (
     ),
     Step(
         "HandoffCompletedRequest projected",
-        11,
-        "one transaction: history row, event row replaced, `hq|` `ex|` deleted, `ad|` and two `sd|` "
-        "deleted, `ad|` and `sd|` inserted, count delta (10); `hoids`: message id (1)",
+        10,
+        "one transaction: history row, event row replaced, `hq|` deleted, `ad|` and two `sd|` "
+        "deleted, `ad|` and `sd|` inserted, count delta (9); `hoids`: message id (1)",
     ),
     Step(
         "ResolutionResponse projected",
