@@ -17,6 +17,7 @@ from azure.functions.timer import TimerRequest
 
 from common import runtime
 from common.clock import utcnow
+from common.roundtrips import ROUND_TRIPS
 from common.tables import quoted
 from handoff import service
 from handoff.storage import keys
@@ -148,6 +149,27 @@ def test_a_leased_park_keeps_its_expected_by_and_is_still_found(call, resolve, f
     # Then the sweeper finds it and fails it (a settlement without the token keeps today's rules)
     assert flow.event_id in service.sweeper().sweep().failed
     assert len(sent_to(broker, flow)) == 1
+
+
+def test_a_tick_reads_the_parked_hand_offs_of_each_shard_once(call, resolve, flow, broker, bus):
+    # Given an endpoint with parks not yet due, parks without ExpectedBy, and two overdue ones
+    for i in range(6):
+        later = Flow(endpoint=flow.endpoint, event_id=f"{flow.event_id}-later-{i}")
+        resolve(later.request())
+        expected_by = iso(datetime.now(UTC) + timedelta(hours=1)) if i % 2 else None
+        resolve(later.park(expected_by=expected_by))
+    due = [Flow(endpoint=flow.endpoint, event_id=f"{flow.event_id}-due-{i}") for i in range(2)]
+    for d in due:
+        overdue(resolve, d)
+    store, shards = service.store(), service.layout().now().shards
+    # When the due parks are read and counted
+    with ROUND_TRIPS.measure() as read:
+        found = store.expired(flow.endpoint, utcnow())
+    with ROUND_TRIPS.measure() as counted:
+        count = store.count_due(flow.endpoint, utcnow(), cap=1000)
+    # Then each is one filtered query per shard, and finds exactly the due ones
+    assert sorted(str(e["EventId"]) for e in found) == sorted(d.event_id for d in due) and count == 2
+    assert (read.requests, counted.requests) == (shards, shards), (read.methods, counted.methods)
 
 
 def test_the_sweeper_does_nothing_unless_enabled(call, resolve, flow, broker, bus, monkeypatch):
