@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 # The Python half alone (the unit tier, lint and type checks need no npm package: no Azurite, no browser).
 PYSTAMP := $(VENV)/.installed-python
 
-.PHONY: install run demo screenshots test test-unit test-tiers lint typecheck pytest bench bench-smoke bench-report reliability reliability-throttled infra-check infra-types azurite table-export table-restore reshard mutation clean
+.PHONY: install run demo screenshots test test-unit test-tiers lint typecheck pytest bench bench-smoke handoff-ratio bench-report reliability reliability-throttled infra-check infra-types azurite table-export table-restore reshard mutation clean
 
 $(PYSTAMP): requirements.txt requirements-dev.txt client/pyproject.toml
 	@test -n "$(PYTHON)" || { devtools/find-python.sh >/dev/null; exit 1; }
@@ -70,6 +70,9 @@ bench: $(STAMP) ## Side-by-side benchmark (own Azurite); writes bench/results.js
 
 bench-smoke: $(STAMP) ## Tiny sizes (CI): fails only on an error, never on a missed target.
 	$(PY) -m bench --smoke --out bench/results-smoke.json
+
+handoff-ratio: $(STAMP) ## Full hand-offs/s on one partition under the throttle, this checkout against BEFORE (a commit): make handoff-ratio BEFORE=d71aadb [RATIO_ARGS="--runs 3 --seconds 60"]
+	$(PY) -m bench.ratio --before $(BEFORE) $(RATIO_ARGS)
 
 bench-report: $(STAMP) ## Render docs/benchmark.md and docs/reliability.md from the last full runs.
 	$(PY) -m bench.report

@@ -58,10 +58,10 @@ HANDOFF: tuple[Step, ...] = (
     ),
     Step(
         "PendingHandoffResponse projected",
-        8,
-        "one transaction: history row, event row replaced, `hq|` queue, `ex|` expiry index, the `sd|` "
-        "listing row moved (delete, insert) (6); `hoids`: message and job id (2; the job lookup reads "
-        "them, ADR-0022)",
+        7,
+        "one transaction: history row, event row replaced, `hq|` queue (carrying ExpectedBy: overdue reads "
+        "it, no `ex|` row, ADR-0022), the `sd|` listing row moved (delete, insert) (5); `hoids`: message "
+        "and job id (2; the job lookup reads them, ADR-0022)",
     ),
     Step("an agent's next", 0, "reads only: the queue's first row, the event row"),
     Step(
@@ -73,9 +73,9 @@ HANDOFF: tuple[Step, ...] = (
     ),
     Step(
         "HandoffCompletedRequest projected",
-        7,
-        "one transaction: history row, event row replaced, `hq|` `ex|` deleted, the `sd|` listing row "
-        "moved (6); `hoids`: message id (1)",
+        6,
+        "one transaction: history row, event row replaced, `hq|` deleted, the `sd|` listing row moved (5); "
+        "`hoids`: message id (1)",
     ),
     Step(
         "ResolutionResponse projected",

@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from azure.core.pipeline.policies import SansIOHTTPPolicy
@@ -211,6 +212,23 @@ def _existing_tables(service: TableServiceClient, prefix: str) -> frozenset[str]
 def quoted(value: str) -> str:
     """``value`` as a string literal in a Table query filter (OData doubles a quote inside it)."""
     return "'" + value.replace("'", "''") + "'"
+
+
+def datetime_literal(value: datetime) -> str:
+    """``value`` as a DateTime literal in a Table query filter (``datetime'2026-12-06T05:04:27.123000Z'``,
+    UTC, the SDK's own form for a ``datetime`` parameter).
+
+    Azurite compares DateTime values at millisecond precision (JavaScript ``Date``: both sides are cut to the
+    millisecond), Azure at 100 ns: a bound *on the millisecond* compared with ``lt`` is the one comparison
+    the two (and the in-memory table of the tests) answer alike, so :func:`before_ms` gives it
+    (``tests/conformance/test_table_conformance.py`` holds it)."""
+    return "datetime'" + value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ") + "'"
+
+
+def before_ms(value: datetime) -> datetime:
+    """``value`` cut to its millisecond: ``X lt datetime'{before_ms(t)}'`` means "X before ``t``'s
+    millisecond" on Azure, Azurite and the in-memory table alike (see :func:`datetime_literal`)."""
+    return value.replace(microsecond=value.microsecond - value.microsecond % 1000)
 
 
 # Pages a first-rows read follows when storage answers a page short with a continuation token.

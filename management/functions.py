@@ -256,7 +256,8 @@ def endpoint_unconfirmed(req: func.HttpRequest) -> UnconfirmedSettlements:
 
 @_index_read(
     "overdue",
-    "Parked hand-offs past their ExpectedBy, most overdue first (the expiry index, no scan; paged)",
+    "Parked hand-offs past their ExpectedBy, oldest park first (the agent queue filtered on ExpectedBy: "
+    "linear in the endpoint's parked hand-offs; paged)",
     lambda: models.OverdueHandoffs,
 )
 def endpoint_overdue(req: func.HttpRequest) -> OverdueHandoffs:

@@ -126,7 +126,7 @@ class OperatorReads:
                     poison=poison,
                     oldest_poison_day=self.overview.oldest_poison_day(endpoint_id) if poison else None,
                     unconfirmed=self._count(endpoint_id, keys.UNCONFIRMED_RANGE),
-                    overdue=self._count(endpoint_id, keys.expiry_range_until(self.clock())),
+                    overdue=self._overdue_count(endpoint_id, self.clock()),
                 )
             )
         unattributed = self.overview.counts(None)[POISON]
@@ -195,16 +195,25 @@ class OperatorReads:
         return self._page(endpoint_id, span, rows, limit)
 
     def overdue(self, endpoint_id: str, *, after: str | None, limit: int) -> IndexPage[ExpiryRow]:
-        """Parked hand-offs past their ExpectedBy, most overdue first (the expiry index), behind ``after``."""
+        """Parked hand-offs past their ExpectedBy, behind ``after``: the parks from before ADR-0022 change 5
+        (their ``ex|`` rows) most overdue first, then the queue rows (``hq|``) **oldest park first**, read
+        with a filter on ``ExpectedBy`` (``HandoffStore.expired``). Each row is read as an
+        :class:`ExpiryRow` (event id, ExpectedBy, key) whatever its kind. The page and its count are linear
+        in the endpoint's parked hand-offs (storage examines each), not in its table."""
         now = self.clock()
-        span = keys.expiry_range_until(now)
-        self._within(after, span)
+        self._within(after, keys.OVERDUE_RANGE)
         behind = dict.fromkeys(self.store.endpoint_partitions(endpoint_id), after) if after else None
         rows = [
             ExpiryRow.from_entity(e)
             for e in self.store.expired(endpoint_id, now, after=behind, limit=limit + 1)
         ]
-        return self._page(endpoint_id, span, rows, limit)
+        more = len(rows) > limit
+        count = self._overdue_count(endpoint_id, now)
+        return IndexPage(rows[:limit], count, rows[limit - 1].row_key if more else None)
+
+    def _overdue_count(self, endpoint_id: str, now: datetime) -> Capped:
+        """The parks due at ``now``, counted up to :data:`management.rules.COUNT_CAP` (keys only)."""
+        return Capped.of(self.store.count_due(endpoint_id, now, cap=rules.COUNT_CAP))
 
     def _count(self, endpoint_id: str, span: tuple[str, str]) -> Capped:
         return Capped.of(self.store.count_range(endpoint_id, *span, cap=rules.COUNT_CAP))

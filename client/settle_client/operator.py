@@ -122,8 +122,8 @@ class OperatorCalls:
         return self._listing("v1/records/stuck", StuckRecords, (), page_size)
 
     def overdue(self, endpoint: str, *, page_size: int | None = None) -> Pages[OverdueHandoff]:
-        """Parked hand-offs of ``endpoint`` past their ExpectedBy, most overdue first; pages followed
-        lazily."""
+        """Parked hand-offs of ``endpoint`` past their ExpectedBy, oldest park first (parks from before
+        ADR-0022 change 5 first, most overdue first); pages followed lazily."""
         params = (("endpointId", endpoint),)
         return self._listing("v1/endpoints/overdue", OverdueHandoffs, params, page_size, counted=True)
 

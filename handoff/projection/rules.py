@@ -25,7 +25,6 @@ from handoff.storage.json_text import text_at
 from handoff.storage.records import (
     AuditRow,
     EventRow,
-    ExpiryRow,
     HistoryRow,
     ListingRow,
     QueueRow,
@@ -137,7 +136,6 @@ def project(m: InboundMessage, current: EventRow | None, *, now: datetime) -> Pr
         handoff_seen=handoff_seen,
         history_count=(current.history_count if current else 0) + 1,
         queue_key=keys.queue_row(m.enqueued_time_utc, m.event_id) if parked else None,
-        expiry_key=keys.expiry_row(m.expected_by, m.event_id) if parked and m.expected_by else None,
         counted=True,
         bucket_keys=keys.bucket_row(status.name, now, m.event_id),
         since_at=since_at,
@@ -213,16 +211,15 @@ def _applied_ops(pk: str, row: EventRow, current: EventRow | None) -> list[Opera
                 event_id=row.event_id,
                 event_type_id=row.event_type_id,
                 parked_message_id=row.last_message_id or "",
+                expected_by=row.expected_by,
             ),
         ),
         # A park's job row of the layout before ADR-0022 (the job lookup now reads ``hoids``): deleted
         # when the park ends, never written again.
         (current.job_key if current else None, None, None),
-        (
-            current.expiry_key if current else None,
-            row.expiry_key,
-            ExpiryRow(event_id=row.event_id, expected_by=row.expected_by) if row.expected_by else None,
-        ),
+        # A park's expiry row of the layout before ADR-0022 change 5 (overdue reads the queue row's
+        # ExpectedBy): deleted when the park ends, never written again.
+        (current.expiry_key if current else None, None, None),
     ]
     for before, after, index_row in wanted:
         if before == after:
@@ -231,7 +228,20 @@ def _applied_ops(pk: str, row: EventRow, current: EventRow | None) -> list[Opera
             ops.append(tx.delete(pk, before))
         if after and index_row is not None:
             ops.append(tx.insert(index_row.to_entity(pk, after)))
-    return ops + _operator_ops(pk, row, current)
+    return ops + _expected_by_kept(pk, row, current) + _operator_ops(pk, row, current)
+
+
+def _expected_by_kept(pk: str, row: EventRow, current: EventRow | None) -> list[Operation]:
+    """A park projected again onto the same queue row (a PendingHandoffResponse enqueued in the same
+    instant): the row stays (it may hold a lease or a settlement's mark), so its ``ExpectedBy`` is merged
+    when it changed, or when the park is from before ADR-0022 change 5 (its ``ex|`` row, deleted above,
+    held it). ``If-Match *``, safe as the deletes are. A park that loses its ExpectedBy this way keeps the
+    old one on the queue row: the sweeper checks the event row and skips it."""
+    if current is None or row.queue_key is None or current.queue_key != row.queue_key:
+        return []
+    if row.expected_by is None or (current.expiry_key is None and current.expected_by == row.expected_by):
+        return []
+    return [tx.merge({"PartitionKey": pk, "RowKey": row.queue_key, "ExpectedBy": row.expected_by})]
 
 
 def _operator_ops(pk: str, row: EventRow, current: EventRow | None) -> list[Operation]:

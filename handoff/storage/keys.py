@@ -14,9 +14,11 @@ RowKey                             row
                                    claim's CompleteHandoff / FailHandoff / operator action before ADR-0022)
 ``ev|{eventId}|c|{parkedMsgId}``   the settlement claim of one parked message (an outbox record), also
                                    the audit of its control message (rendered from it, ADR-0022)
-``hq|{parkedAt}|{eventId}``        pending hand-off queue, oldest first (agent ``next``)
+``hq|{parkedAt}|{eventId}``        pending hand-off queue, oldest first (agent ``next``); carries the
+                                   park's ``ExpectedBy`` (the timeout sweeper and the overdue listing)
 ``jb|{externalJobId}|{eventId}``   parked row by external job id (before ADR-0022: deleted, never written)
-``ex|{expectedBy}|{eventId}``      parked rows by ExpectedBy (timeout sweeper)
+``ex|{expectedBy}|{eventId}``      parked rows by ExpectedBy (before ADR-0022 change 5: deleted with
+                                   their park, never written; read with ``hq|`` as :data:`OVERDUE_RANGE`)
 ``rc|{due}|{eventId}|{parked}``    open claims by when the reconciler looks at them next
 ``rc|{now}|~ids|{digest}``         lookup index rows whose insert failed, for the reconciler (``hoids``)
 ``uc|{eventId}|{parked}``          claims that could not be confirmed (operators)
@@ -296,12 +298,22 @@ def job_range(external_job_id: str) -> tuple[str, str]:
 
 
 def expiry_row(expected_by: datetime, event_id: str) -> str:
+    """The key of a park's expiry row as written before ADR-0022 change 5 (no longer written)."""
     return checked(f"ex|{stamp(expected_by)}|{encode(event_id)}", field="eventId")
 
 
 def expiry_range_until(now: datetime) -> tuple[str, str]:
-    """Rows whose ExpectedBy is at or before ``now``."""
+    """Expiry rows (written before ADR-0022 change 5) whose ExpectedBy is at or before ``now``."""
     return "ex|", f"ex|{stamp(now)}}}"
+
+
+# The parks the timeout sweeper and the overdue listing read (ADR-0022 change 5): the ``ex|`` rows of parks
+# from before and every ``hq|`` row, one key range, since no other row kind sorts between ``ex|`` and
+# ``hq}``. Every row of it that names a due park carries ``ExpectedBy``, so one server-side filter on that
+# column (``handoff.storage.store.HandoffStore.expired``) finds them; a park without ExpectedBy, or from
+# before with its ``ExpectedBy`` on its ``ex|`` row only, is in the range once. In key order: the old
+# parks by ExpectedBy, then the queue by when each event parked.
+OVERDUE_RANGE = ("ex|", "hq}")
 
 
 def poison_keys(enqueued: datetime, message_id: str | None) -> tuple[str, str]:

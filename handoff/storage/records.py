@@ -426,11 +426,15 @@ class UnconfirmedRow(TableRecord):
 
 
 class QueueRow(TableRecord):
-    """Index: a parked event, oldest first; ``ClaimedUntil`` lets ``next`` skip settlements in flight."""
+    """Index: a parked event, oldest first; ``ClaimedUntil`` lets ``next`` skip settlements in flight;
+    ``ExpectedBy`` (the park's, when it has one) lets the timeout sweeper and the overdue listing find the
+    due parks with a filter on this range (ADR-0022 change 5; parks from before have it on their
+    :class:`ExpiryRow` instead). Every later write of this row merges, so the column stays."""
 
     event_id: str
     event_type_id: str | None = None
     parked_message_id: str
+    expected_by: datetime | None = None
     # ISO text compared server-side; "0" (sorts before every time) when unclaimed, so the column always
     # exists (a filter on a missing property never matches). A leased receive sets it to the lease's end.
     claimed_until: str = "0"
@@ -471,7 +475,9 @@ class JobRow(TableRecord):
 
 
 class ExpiryRow(TableRecord):
-    """Index: a parked event by its ExpectedBy (timeout sweeper)."""
+    """Index: a parked event by its ExpectedBy, as written before ADR-0022 change 5 (deleted when its park
+    ends, no longer written). Also how the overdue listing reads a due park's row of either kind: its
+    ``EventId``, its ``ExpectedBy`` and its key."""
 
     event_id: str
     expected_by: datetime
@@ -480,8 +486,8 @@ class ExpiryRow(TableRecord):
 class EndpointRow(TableRecord):
     """An endpoint that has parked at least once (the sweeper and reconciler walk these partitions).
 
-    ``SweepCursor``: the last ``ex|`` row the sweeper looked at when a run stopped at its bound, so the
-    next run (on any instance) continues there.
+    ``SweepCursor``: per shard, the last row of the ``ex|``…``hq}`` range (``keys.OVERDUE_RANGE``) the
+    sweeper looked at when a run stopped at its bound, so the next run (on any instance) continues there.
     """
 
     endpoint_id: str

@@ -21,7 +21,7 @@ from common.errors import KeyTooLong, is_transient_storage_fault
 from common.fence import MOVED_TO, Fence, is_claim, moved_to
 from common.partition_meter import METER
 from common.table_protocol import TableSource
-from common.tables import first_rows, quoted
+from common.tables import before_ms, datetime_literal, first_rows, quoted
 
 # The operation builders live in ``common.transactions``; the operator modules still import them from here.
 from common.transactions import MAX_TRANSACTION_OPS, Operation, insert, merge_if_unchanged
@@ -211,24 +211,41 @@ class HandoffStore:
         return True
 
     def _merged(
-        self, endpoint_id: str, low: str, high: str, *, limit: int, after: dict[str, str] | None = None
+        self,
+        endpoint_id: str,
+        low: str,
+        high: str,
+        *,
+        limit: int,
+        after: dict[str, str] | None = None,
+        where: str | None = None,
     ) -> list[Any]:
         """The first ``limit`` rows of ``[low, high)`` over every shard of the endpoint, in RowKey order
-        (each shard read up to ``limit`` rows, then merged; ``after``: per shard, start behind that key)."""
+        (each shard read up to ``limit`` rows, then merged; ``after``: per shard, start behind that key;
+        ``where``: a filter on the rows' columns, applied by storage)."""
         rows: list[Any] = []
         for pk in self.endpoint_partitions(endpoint_id):
             start = (after or {}).get(pk)
-            rows.extend(self._range(pk, start or low, high, after=bool(start), limit=limit))
+            rows.extend(self._range(pk, start or low, high, after=bool(start), limit=limit, where=where))
         rows.sort(key=lambda e: str(e["RowKey"]))
         return rows[:limit]
 
     def _range(
-        self, pk: str, low: str, high: str, *, after: bool = False, limit: int | None = None
+        self,
+        pk: str,
+        low: str,
+        high: str,
+        *,
+        after: bool = False,
+        limit: int | None = None,
+        where: str | None = None,
     ) -> Iterator[Any]:
         """Rows of ``[low, high)`` (``(low, high)`` with ``after``) of one partition in key order, following
-        continuations."""
+        continuations; ``where``: only the rows it holds for (a filter storage applies)."""
         op = "gt" if after else "ge"
         query = f"PartitionKey eq {quoted(pk)} and RowKey {op} {quoted(low)} and RowKey lt {quoted(high)}"
+        if where:
+            query += f" and {where}"
         page = min(limit, 1000) if limit else None
         for count, entity in enumerate(self._events().query_entities(query, results_per_page=page), 1):
             yield entity
@@ -303,20 +320,37 @@ class HandoffStore:
     def expired(
         self, endpoint_id: str, now: datetime, *, after: dict[str, str] | None = None, limit: int = 500
     ) -> list[dict[str, Any]]:
-        """Expiry index rows due at ``now`` over every shard, in ExpectedBy order, at most ``limit``; in each
-        shard behind the key ``after[shard]`` (the sweeper's cursor is per shard). Each row carries its
-        ``PartitionKey``.
+        """The parks due at ``now`` (ADR-0022 change 5), over every shard, at most ``limit``, in key order:
+        the ``ex|`` rows of parks from before (by ExpectedBy), then the ``hq|`` queue rows (by when each
+        event parked, oldest first); in each shard behind the key ``after[shard]`` (the sweeper's cursor is
+        per shard). One range, ``keys.OVERDUE_RANGE``, filtered by storage on ``ExpectedBy`` (see
+        :func:`due_filter`). Each row carries its ``PartitionKey``, ``RowKey``, ``EventId`` and
+        ``ExpectedBy``.
 
-        Follows continuation tokens: a page of rows that cannot be swept never hides the ones behind it.
+        Linear in the endpoint's **parked** hand-offs, not in its table: storage examines every queue row
+        (and every ``ex|`` row left) of the shard to answer, in pages of at most 1,000 rows. Follows
+        continuation tokens: a page of rows that cannot be swept never hides the ones behind it.
         """
-        low, high = keys.expiry_range_until(now)
-        return [dict(e) for e in self._merged(endpoint_id, low, high, limit=limit, after=after)]
+        low, high = keys.OVERDUE_RANGE
+        rows = self._merged(endpoint_id, low, high, limit=limit, after=after, where=due_filter(now))
+        return [dict(e) for e in rows]
 
-    def count_range(self, endpoint_id: str, low: str, high: str, *, cap: int) -> int:
-        """Rows of ``[low, high)`` in the endpoint's partition, counted up to ``cap`` (keys only)."""
+    def count_due(self, endpoint_id: str, now: datetime, *, cap: int) -> int:
+        """The parks due at ``now`` (the rows :meth:`expired` reads), counted up to ``cap`` (keys only, one
+        filtered range per shard: linear in the endpoint's parked hand-offs)."""
+        low, high = keys.OVERDUE_RANGE
+        return self.count_range(endpoint_id, low, high, cap=cap, where=due_filter(now))
+
+    def count_range(
+        self, endpoint_id: str, low: str, high: str, *, cap: int, where: str | None = None
+    ) -> int:
+        """Rows of ``[low, high)`` in the endpoint's partition, counted up to ``cap`` (keys only; ``where``:
+        only the rows it holds for, filtered by storage)."""
         count = 0
         for pk in self.endpoint_partitions(endpoint_id):  # summed over the shards
             query = f"PartitionKey eq {quoted(pk)} and RowKey ge {quoted(low)} and RowKey lt {quoted(high)}"
+            if where:
+                query += f" and {where}"
             for _ in self._events().query_entities(query, select=["RowKey"], results_per_page=1000):
                 count += 1
                 if count >= cap:
@@ -445,6 +479,14 @@ class HandoffStore:
 
     def poison_rows(self, day: str) -> list[PoisonRow]:
         return self.poison_page(day, after=None, limit=10_000)[0]
+
+
+def due_filter(now: datetime) -> str:
+    """The filter of the parks due at ``now``: ``ExpectedBy`` before ``now``'s millisecond (a row without
+    the column never matches). Cut to the millisecond and compared with ``lt`` because that is how Azure,
+    Azurite (which compares DateTime values at millisecond precision) and the in-memory table answer alike
+    (``common.tables.datetime_literal``); a park comes due at most 1 ms later than its ExpectedBy."""
+    return f"ExpectedBy lt {datetime_literal(before_ms(now))}"
 
 
 def classify_event_rows(entities: Iterator[Any]) -> tuple[EventRow | None, list[HistoryRow], list[AuditRow]]:

@@ -1,17 +1,27 @@
 """Timeout sweeper (opt-in, NimBus FR-050): fail parked events whose ExpectedBy has passed, exactly once.
 
-For each endpoint that ever parked, it reads the ``ex|`` index up to now in ExpectedBy order, following
-continuation tokens, at most ``rows_per_endpoint`` rows per run; where a run stops, the endpoint row keeps
-a cursor (``SweepCursor``, ``If-Match`` its ETag), so the next run on any instance continues there and
-rows that cannot be swept never hide the ones behind them. Every due row goes through the normal
-settlement path (claim → send → audit) with errorType ``TimeoutExpired``:
+For each endpoint that ever parked, it reads the due parks (ADR-0022 change 5): the ``ex|``…``hq}`` range
+of each shard (``keys.OVERDUE_RANGE``) filtered by storage on ``ExpectedBy`` before now
+(:meth:`~handoff.storage.store.HandoffStore.expired`), following continuation tokens, at most
+``rows_per_endpoint`` rows per run; where a run stops, the endpoint row keeps a cursor per shard
+(``SweepCursor``, ``If-Match`` its ETag), so the next run on any instance continues there and rows that
+cannot be swept never hide the ones behind them. Every due row goes through the normal settlement path
+(claim → send → audit) with errorType ``TimeoutExpired``:
 
 * exactly once: the claim is the outbox (:mod:`handoff.settlement.settler`); a run that meets its own claim
-(the
-  claim transaction applied but its answer was lost) is the same settlement and continues from it;
+  (the claim transaction applied but its answer was lost) is the same settlement and continues from it; a
+  row whose event is no longer parked, or no longer due by the event row, is skipped;
 * no audit without a message: a send that certainly reached nothing releases the claim and its audit;
 * another settlement in flight (an agent was faster) wins: the row is skipped;
 * one row's or one endpoint's failure is reported and the run goes on.
+
+**Order**: the ``ex|`` rows of parks written before change 5 first (ExpectedBy order), then the queue rows
+``hq|`` in **parked order** (oldest park first), no longer in ExpectedBy order: a run bounded by
+``rows_per_endpoint`` fails the oldest due parks first, not the most overdue. Every due park is still
+reached within a cycle of the cursor. **Cost** per tick and shard: one filtered range query (more pages
+when storage stops one early), which storage answers by examining every parked hand-off of the shard:
+linear in the endpoint's parked hand-offs, not in its table (the ``ex|`` read before change 5 read the
+due rows only).
 """
 
 from __future__ import annotations
@@ -60,17 +70,17 @@ GAUGE_CAP = 10_000
 def report_parked(
     store: HandoffStore, now: datetime, *, sweeping: bool, endpoint_ids: Sequence[str] | None = None
 ) -> None:
-    """``settle.handoff.parked`` and ``settle.handoff.overdue`` per endpoint, from the queue and expiry
-    index rows (keys only; run on the sweeper tick, and only when telemetry is on). ``endpoint_ids``: the
-    tick's endpoint list (read here when not given)."""
+    """``settle.handoff.parked`` and ``settle.handoff.overdue`` per endpoint, from the queue rows and the
+    due parks (keys only, the latter filtered on ``ExpectedBy``: both linear in the parked hand-offs; run on
+    the sweeper tick, and only when telemetry is on). ``endpoint_ids``: the tick's endpoint list (read here
+    when not given)."""
     if not telemetry.enabled():
         return
     for endpoint_id in store.endpoints() if endpoint_ids is None else endpoint_ids:
         try:
             low, high = keys.QUEUE_RANGE
             parked = store.count_range(endpoint_id, low, high, cap=GAUGE_CAP)
-            low, high = keys.expiry_range_until(now)
-            overdue = store.count_range(endpoint_id, low, high, cap=GAUGE_CAP)
+            overdue = store.count_due(endpoint_id, now, cap=GAUGE_CAP)
         except Exception:
             log.warning("could not count the parked hand-offs of %s", endpoint_id, exc_info=True)
             continue
@@ -189,7 +199,8 @@ def tick(
 
 def _cursors(endpoint_id: str, text: str | None) -> dict[str, str]:
     """The sweeper's cursor per shard: a plain RowKey (the unsharded partition, as before shards) or a JSON
-    object ``{PartitionKey: RowKey}`` (``ex|`` keys never start with ``{``)."""
+    object ``{PartitionKey: RowKey}`` (``ex|`` and ``hq|`` keys never start with ``{``). A cursor written
+    before ADR-0022 change 5 names an ``ex|`` row: the range read goes on behind it, as before."""
     if not text:
         return {}
     if text.startswith("{"):

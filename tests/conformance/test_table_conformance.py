@@ -219,6 +219,32 @@ def test_filters_compare_strings_numbers_and_datetimes(table: Any, pk: str) -> N
     ]
 
 
+def test_a_datetime_literal_before_a_millisecond_is_compared_alike(table: Any, pk: str) -> None:
+    # The overdue filter (ADR-0022 change 5: ``ExpectedBy lt datetime'...'`` as written by
+    # handoff.storage.store.due_filter): Azurite compares DateTime values at millisecond precision, Azure at
+    # 100 ns; ``lt`` a bound cut to the millisecond is answered alike, to the microsecond around it.
+    from common.tables import before_ms, datetime_literal
+    from handoff.storage.store import due_filter
+
+    bound = datetime(2026, 12, 6, 5, 4, 27, 123000, tzinfo=UTC)
+    offsets = {"a": -1000, "b": -1, "c": 0, "d": 1, "e": 999, "f": 1000}
+    for name, micros in offsets.items():
+        table.create_entity(row(pk, name, ExpectedBy=bound + timedelta(microseconds=micros)))
+    table.create_entity(row(pk, "g", Other=1))  # no ExpectedBy: never due
+
+    def keys(where: str, **select: Any) -> list[str]:
+        return [r["RowKey"] for r in table.query_entities(f"PartitionKey eq '{pk}' and {where}", **select)]
+
+    assert datetime_literal(bound) == "datetime'2026-12-06T05:04:27.123000Z'"
+    assert keys(f"ExpectedBy lt {datetime_literal(bound)}") == ["a", "b"]
+    assert keys(f"ExpectedBy ge {datetime_literal(bound)}") == ["c", "d", "e", "f"]
+    # "Due at now": cut to its millisecond, then lt; keys only, as the counts read
+    now = bound + timedelta(microseconds=456)
+    assert before_ms(now) == bound
+    assert keys(due_filter(now), select=["RowKey"]) == ["a", "b"]
+    assert keys(due_filter(bound + timedelta(milliseconds=1))) == ["a", "b", "c", "d", "e"]
+
+
 def test_a_quote_in_a_value_is_escaped(table: Any, pk: str) -> None:
     table.create_entity(row(pk, "q", Name="O'Brien"))
     found = table.query_entities(

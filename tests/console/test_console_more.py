@@ -68,7 +68,7 @@ def many(console_host: Any, settle_tables: str) -> dict[str, str]:
     from handoff.messages.contract import MessageType, ResolutionStatus
     from handoff.storage import keys
     from handoff.storage.ids import IdRef
-    from handoff.storage.records import ExpiryRow, ListingRow, UnconfirmedRow
+    from handoff.storage.records import ListingRow, QueueRow, UnconfirmedRow
     from management.records import _LOCK_COLUMN
     from state import service as state_service
     from state.keys import head_row_key
@@ -132,9 +132,8 @@ def many(console_host: Any, settle_tables: str) -> dict[str, str]:
         for n in range(OVERDUE):
             event_id, at = f"o{tag}-{n:04d}", base + timedelta(seconds=n)
             pk = store.layout.event_partition(names["stuck"], event_id)
-            events.append(
-                ExpiryRow(event_id=event_id, expected_by=at).to_entity(pk, keys.expiry_row(at, event_id))
-            )
+            parked = QueueRow(event_id=event_id, parked_message_id=f"park-{event_id}", expected_by=at)
+            events.append(parked.to_entity(pk, keys.queue_row(at, event_id)))  # due: its ExpectedBy passed
             if n < UNCONFIRMED:
                 unconfirmed = UnconfirmedRow(
                     event_id=event_id,

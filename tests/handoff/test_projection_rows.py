@@ -5,7 +5,7 @@ rows. The audit and delta rows' random suffix is the only part not compared."""
 from __future__ import annotations
 
 import json
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from common import transactions as tx
 from handoff.messages.contract import (
@@ -18,7 +18,7 @@ from handoff.messages.contract import (
 )
 from handoff.projection.rules import history_row, plan_projection, project
 from handoff.storage import counts, keys
-from handoff.storage.records import ExpiryRow, ListingRow, QueueRow, columns_of
+from handoff.storage.records import EventRow, ListingRow, QueueRow, columns_of
 
 from .projected import EVENT, PK, T0, applied, message, stored
 
@@ -43,7 +43,7 @@ def test_an_event_request_projects_a_pending_row_counted_in_the_pending_group() 
     assert row.message_content == m.body_text and row.input_notes is None
 
 
-def test_a_park_projects_pending_handoff_with_its_queue_job_and_expiry_rows() -> None:
+def test_a_park_projects_pending_handoff_with_its_queue_row_and_no_job_or_expiry_row() -> None:
     request = stored(applied(message(MessageType.EventRequest, "m-request")))
     expected_by = T0 + timedelta(hours=1)
     m = message(
@@ -60,7 +60,7 @@ def test_a_park_projects_pending_handoff_with_its_queue_job_and_expiry_rows() ->
     assert row.is_pending_handoff and row.pending_sub_status == HANDOFF_SUB_STATUS
     assert row.queue_key == keys.queue_row(T0 + timedelta(seconds=5), EVENT)
     assert row.job_key is None  # the job lookup reads the lookup index (hoids), ADR-0022
-    assert row.expiry_key == keys.expiry_row(expected_by, EVENT)
+    assert row.expiry_key is None and row.expected_by == expected_by  # the queue row carries it (ADR-0022)
     assert row.handoff_seen and row.history_count == 2 and row.request_enqueued_at == T0
     assert row.since_key is None and row.since_at == T0  # still in the pending group
     later = T0 + timedelta(seconds=6)
@@ -138,11 +138,10 @@ def test_the_first_message_writes_history_event_index_and_listing_rows_and_no_co
         tx.insert(history_row(m, now=T0, sequence=1).to_entity(PK, keys.history_row(EVENT, "m-park"))),
         tx.insert(row.to_entity(PK, keys.event_row(EVENT))),
         tx.insert(
-            QueueRow(event_id=EVENT, event_type_id=row.event_type_id, parked_message_id="m-park").to_entity(
-                PK, str(row.queue_key)
-            )
+            QueueRow(
+                event_id=EVENT, event_type_id=row.event_type_id, parked_message_id="m-park", expected_by=T0
+            ).to_entity(PK, str(row.queue_key))
         ),
-        tx.insert(ExpiryRow(event_id=EVENT, expected_by=T0).to_entity(PK, str(row.expiry_key))),
         tx.insert(listing.to_entity(PK, keys.bucket_row("Pending", T0, EVENT))),
     ]
     assert ops == expected  # open statuses are counted from their listing rows: no delta
@@ -168,7 +167,6 @@ def test_a_later_message_replaces_the_row_as_read_and_moves_only_what_changed() 
         tx.insert(history_row(m, now=later, sequence=2).to_entity(PK, keys.history_row(EVENT, "m-done"))),
         tx.replace(row.to_entity(PK, keys.event_row(EVENT)), '"e1"'),
         tx.delete(PK, str(park.queue_key)),
-        tx.delete(PK, str(park.expiry_key)),
         tx.delete(PK, keys.bucket_row("Pending", T0, EVENT)),
         tx.insert(listing.to_entity(PK, keys.bucket_row("Completed", later, EVENT))),
     ]
@@ -249,6 +247,70 @@ def test_a_park_written_before_the_lookup_index_served_jobs_has_its_job_row_dele
     assert ("delete", "jb|job-1|" + EVENT) in written
     assert not any(str(key).startswith("jb|") for kind, key in written if kind != "delete")
     assert all(key != legacy.queue_key for _, key in written)  # the queue row stays (it may hold a lease)
+
+
+def test_a_park_writes_no_expiry_row_and_its_queue_row_carries_expected_by() -> None:
+    request = stored(applied(message(MessageType.EventRequest, "m-request")))
+    expected_by = T0 + timedelta(hours=1)
+    m = message(MessageType.PendingHandoffResponse, "m-park", at=5, expected_by=expected_by)
+    decision = project(m, request, now=T0)
+    assert decision.row is not None
+
+    ops = plan_projection(PK, m, request, decision, now=T0)
+
+    assert not any(str(op[1]["RowKey"]).startswith("ex|") for op in ops)
+    [queue] = [op for op in ops if op[1]["RowKey"] == decision.row.queue_key]
+    assert queue[0] == "create" and queue[1]["ExpectedBy"] == expected_by
+    assert QueueRow.model_validate(queue[1]).expected_by == expected_by
+    # A park without ExpectedBy: the queue row has no such column, so no filter on it ever matches
+    bare = message(MessageType.PendingHandoffResponse, "m-park", at=5)
+    bare_ops = plan_projection(PK, bare, request, project(bare, request, now=T0), now=T0)
+    assert not any(str(op[1]["RowKey"]).startswith("ex|") for op in bare_ops)
+    assert all("ExpectedBy" not in op[1] for op in bare_ops if str(op[1]["RowKey"]).startswith("hq|"))
+
+
+def legacy_park(expected_by: datetime) -> EventRow:
+    """A park as projected before ADR-0022 change 5: its expiry row's key on the event row."""
+    first = applied(message(MessageType.PendingHandoffResponse, "m-park-1", expected_by=expected_by))
+    return stored(first.model_copy(update={"expiry_key": keys.expiry_row(expected_by, EVENT)}))
+
+
+def test_a_park_from_before_has_its_expiry_row_deleted_when_the_park_ends() -> None:
+    legacy = legacy_park(T0)
+    m = message(MessageType.HandoffCompletedRequest, "m-done", at=5)
+    decision = project(m, legacy, now=T0)
+    assert decision.row is not None and decision.row.expiry_key is None
+
+    ops = plan_projection(PK, m, legacy, decision, now=T0)
+
+    written = [(op[0], op[1]["RowKey"]) for op in ops]
+    assert ("delete", keys.expiry_row(T0, EVENT)) in written and ("delete", legacy.queue_key) in written
+    assert not any(str(key).startswith("ex|") for kind, key in written if kind != "delete")
+
+
+def test_a_park_projected_again_onto_its_queue_row_moves_expected_by_onto_it() -> None:
+    # A park from before, parked again by a message of the same instant (the same queue row, which may hold
+    # a lease): its expiry row goes and the queue row gets the ExpectedBy, merged
+    legacy = legacy_park(T0)
+    later = T0 + timedelta(hours=2)
+    again = message(MessageType.PendingHandoffResponse, "m-park-2", expected_by=later)
+    decision = project(again, legacy, now=T0)
+    assert decision.row is not None and decision.row.queue_key == legacy.queue_key
+
+    ops = plan_projection(PK, again, legacy, decision, now=T0)
+
+    written = [(op[0], op[1]["RowKey"]) for op in ops]
+    assert ("delete", keys.expiry_row(T0, EVENT)) in written
+    merge = tx.merge({"PartitionKey": PK, "RowKey": str(legacy.queue_key), "ExpectedBy": later})
+    assert merge in ops and ("create", legacy.queue_key) not in written
+    # A park of this layout, parked again the same way: the merge only when ExpectedBy changed
+    current = stored(decision.row)
+    same = message(MessageType.PendingHandoffResponse, "m-park-3", expected_by=later)
+    ops = plan_projection(PK, same, current, project(same, current, now=T0), now=T0)
+    assert all(op[1]["RowKey"] != current.queue_key for op in ops)
+    moved = message(MessageType.PendingHandoffResponse, "m-park-4", expected_by=T0)
+    ops = plan_projection(PK, moved, current, project(moved, current, now=T0), now=T0)
+    assert tx.merge({"PartitionKey": PK, "RowKey": str(current.queue_key), "ExpectedBy": T0}) in ops
 
 
 def test_no_session_index_row_is_planned_for_a_new_event() -> None:

@@ -12,14 +12,18 @@ from urllib.parse import unquote
 import pytest
 from azure.core.exceptions import ServiceRequestError
 from azure.core.pipeline.policies import SansIOHTTPPolicy
+from azure.data.tables import UpdateMode
 from azure.functions.timer import TimerRequest
 
 from common import runtime
 from common.clock import utcnow
+from common.roundtrips import ROUND_TRIPS
+from common.tables import quoted
 from handoff import service
 from handoff.storage import keys
+from handoff.storage.records import ExpiryRow
 from handoff.timers.sweeper import Sweeper
-from tests.support.handoff_flows import Flow, event_of
+from tests.support.handoff_flows import Flow, event_of, receive
 
 from .broker import Broker, BrokerTransport
 
@@ -71,6 +75,101 @@ def test_an_overdue_handoff_is_failed_once_with_timeout_expired(
     [audit] = event_of(call, flow)["audits"]
     assert (audit["auditType"], audit["auditorName"]) == ("FailHandoff", "Sweeper")
     assert event_of(call, flow)["pendingSubStatus"] is None
+
+
+def rows_of(flow: Flow, prefix: str) -> list[dict[str, Any]]:
+    """The rows of ``flow``'s event partition whose key starts with ``prefix`` (``hq|``, ``ex|``)."""
+    store = service.store()
+    pk = store.event_partition(flow.endpoint, flow.event_id)
+    low, high = quoted(prefix), quoted(prefix + "~")
+    query = f"PartitionKey eq {quoted(pk)} and RowKey ge {low} and RowKey lt {high}"
+    return [dict(e) for e in store.table(keys.EVENTS_TABLE).query_entities(query)]
+
+
+def test_a_due_park_is_found_through_its_queue_row_and_failed_exactly_once(call, resolve, flow, broker, bus):
+    # Given an overdue park: its queue row carries its ExpectedBy, and no expiry row was written (ADR-0022)
+    overdue(resolve, flow)
+    [queued] = rows_of(flow, "hq|")
+    assert queued["ExpectedBy"] < datetime.now(UTC) and rows_of(flow, "ex|") == []
+    assert service.store().count_due(flow.endpoint, utcnow(), cap=10) == 1
+    # When the sweeper runs twice
+    first, second = service.sweeper().sweep(), service.sweeper().sweep()
+    # Then it failed the park once, through the settlement path, and the park ended
+    assert flow.event_id in first.failed and flow.event_id not in second.failed + second.skipped
+    [copy] = sent_to(broker, flow)
+    assert json.loads(copy.body)["ErrorContent"]["ErrorType"] == "TimeoutExpired"
+    assert rows_of(flow, "hq|") == [] and service.store().count_due(flow.endpoint, utcnow(), cap=10) == 0
+
+
+def as_before_change_5(flow: Flow) -> str:
+    """Rewrite ``flow``'s park as the code before ADR-0022 change 5 wrote it: an ``ex|`` row, its key on
+    the event row (``ExpiryKey``), no ExpectedBy on the queue row. Returns the ``ex|`` key."""
+    store = service.store()
+    table = store.table(keys.EVENTS_TABLE)
+    pk = store.event_partition(flow.endpoint, flow.event_id)
+    row = store.get_event(flow.endpoint, flow.event_id)
+    assert row is not None and row.expected_by is not None and row.queue_key is not None
+    expiry = keys.expiry_row(row.expected_by, flow.event_id)
+    table.create_entity(ExpiryRow(event_id=flow.event_id, expected_by=row.expected_by).to_entity(pk, expiry))
+    event_key = {"PartitionKey": pk, "RowKey": keys.event_row(flow.event_id)}
+    table.update_entity({**event_key, "ExpiryKey": expiry}, mode=UpdateMode.MERGE)
+    queued = dict(table.get_entity(pk, row.queue_key))
+    del queued["ExpectedBy"]
+    table.update_entity(queued, mode=UpdateMode.REPLACE)
+    return expiry
+
+
+def test_a_park_from_before_is_found_through_its_expiry_row_and_the_row_goes_when_the_park_ends(
+    call, resolve, flow, broker, bus
+):
+    # Given an overdue park written as before ADR-0022 change 5 (an ex| row, none on the queue row)
+    overdue(resolve, flow)
+    expiry = as_before_change_5(flow)
+    assert [r["RowKey"] for r in rows_of(flow, "ex|")] == [expiry]
+    assert "ExpectedBy" not in rows_of(flow, "hq|")[0]
+    # Then the overdue listing and its count show it once
+    listed = call("endpoint_overdue", method="GET", route_params={"endpointId": flow.endpoint}).json
+    assert [i["eventId"] for i in listed["items"]] == [flow.event_id] and listed["count"] == 1
+    # And the sweeper fails it once
+    first, second = service.sweeper().sweep(), service.sweeper().sweep()
+    assert flow.event_id in first.failed and flow.event_id not in second.failed
+    assert len(sent_to(broker, flow)) == 1
+    # And the failure's projection ended the park: its ex| row deleted with its queue row
+    assert rows_of(flow, "ex|") == [] and rows_of(flow, "hq|") == []
+    assert event_of(call, flow)["pendingSubStatus"] is None
+
+
+def test_a_leased_park_keeps_its_expected_by_and_is_still_found(call, resolve, flow, broker, bus):
+    # Given an overdue park leased by an agent (the lease merges its columns into the queue row)
+    overdue(resolve, flow)
+    leased = receive(call, flow.endpoint)
+    assert leased.status == 200 and leased.json["lease"]["token"], leased.body
+    [queued] = rows_of(flow, "hq|")
+    assert queued["LeaseToken"] == leased.json["lease"]["token"] and queued["ExpectedBy"] < datetime.now(UTC)
+    # Then the sweeper finds it and fails it (a settlement without the token keeps today's rules)
+    assert flow.event_id in service.sweeper().sweep().failed
+    assert len(sent_to(broker, flow)) == 1
+
+
+def test_a_tick_reads_the_parked_hand_offs_of_each_shard_once(call, resolve, flow, broker, bus):
+    # Given an endpoint with parks not yet due, parks without ExpectedBy, and two overdue ones
+    for i in range(6):
+        later = Flow(endpoint=flow.endpoint, event_id=f"{flow.event_id}-later-{i}")
+        resolve(later.request())
+        expected_by = iso(datetime.now(UTC) + timedelta(hours=1)) if i % 2 else None
+        resolve(later.park(expected_by=expected_by))
+    due = [Flow(endpoint=flow.endpoint, event_id=f"{flow.event_id}-due-{i}") for i in range(2)]
+    for d in due:
+        overdue(resolve, d)
+    store, shards = service.store(), service.layout().now().shards
+    # When the due parks are read and counted
+    with ROUND_TRIPS.measure() as read:
+        found = store.expired(flow.endpoint, utcnow())
+    with ROUND_TRIPS.measure() as counted:
+        count = store.count_due(flow.endpoint, utcnow(), cap=1000)
+    # Then each is one filtered query per shard, and finds exactly the due ones
+    assert sorted(str(e["EventId"]) for e in found) == sorted(d.event_id for d in due) and count == 2
+    assert (read.requests, counted.requests) == (shards, shards), (read.methods, counted.methods)
 
 
 def test_the_sweeper_does_nothing_unless_enabled(call, resolve, flow, broker, bus, monkeypatch):
@@ -253,6 +352,9 @@ def test_an_agent_settlement_in_flight_wins_over_the_sweeper(call, resolve, flow
     overdue(resolve, flow)
     body = {"endpointId": flow.endpoint, "coordinates": {"eventId": flow.event_id, "messageId": "park-1"}}
     assert call("handoff_complete", body).status == 202
+    # (the settlement's mark merged into the queue row: its ExpectedBy stays, so the sweeper finds it)
+    [queued] = rows_of(flow, "hq|")
+    assert queued["ClaimedUntil"].startswith("9999") and queued["ExpectedBy"] < datetime.now(UTC)
     later = service.sweeper()
     later.clock = lambda: utcnow() + timedelta(minutes=10)
     assert flow.event_id in later.sweep().skipped

@@ -109,7 +109,7 @@ def test_an_expected_by_storage_cannot_hold_is_noted_and_the_park_is_kept(
 
 def _operator_views_list_the_park(call, flow: Flow, session: str, expected_by: str | None) -> None:
     """The operator's event view, the endpoint's listing (all, and the PendingHandoff bucket), its overdue
-    list (the expiry index ExpectedBy feeds), the endpoints overview and ``GET v1/find`` (by event id and by
+    list (the queue row's ExpectedBy feeds it), the endpoints overview and ``GET v1/find`` (by event id and by
     session id) answer 200 and show the park as it was kept."""
     endpoint = {"endpointId": flow.endpoint}
 

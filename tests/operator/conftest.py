@@ -67,6 +67,30 @@ def recount(endpoint: str) -> dict[str, int]:
     return totals
 
 
+def listing_rows(endpoint: str) -> dict[str, list[str]]:
+    """Every listing row of the endpoint by event id: the status each one is filed under (tests only)."""
+    table = service.store().table(keys.EVENTS_TABLE)
+    found: dict[str, list[str]] = {}
+    for pk in service.layout().now().endpoint_partitions(endpoint):
+        query = f"PartitionKey eq '{pk}' and RowKey ge 'sd|' and RowKey lt 'sd}}'"
+        for entity in table.query_entities(query, select=["RowKey", "EventId"]):
+            found.setdefault(str(entity["EventId"]), []).append(keys.listing_status(str(entity["RowKey"])))
+    return found
+
+
+def event_statuses(endpoint: str) -> dict[str, str]:
+    """Every event row's status by event id (tests only)."""
+    table = service.store().table(keys.EVENTS_TABLE)
+    found: dict[str, str] = {}
+    for pk in service.layout().now().endpoint_partitions(endpoint):
+        query = f"PartitionKey eq '{pk}' and RowKey ge 'ev|' and RowKey lt 'ev}}'"
+        for entity in table.query_entities(query):
+            if str(entity["RowKey"]).endswith("|e"):
+                row = EventRow.from_entity(entity)
+                found[row.event_id] = row.resolution_status.name
+    return found
+
+
 def counted(endpoint: str) -> dict[str, int]:
     totals = service.overview().counts(endpoint)
     return {bucket: totals[bucket] for bucket in counts.BUCKETS}

@@ -13,7 +13,7 @@ from handoff.messages.contract import MessageType
 from handoff.storage import keys
 from tests.support.handoff_flows import Flow, nimbus
 
-from .conftest import counted, counts_partitions, recount
+from .conftest import counted, counts_partitions, event_statuses, listing_rows, recount
 
 
 def test_counts_follow_every_transition_of_an_event(resolve, flow: Flow):
@@ -83,6 +83,8 @@ def test_counts_stay_exact_when_projections_and_folds_race(resolve):
         pass
     assert counted(endpoint) == recount(endpoint)
     assert sum(counted(endpoint)[b] for b in ("Pending", "Failed", "Completed")) == 24
+    # And every event is listed exactly once, under the status its row holds (ADR-0022: one listing row)
+    assert listing_rows(endpoint) == {event: [status] for event, status in event_statuses(endpoint).items()}
 
 
 def test_a_fold_that_loses_its_race_changes_nothing(resolve, flow: Flow):

@@ -23,10 +23,11 @@ from common.roundtrips import ROUND_TRIPS
 from handoff import service
 from handoff.messages.contract import MessageType, ResolutionStatus
 from handoff.storage import keys
-from handoff.storage.records import ExpiryRow, ListingRow, UnconfirmedRow
+from handoff.storage.records import ExpiryRow, ListingRow, QueueRow, UnconfirmedRow
 from tests.support.seeding import tables_of_this_module, upsert_all  # noqa: F401 (the fixture is autouse)
 
 MANY = 10_000
+LEGACY = 5  # overdue hand-offs parked before ADR-0022 change 5
 BASE = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
 
@@ -131,7 +132,9 @@ def test_a_failed_token_edited_or_of_another_list_is_refused_naming_it(call, fai
 
 @pytest.fixture(scope="module")
 def stuck_many(settle_tables: str) -> tuple[str, list[str]]:
-    """One endpoint with 10,000 unconfirmed settlements and 10,000 hand-offs past their ExpectedBy."""
+    """One endpoint with 10,000 unconfirmed settlements and 10,000 hand-offs past their ExpectedBy: the
+    first few parked before ADR-0022 change 5 (an ``ex|`` row; their queue row has no ExpectedBy), the rest
+    with ExpectedBy on their queue row, due in the reverse order they parked in."""
     tag = uuid.uuid4().hex[:6]
     endpoint = f"Stuck-{tag}"
     event_ids = [f"{tag}-{n:05d}" for n in range(MANY)]
@@ -149,8 +152,14 @@ def stuck_many(settle_tables: str) -> tuple[str, list[str]]:
             since=at,
         )
         rows.append(unconfirmed.to_entity(pk, keys.unconfirmed_row(event_id, f"park-{event_id}")))
-        overdue = ExpiryRow(event_id=event_id, expected_by=at)
-        rows.append(overdue.to_entity(pk, keys.expiry_row(at, event_id)))
+        if n < LEGACY:
+            legacy = ExpiryRow(event_id=event_id, expected_by=at)
+            rows.append(legacy.to_entity(pk, keys.expiry_row(at, event_id)))
+            parked = QueueRow(event_id=event_id, parked_message_id=f"park-{event_id}")
+        else:
+            due = BASE + timedelta(seconds=2 * MANY - n)  # past, and the later parks due first
+            parked = QueueRow(event_id=event_id, parked_message_id=f"park-{event_id}", expected_by=due)
+        rows.append(parked.to_entity(pk, keys.queue_row(at, event_id)))
     write(keys.EVENTS_TABLE, rows)
     service.store().register_endpoint(endpoint)
     return endpoint, event_ids
@@ -167,7 +176,8 @@ def test_ten_thousand_stuck_hand_offs_are_each_listed_once_and_counted_at_least(
     assert len(pages) == len(event_ids) // 1000 + 1 or len(pages) == len(event_ids) // 1000
     assert all(p["count"] == 1000 and p["atLeast"] for p in pages), "10,000 is at least the 1,000 counted"
     if what == "overdue":
-        assert listed == event_ids, "most overdue first"
+        # The parks from before (ex|) most overdue first, then the queue oldest park first (ADR-0022)
+        assert listed == event_ids, "oldest park first"
 
 
 def test_the_overview_says_its_stuck_counts_stopped_at_a_thousand(call, stuck_many) -> None:
