@@ -10,8 +10,8 @@ the issue names: ``ok``; ``refuse`` (nothing reached the broker: cannot connect,
 ``deliver-then-raise`` (the broker accepted the message, then the sender saw an error: the ambiguous case);
 ``lost-before`` (an error the sender cannot classify, and the broker never got the message).
 
-The counting rule of the issue: messages that reached the endpoint topic (``delivered``), audit rows,
-history rows of control messages, final row state.
+The counting rule of the issue: messages that reached the endpoint topic (``delivered``), audits (as the
+event view shows them), history rows of control messages, final row state.
 """
 
 from __future__ import annotations

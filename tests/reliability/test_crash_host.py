@@ -10,7 +10,8 @@ sweeper. At a random moment the host is killed with ``SIGKILL`` and started agai
 Afterwards, with the host gone, catch-up, the reconciler and the sweeper run as their timers would (time
 moved forward), and the checks are the issue's: no lock left Processing past its expiry, head and
 history agree for every record, no hand-off got two control messages, every control message has exactly
-one audit row, every 202 names the message that was sent, and nothing is still parked past ExpectedBy.
+one audit in its event's view (rendered from its claim, ADR-0022 change 3), every 202 names the message
+that was sent, and nothing is still parked past ExpectedBy.
 """
 
 from __future__ import annotations

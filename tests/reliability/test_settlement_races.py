@@ -2,9 +2,10 @@
 message per 202.
 
 The promise: a 202 means exactly one control message reaches the endpoint; every message that reached
-it has exactly one audit row; at most one control message per hand-off, ever. Counted from what was
+it has exactly one audit; at most one control message per hand-off, ever. Counted from what was
 kept: copies the broker model kept (``tests/handoff/broker.py``; duplicate detection drops a repeated
-MessageId inside its window), audit rows, history rows of control messages, the final row state. The
+MessageId inside its window), the audits of the event view (rendered from the claims, ADR-0022 change 3: a
+released claim takes its audit with it), history rows of control messages, the final row state. The
 one residual (no duplicate detection and an unknown send outcome: shown as ``unconfirmed``) is counted
 separately and must be listed where operators look.
 """
