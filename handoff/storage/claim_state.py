@@ -1,6 +1,6 @@
 """The states of a settlement claim, as its row stores them (by name).
 
-A settlement claim is an outbox record. It is written (with its audit row) *before* the control message
+A settlement claim is an outbox record. It is written (and is its audit) *before* the control message
 is sent and holds the exact message, so that whatever happens to the send (refused, accepted, lost in
 between, the process killed) Settle can finish the job later without guessing:
 
