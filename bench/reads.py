@@ -679,7 +679,15 @@ def run(env: Environment) -> list[Figure]:
     env.details["reads"] = {
         "seed": seeded.as_dict(),
         "page_size": page,
-        "reads": {name: cost.as_dict() for name, cost in measured.costs.items()},
+        "reads": {
+            r.name: {
+                **measured.costs[r.name].as_dict(),
+                "bound_requests": r.requests(seeded),
+                "bound": r.bound,
+            }
+            for r in READS
+            if r.name in measured.costs
+        },
         "not_measured": measured.why_not,
     }
     return figures
