@@ -32,6 +32,7 @@ import math
 import os
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -55,6 +56,7 @@ PAGE = 50
 SMOKE_PAGE = 20  # every status has a second page in a smoke run (2% of 1,500 is 30)
 BATCH = 100  # operations of one entity-group transaction
 LOAD_WORKERS = 6
+IN_FLIGHT = 4 * LOAD_WORKERS  # transactions sent and not yet answered while the seed is built
 EVENT_TYPE = "Ledger.InvoicePosted"
 # Session, message and job ids (the lookup index's exact ids) are written for every 97th event only (97 is
 # prime to the mix's period of 100: every kind is sampled): each id has a partition of its own (one row, one
@@ -356,14 +358,17 @@ def seed(events: int, *, tag: str | None = None) -> Seeded:
     low, high = keys.COUNTS_RANGE
     total: dict[str, int] = {}
     pending: list[dict[str, Any]] = []
-    sent: list[Future[Any]] = []
+    sent: deque[Future[Any]] = deque()
     pk = ""
-    with ThreadPoolExecutor(max_workers=LOAD_WORKERS) as pool:
+    pool = ThreadPoolExecutor(max_workers=LOAD_WORKERS)
 
-        def send(batch: list[dict[str, Any]]) -> None:
-            sent.append(pool.submit(events_table.submit_transaction, [("create", e) for e in batch]))
-            out.event_rows += len(batch)
+    def send(batch: list[dict[str, Any]]) -> None:
+        while len(sent) >= IN_FLIGHT:  # the building waits for storage (a failed transaction raises here)
+            sent.popleft().result()
+        sent.append(pool.submit(events_table.submit_transaction, [("create", e) for e in batch]))
+        out.event_rows += len(batch)
 
+    try:
         for n, kind in enumerate(_kinds(events)):
             out.by_kind[kind] = out.by_kind.get(kind, 0) + 1
             at = last - spacing * (events - 1 - n)
@@ -396,7 +401,7 @@ def seed(events: int, *, tag: str | None = None) -> Seeded:
                 del pending[:BATCH]
             if n and not n % 10_000:
                 log(
-                    f"reads: {n:,} events built, {out.event_rows:,} rows sent "
+                    f"reads: {n:,} events built, {out.event_rows:,} rows sent or in flight "
                     f"({time.perf_counter() - started:.0f} s)"
                 )
             if kind == "completed via hand-off" and kind not in out.samples and not n % EXACT_ID_SAMPLE:
@@ -411,6 +416,8 @@ def seed(events: int, *, tag: str | None = None) -> Seeded:
         started = time.perf_counter()
         for future in sent:
             future.result()  # a failed transaction raises here instead of being dropped
+    finally:
+        pool.shutdown(cancel_futures=True)  # stopped early (SIGTERM, an error): what is queued is dropped
     out.load_s = time.perf_counter() - started
 
     started = time.perf_counter()
