@@ -13,12 +13,15 @@ events (:data:`SMOKE_EVENTS` in a smoke run; ``SETTLE_BENCH_READS_EVENTS`` overr
 Failed, DeadLettered, Deferred, Skipped. Each event's NimBus messages are typed by the production parser
 (``parse_message``) and decided and planned by the production rules (``project``, ``plan_projection``) in
 order, each over the row the previous decision wrote, and the operations are applied to a local copy of the
-partition; the final rows are then inserted in 100-row transactions. So the seed follows the layout
-whatever it becomes. The count deltas the projections wrote are summed into one delta row (the rules'
-own ``delta_entity``) and folded as the sweeper's timer does (``Overview.fold_all``). The lookup index
-(``hoids``) gets the rows the resolver writes (``ids.refs_of``) for every message; rows sharing a
-partition (event ids by their first characters) go in transactions, the others one by one.
-The seed is checked before anything is measured: the endpoint's counts must be the mix.
+event's rows; its final rows are then inserted in 100-row transactions (sent while the next events are
+built). So the seed follows the layout whatever it becomes. The count deltas the projections wrote are
+summed into one delta row (the rules' own ``delta_entity``) and folded as the sweeper's timer does
+(``Overview.fold_all``). The lookup index (``hoids``) gets the rows the resolver writes (``ids.refs_of``):
+every event id (their partitions are shared: in transactions), and the session, message and job ids of
+every :data:`EXACT_ID_SAMPLE`-th event (each has a partition of its own). A second endpoint with no event
+is listed too (the overview and failed-across-endpoints walk every endpoint). The seed is checked before
+anything is measured: the endpoint's counts must be the mix. No settlement is unconfirmed (usually none
+is): that listing is measured empty.
 
 **The bounds** (:data:`READS`): each read's documented request count as a formula of what the seed holds
 (``Seeded``), so a read that starts scanning the partition misses its figure here and fails
@@ -465,8 +468,8 @@ def _capped(rows: int) -> int:
 READS: tuple[Read, ...] = (
     Read(
         "overview (GET v1/endpoints)",
-        "1 + per endpoint (2 counts + 2 oldest + ⌈min(unconfirmed, 1000)/1000⌉ + ⌈min(overdue, 1000)/1000⌉) "
-        "+ 2 unattributed counts",
+        "1 (endpoint list) + per endpoint (2 counts + 2 oldest + ⌈min(unconfirmed, 1000)/1000⌉ + "
+        "⌈min(overdue, 1000)/1000⌉) + 2 unattributed counts; 2 endpoints here",
         # the busy endpoint, then the other one (no event), then poison that names no endpoint
         lambda s: 1 + (2 + 2 + 1 + _capped(s.overdue)) + (2 + 2 + 1 + 1) + 2,
     ),
