@@ -302,10 +302,48 @@ def _apply(rows: dict[str, dict[str, Any]], ops: Iterable[tuple[Any, ...]]) -> N
             raise RuntimeError(f"the seed met an operation it cannot apply: {action}")
 
 
+def _insert(table: Any, batch: list[dict[str, Any]]) -> None:
+    """One transaction of inserts, sent again when the connection broke (a 100,000-event seed once met a
+    reset connection); a conflict on a repeat means the first one was applied."""
+    from azure.core.exceptions import ServiceRequestError, ServiceResponseError
+    from azure.data.tables import TableTransactionError
+
+    for attempt in range(1, 4):
+        try:
+            table.submit_transaction([("create", e) for e in batch])
+            return
+        except (ServiceRequestError, ServiceResponseError):
+            if attempt == 3:
+                raise
+            time.sleep(attempt)
+        except TableTransactionError as exc:
+            if attempt > 1 and exc.status_code == 409:
+                return
+            raise
+
+
+def _insert_one(table: Any, entity: dict[str, Any]) -> None:
+    """One insert, sent again when the connection broke (a conflict on a repeat: the first was applied)."""
+    from azure.core.exceptions import ResourceExistsError, ServiceRequestError, ServiceResponseError
+
+    for attempt in range(1, 4):
+        try:
+            table.create_entity(entity)
+            return
+        except (ServiceRequestError, ServiceResponseError):
+            if attempt == 3:
+                raise
+            time.sleep(attempt)
+        except ResourceExistsError:
+            if attempt > 1:
+                return
+            raise
+
+
 def _submit_all(table: Any, batches: list[list[dict[str, Any]]]) -> None:
     with ThreadPoolExecutor(max_workers=LOAD_WORKERS) as pool:
         # list(): a failed transaction raises here instead of being dropped.
-        list(pool.map(lambda b: table.submit_transaction([("create", e) for e in b]), batches))
+        list(pool.map(partial(_insert, table), batches))
 
 
 def _in_batches(
@@ -368,7 +406,7 @@ def seed(events: int, *, tag: str | None = None) -> Seeded:
     def send(batch: list[dict[str, Any]]) -> None:
         while len(sent) >= IN_FLIGHT:  # the building waits for storage (a failed transaction raises here)
             sent.popleft().result()
-        sent.append(pool.submit(events_table.submit_transaction, [("create", e) for e in batch]))
+        sent.append(pool.submit(_insert, events_table, batch))
         out.event_rows += len(batch)
 
     try:
@@ -428,7 +466,7 @@ def seed(events: int, *, tag: str | None = None) -> Seeded:
     batches, single = _in_batches(id_rows.values())
     _submit_all(ids_table, batches)
     with ThreadPoolExecutor(max_workers=LOAD_WORKERS * 2) as pool:
-        list(pool.map(ids_table.create_entity, single))
+        list(pool.map(partial(_insert_one, ids_table), single))
     out.load_ids_s = time.perf_counter() - started
 
     started = time.perf_counter()
