@@ -9,6 +9,7 @@ from typing import Any
 
 from bench import reads
 from bench.harness import Sizes, environment
+from bench.proxy import entities_in
 
 EVENTS = 1_200
 PAGE = 10  # every status has a second page at 1,200 events (2% of them is 24)
@@ -34,3 +35,16 @@ def test_each_operator_read_costs_its_documented_requests_at_one_busy_endpoint(
         cost = measured.costs[read.name]
         assert cost.read <= 2 * (PAGE + 1) + seeded.overdue + 4, (read.name, cost.as_dict())
         assert cost.writes == 0, (read.name, cost.as_dict())
+
+
+def test_the_proxy_counts_the_rows_of_a_keys_only_answer() -> None:
+    # Given a count's answer (only RowKey selected: its rows carry no PartitionKey), a keys-only point read
+    # and a Query Tables answer
+    count = b'{"value": [{"odata.etag": "W/1", "RowKey": "ex|a"}, {"odata.etag": "W/2", "RowKey": "ex|b"}]}'
+    point = b'{"odata.metadata": "m", "odata.etag": "W/3", "RowKey": "ct|0"}'
+    tables = b'{"value": [{"TableName": "hoevents"}]}'
+
+    # When the proxy counts the entities read, then each row is one entity, and a table is none
+    assert entities_in("GET", 200, count) == 2
+    assert entities_in("GET", 200, point) == 1
+    assert entities_in("GET", 200, tables) == 0
