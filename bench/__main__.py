@@ -34,6 +34,7 @@ from bench import (
     keeper,
     latency,
     machine,
+    reads,
     resolver,
     roundtrips,
     scaleout,
@@ -81,6 +82,7 @@ SECTIONS: dict[str, Callable[[Environment], list[Figure]]] = {
     "keeper": keeper.run,
     "agents": agents.run,
     "scaleout": _scaleout,
+    "reads": reads.run,
 }
 
 # Sections bound by the wall clock and nearly idle (the keeper's simulated hour is two minutes of sleeping

@@ -123,7 +123,8 @@ def applied(target: str, status: int, reply: bytes) -> bool:
 
 
 def entities_in(method: str, status: int, reply: bytes) -> int:
-    """Entities a GET's answer holds (a query's ``value`` list, or one entity of a point read)."""
+    """Entities a GET's answer holds (a query's ``value`` list, or one entity of a point read), whatever
+    columns were selected."""
     if method != "GET" or status != 200 or not reply:
         return 0
     try:
@@ -133,9 +134,15 @@ def entities_in(method: str, status: int, reply: bytes) -> int:
     if isinstance(payload, dict):
         value = payload.get("value")
         if isinstance(value, list):
-            return len([v for v in value if isinstance(v, dict) and "PartitionKey" in v])
-        return 1 if "PartitionKey" in payload else 0
+            return len([v for v in value if _is_entity(v)])
+        return 1 if _is_entity(payload) else 0
     return 0
+
+
+def _is_entity(value: object) -> bool:
+    """An entity of an answer, its columns selected or not (a keys-only count's rows hold no PartitionKey,
+    only their ETag and RowKey); a table of Query Tables is none."""
+    return isinstance(value, dict) and any(k in value for k in ("PartitionKey", "RowKey", "odata.etag"))
 
 
 @dataclass(frozen=True)

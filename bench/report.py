@@ -3,7 +3,8 @@
 * docs/benchmark.md, "Latest numbers": the table and notes of one ``bench/results.json`` (``make bench``),
   with its date, machine and command; the documented round-trip minimums come from
   ``bench/roundtrips.py`` (the one place they are kept), the documented entity writes per step of a
-  full hand-off and of a state item from ``bench/costs.py``.
+  full hand-off and of a state item from ``bench/costs.py``; the operator reads at one busy endpoint
+  (``bench/reads.py``) from the same run's details.
 * docs/reliability.md, "Figures": the table of each ``bench/reliability-<scale>.json`` written by
   ``make reliability`` (full, and small when present).
 
@@ -96,6 +97,27 @@ def render_costs() -> str:
     lines += rows("one state item, step", (*costs.STATE_ITEM, costs.STATE_PREPARATION))
     lines += ["| context | per hand-off | what |", "|---|---|---|"]
     lines += [f"| {s.name} | {s.writes} | {_cell(s.rows)} |" for s in (costs.NIMBUS_DOCUMENTS, costs.FLOOR)]
+    return "\n".join(lines)
+
+
+def render_reads(results: Results) -> str:
+    """The operator reads at one busy endpoint (``bench/reads.py``): per read, what it cost at the wire."""
+    found = results.details.get("reads")
+    if not found:
+        return "Not in this run: `python -m bench --only reads` measures them."
+    seed = found["seed"]
+    lines = [
+        f"{seed['events']:,} events on one endpoint, one partition ({seed['event_partition_rows']:,} rows); "
+        f"pages of {found['page_size']}; measured with `{results.command}` on {_when(results.started_at)}.",
+        "",
+        "| read | requests | bound (requests) | entities read | bytes sent | bytes received |",
+        "|---|---:|---|---:|---:|---:|",
+    ]
+    for name, cost in found["reads"].items():
+        lines.append(
+            f"| {_cell(name)} | {cost['requests']} | {cost['bound_requests']}: {_cell(cost['bound'])} | "
+            f"{cost['entities_read']:,} | {cost['bytes_sent']:,} | {cost['bytes_received']:,} |"
+        )
     return "\n".join(lines)
 
 
@@ -199,6 +221,8 @@ def render_docs(bench: Results | None, runs: Sequence[dict[str, Any]]) -> dict[P
     text = replace_block(text, "costs", render_costs())
     if bench is not None:
         text = replace_block(text, "latest", render_benchmark(bench))
+        if "bench.report:reads:start" in text:
+            text = replace_block(text, "reads", render_reads(bench))
     out[BENCH_DOC] = text
     if runs:
         out[RELIABILITY_DOC] = replace_block(

@@ -144,15 +144,21 @@ class Overview:
     def count(self, endpoint_id: str, bucket: str) -> int:
         """One bucket's count, reading only what it needs (an open status: its own range)."""
         if bucket in counts.OPEN:
-            return self.open_events(endpoint_id, statuses=counts.listed(bucket)).totals[bucket]
+            return self.open_events(endpoint_id, statuses=counts.listed(bucket), ages=False).totals[bucket]
         return self.tallies(endpoint_id)[bucket]
 
-    def open_events(self, endpoint_id: str, *, statuses: Sequence[str] = OPEN_LISTED) -> OpenEvents:
-        """Counts and oldest ages of the endpoint's open events of ``statuses`` (all open ones by default),
-        from their listing rows: keys and two columns, every shard."""
+    def open_events(
+        self, endpoint_id: str, *, statuses: Sequence[str] = OPEN_LISTED, ages: bool = True
+    ) -> OpenEvents:
+        """Counts and (``ages``) oldest ages of the endpoint's open events of ``statuses`` (all open ones by
+        default), from their listing rows: the keys and the columns those need, every shard."""
         totals = dict.fromkeys(counts.OPEN, 0)
         oldest: dict[str, datetime] = {}
-        select = ["RowKey", "PendingSubStatus", "SinceAt", "UpdatedAt"]
+        select = ["RowKey"]
+        if ResolutionStatus.Pending.name in statuses:
+            select.append("PendingSubStatus")  # the hand-off subset
+        if ages:
+            select += ["SinceAt", "UpdatedAt"]
         for pk in self.store.endpoint_partitions(endpoint_id):
             for low, high in keys.open_ranges(statuses, (*counts.LISTED, counts.PENDING_HANDOFF)):
                 for entity in self._range(pk, low, high, select=select, results_per_page=1000):
