@@ -11,7 +11,8 @@ cannot be swept never hide the ones behind them. Every due row goes through the 
 * exactly once: the claim is the outbox (:mod:`handoff.settlement.settler`); a run that meets its own claim
   (the claim transaction applied but its answer was lost) is the same settlement and continues from it; a
   row whose event is no longer parked, or no longer due by the event row, is skipped;
-* no audit without a message: a send that certainly reached nothing releases the claim and its audit;
+* no audit without a message: a send that certainly reached nothing releases the claim, and with it the
+  audit rendered from it;
 * another settlement in flight (an agent was faster) wins: the row is skipped;
 * one row's or one endpoint's failure is reported and the run goes on.
 
