@@ -424,7 +424,7 @@ def parser() -> argparse.ArgumentParser:
         subs,
         "endpoints",
         "every endpoint with its counts (the console's overview)",
-        "Every endpoint with exact counts by status, poison, unconfirmed settlements, overdue hand-offs "
+        "Every endpoint with its counts by status, poison, unconfirmed settlements, overdue hand-offs "
         "and the oldest pending and failed.",
     )
     endpoints.set_defaults(run=cmd_endpoints)

@@ -75,7 +75,7 @@ class OperatorCalls:
         return self._listing("v1/find", FindAnswer, (("q", text.strip()),), page_size)
 
     def overview(self) -> Call[EndpointsOverview]:
-        """Every endpoint with its exact counts by status, oldest ages, poison, unconfirmed and overdue."""
+        """Every endpoint with its counts by status, oldest ages, poison, unconfirmed and overdue."""
         return self.requests.call("GET", "v1/endpoints", parse_as(EndpointsOverview), Safety.IDEMPOTENT)
 
     def events(

@@ -46,7 +46,7 @@ class FindAnswer(_Wire):
 
 
 class Counts(_Wire):
-    """Exact counts of an endpoint's events by status (``pending`` includes ``pending_handoff``)."""
+    """Counts of an endpoint's events by status (``pending`` includes ``pending_handoff``)."""
 
     pending: int = 0
     pending_handoff: int = 0

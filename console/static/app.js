@@ -324,7 +324,7 @@ async function endpointsView() {
   });
   return h("section", { "aria-labelledby": "endpoints-title" },
     h("h1", { id: "endpoints-title" }, "Endpoints"),
-    h("p", { class: "muted" }, "Everything that needs a human: counts are exact; Pending includes Pending + Handoff."),
+    h("p", { class: "muted" }, "Everything that needs a human; Pending includes Pending + Handoff."),
     data.items.length ? h("div", { class: "scroll" }, h("table", { class: "stack" },
       h("thead", {}, h("tr", {}, h("th", {}, "Endpoint"), BUCKETS.map(([, , label]) => h("th", { class: "num" }, label)),
         h("th", { class: "num" }, "Poison"), STUCK_COLUMNS.map((label) => h("th", { class: "num" }, label)),
