@@ -23,20 +23,9 @@ from handoff.messages.contract import HANDOFF_SUB_STATUS, ResolutionStatus
 PENDING_HANDOFF = "PendingHandoff"
 POISON = "Poison"
 
-# Every bucket a row can count in. ``Pending`` holds every Pending row, hand-offs included (NimBus's
-# Pending column counts Pending + Handoff); ``PendingHandoff`` is the subset (the seeds' badge).
-BUCKETS = (
-    ResolutionStatus.Pending.name,
-    PENDING_HANDOFF,
-    ResolutionStatus.Deferred.name,
-    ResolutionStatus.Failed.name,
-    ResolutionStatus.DeadLettered.name,
-    ResolutionStatus.Unsupported.name,
-    ResolutionStatus.Completed.name,
-    ResolutionStatus.Skipped.name,
-)
-COUNTED = (*BUCKETS, POISON)
-# Counted from the open events' listing rows (no delta is written for them).
+# The open buckets, counted from the open events' listing rows (no delta is written for them). ``Pending``
+# holds every Pending row, hand-offs included (NimBus's Pending column counts Pending + Handoff);
+# ``PendingHandoff`` is the subset (the seeds' badge).
 OPEN = (
     ResolutionStatus.Pending.name,
     PENDING_HANDOFF,
@@ -45,8 +34,12 @@ OPEN = (
     ResolutionStatus.DeadLettered.name,
     ResolutionStatus.Unsupported.name,
 )
-# Counted by snapshot + deltas.
-TALLIED = (ResolutionStatus.Completed.name, ResolutionStatus.Skipped.name, POISON)
+# The closed statuses grow without bound: counted by snapshot + deltas (tallied), with poison.
+CLOSED = (ResolutionStatus.Completed.name, ResolutionStatus.Skipped.name)
+TALLIED = (*CLOSED, POISON)
+# Every bucket a row can count in, and every count.
+BUCKETS = (*OPEN, *CLOSED)
+COUNTED = (*BUCKETS, POISON)
 # The statuses with a listing range of their own (``PendingHandoff`` is a filter on ``Pending``'s).
 LISTED = tuple(s.name for s in ResolutionStatus if s.name in BUCKETS)
 
