@@ -66,10 +66,10 @@ HANDOFF: tuple[Step, ...] = (
     Step("an agent's next", 0, "reads only: the queue's first row, the event row"),
     Step(
         "HTTP settle complete",
-        5,
+        3,
         "the claim transaction: `ev|…|c` claim (the outbox; the audit is rendered from it, no `ev|…|a` row, "
-        "ADR-0022), `rc|` reconcile row, `hq|` marked (merge) (3); after the send: the claim marked sent "
-        "(merge), the `rc|` row deleted (2)",
+        "ADR-0022), `hq|` marked (merge; its `ReconcileAt` is when the reconciler first looks, no `rc|` "
+        "row, ADR-0022) (2); after the send: the claim marked sent (merge) (1)",
     ),
     Step(
         "HandoffCompletedRequest projected",

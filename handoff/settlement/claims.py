@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from enum import Enum
 from typing import Any
 
@@ -83,8 +83,9 @@ class ClaimOrder:
 
 @dataclass(frozen=True)
 class ClaimPlan:
-    """The claim transaction: claim (its own audit, ADR-0022 change 3) and reconcile row inserted, the queue
-    row marked, and (operator actions) the event row pinned. ``fence``/``pin``: the position of the
+    """The claim transaction: the claim (its own audit, ADR-0022 change 3) inserted, and either the queue
+    row marked with when the reconciler first looks (a hand-off's settlement, ADR-0022 change 9) or a
+    reconcile row inserted; (operator actions) the event row pinned. ``fence``/``pin``: the position of the
     lease-fenced queue mark and of the event pin in ``ops`` (None: not part of it)."""
 
     claim: ClaimRow
@@ -108,7 +109,10 @@ def plan_claim(
     type, and readers render the entry from it (:meth:`~handoff.storage.records.ClaimRow.audit`); no audit
     row is written beside it."""
     parked = order.addressed_message_id
-    reconcile_key = keys.reconcile_row(now + CONFIRM_AFTER, row.event_id, parked)
+    # A settlement of a queued hand-off is found by the reconciler through its queue mark (``ReconcileAt``,
+    # ADR-0022 change 9); any other claim through a reconcile row of its own.
+    on_queue = order.marks_queue and bool(row.queue_key)
+    reconcile_key = "" if on_queue else keys.reconcile_row(now + CONFIRM_AFTER, row.event_id, parked)
     claim = ClaimRow(
         event_id=row.event_id,
         parked_message_id=parked,
@@ -135,17 +139,18 @@ def plan_claim(
         endpoint_id=row.endpoint_id,
         event_type_id=row.event_type_id,
     )
-    due = ReconcileRow(event_id=row.event_id, parked_message_id=parked, due_at=now + CONFIRM_AFTER)
-    ops: list[Operation] = [
-        tx.insert(claim.to_entity(pk, keys.claim_row(row.event_id, parked))),
-        tx.insert(due.to_entity(pk, reconcile_key)),
-    ]
+    ops: list[Operation] = [tx.insert(claim.to_entity(pk, keys.claim_row(row.event_id, parked)))]
+    if reconcile_key:
+        due = ReconcileRow(event_id=row.event_id, parked_message_id=parked, due_at=now + CONFIRM_AFTER)
+        ops.append(tx.insert(due.to_entity(pk, reconcile_key)))
     fence: int | None = None
-    if order.marks_queue and row.queue_key:
+    if on_queue:
+        assert row.queue_key is not None
         # If-Match *: the index row must still exist, i.e. the hand-off was not projected away.
         # With a lease token, If-Match the queue row as read holding that token (see ``fenced``).
         fence = len(ops) if order.lease_token else None
-        ops.append(tx.merge({"PartitionKey": pk, "RowKey": row.queue_key, "ClaimedUntil": CLAIMED}))
+        mark = {"PartitionKey": pk, "RowKey": row.queue_key, "ClaimedUntil": CLAIMED}
+        ops.append(tx.merge({**mark, "ReconcileAt": now + CONFIRM_AFTER}))
     pin: int | None = None
     if order.pins_event:
         if row.etag is None:
@@ -182,6 +187,23 @@ def claim_refused(plan: ClaimPlan, refused: Refusal) -> ClaimRefused:
 def holds_lease(queued: QueueRow, token: str | None) -> bool:
     """The queue row as read is held by ``token`` (a claim fenced by it may be written If-Match it)."""
     return queued.lease_token == token and bool(queued.etag)
+
+
+# ``ReconcileAt`` of a queue mark the reconciler has handled: after every time it compares with.
+RECONCILED = datetime(9999, 12, 31, tzinfo=UTC)
+
+
+def followed_on_queue(claim: ClaimRow) -> bool:
+    """The claim is still due through its queue mark (``ReconcileAt``), not a reconcile row of its own: a
+    hand-off's settlement still ``sending`` that no follow-up has given a later look yet."""
+    return claim.state is ClaimState.sending and not claim.reconcile_key
+
+
+def plan_queue_look(pk: str, queued: QueueRow, at: datetime) -> Operation:
+    """Move the queue mark's ``ReconcileAt`` to ``at`` (``RECONCILED``: handled), ``If-Match`` the queue row
+    as the reconciler read it: a claim released and taken again since has its own mark, never moved here."""
+    assert queued.row_key is not None and queued.etag is not None
+    return tx.merge({"PartitionKey": pk, "RowKey": queued.row_key, "ReconcileAt": at}, queued.etag)
 
 
 def retried_or_lost(order: ClaimOrder, existing: ClaimRow | None) -> ClaimRow:

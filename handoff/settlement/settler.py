@@ -2,12 +2,13 @@
 
 The claim row, keyed (endpoint, event id, parked message id), holds the exact control message and its
 audit (who, when, the audit's type and data: the event's audits render the entry from it, ADR-0022 change
-3), and is written in one transaction with the reconcile index row and the queue's ``ClaimedUntil`` mark,
-*before* the send (``docs/adr/0012-settlement-outbox.md``):
+3), and is written in one transaction with the queue's ``ClaimedUntil`` mark, which also says when the
+reconciler first looks at it (``ReconcileAt``, ADR-0022 change 9), *before* the send
+(``docs/adr/0012-settlement-outbox.md``):
 
 * the send succeeds → the claim becomes ``sent`` → 202 ``confirmed: true``;
 * the send certainly reached nothing (:class:`~handoff.messages.transport.SendRefused`) → claim (and so
-  its audit), reconcile row and mark are deleted in one transaction → 503, and a retry starts clean;
+  its audit) deleted and the mark cleared in one transaction → 503, and a retry starts clean;
 * anything else (a timeout, a link lost during the send, the process killed) → the claim stays
   ``sending`` → 202 ``confirmed: false``; the reconciler confirms it from the resolver's history, re-sends
   the identical message while duplicate detection covers it, or shows it as unconfirmed.
@@ -439,10 +440,10 @@ class SettlementService:
                 row.event_id,
                 exc_info=True,
             )
-            # Count the attempt (best effort); the claim stays ``sending`` and due for the reconciler.
-            claim = self.follow_up.transition(
-                endpoint_id, claim, claim.state, due=claim.claimed_at + CONFIRM_AFTER, attempt=True
-            )
+            # Count the attempt (best effort); the claim stays ``sending`` and due for the reconciler (through
+            # its queue mark, or its reconcile row: neither moves).
+            due = None if claims.followed_on_queue(claim) else claim.claimed_at + CONFIRM_AFTER
+            claim = self.follow_up.transition(endpoint_id, claim, claim.state, due=due, attempt=True)
             return self._answer(endpoint_id, claim, replayed=False)
         log.info(
             "%s sent for %s/%s by %s", claim.message_type.name, endpoint_id, row.event_id, claim.settled_by

@@ -443,6 +443,10 @@ class QueueRow(TableRecord):
     lease_token: str | None = None
     leased_by: str | None = None
     leased_at: datetime | None = None
+    # A settlement's claim marked this row (``ClaimedUntil`` = CLAIMED): when the reconciler first looks
+    # at that claim (ADR-0022 change 9; the claim then has no ``rc|`` row). Moved to ``RECONCILED`` once
+    # the reconciler has handled it.
+    reconcile_at: datetime | None = None
 
 
 class ListingRow(TableRecord):

@@ -25,6 +25,7 @@ from common.tables import before_ms, datetime_literal, first_rows, quoted
 
 # The operation builders live in ``common.transactions``; the operator modules still import them from here.
 from common.transactions import MAX_TRANSACTION_OPS, Operation, insert, merge_if_unchanged
+from handoff.receive.leases import CLAIMED
 from handoff.storage import keys
 from handoff.storage.counts import POISON, column
 from handoff.storage.keys import Layout
@@ -362,6 +363,14 @@ class HandoffStore:
         low, high = keys.reconcile_range_until(now)
         return [ReconcileRow.from_entity(e) for e in self._merged(endpoint_id, low, high, limit=limit)]
 
+    def due_queue_claims(self, endpoint_id: str, now: datetime, *, limit: int = 200) -> list[QueueRow]:
+        """Queue rows marked by a settlement's claim whose first look is due at ``now`` (ADR-0022 change 9),
+        oldest park first; each keeps its ``row_key`` and ``etag``. One range per shard, filtered by storage
+        (:func:`claim_due_filter`): linear in the endpoint's **parked** hand-offs, like overdue."""
+        low, high = keys.QUEUE_RANGE
+        rows = self._merged(endpoint_id, low, high, limit=limit, where=claim_due_filter(now))
+        return [QueueRow.from_entity(e) for e in rows]
+
     def unconfirmed(
         self, endpoint_id: str, *, after: str | None = None, limit: int = 1000
     ) -> list[UnconfirmedRow]:
@@ -487,6 +496,13 @@ def due_filter(now: datetime) -> str:
     Azurite (which compares DateTime values at millisecond precision) and the in-memory table answer alike
     (``common.tables.datetime_literal``); a park comes due at most 1 ms later than its ExpectedBy."""
     return f"ExpectedBy lt {datetime_literal(before_ms(now))}"
+
+
+def claim_due_filter(now: datetime) -> str:
+    """The filter of the queue rows whose settlement claim is due for its first look at ``now``: marked
+    claimed (``ClaimedUntil`` is ``leases.CLAIMED``, which sorts after every lease's end) and ``ReconcileAt``
+    before ``now``'s millisecond (as :func:`due_filter`; a row without the column never matches)."""
+    return f"ClaimedUntil ge {quoted(CLAIMED[:4])} and ReconcileAt lt {datetime_literal(before_ms(now))}"
 
 
 def classify_event_rows(entities: Iterator[Any]) -> tuple[EventRow | None, list[HistoryRow], list[AuditRow]]:

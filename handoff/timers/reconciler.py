@@ -1,13 +1,15 @@
 """The reconciler: every open settlement claim is confirmed, re-sent safely, or shown as unconfirmed.
 
 It runs on every tick of the ``handoff_sweeper`` timer (always on; only the timeout sweep is opt-in). For
-each endpoint that ever parked it reads the ``rc|`` index up to now, a bounded number of rows per run, and
-follows each claim up (:meth:`~handoff.settlement.follow_up.ClaimFollowUp.advance`): the resolver's history
-proves delivery; otherwise the identical message is re-sent while the topic's duplicate detection covers
-it; otherwise the claim is marked ``unconfirmed`` (logged as an error, listed by
+each endpoint that ever parked it reads the queue rows whose settlement claim is due (``ReconcileAt``: a
+hand-off's settlement has no reconcile row of its own while it is first followed up, ADR-0022 change 9) and
+the ``rc|`` index up to now, a bounded number of rows per run of each, and follows each claim up
+(:meth:`~handoff.settlement.follow_up.ClaimFollowUp.advance`): the resolver's history proves delivery;
+otherwise the identical message is re-sent while the topic's duplicate detection covers it; otherwise the
+claim is marked ``unconfirmed`` (logged as an error, listed by
 ``GET /api/v1/handoffs/{endpointId}/unconfirmed``) and looked at again, less and less often, in case the
-message shows up late. The same range holds lookup index rows (``hoids``) whose insert the resolver could
-not make: they are written, and their row deleted. One endpoint's failure never stops the run: it is
+message shows up late. The ``rc|`` range also holds lookup index rows (``hoids``) whose insert the resolver
+could not make: they are written, and their row deleted. One endpoint's failure never stops the run: it is
 reported and the next one goes on.
 """
 
@@ -21,10 +23,11 @@ from functools import cached_property
 
 from common import telemetry
 from common import transactions as tx
+from handoff.settlement import claims
 from handoff.settlement.timing import RETRY_AFTER
 from handoff.storage import ids
 from handoff.storage.claim_state import ClaimState
-from handoff.storage.records import ReconcileRow
+from handoff.storage.records import ClaimRow, ReconcileRow
 from handoff.timers.endpoint_pass import EndpointPass
 
 log = logging.getLogger("settle.reconciler")
@@ -84,6 +87,7 @@ class Reconciler(EndpointPass):
         return report
 
     def reconcile_endpoint(self, endpoint_id: str, report: ReconcileReport) -> None:
+        self._queue_claims(endpoint_id, report)
         for due in self.store.due_reconcile(endpoint_id, self.clock(), limit=self.rows_per_endpoint):
             try:
                 if due.task == ids.IDS_TASK:
@@ -98,12 +102,43 @@ class Reconciler(EndpointPass):
                 if due.task != ids.IDS_TASK:
                     self._postpone(endpoint_id, due)
 
+    def _queue_claims(self, endpoint_id: str, report: ReconcileReport) -> None:
+        """Settlements of parked hand-offs whose first look is due: found by their queue mark (ADR-0022
+        change 9). A claim confirmed meanwhile took its queue row with it (the projection of its message
+        deletes the row); what is left is followed up as a reconcile row's claim is. Each mark handled is
+        then moved (``If-Match`` the row as read): to ``RECONCILED`` when the claim is over or a reconcile
+        row of its own now says when to look again, else a retry's delay later."""
+        for queued in self.store.due_queue_claims(endpoint_id, self.clock(), limit=self.rows_per_endpoint):
+            handled = False
+            try:
+                claim = self.store.get_claim(endpoint_id, queued.event_id, queued.parked_message_id)
+                if claim is not None and claims.followed_on_queue(claim):
+                    claim = self._advance(endpoint_id, claim, report)
+                handled = claim is None or not claims.followed_on_queue(claim)
+            except Exception as exc:
+                log.warning("reconciling %s/%s failed", endpoint_id, queued.event_id, exc_info=True)
+                report.errors.setdefault(endpoint_id, {})[queued.event_id] = f"{type(exc).__name__}: {exc}"
+            look = claims.RECONCILED if handled else self.clock() + RETRY_AFTER
+            pk = self.store.event_partition(endpoint_id, queued.event_id)
+            try:
+                self.store.submit([claims.plan_queue_look(pk, queued, look)])
+            except Exception:
+                # Changed since (a new claim has its own mark; gone: projected) or a fault: the next run reads
+                # the row again, and only a claim still due through it is followed up again.
+                log.debug("queue mark of %s/%s not moved", endpoint_id, queued.event_id, exc_info=True)
+
     def _one(self, endpoint_id: str, due: ReconcileRow, report: ReconcileReport) -> None:
         claim = self.store.get_claim(endpoint_id, due.event_id, due.parked_message_id)
         if claim is None or not claim.state.open or claim.reconcile_key != due.row_key:
             # Released, finished, or re-keyed by a transaction that lost its answer: this row is stale.
             self._drop(endpoint_id, due)
             return
+        after = self._advance(endpoint_id, claim, report)
+        if after.state is claim.state and after.reconcile_key == claim.reconcile_key:
+            self._postpone(endpoint_id, due)  # nothing could be recorded: do not spin on this row
+
+    def _advance(self, endpoint_id: str, claim: ClaimRow, report: ReconcileReport) -> ClaimRow:
+        """Follow one open claim up, and report what it came to."""
         before = claim.state
         after = self.settlement.follow_up.advance(endpoint_id, claim)
         if after.state is ClaimState.delivered:
@@ -121,8 +156,7 @@ class Reconciler(EndpointPass):
         else:
             outcome = "resent" if after.state is ClaimState.sent else after.state.name
         telemetry.add("settle.reconciler.claims", outcome=outcome)
-        if after.state is before and after.reconcile_key == claim.reconcile_key:
-            self._postpone(endpoint_id, due)  # nothing could be recorded: do not spin on this row
+        return after
 
     def _drop(self, endpoint_id: str, due: ReconcileRow) -> None:
         assert due.row_key is not None

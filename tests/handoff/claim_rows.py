@@ -9,6 +9,7 @@ from handoff.messages.contract import MessageType, ResolutionStatus
 from handoff.messages.outbound import OutboxMessage
 from handoff.settlement import claims
 from handoff.settlement.claims import ClaimOrder
+from handoff.settlement.timing import CONFIRM_AFTER
 from handoff.storage import keys
 from handoff.storage.records import ClaimRow, EventRow
 
@@ -57,3 +58,10 @@ def message(message_id: str | None = None) -> OutboxMessage:
 def claim_row(**changes: object) -> ClaimRow:
     claim = claims.plan_claim(order(), parked(), message("ctl-1"), "{}", pk=PK, now=T0).claim
     return claim.model_copy(update={"etag": '"c1"', **changes})
+
+
+def tracked_claim(**changes: object) -> ClaimRow:
+    """A claim followed through a reconcile row of its own: an operator action's, or a settlement's written
+    before ADR-0022 change 9 (or once the reconciler gave it a later look)."""
+    reconcile_key = keys.reconcile_row(T0 + CONFIRM_AFTER, EVENT, PARKED)
+    return claim_row(**{"reconcile_key": reconcile_key, **changes})

@@ -15,7 +15,7 @@ from handoff.settlement.claims import SettlementInFlight
 from handoff.storage import keys
 from handoff.storage.claim_state import ClaimState
 
-from .claim_rows import CLAIM_KEY, PK, T0, claim_row, message, order, parked
+from .claim_rows import CLAIM_KEY, PK, T0, claim_row, message, order, parked, tracked_claim
 
 
 def test_retried_or_lost_answers_our_own_retry_from_its_claim() -> None:
@@ -127,7 +127,7 @@ def test_a_fenced_claim_replaces_only_the_queue_mark_by_one_if_match_the_lease_r
 
 
 def test_plan_transition_to_sent_records_the_send_and_leaves_the_reconciler() -> None:
-    claim = claim_row(attempts=1)
+    claim = tracked_claim(attempts=1)
     later = T0 + timedelta(seconds=3)
 
     move = claims.plan_transition(PK, claim, ClaimState.sent, now=later, sent=True, attempt=True)
@@ -190,7 +190,7 @@ def test_plan_transition_to_unconfirmed_lists_the_claim_for_operators_once() -> 
 def test_a_claims_move_is_one_transaction_in_the_claims_partition(
     state: ClaimState, due: object, listed: str | None
 ) -> None:
-    claim = claim_row(unconfirmed_key=listed)
+    claim = tracked_claim(unconfirmed_key=listed)
 
     move = claims.plan_transition(PK, claim, state, now=T0, due=due)  # type: ignore[arg-type]
 

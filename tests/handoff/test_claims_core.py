@@ -30,6 +30,7 @@ from handoff.receive.leases import LeaseLost
 from handoff.settlement import claims
 from handoff.settlement.claims import ClaimOrder, ClaimRefused, SettlementInFlight
 from handoff.settlement.settler import SettlementService
+from handoff.settlement.timing import CONFIRM_AFTER
 from handoff.storage import keys
 from handoff.storage.claim_state import ClaimState
 from handoff.storage.keys import Layout
@@ -37,7 +38,19 @@ from handoff.storage.records import AuditRow, ClaimRow, QueueRow
 from handoff.storage.store import HandoffStore
 from tests.support.examples import examples
 
-from .claim_rows import CLAIM_KEY, EVENT, PARKED, PK, QUEUE_KEY, T0, claim_row, message, order, parked
+from .claim_rows import (
+    CLAIM_KEY,
+    EVENT,
+    PARKED,
+    PK,
+    QUEUE_KEY,
+    T0,
+    claim_row,
+    message,
+    order,
+    parked,
+    tracked_claim,
+)
 from .memory_table import MemoryTable, Refused
 
 LEASE_FOR = timedelta(seconds=10)
@@ -50,19 +63,49 @@ def kinds(ops: list[tuple[object, ...]]) -> list[tuple[object, str]]:
 # -- taken ------------------------------------------------------------------------------------------
 
 
-def test_a_claim_inserts_claim_and_reconcile_row_and_marks_the_queue_row_if_it_still_exists() -> None:
+def test_a_settlement_claim_marks_the_queue_row_with_its_first_look_and_writes_no_reconcile_row() -> None:
     plan = claims.plan_claim(order(), parked(), message("ctl-1"), "{}", pk=PK, now=T0)
 
-    # No audit row: the claim is the audit (ADR-0022 change 3)
-    assert kinds(plan.ops) == [
-        ("create", CLAIM_KEY),
-        ("create", str(plan.claim.reconcile_key)),
-        ("update", QUEUE_KEY),
-    ]
-    assert plan.ops[2][1] == {"PartitionKey": PK, "RowKey": QUEUE_KEY, "ClaimedUntil": leases.CLAIMED}
-    assert "etag" not in plan.ops[2][2]  # If-Match *: only that the hand-off is still queued
+    # No audit row: the claim is the audit (ADR-0022 change 3); no reconcile row: the queue mark says when
+    # the reconciler first looks (change 9)
+    assert kinds(plan.ops) == [("create", CLAIM_KEY), ("update", QUEUE_KEY)]
+    assert plan.ops[1][1] == {
+        "PartitionKey": PK,
+        "RowKey": QUEUE_KEY,
+        "ClaimedUntil": leases.CLAIMED,
+        "ReconcileAt": T0 + CONFIRM_AFTER,
+    }
+    assert "etag" not in plan.ops[1][2]  # If-Match *: only that the hand-off is still queued
     assert plan.fence is None and plan.pin is None
     assert plan.claim.state is ClaimState.sending and plan.claim.control_message_id == "ctl-1"
+    assert plan.ops[0][1]["ReconcileKey"] == "" and claims.followed_on_queue(plan.claim)
+
+
+def test_a_claim_without_a_queue_row_is_followed_through_a_reconcile_row_of_its_own() -> None:
+    for asked, row in ((order(pins_event=True), parked()), (order(), parked(queue_key=None))):
+        plan = claims.plan_claim(asked, row, message("ctl-1"), "{}", pk=PK, now=T0)
+
+        reconcile_key = keys.reconcile_row(T0 + CONFIRM_AFTER, EVENT, PARKED)
+        assert kinds(plan.ops[:2]) == [("create", CLAIM_KEY), ("create", reconcile_key)]
+        assert plan.claim.reconcile_key == reconcile_key and not claims.followed_on_queue(plan.claim)
+        assert all("ReconcileAt" not in op[1] for op in plan.ops)
+
+
+def test_a_claim_is_followed_on_its_queue_mark_only_while_sending_and_given_no_later_look() -> None:
+    claim = claim_row()
+
+    assert claims.followed_on_queue(claim)
+    assert not claims.followed_on_queue(claim.model_copy(update={"state": ClaimState.sent}))
+    assert not claims.followed_on_queue(claim.model_copy(update={"state": ClaimState.unconfirmed}))
+    assert not claims.followed_on_queue(claim.model_copy(update={"reconcile_key": "rc|x"}))
+    queued = QueueRow(event_id=EVENT, parked_message_id=PARKED, row_key=QUEUE_KEY, etag='"q3"')
+    look = claims.plan_queue_look(PK, queued, claims.RECONCILED)
+    assert look == (
+        "update",
+        {"PartitionKey": PK, "RowKey": QUEUE_KEY, "ReconcileAt": claims.RECONCILED},
+        look[2],
+    )
+    assert look[2]["etag"] == '"q3"'  # a claim taken again since has its own mark: never moved here
 
 
 def test_a_claim_carries_the_audit_the_row_beside_it_used_to_hold() -> None:
@@ -101,10 +144,11 @@ def _legacy_columns() -> dict[str, object]:
 def test_a_leased_claim_is_fenced_by_the_queue_row_as_read_holding_the_lease() -> None:
     plan = claims.plan_claim(order(token="tok"), parked(), message(), "{}", pk=PK, now=T0)
 
-    assert plan.fence == 2
+    assert plan.fence == 1
     fenced = plan.fenced('"q7"')
-    assert fenced[2][1]["ClaimedUntil"] == leases.CLAIMED and fenced[2][2]["etag"] == '"q7"'
-    assert fenced[:2] == plan.ops[:2]
+    assert fenced[1][1]["ClaimedUntil"] == leases.CLAIMED and fenced[1][2]["etag"] == '"q7"'
+    assert fenced[1][1]["ReconcileAt"] == T0 + CONFIRM_AFTER
+    assert fenced[:1] == plan.ops[:1]
 
 
 def test_an_operator_claim_pins_the_event_row_as_checked_and_needs_its_etag() -> None:
@@ -119,9 +163,9 @@ def test_an_operator_claim_pins_the_event_row_as_checked_and_needs_its_etag() ->
     ("index", "status", "fenced", "pinned", "verdict"),
     [
         (0, 409, False, False, ClaimRefused.TAKEN),
-        (2, 412, True, False, ClaimRefused.LEASE_MOVED),
-        (2, 404, True, False, ClaimRefused.NOT_PARKED),
-        (2, 404, False, False, ClaimRefused.NOT_PARKED),
+        (1, 412, True, False, ClaimRefused.LEASE_MOVED),
+        (1, 404, True, False, ClaimRefused.NOT_PARKED),
+        (1, 404, False, False, ClaimRefused.NOT_PARKED),
         (2, 412, False, True, ClaimRefused.EVENT_MOVED),
         (2, 404, False, True, ClaimRefused.EVENT_MOVED),
         (1, 409, False, False, ClaimRefused.OTHER),
@@ -180,19 +224,21 @@ def test_a_superseded_claim_answers_no_retry() -> None:
 
 
 def test_a_sent_claim_records_the_send_and_leaves_the_reconciler() -> None:
-    claim = claim_row()
-    move = claims.plan_transition(PK, claim, ClaimState.sent, now=T0, sent=True, attempt=True)
+    for claim in (claim_row(), tracked_claim()):
+        move = claims.plan_transition(PK, claim, ClaimState.sent, now=T0, sent=True, attempt=True)
 
-    merged = move.ops[0][1]
-    assert merged["State"] == "sent" and merged["LastSentAt"] == T0 and merged["Attempts"] == 1
-    assert move.ops[0][2]["etag"] == '"c1"'
-    assert kinds(move.ops[1:]) == [("delete", str(claim.reconcile_key))]
-    assert move.moved.reconcile_key is None and move.moved.last_sent_at == T0
-    assert move.applied([{"etag": '"c2"'}]).etag == '"c2"'
+        merged = move.ops[0][1]
+        assert merged["State"] == "sent" and merged["LastSentAt"] == T0 and merged["Attempts"] == 1
+        assert move.ops[0][2]["etag"] == '"c1"'
+        # A settlement's claim is one write (its queue mark is left to the projection); a reconcile row goes
+        assert kinds(move.ops[1:]) == ([("delete", str(claim.reconcile_key))] if claim.reconcile_key else [])
+        assert not move.moved.reconcile_key and move.moved.last_sent_at == T0
+        assert not claims.followed_on_queue(move.moved)
+        assert move.applied([{"etag": '"c2"'}]).etag == '"c2"'
 
 
 def test_an_unconfirmed_claim_is_listed_for_operators_once_and_unlisted_when_it_moves_on() -> None:
-    claim = claim_row()
+    claim = tracked_claim()
     due = T0 + timedelta(minutes=5)
     listed = claims.plan_transition(PK, claim, ClaimState.unconfirmed, now=T0, due=due)
     unconfirmed_key = keys.unconfirmed_row(EVENT, PARKED)
@@ -203,6 +249,10 @@ def test_an_unconfirmed_claim_is_listed_for_operators_once_and_unlisted_when_it_
         ("create", reconcile_key),
         ("create", unconfirmed_key),
     ]
+    # Followed on its queue mark until then: the later look is a reconcile row of its own (nothing to delete)
+    from_queue = claims.plan_transition(PK, claim_row(), ClaimState.unconfirmed, now=T0, due=due)
+    assert kinds(from_queue.ops[1:]) == [("create", reconcile_key), ("create", unconfirmed_key)]
+    assert not claims.followed_on_queue(from_queue.moved)
     again = claims.plan_transition(PK, listed.moved, ClaimState.unconfirmed, now=T0, due=due)
     assert len(again.ops) == 1  # same reconcile row, already listed
     delivered = claims.plan_transition(PK, listed.moved, ClaimState.delivered, now=T0)
@@ -296,22 +346,25 @@ def test_a_release_deletes_the_claim_as_its_sender_wrote_it_and_frees_the_queue_
     claim = claim_row()
     release = claims.plan_release(PK, parked(), claim)
 
-    # The claim's audit is rendered from it: deleting the claim is deleting its audit
-    assert kinds(release.ops) == [
-        ("delete", CLAIM_KEY),
-        ("delete", str(claim.reconcile_key)),
-        ("update", QUEUE_KEY),
-    ]
-    assert release.ops[0][2]["etag"] == '"c1"' and release.ops[2][1]["ClaimedUntil"] == leases.UNCLAIMED
+    # The claim's audit is rendered from it: deleting the claim is deleting its audit; the queue mark's
+    # ReconcileAt stays, read only while the row is marked claimed
+    assert kinds(release.ops) == [("delete", CLAIM_KEY), ("update", QUEUE_KEY)]
+    assert release.ops[0][2]["etag"] == '"c1"' and release.ops[1][1]["ClaimedUntil"] == leases.UNCLAIMED
     # The queue row is gone (projected away): the claim is released alone; nothing else is retried.
-    assert release.again(Refusal(index=2, status=404, code="ResourceNotFound")) == release.ops[:2]
+    assert release.again(Refusal(index=1, status=404, code="ResourceNotFound")) == release.ops[:1]
     assert release.again(Refusal(index=0, status=412, code="")) is None
     assert release.again(None) is None
     assert claims.plan_release(PK, parked(queue_key=None), claim).mark is None
+    # A claim with a reconcile row of its own takes it with it
+    assert kinds(claims.plan_release(PK, parked(), tracked_claim()).ops) == [
+        ("delete", CLAIM_KEY),
+        ("delete", str(tracked_claim().reconcile_key)),
+        ("update", QUEUE_KEY),
+    ]
 
 
 def test_a_release_of_a_claim_written_with_its_own_audit_row_deletes_that_row_too() -> None:
-    legacy = claim_row(audit_key=keys.audit_row(EVENT, T0, "legacy"))
+    legacy = tracked_claim(audit_key=keys.audit_row(EVENT, T0, "legacy"))
     release = claims.plan_release(PK, parked(), legacy)
 
     assert kinds(release.ops) == [

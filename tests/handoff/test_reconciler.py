@@ -14,10 +14,14 @@ import pytest
 from azure.functions.timer import TimerRequest
 
 from common import runtime
+from common import transactions as tx
 from common.clock import utcnow
 from handoff import service
 from handoff.messages.contract import MessageType
+from handoff.settlement import claims
 from handoff.storage import keys
+from handoff.storage.records import QueueRow, ReconcileRow
+from handoff.timers.reconciler import ReconcileReport
 from tests.support.handoff_flows import Flow, complete, event_of, parked
 
 from .broker import Broker, BrokerTransport
@@ -53,6 +57,16 @@ def unconfirmed(call, endpoint: str) -> dict[str, Any]:
     return data
 
 
+def queue_rows(endpoint: str) -> list[dict[str, Any]]:
+    table = runtime.tables().table(keys.EVENTS_TABLE)
+    low, high = keys.QUEUE_RANGE
+    found: list[dict[str, Any]] = []
+    for pk in service.layout().now().endpoint_partitions(endpoint):
+        query = f"PartitionKey eq '{pk}' and RowKey ge '{low}' and RowKey lt '{high}'"
+        found += list(table.query_entities(query))
+    return found
+
+
 def reconcile_rows(endpoint: str) -> list[str]:
     table = runtime.tables().table(keys.EVENTS_TABLE)
     low, high = keys.RECONCILE_RANGE
@@ -70,18 +84,41 @@ def test_a_confirmed_send_leaves_nothing_to_reconcile(call, resolve, flow, broke
     assert reconcile_rows(flow.endpoint) == []
 
 
-def test_an_unconfirmed_send_is_confirmed_by_the_resolver_s_history(call, resolve, flow, broker, bus):
+def test_an_unconfirmed_send_is_confirmed_by_the_resolver_s_projection(call, resolve, flow, broker, bus):
     parked(resolve, flow)
     bus.then(["deliver-then-raise"])
     accepted = complete(call, flow)
     assert accepted.json["confirmed"] is False and claim_of(flow).state.name == "sending"
-    broker.pump()  # the resolver projects the copy the broker had accepted
+    assert reconcile_rows(flow.endpoint) == []  # followed through its queue mark (ADR-0022 change 9)
+    broker.pump()  # the resolver projects the copy the broker had accepted, and takes the queue row away
     at(3)
     report = service.reconciler().run()
-    assert flow.event_id in report.delivered
-    assert claim_of(flow).state.name == "delivered"
-    assert reconcile_rows(flow.endpoint) == []
+    # Nothing left to follow: the projection is the confirmation, and nothing is sent again
+    assert report == ReconcileReport()
+    assert reconcile_rows(flow.endpoint) == [] and queue_rows(flow.endpoint) == []
     assert len(broker.for_event(flow.event_id)) == 1 and broker.dropped == []
+    # The claim was never marked: a retry of the settlement reads the history and answers it delivered
+    again = complete(call, flow)
+    assert (again.json["replayed"], again.json["confirmed"], again.json["state"]) == (True, True, "delivered")
+    assert claim_of(flow).state.name == "delivered" and len(broker.for_event(flow.event_id)) == 1
+
+
+def test_a_claim_still_unprojected_at_its_first_look_is_found_through_its_queue_mark(
+    call, resolve, flow, broker, bus
+):
+    parked(resolve, flow)
+    bus.then(["deliver-then-raise"])
+    complete(call, flow)
+    # The resolver is slow: the copy the broker took is not projected yet (no ``broker.pump()``)
+    at(1.9)
+    assert service.reconciler().run() == ReconcileReport()  # not due before its first look
+    at(3)
+    report = service.reconciler().run()
+    assert report.resent == [flow.event_id] and len(broker.dropped) == 1  # the identical copy: dropped
+    [queued] = queue_rows(flow.endpoint)
+    assert queued["ReconcileAt"] == claims.RECONCILED  # handled: not read again on the next tick
+    at(4)
+    assert service.reconciler().run() == ReconcileReport()
 
 
 def test_the_resend_is_the_identical_message_inside_the_detection_window(call, resolve, flow, broker, bus):
@@ -158,12 +195,41 @@ def test_a_row_that_moved_on_without_the_message_supersedes_the_claim(call, reso
     parked(resolve, flow)
     bus.then(["lost-before"])
     complete(call, flow)
-    # An operator resubmitted the event meanwhile: the hand-off is over
+    # An operator resubmitted the event meanwhile: the hand-off is over, and its queue row with it
     resolve(flow.control(MessageType.ResubmissionRequest, message_id="resubmit-1"))
     at(3)
     report = service.reconciler().run()
-    assert flow.event_id in report.superseded
+    assert report == ReconcileReport() and broker.delivered == []  # nothing to follow, nothing sent
+    assert reconcile_rows(flow.endpoint) == [] and queue_rows(flow.endpoint) == []
+    # A retry of the settlement finds it superseded (it was never sent, and never will be)
+    again = complete(call, flow)
+    assert again.status == 409 and "superseded" in again.json["detail"]
     assert broker.delivered == [] and claim_of(flow).state.name == "superseded"
+
+
+def test_a_claim_on_an_operator_action_keeps_its_reconcile_row(call, resolve, flow, broker, bus):
+    """A claim with no queue row (not a hand-off's settlement) is followed through ``rc|``, as before."""
+    parked(resolve, flow)
+    bus.then(["lost-before"])
+    complete(call, flow)
+    pk = service.layout().now().event_partition(flow.endpoint, flow.event_id)
+    claim = claim_of(flow)
+    # A claim as written before ADR-0022 change 9: its own reconcile row, the queue row not due
+    due = keys.reconcile_row(claim.claimed_at, flow.event_id, "park-1")
+    store = service.store()
+    row = ReconcileRow(event_id=flow.event_id, parked_message_id="park-1", due_at=claim.claimed_at)
+    claim_key = keys.claim_row(flow.event_id, "park-1")
+    store.submit(
+        [
+            tx.merge({"PartitionKey": pk, "RowKey": claim_key, "ReconcileKey": due}),
+            tx.insert(row.to_entity(pk, due)),
+        ]
+    )
+    [queued] = queue_rows(flow.endpoint)
+    store.submit([claims.plan_queue_look(pk, QueueRow.from_entity(queued), claims.RECONCILED)])
+    at(3)
+    report = service.reconciler().run()
+    assert report.resent == [flow.event_id] and len(broker.for_event(flow.event_id)) == 1
     assert reconcile_rows(flow.endpoint) == []
 
 

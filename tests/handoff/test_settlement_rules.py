@@ -11,7 +11,7 @@ import pytest
 from common.errors import Conflict, NotFound, PayloadTooLarge
 from handoff.messages.contract import Coordinates, MessageType
 from handoff.messages.transport import MAX_SEND_BYTES, SendRefused
-from handoff.receive.leases import LeaseLost
+from handoff.receive.leases import CLAIMED, LeaseLost
 from handoff.settlement.claims import SettlementInFlight
 from handoff.settlement.settler import Settlement
 from handoff.settlement.timing import CONFIRM_AFTER, SEND_DEADLINE
@@ -186,8 +186,7 @@ def test_a_claim_older_than_the_send_deadline_is_not_sent_but_left_to_the_reconc
     assert claim is not None and claim.state is ClaimState.sending and claim.attempts == 0
     assert claim.last_sent_at is None and accepted.replayed is False and accepted.confirmed is False
     assert claim.claimed_at == T0 and claim.updated_at == T0  # as taken: nothing recorded it since
-    reconcile = table.get(PK, keys.reconcile_row(T0 + CONFIRM_AFTER, EVENT, PARKED))
-    assert reconcile is not None and claim.reconcile_key == reconcile["RowKey"]  # due after CONFIRM_AFTER
+    assert first_look(table) == T0 + CONFIRM_AFTER and not claim.reconcile_key  # due after CONFIRM_AFTER
 
 
 def test_a_claim_exactly_at_the_send_deadline_is_still_sent() -> None:
@@ -217,8 +216,16 @@ def test_a_send_with_an_unknown_outcome_keeps_the_claim_sending_for_the_reconcil
     claim = claim_in(table)
     assert claim is not None and claim.state is ClaimState.sending and claim.attempts == 1
     assert claim.last_sent_at is None and len(transport.sent) == 1
-    reconcile = table.get(PK, claim.reconcile_key or "")
-    assert reconcile is not None and reconcile["DueAt"] == claim.claimed_at + CONFIRM_AFTER
+    # Due for the reconciler through its queue mark, which the failed send left as it was
+    assert first_look(table) == claim.claimed_at + CONFIRM_AFTER and not claim.reconcile_key
+    assert table.get(PK, keys.reconcile_row(T0 + CONFIRM_AFTER, EVENT, PARKED)) is None
+
+
+def first_look(table: MemoryTable) -> object:
+    """When the reconciler first looks at the hand-off's claim: its queue mark (ADR-0022 change 9)."""
+    queued = table.get(PK, QUEUE_KEY)
+    assert queued is not None and queued["ClaimedUntil"] == CLAIMED
+    return queued["ReconcileAt"]
 
 
 # -- a leased settlement -----------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from handoff.storage import keys
 from handoff.storage.claim_state import ClaimState
 from handoff.storage.records import AuditRow, ClaimRow
 
-from .claim_rows import PK, QUEUE_KEY, claim_row, parked
+from .claim_rows import PK, QUEUE_KEY, claim_row, parked, tracked_claim
 
 T0 = datetime(2026, 12, 1, 9, 0, 0, tzinfo=UTC)
 
@@ -42,7 +42,8 @@ def resolved(resolution: str, control: str = "ctl-1", *, by: str = "olivia") -> 
 
 
 def unconfirmed() -> ClaimRow:
-    return claim_row(state=ClaimState.unconfirmed, unconfirmed_key=keys.unconfirmed_row("ev-1", "park-1"))
+    # An unconfirmed claim is always looked at again through a reconcile row of its own
+    return tracked_claim(state=ClaimState.unconfirmed, unconfirmed_key=keys.unconfirmed_row("ev-1", "park-1"))
 
 
 def ask(
