@@ -22,8 +22,9 @@ Counts (``handoff/storage/counts.py``, ADR-0022):
   "at least" (``PendingHandoff`` too when ``Pending`` reached it, its rows being ``Pending``'s), and so does
   the oldest age of a group it belongs to: the rows read are the most recently changed, so the oldest
   event is at least as old as the oldest read. At 100 % open that bounds the read to 10 pages per open
-  status (50 requests at one shard; with S shards at most 5 * cap / 1,000 + 10 S + 10: a query per range
-  and shard and one more per status that fills, each at most one page beyond its rows).
+  status: 50 requests at one shard when each holds that many, and whatever it holds at most
+  5 * cap / 1,000 + 10 S + 10 with S shards (a query per range and shard, one more per status that fills,
+  each at most one page beyond its rows).
 
 A listing page: one range read per listed status and shard (a status: 1; all events: the 7 statuses'
 ranges, merged newest change first; ``PendingHandoff``: ``Pending``'s range, filtered server-side).
