@@ -5,6 +5,8 @@ from __future__ import annotations
 import random
 import threading
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -118,19 +120,32 @@ def test_reading_the_counts_costs_two_round_trips_per_tally_and_three_per_shard(
     assert tally.requests == 2 * counts_partitions(handoff_shards) + 3 * handoff_shards
 
 
+@contextmanager
+def a_second_apart() -> Iterator[None]:
+    """The resolver's clock a second further at each reading, from two hours ago: the storage clock's own
+    readings may repeat (they never step back), and these tests order events by when they changed."""
+    resolver = service.resolver_service()
+    start = datetime.now(UTC) - timedelta(hours=2)
+    ticks = iter(range(100_000))
+    original = resolver.clock
+    resolver.clock = lambda: start + timedelta(seconds=next(ticks))
+    try:
+        yield
+    finally:
+        resolver.clock = original
+
+
 def test_open_counts_and_ages_are_read_from_the_open_events_rows(resolve, flow: Flow, handoff_shards: int):
-    # Given events in every open status but Unsupported, one parked, one completed
+    # Given events in every open status but Unsupported, one parked, one completed, in that order
     endpoint = flow.endpoint
-    resolve(nimbus(MessageType.EventRequest, endpoint=endpoint, event_id="p", message_id="p1"))
-    resolve(nimbus(MessageType.EventRequest, endpoint=endpoint, event_id="h", message_id="h1"))
-    resolve(
-        nimbus(
-            MessageType.PendingHandoffResponse, endpoint=endpoint, event_id="h", message_id="h2", parent="h1"
-        )
-    )
-    resolve(nimbus(MessageType.ErrorResponse, endpoint=endpoint, event_id="f", message_id="f1"))
-    resolve(nimbus(MessageType.DeferralResponse, endpoint=endpoint, event_id="d", message_id="d1"))
-    resolve(nimbus(MessageType.ResolutionResponse, endpoint=endpoint, event_id="c", message_id="c1"))
+    with a_second_apart():
+        resolve(nimbus(MessageType.EventRequest, endpoint=endpoint, event_id="p", message_id="p1"))
+        resolve(nimbus(MessageType.EventRequest, endpoint=endpoint, event_id="h", message_id="h1"))
+        park = MessageType.PendingHandoffResponse
+        resolve(nimbus(park, endpoint=endpoint, event_id="h", message_id="h2", parent="h1"))
+        resolve(nimbus(MessageType.ErrorResponse, endpoint=endpoint, event_id="f", message_id="f1"))
+        resolve(nimbus(MessageType.DeferralResponse, endpoint=endpoint, event_id="d", message_id="d1"))
+        resolve(nimbus(MessageType.ResolutionResponse, endpoint=endpoint, event_id="c", message_id="c1"))
     overview = service.overview()
 
     # When the open events are read
@@ -318,14 +333,9 @@ OPEN_LISTED = 5  # open statuses with listing rows: Pending, Deferred, Failed, D
 
 
 def seed_past_the_cap(resolve, endpoint: str, failed: int) -> None:
-    """``failed`` Failed events, then p0 Pending, p1 parked and d Deferred: projected a second apart by the
-    resolver's clock, so the listing rows (newest change first) hold the newest failures first."""
-    resolver = service.resolver_service()
-    start = datetime.now(UTC) - timedelta(hours=2)
-    ticks = iter(range(100_000))
-    original = resolver.clock
-    resolver.clock = lambda: start + timedelta(seconds=next(ticks))
-    try:
+    """``failed`` Failed events, then p0 Pending, p1 parked and d Deferred, a second apart: the listing rows
+    (newest change first) hold the newest failures first."""
+    with a_second_apart():
         for i in range(failed):
             failure = nimbus(
                 MessageType.ErrorResponse, endpoint=endpoint, event_id=f"f{i:03d}", message_id=f"f{i}"
@@ -336,8 +346,6 @@ def seed_past_the_cap(resolve, endpoint: str, failed: int) -> None:
         park = MessageType.PendingHandoffResponse
         resolve(nimbus(park, endpoint=endpoint, event_id="p1", message_id="p1-park", parent="p1"))
         resolve(nimbus(MessageType.DeferralResponse, endpoint=endpoint, event_id="d", message_id="d"))
-    finally:
-        resolver.clock = original
 
 
 def test_open_counts_stop_at_the_cap_say_at_least_and_read_a_bounded_number_of_pages(
