@@ -104,9 +104,17 @@ def endpoints_overview(req: func.HttpRequest) -> EndpointsOverview:
                     unsupported=e.totals["Unsupported"],
                     completed=e.totals["Completed"],
                     skipped=e.totals["Skipped"],
+                    pending_at_least="Pending" in e.open_events.at_least,
+                    pending_handoff_at_least="PendingHandoff" in e.open_events.at_least,
+                    deferred_at_least="Deferred" in e.open_events.at_least,
+                    failed_at_least="Failed" in e.open_events.at_least,
+                    dead_lettered_at_least="DeadLettered" in e.open_events.at_least,
+                    unsupported_at_least="Unsupported" in e.open_events.at_least,
                 ),
-                oldest_pending_at=e.oldest_pending_at,
-                oldest_failed_at=e.oldest_failed_at,
+                oldest_pending_at=e.open_events.oldest_pending_at,
+                oldest_pending_at_least=e.open_events.oldest_pending_at_least,
+                oldest_failed_at=e.open_events.oldest_failed_at,
+                oldest_failed_at_least=e.open_events.oldest_failed_at_least,
                 poison=e.poison,
                 oldest_poison_day=e.oldest_poison_day,
                 unconfirmed=e.unconfirmed.count,
@@ -161,7 +169,8 @@ def endpoint_events(req: func.HttpRequest) -> EventPage:
     return EventPage(
         items=[EventSummary.of(endpoint_id, row) for row in page.rows],
         continuation_token=page.continuation,
-        count=page.count,
+        count=page.count.count if page.count else None,
+        at_least=bool(page.count and page.count.at_least),
     )
 
 

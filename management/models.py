@@ -11,6 +11,7 @@ from pydantic import Field, StringConstraints
 from common.models import ApiModel, RequestModel, from_fields
 from handoff.limits import MAX_ID
 from handoff.models import AuditEntry, EventView
+from handoff.storage.overview import OPEN_COUNT_CAP
 from handoff.storage.records import EventRow, ListingRow, PoisonRow
 from state.schemas import Record, RecordPage
 
@@ -23,8 +24,19 @@ NonBlank = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1,
 EventJson = Annotated[str, StringConstraints(min_length=1, max_length=240_000)]
 
 
+_OPEN_AT_LEAST = (
+    f"True: counting `{{}}` stopped at {OPEN_COUNT_CAP:,} (the open statuses' rows are read up to that many "
+    "each); at least that many."
+)
+
+
+def _open_at_least(count: str) -> Any:
+    return Field(default=False, description=_OPEN_AT_LEAST.format(count))
+
+
 class Counts(ApiModel):
-    """Counts of an endpoint's events by status (``pending`` includes ``pendingHandoff``)."""
+    """Counts of an endpoint's events by status (``pending`` includes ``pendingHandoff``); an open status's
+    count stops at its cap and then says ``…AtLeast: true`` (Completed and Skipped are exact)."""
 
     pending: int
     pending_handoff: int
@@ -34,6 +46,16 @@ class Counts(ApiModel):
     unsupported: int
     completed: int
     skipped: int
+    pending_at_least: bool = _open_at_least("pending")
+    pending_handoff_at_least: bool = Field(
+        default=False,
+        description=f"True: counting `pending` stopped at {OPEN_COUNT_CAP:,}, and `pendingHandoff` counts "
+        "the hand-offs among the Pending events read; at least that many.",
+    )
+    deferred_at_least: bool = _open_at_least("deferred")
+    failed_at_least: bool = _open_at_least("failed")
+    dead_lettered_at_least: bool = _open_at_least("deadLettered")
+    unsupported_at_least: bool = _open_at_least("unsupported")
 
 
 class EndpointSummary(ApiModel):
@@ -55,6 +77,16 @@ class EndpointSummary(ApiModel):
     )
     overdue_handoffs_at_least: bool = Field(
         default=False, description="True: counting `overdueHandoffs` stopped at 1,000; at least that many."
+    )
+    oldest_pending_at_least: bool = Field(
+        default=False,
+        description="True: `pendingAtLeast` (not every Pending event was read): `oldestPendingAt` is the "
+        "oldest of those read (the most recently changed); the oldest Pending event is at least that old.",
+    )
+    oldest_failed_at_least: bool = Field(
+        default=False,
+        description="True: `failedAtLeast` or `deadLetteredAtLeast`: `oldestFailedAt` is the oldest of those "
+        "read; the oldest Failed / DeadLettered event is at least that old.",
     )
     oldest_poison_day: str | None = Field(
         default=None, description="UTC day (YYYYMMDD) of the oldest of those: GET v1/poison?day= lists it."
@@ -107,9 +139,14 @@ class EventPage(ApiModel):
     count: int | None = Field(
         default=None,
         description="How many of the endpoint's events are in `status`: the overview's count (an open "
-        "status: its events' listing rows counted, keys only; Completed or Skipped: the counts snapshot and "
-        "the deltas written since). Only when `status` is the only filter (a type or time filter narrows "
-        "the listing, not the count), and on the first page.",
+        f"status: its events' listing rows counted, keys only, up to {OPEN_COUNT_CAP:,}; Completed or "
+        "Skipped: the counts snapshot and the deltas written since). Only when `status` is the only filter "
+        "(a type or time filter narrows the listing, not the count), and on the first page.",
+    )
+    at_least: bool = Field(
+        default=False,
+        description=f"True: counting `count` stopped at {OPEN_COUNT_CAP:,} (an open status); at least that "
+        "many.",
     )
 
 

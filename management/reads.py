@@ -16,8 +16,8 @@ from common import page_tokens
 from common.clock import utcnow
 from common.errors import NotFound
 from handoff.storage import keys
-from handoff.storage.counts import POISON
-from handoff.storage.overview import Overview
+from handoff.storage.counts import POISON, Capped
+from handoff.storage.overview import OpenEvents, Overview
 from handoff.storage.records import (
     AuditRow,
     ClaimRow,
@@ -34,26 +34,20 @@ from management.audits import AuditQuery, AuditSearch, search
 from management.models import FindAnswer, FoundEvent
 
 
-@dataclass(frozen=True)
-class Capped:
+def _capped(count: int) -> Capped:
     """A count of index rows that stops at :data:`management.rules.COUNT_CAP`."""
-
-    count: int
-    at_least: bool
-
-    @classmethod
-    def of(cls, count: int) -> Capped:
-        return cls(count, rules.at_least(count))
+    return Capped(count, rules.at_least(count))
 
 
 @dataclass(frozen=True)
 class EndpointFigures:
-    """One endpoint in the overview: its exact counts by status and what is oldest or stuck."""
+    """One endpoint in the overview: its counts by status (the open ones up to their cap: ``open_events``
+    says which stopped there, and whether the oldest ages are of all the events) and what is oldest or
+    stuck."""
 
     endpoint_id: str
     totals: dict[str, int]
-    oldest_pending_at: datetime | None
-    oldest_failed_at: datetime | None
+    open_events: OpenEvents
     poison: int
     oldest_poison_day: str | None
     unconfirmed: Capped
@@ -73,7 +67,7 @@ class Figures:
 class EventsPage:
     rows: list[ListingRow]
     continuation: str | None
-    count: int | None  # the listed status's count, when the listing is counted (rules.counted_status)
+    count: Capped | None  # the listed status's count, when the listing is counted (rules.counted_status)
 
 
 @dataclass(frozen=True)
@@ -110,7 +104,8 @@ class OperatorReads:
 
     def figures(self) -> Figures:
         """Every endpoint with counts by status, oldest ages, poison and stuck counts: the tallies (exact) and
-        one keys-only read of the open events' rows per endpoint and shard (no scan of the table)."""
+        one keys-only read of the open events' rows per endpoint and shard, each status up to its cap (no
+        scan of the table)."""
         endpoints = []
         for endpoint_id in sorted(self.store.endpoints()):
             totals = self.overview.tallies(endpoint_id)
@@ -121,8 +116,7 @@ class OperatorReads:
                 EndpointFigures(
                     endpoint_id=endpoint_id,
                     totals=totals,
-                    oldest_pending_at=open_events.oldest_pending_at,
-                    oldest_failed_at=open_events.oldest_failed_at,
+                    open_events=open_events,
                     poison=poison,
                     oldest_poison_day=self.overview.oldest_poison_day(endpoint_id) if poison else None,
                     unconfirmed=self._count(endpoint_id, keys.UNCONFIRMED_RANGE),
@@ -213,10 +207,10 @@ class OperatorReads:
 
     def _overdue_count(self, endpoint_id: str, now: datetime) -> Capped:
         """The parks due at ``now``, counted up to :data:`management.rules.COUNT_CAP` (keys only)."""
-        return Capped.of(self.store.count_due(endpoint_id, now, cap=rules.COUNT_CAP))
+        return _capped(self.store.count_due(endpoint_id, now, cap=rules.COUNT_CAP))
 
     def _count(self, endpoint_id: str, span: tuple[str, str]) -> Capped:
-        return Capped.of(self.store.count_range(endpoint_id, *span, cap=rules.COUNT_CAP))
+        return _capped(self.store.count_range(endpoint_id, *span, cap=rules.COUNT_CAP))
 
     @staticmethod
     def _within(after: str | None, span: tuple[str, str]) -> None:

@@ -10,6 +10,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Iterable
+from datetime import datetime
 from typing import Any, TypeVar
 
 from settle_client import _cli_output as out
@@ -288,17 +289,17 @@ def cmd_endpoints(ctx: Context) -> int:
     rows = [
         (
             e.endpoint_id,
-            e.counts.pending,
-            e.counts.pending_handoff,
-            e.counts.deferred,
-            e.counts.failed,
-            e.counts.dead_lettered,
-            e.counts.unsupported,
+            _at_least(e.counts.pending, e.counts.pending_at_least),
+            _at_least(e.counts.pending_handoff, e.counts.pending_handoff_at_least),
+            _at_least(e.counts.deferred, e.counts.deferred_at_least),
+            _at_least(e.counts.failed, e.counts.failed_at_least),
+            _at_least(e.counts.dead_lettered, e.counts.dead_lettered_at_least),
+            _at_least(e.counts.unsupported, e.counts.unsupported_at_least),
             e.poison,
             _at_least(e.unconfirmed, e.unconfirmed_at_least),
             _at_least(e.overdue_handoffs, e.overdue_handoffs_at_least),
-            e.oldest_pending_at,
-            e.oldest_failed_at,
+            _or_earlier(e.oldest_pending_at, e.oldest_pending_at_least),
+            _or_earlier(e.oldest_failed_at, e.oldest_failed_at_least),
         )
         for e in overview.items
     ]
@@ -320,6 +321,12 @@ def cmd_endpoints(ctx: Context) -> int:
 def _at_least(count: int, at_least: bool) -> int | str:
     """A count as the table shows it: ``1000+`` where counting stopped."""
     return f"{count}+" if at_least else count
+
+
+def _or_earlier(oldest: datetime | None, at_least: bool) -> datetime | str | None:
+    """An oldest age as the table shows it: ``≤2026-12-05T17:08:24.702Z`` where not every event was read
+    (the oldest is at least that old)."""
+    return f"≤{out.when(oldest)}" if oldest is not None and at_least else oldest
 
 
 EVENT_HEADERS = ("EVENT", "STATUS", "TYPE", "UPDATED", "JOB", "SESSION", "REASON")

@@ -56,6 +56,13 @@ class Counts(_Wire):
     unsupported: int = 0
     completed: int = 0
     skipped: int = 0
+    # counting an open status stopped at the server's cap (10,000): at least that many
+    pending_at_least: bool = False
+    pending_handoff_at_least: bool = False
+    deferred_at_least: bool = False
+    failed_at_least: bool = False
+    dead_lettered_at_least: bool = False
+    unsupported_at_least: bool = False
 
 
 class EndpointSummary(_Wire):
@@ -65,6 +72,9 @@ class EndpointSummary(_Wire):
     counts: Counts
     oldest_pending_at: datetime | None = None
     oldest_failed_at: datetime | None = None
+    # not every Pending (Failed / DeadLettered) event was read: the oldest is at least as old as that
+    oldest_pending_at_least: bool = False
+    oldest_failed_at_least: bool = False
     poison: int = 0
     unconfirmed: int = 0
     overdue_handoffs: int = 0
@@ -88,11 +98,13 @@ class EventSummary(_EventSummary):
 
 
 class EventPage(_Wire):
-    """A page of them; ``count``: how many are in the status asked for (only when it is the one filter)."""
+    """A page of them; ``count``: how many are in the status asked for (only when it is the one filter;
+    ``at_least``: counting stopped there)."""
 
     items: list[EventSummary]
     continuation_token: str | None = None
     count: int | None = None
+    at_least: bool = False
 
 
 class AuditSearchEntry(AuditEntry):

@@ -80,6 +80,11 @@ function age(iso) {
   return `${Math.round(s / 86400)} d`;
 }
 
+// atLeast: the API counted that status only up to its cap, so the oldest is at least this old ("≥ 3 d").
+function oldestAge(iso, atLeast) {
+  return iso && atLeast ? `≥ ${age(iso)}` : age(iso);
+}
+
 function pretty(text) {
   if (text === null || text === undefined) return "";
   if (typeof text !== "string") return JSON.stringify(text, null, 2);
@@ -316,11 +321,11 @@ async function endpointsView() {
     return h("tr", { "data-endpoint": item.endpointId },
       h("td", { "data-label": "Endpoint" }, h("a", { href: base }, item.endpointId)),
       BUCKETS.map(([bucket, key, label]) =>
-        h("td", { class: "num", "data-label": label }, badge(bucket, item.counts[key], `${base}?status=${bucket}`))),
+        h("td", { class: "num", "data-label": label }, badge(bucket, item.counts[key], `${base}?status=${bucket}`, item.counts[`${key}AtLeast`]))),
       h("td", { class: "num", "data-label": "Poison" }, badge("Poison", item.poison, poisonHref(item.oldestPoisonDay))),
       stuckBadges(item),
-      h("td", { "data-label": "Oldest pending" }, age(item.oldestPendingAt)),
-      h("td", { "data-label": "Oldest failed" }, age(item.oldestFailedAt)));
+      h("td", { "data-label": "Oldest pending" }, oldestAge(item.oldestPendingAt, item.oldestPendingAtLeast)),
+      h("td", { "data-label": "Oldest failed" }, oldestAge(item.oldestFailedAt, item.oldestFailedAtLeast)));
   });
   return h("section", { "aria-labelledby": "endpoints-title" },
     h("h1", { id: "endpoints-title" }, "Endpoints"),
@@ -385,12 +390,13 @@ async function endpointView(endpointId, params) {
     pager);
 }
 
-// With a status as the only filter the API counts them (exact: the overview's count).
+// With a status as the only filter the API counts them (the overview's count; atLeast: it stopped there).
 function statusCount(page, status) {
   if (typeof page.count !== "number") return null;
   const name = status === "PendingHandoff" ? "Pending + Handoff" : status;
   const onPage = page.count > page.items.length ? `; this page shows ${page.items.length}` : "";
-  return h("p", { id: "list-count", role: "status" }, `${page.count} ${name} event${page.count === 1 ? "" : "s"}${onPage}.`);
+  const count = `${page.atLeast ? "at least " : ""}${page.count}`;
+  return h("p", { id: "list-count", role: "status" }, `${count} ${name} event${page.count === 1 ? "" : "s"}${onPage}.`);
 }
 
 function localValue(iso) {

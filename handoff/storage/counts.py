@@ -5,7 +5,8 @@ Two kinds of buckets (ADR-0022):
 * **open** statuses (Pending and its hand-off subset, Deferred, Failed, DeadLettered, Unsupported) are
   counted by reading their listing rows (``sd|{status}|``, one per open event, keys and two columns only):
   the rows exist anyway, so counting them costs no write; the read is linear in the endpoint's *open*
-  events, never in the table.
+  events, never in the table, and stops at a cap per status (then the count is :class:`Capped`: "at
+  least").
 * **tallied** buckets (Completed, Skipped, and Poison) grow without bound, so they are counted the way
   they always were: a projection that moves an event into or out of one inserts a *delta* row
   (``+1 Completed``) in the same entity-group transaction as the event row, so the delta exists exactly
@@ -17,6 +18,7 @@ Two kinds of buckets (ADR-0022):
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 from handoff.messages.contract import HANDOFF_SUB_STATUS, ResolutionStatus
 
@@ -47,6 +49,14 @@ LISTED = tuple(s.name for s in ResolutionStatus if s.name in BUCKETS)
 # DeadLettered, NimBus's OldestFailureAt).
 PENDING_GROUP = "P"
 FAILED_GROUP = "F"
+
+
+@dataclass(frozen=True)
+class Capped:
+    """A count whose reading stops at a cap: ``at_least`` when it reached it (there may be more)."""
+
+    count: int
+    at_least: bool
 
 
 def buckets_of(status: ResolutionStatus, sub_status: str | None) -> tuple[str, ...]:

@@ -17,7 +17,14 @@ Counts (``handoff/storage/counts.py``, ADR-0022):
   1,000 open events, never a scan of the table. Each row is counted in the status it had when its page was
   read: an event that changes status *during* the read may be counted in both or neither for that read.
   The same read gives the oldest ages (``SinceAt`` of the Pending rows and of the Failed and DeadLettered
-  rows).
+  rows). Each status is read up to :data:`OPEN_COUNT_CAP` rows (10 pages) of the endpoint, then its rows
+  are skipped (the read goes on from the next status's first key): a count that reached the cap says
+  "at least" (``PendingHandoff`` too when ``Pending`` reached it, its rows being ``Pending``'s), and so does
+  the oldest age of a group it belongs to: the rows read are the most recently changed, so the oldest
+  event is at least as old as the oldest read. At 100 % open that bounds the read to 10 pages per open
+  status: 50 requests at one shard when each holds that many, and whatever it holds at most
+  5 * cap / 1,000 + 10 S + 10 with S shards (a query per range and shard, one more per status that fills,
+  each at most one page beyond its rows).
 
 A listing page: one range read per listed status and shard (a status: 1; all events: the 7 statuses'
 ranges, merged newest change first; ``PendingHandoff``: ``Pending``'s range, filtered server-side).
@@ -41,6 +48,7 @@ from common.tables import first_rows, quoted
 from common.transactions import Operation, delete, insert, replace
 from handoff.messages.contract import HANDOFF_SUB_STATUS, ResolutionStatus
 from handoff.storage import counts, keys
+from handoff.storage.counts import Capped
 from handoff.storage.records import ListingRow
 from handoff.storage.store import HandoffStore
 
@@ -50,6 +58,10 @@ FOLD_BATCH = 99  # + the snapshot = 100 operations, Azure's limit per transactio
 FOLD_WHEN = 200  # a reader folds when it meets this many deltas
 _READ_ATTEMPTS = 5
 MAX_PAGE = 200
+# The open events' listing rows counted per status and endpoint (10 pages of OPEN_PAGE): beyond, "at least"
+# (ADR-0022 "Reads, measured"). Read when a read starts, so a test can make them small.
+OPEN_COUNT_CAP = 10_000
+OPEN_PAGE = 1000  # keys-only rows a page (Azure's largest)
 # The open statuses with rows of their own (``PendingHandoff`` is counted from ``Pending``'s).
 OPEN_LISTED = tuple(s for s in counts.OPEN if s in counts.LISTED)
 
@@ -63,11 +75,27 @@ class CountsRead:
 
 @dataclass(frozen=True)
 class OpenEvents:
-    """The open events of an endpoint: how many per open bucket, and when the oldest entered each group."""
+    """The open events of an endpoint: how many per open bucket, and when the oldest entered each group;
+    ``at_least``: the buckets whose reading stopped at :data:`OPEN_COUNT_CAP` (there may be more, and an
+    older one among them)."""
 
     totals: dict[str, int]
     oldest_pending_at: datetime | None
     oldest_failed_at: datetime | None
+    at_least: frozenset[str] = frozenset()
+
+    def count(self, bucket: str) -> Capped:
+        return Capped(self.totals[bucket], bucket in self.at_least)
+
+    @property
+    def oldest_pending_at_least(self) -> bool:
+        """The Pending events were not all read: the oldest is at least as old as ``oldest_pending_at``."""
+        return ResolutionStatus.Pending.name in self.at_least
+
+    @property
+    def oldest_failed_at_least(self) -> bool:
+        """As :attr:`oldest_pending_at_least`, for the Failed and DeadLettered events."""
+        return bool({ResolutionStatus.Failed.name, ResolutionStatus.DeadLettered.name} & self.at_least)
 
 
 @dataclass(frozen=True)
@@ -135,25 +163,27 @@ class Overview:
         return totals
 
     def counts(self, endpoint_id: str | None) -> dict[str, int]:
-        """Every bucket's count of an endpoint: the tallies, and the open events' rows counted."""
+        """Every bucket's count of an endpoint: the tallies, and the open events' rows counted (up to
+        :data:`OPEN_COUNT_CAP` each: :meth:`open_events` says which stopped there)."""
         totals = self.tallies(endpoint_id)
         if endpoint_id is not None:
             totals.update(self.open_events(endpoint_id).totals)
         return totals
 
-    def count(self, endpoint_id: str, bucket: str) -> int:
-        """One bucket's count, reading only what it needs (an open status: its own range)."""
+    def count(self, endpoint_id: str, bucket: str) -> Capped:
+        """One bucket's count, reading only what it needs (an open status: its own range, up to the cap;
+        a tally is exact)."""
         if bucket in counts.OPEN:
-            return self.open_events(endpoint_id, statuses=counts.listed(bucket), ages=False).totals[bucket]
-        return self.tallies(endpoint_id)[bucket]
+            return self.open_events(endpoint_id, statuses=counts.listed(bucket), ages=False).count(bucket)
+        return Capped(self.tallies(endpoint_id)[bucket], False)
 
     def open_events(
         self, endpoint_id: str, *, statuses: Sequence[str] = OPEN_LISTED, ages: bool = True
     ) -> OpenEvents:
         """Counts and (``ages``) oldest ages of the endpoint's open events of ``statuses`` (all open ones by
-        default), from their listing rows: the keys and the columns those need, every shard."""
-        totals = dict.fromkeys(counts.OPEN, 0)
-        oldest: dict[str, datetime] = {}
+        default), from their listing rows: the keys and the columns those need, every shard, each status up
+        to :data:`OPEN_COUNT_CAP` rows (see the module docstring)."""
+        tally = _OpenTally(statuses, OPEN_COUNT_CAP)
         select = ["RowKey"]
         if ResolutionStatus.Pending.name in statuses:
             select.append("PendingSubStatus")  # the hand-off subset
@@ -161,25 +191,15 @@ class Overview:
             select += ["SinceAt", "UpdatedAt"]
         for pk in self.store.endpoint_partitions(endpoint_id):
             for low, high in keys.open_ranges(statuses, (*counts.LISTED, counts.PENDING_HANDOFF)):
-                for entity in self._range(pk, low, high, select=select, results_per_page=1000):
-                    status = keys.listing_status(str(entity["RowKey"]))
-                    if status not in statuses:
-                        continue  # not a listing row of these statuses (cannot be in these ranges)
-                    totals[status] += 1
-                    if status == ResolutionStatus.Pending.name and entity.get("PendingSubStatus") == (
-                        HANDOFF_SUB_STATUS
-                    ):
-                        totals[counts.PENDING_HANDOFF] += 1
-                    group = counts.group_of(ResolutionStatus[status])
-                    # rows before ADR-0022 carry no SinceAt: their last change is the closest time they hold
-                    since = entity.get("SinceAt") or entity.get("UpdatedAt")
-                    if (
-                        group
-                        and isinstance(since, datetime)
-                        and (group not in oldest or since < oldest[group])
-                    ):
-                        oldest[group] = since
-        return OpenEvents(totals, oldest.get(counts.PENDING_GROUP), oldest.get(counts.FAILED_GROUP))
+                while (low := tally.unread(low, high)) < high:
+                    for entity in self._range(pk, low, high, select=select, results_per_page=OPEN_PAGE):
+                        full = tally.add(entity)
+                        if full is not None:  # the rest of its rows: skipped, read on from the next status
+                            low = keys.listing_range(full, None, None)[1]
+                            break
+                    else:
+                        break
+        return tally.open_events()
 
     def fold(self, endpoint_id: str | None) -> int:
         """Fold up to :data:`FOLD_BATCH` deltas of each partition into its snapshot; how many (0 when
@@ -299,6 +319,59 @@ class Overview:
         for _, label, entity in merged[:page_size]:
             positions[label] = str(entity["RowKey"])
         return Listing(rows, page_tokens.encode(bound, positions))
+
+
+class _OpenTally:
+    """The open events' listing rows counted as :meth:`Overview.open_events` reads them, each status up to
+    ``cap`` rows (over every shard)."""
+
+    def __init__(self, statuses: Sequence[str], cap: int) -> None:
+        self.statuses = statuses
+        self.cap = cap
+        self.totals = dict.fromkeys(counts.OPEN, 0)
+        self.oldest: dict[str, datetime] = {}
+
+    def full(self, status: str) -> bool:
+        return self.totals[status] >= self.cap
+
+    def unread(self, low: str, high: str) -> str:
+        """Where reading ``[low, high)`` goes on: past the statuses at its start that are full."""
+        for status in sorted(self.statuses, key=keys.listing_prefix):
+            end = keys.listing_range(status, None, None)[1]
+            if low < end <= high:
+                if not self.full(status):
+                    break
+                low = end
+        return low
+
+    def add(self, entity: Any) -> str | None:
+        """Counts one listing row; the status it names when that status is full (then a row of it is not
+        counted: reading goes on past it)."""
+        status = keys.listing_status(str(entity["RowKey"]))
+        if status not in self.statuses:
+            return None  # not a listing row of these statuses (cannot be in these ranges)
+        if self.full(status):
+            return status  # a row of a status another shard filled
+        self.totals[status] += 1
+        if status == ResolutionStatus.Pending.name and entity.get("PendingSubStatus") == HANDOFF_SUB_STATUS:
+            self.totals[counts.PENDING_HANDOFF] += 1
+        group = counts.group_of(ResolutionStatus[status])
+        # rows before ADR-0022 carry no SinceAt: their last change is the closest time they hold
+        since = entity.get("SinceAt") or entity.get("UpdatedAt")
+        if group and isinstance(since, datetime) and (group not in self.oldest or since < self.oldest[group]):
+            self.oldest[group] = since
+        return status if self.full(status) else None
+
+    def open_events(self) -> OpenEvents:
+        at_least = {s for s in self.statuses if self.full(s)}
+        if ResolutionStatus.Pending.name in at_least:
+            at_least.add(counts.PENDING_HANDOFF)  # counted among the Pending rows read
+        return OpenEvents(
+            self.totals,
+            self.oldest.get(counts.PENDING_GROUP),
+            self.oldest.get(counts.FAILED_GROUP),
+            frozenset(at_least),
+        )
 
 
 def _label(status: str, pk: str) -> str:

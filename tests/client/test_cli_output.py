@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shlex
 from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
 
 from settle_client import _cli_output as out
 from settle_client.operator_models import FoundEvent
@@ -61,3 +62,24 @@ def test_an_id_a_shell_would_misread_is_printed_quoted_and_read_back_whole() -> 
         assert shlex.split(shown) == [poison_id]  # pasted into a shell, the id arrives whole
         assert out.unquoted(shown) == poison_id  # pasted into a file or stdin, too
     assert out.pasteable("plain-id_1.2") == "plain-id_1.2"
+
+
+def test_the_endpoints_table_shows_an_open_count_that_stopped_at_the_cap_and_an_age_of_those_read() -> None:
+    from settle_client._cli_commands import _at_least, _or_earlier
+    from settle_client.operator_models import EndpointSummary
+
+    # Given an overview item whose Failed count stopped at the server's cap (its oldest age: of those read)
+    oldest = "2026-12-04T17:08:24.702Z"
+    counts: dict[str, Any] = {"failed": 10000, "pending": 2}
+    wire: dict[str, Any] = {"endpointId": "Billing", "counts": counts, "oldestFailedAt": oldest}
+    capped = EndpointSummary.model_validate(
+        {**wire, "counts": {**counts, "failedAtLeast": True}, "oldestFailedAtLeast": True}
+    )
+    # When it is read, and shown as the table shows it, Then the count is "10000+" and the age "at or before"
+    assert capped.counts.failed_at_least and not capped.counts.pending_at_least
+    assert _at_least(capped.counts.failed, capped.counts.failed_at_least) == "10000+"
+    assert _or_earlier(capped.oldest_failed_at, capped.oldest_failed_at_least) == f"≤{oldest}"
+    # And an answer of a server from before the cap reads as exact
+    exact = EndpointSummary.model_validate(wire)
+    assert not exact.counts.failed_at_least and not exact.oldest_failed_at_least
+    assert _or_earlier(exact.oldest_failed_at, exact.oldest_failed_at_least) == exact.oldest_failed_at

@@ -2,7 +2,8 @@
 across endpoints, unconfirmed settlements, overdue hand-offs and stuck records show their first page and a
 "More" button (the keyboard's, too) that appends the next until every row is on screen and the button is
 gone; a heading says "N" when the count is exact and "at least N" while it is not (the overview's badge
-"1000+"), at 1400 px and at 375 px. Rows "More" loaded stay on screen through the 5 s refresh.
+"1000+"), at 1400 px and at 375 px. Rows "More" loaded stay on screen through the 5 s refresh. An open
+status counted only up to its cap (10,000) says so on the overview's badge, its oldest age and its listing.
 
 The rows are written straight into the host's tables (as tests/operator/test_list_pages.py seeds them),
 cloned from ones the host projected, so the test pays for the paging it checks.
@@ -284,3 +285,55 @@ def test_stuck_records_page_with_more(page, console_host, many):
     listed = more_until_gone(page, "stuck-records", rows)
     assert "(hidden)" not in listed and len(set(listed)) == STUCK
     expect(title).to_have_text(f"Stuck in Processing past their lock ({STUCK})")
+
+
+@pytest.fixture(scope="module")
+def past_the_cap(console_host: Any, settle_tables: str) -> str:
+    """An endpoint with one Failed event more than the open counts' cap (``OPEN_COUNT_CAP``), one a second."""
+    from handoff import service
+    from handoff.messages.contract import MessageType, ResolutionStatus
+    from handoff.storage import keys
+    from handoff.storage.overview import OPEN_COUNT_CAP
+    from handoff.storage.records import ListingRow
+
+    _, prefix = console_host
+    tag = uuid.uuid4().hex[:6]
+    endpoint = f"Outage-{tag}"
+    base = datetime.now(UTC) - timedelta(days=3)
+    with host_tables(prefix):
+        store = service.store()
+        rows = []
+        for n in range(OPEN_COUNT_CAP + 1):
+            event_id, at = f"c{tag}-{n:05d}", base + timedelta(seconds=n)
+            row = ListingRow(
+                event_id=event_id,
+                resolution_status=ResolutionStatus.Failed,
+                message_type=MessageType.ErrorResponse,
+                updated_at=at,
+                enqueued_time_utc=at,
+                reason="ERP down",
+                since_at=at,
+            )
+            pk = store.layout.event_partition(endpoint, event_id)
+            rows.append(row.to_entity(pk, keys.bucket_row("Failed", at, event_id)))
+        upsert_all(store.table(keys.EVENTS_TABLE), rows, threads=8)
+        store.register_endpoint(endpoint)
+    return endpoint
+
+
+def test_an_open_count_that_stopped_at_its_cap_says_at_least(browser_page, console_host, past_the_cap):
+    from playwright.sync_api import expect
+
+    host, _ = console_host
+    page = browser_page
+    # Given an endpoint with 10,001 Failed events, When the overview shows it
+    page.goto(f"{host.base_url}/api/console#/")
+    row = page.locator(f"tr[data-endpoint='{past_the_cap}']")
+    # Then its Failed badge says counting stopped, and its oldest failure is of the events read (at least)
+    expect(row.locator("[data-bucket=Failed]")).to_have_text("10000+")
+    expect(row.locator("[data-bucket=Failed]")).to_have_attribute("aria-label", "at least 10000 Failed")
+    expect(row.locator("td[data-label='Oldest failed']")).to_have_text("≥ 3 d")
+    expect(row.locator("[data-bucket=Pending]")).to_have_text("0")
+    # And its Failed listing says how many it counted, at least
+    row.locator("[data-bucket=Failed]").click()
+    expect(page.locator("#list-count")).to_have_text("at least 10000 Failed events; this page shows 25.")

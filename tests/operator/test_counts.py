@@ -5,12 +5,19 @@ from __future__ import annotations
 import random
 import threading
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
 from typing import Any
+
+import pytest
 
 from common.roundtrips import ROUND_TRIPS
 from handoff import service
 from handoff.messages.contract import MessageType
 from handoff.storage import keys
+from handoff.storage import overview as overview_module
+from handoff.storage.counts import Capped
 from tests.support.handoff_flows import Flow, nimbus
 
 from .conftest import counted, counts_partitions, event_statuses, listing_rows, recount
@@ -113,19 +120,32 @@ def test_reading_the_counts_costs_two_round_trips_per_tally_and_three_per_shard(
     assert tally.requests == 2 * counts_partitions(handoff_shards) + 3 * handoff_shards
 
 
+@contextmanager
+def a_second_apart() -> Iterator[None]:
+    """The resolver's clock a second further at each reading, from two hours ago: the storage clock's own
+    readings may repeat (they never step back), and these tests order events by when they changed."""
+    resolver = service.resolver_service()
+    start = datetime.now(UTC) - timedelta(hours=2)
+    ticks = iter(range(100_000))
+    original = resolver.clock
+    resolver.clock = lambda: start + timedelta(seconds=next(ticks))
+    try:
+        yield
+    finally:
+        resolver.clock = original
+
+
 def test_open_counts_and_ages_are_read_from_the_open_events_rows(resolve, flow: Flow, handoff_shards: int):
-    # Given events in every open status but Unsupported, one parked, one completed
+    # Given events in every open status but Unsupported, one parked, one completed, in that order
     endpoint = flow.endpoint
-    resolve(nimbus(MessageType.EventRequest, endpoint=endpoint, event_id="p", message_id="p1"))
-    resolve(nimbus(MessageType.EventRequest, endpoint=endpoint, event_id="h", message_id="h1"))
-    resolve(
-        nimbus(
-            MessageType.PendingHandoffResponse, endpoint=endpoint, event_id="h", message_id="h2", parent="h1"
-        )
-    )
-    resolve(nimbus(MessageType.ErrorResponse, endpoint=endpoint, event_id="f", message_id="f1"))
-    resolve(nimbus(MessageType.DeferralResponse, endpoint=endpoint, event_id="d", message_id="d1"))
-    resolve(nimbus(MessageType.ResolutionResponse, endpoint=endpoint, event_id="c", message_id="c1"))
+    with a_second_apart():
+        resolve(nimbus(MessageType.EventRequest, endpoint=endpoint, event_id="p", message_id="p1"))
+        resolve(nimbus(MessageType.EventRequest, endpoint=endpoint, event_id="h", message_id="h1"))
+        park = MessageType.PendingHandoffResponse
+        resolve(nimbus(park, endpoint=endpoint, event_id="h", message_id="h2", parent="h1"))
+        resolve(nimbus(MessageType.ErrorResponse, endpoint=endpoint, event_id="f", message_id="f1"))
+        resolve(nimbus(MessageType.DeferralResponse, endpoint=endpoint, event_id="d", message_id="d1"))
+        resolve(nimbus(MessageType.ResolutionResponse, endpoint=endpoint, event_id="c", message_id="c1"))
     overview = service.overview()
 
     # When the open events are read
@@ -146,7 +166,7 @@ def test_open_counts_and_ages_are_read_from_the_open_events_rows(resolve, flow: 
     assert counted(endpoint) == recount(endpoint)
     # And one status's count reads only its own range
     with ROUND_TRIPS.measure() as tally:
-        assert overview.count(endpoint, "PendingHandoff") == 1
+        assert overview.count(endpoint, "PendingHandoff") == Capped(1, at_least=False)
     assert tally.requests == handoff_shards
 
 
@@ -304,3 +324,128 @@ def test_counts_stay_exact_when_operator_actions_race_projections_replays_and_fo
     assert (final["Completed"], final["Skipped"], final["Failed"]) == (6, 6, 0)
     assert (final["Pending"], final["PendingHandoff"]) == (2 + 6, 0)  # replayed requests; completed hand-offs
     assert len(transport.sent) == 6 + 6 + 6 + 6  # one message per action, however many asked
+
+
+# -- the open counts' cap (issue 46: every operator read keeps a bound) -----------------------------------
+
+CAP = 3  # the test's cap per open status (production: overview.OPEN_COUNT_CAP, 10,000)
+OPEN_LISTED = 5  # open statuses with listing rows: Pending, Deferred, Failed, DeadLettered, Unsupported
+
+
+def seed_past_the_cap(resolve, endpoint: str, failed: int) -> None:
+    """``failed`` Failed events, then p0 Pending, p1 parked and d Deferred, a second apart: the listing rows
+    (newest change first) hold the newest failures first."""
+    with a_second_apart():
+        for i in range(failed):
+            failure = nimbus(
+                MessageType.ErrorResponse, endpoint=endpoint, event_id=f"f{i:03d}", message_id=f"f{i}"
+            )
+            resolve(failure)
+        resolve(nimbus(MessageType.EventRequest, endpoint=endpoint, event_id="p0", message_id="p0"))
+        resolve(nimbus(MessageType.EventRequest, endpoint=endpoint, event_id="p1", message_id="p1"))
+        park = MessageType.PendingHandoffResponse
+        resolve(nimbus(park, endpoint=endpoint, event_id="p1", message_id="p1-park", parent="p1"))
+        resolve(nimbus(MessageType.DeferralResponse, endpoint=endpoint, event_id="d", message_id="d"))
+
+
+def test_open_counts_stop_at_the_cap_say_at_least_and_read_a_bounded_number_of_pages(
+    resolve, handoff_shards: int, monkeypatch: pytest.MonkeyPatch
+):
+    # Given an endpoint with 80 Failed events, 2 Pending (one parked) and 1 Deferred, and exact figures read
+    # with the production cap
+    endpoint = "Capped-" + uuid.uuid4().hex[:8]
+    seed_past_the_cap(resolve, endpoint, failed=80)
+    exact = service.overview().open_events(endpoint)
+    assert exact.totals["Failed"] == 80 and exact.at_least == frozenset()
+    # And a cap of 3 rows per open status, read one row a page (so the pages read are the rows read)
+    monkeypatch.setattr(overview_module, "OPEN_COUNT_CAP", CAP)
+    monkeypatch.setattr(overview_module, "OPEN_PAGE", 1)
+
+    # When the open events are read
+    with ROUND_TRIPS.measure() as tally:
+        found = service.overview().open_events(endpoint)
+
+    # Then Failed counts the cap and says "at least"; the statuses below it are exact and say so
+    assert found.totals == {
+        "Pending": 2,
+        "PendingHandoff": 1,
+        "Deferred": 1,
+        "Failed": CAP,
+        "DeadLettered": 0,
+        "Unsupported": 0,
+    }
+    assert found.at_least == {"Failed"}
+    # And the oldest failure is the oldest of those read (the newest ones), flagged: the oldest is older
+    assert found.oldest_failed_at_least and not found.oldest_pending_at_least
+    assert exact.oldest_failed_at is not None and found.oldest_failed_at is not None
+    assert found.oldest_failed_at > exact.oldest_failed_at
+    assert found.oldest_pending_at == exact.oldest_pending_at
+    # And the read is bounded by the cap, not by the 80 rows: a query per range and shard, one more per
+    # status that fills, each at most a page beyond its rows (the module docstring's bound)
+    bound = OPEN_LISTED * CAP + 10 * handoff_shards + 10
+    assert tally.requests <= bound < 80, tally.methods
+
+    # When one status's count is read (a listing's first page), Then it stops at the cap the same way
+    with ROUND_TRIPS.measure() as tally:
+        assert service.overview().count(endpoint, "Failed") == Capped(CAP, at_least=True)
+        assert service.overview().count(endpoint, "Pending") == Capped(2, at_least=False)
+    assert tally.requests <= 2 * CAP + 4 * (handoff_shards + 1), tally.methods
+
+
+def test_a_pending_count_at_the_cap_says_at_least_for_its_hand_offs_too(
+    resolve, monkeypatch: pytest.MonkeyPatch
+):
+    # Given 2 Pending events (one parked) and a cap of 2
+    endpoint = "CappedPending-" + uuid.uuid4().hex[:8]
+    seed_past_the_cap(resolve, endpoint, failed=0)
+    monkeypatch.setattr(overview_module, "OPEN_COUNT_CAP", 2)
+    # When the open events are read, Then Pending reached the cap: it and its hand-off subset say "at least",
+    # and so does the oldest pending age
+    found = service.overview().open_events(endpoint)
+    assert (found.totals["Pending"], found.totals["PendingHandoff"]) == (2, 1)
+    assert found.at_least == {"Pending", "PendingHandoff"} and found.oldest_pending_at_least
+    assert not found.oldest_failed_at_least
+
+
+def test_the_api_says_which_open_counts_stopped_at_the_cap(call, resolve, monkeypatch: pytest.MonkeyPatch):
+    # Given an endpoint with 5 Failed events, 2 Pending (one parked), 1 Deferred, and a cap of 3
+    endpoint = "CappedApi-" + uuid.uuid4().hex[:8]
+    seed_past_the_cap(resolve, endpoint, failed=5)
+    monkeypatch.setattr(overview_module, "OPEN_COUNT_CAP", CAP)
+
+    # When the overview is asked for, Then failed is 3 "at least", and so is the oldest failure; the rest
+    # are exact (false)
+    items = call("endpoints_overview", method="GET").json["items"]
+    [item] = [i for i in items if i["endpointId"] == endpoint]
+    assert item["counts"] == {
+        "pending": 2,
+        "pendingHandoff": 1,
+        "deferred": 1,
+        "failed": CAP,
+        "deadLettered": 0,
+        "unsupported": 0,
+        "completed": 0,
+        "skipped": 0,
+        "pendingAtLeast": False,
+        "pendingHandoffAtLeast": False,
+        "deferredAtLeast": False,
+        "failedAtLeast": True,
+        "deadLetteredAtLeast": False,
+        "unsupportedAtLeast": False,
+    }
+    assert (item["oldestFailedAtLeast"], item["oldestPendingAtLeast"]) == (True, False)
+
+    # And a listing's first page by status carries the same count and says whether it stopped there
+    def first_page(status: str) -> Any:
+        answer = call(
+            "endpoint_events",
+            method="GET",
+            route_params={"endpointId": endpoint},
+            params={"status": status, "pageSize": "1"},
+        )
+        assert answer.status == 200, answer.body
+        return answer.json
+
+    assert (first_page("Failed")["count"], first_page("Failed")["atLeast"]) == (CAP, True)
+    for status, count in (("Pending", 2), ("PendingHandoff", 1), ("Deferred", 1), ("Completed", 0)):
+        assert (first_page(status)["count"], first_page(status)["atLeast"]) == (count, False), status

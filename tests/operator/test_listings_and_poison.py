@@ -134,8 +134,16 @@ def test_the_overview_lists_counts_ages_and_poison_per_endpoint(call, resolve):
         "unsupported": 0,
         "completed": 1,
         "skipped": 0,
+        # every open status's rows were read: no count stopped at the cap
+        "pendingAtLeast": False,
+        "pendingHandoffAtLeast": False,
+        "deferredAtLeast": False,
+        "failedAtLeast": False,
+        "deadLetteredAtLeast": False,
+        "unsupportedAtLeast": False,
     }
     assert item["oldestPendingAt"] is not None and item["oldestFailedAt"] is not None
+    assert not item["oldestPendingAtLeast"] and not item["oldestFailedAtLeast"]
     assert item["poison"] == 0
 
 

@@ -18,6 +18,8 @@ from handoff.messages.contract import MessageType
 from handoff.messages.transport import message_body
 from handoff.projection.resolver import ResolverService
 from handoff.settlement.settler import SettlementService
+from handoff.storage import overview
+from handoff.storage.counts import Capped
 from handoff.storage.keys import Layout
 from handoff.storage.records import PoisonRow
 from handoff.storage.store import HandoffStore
@@ -121,6 +123,41 @@ def test_the_overview_counts_each_endpoints_events_by_status(desk: Desk) -> None
     [billing] = figures.endpoints
     assert billing.endpoint_id == ENDPOINT and billing.totals["Failed"] == 1
     assert not billing.unconfirmed.at_least and billing.unconfirmed.count == 0
+
+
+def test_the_overview_counts_open_events_up_to_the_cap_and_says_at_least(
+    desk: Desk, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a cap of 3 rows per open status, and 5 Failed events and 1 Pending on the endpoint
+    monkeypatch.setattr(overview, "OPEN_COUNT_CAP", 3)
+    for n in range(5):
+        failing = Flow(endpoint=ENDPOINT, event_id=f"ev-f{n}")
+        desk.project(failing.request())
+        desk.project(failing.response(MessageType.ErrorResponse, message_id=f"err-{n}", error_text="down"))
+    desk.project(desk.flow.request())
+
+    # When the overview is read, Then Failed counts the cap and says "at least" (its oldest age too); Pending
+    # is exact
+    [billing] = desk.reads().figures().endpoints
+    assert (billing.totals["Failed"], billing.totals["Pending"]) == (3, 1)
+    assert billing.open_events.at_least == {"Failed"}
+    assert billing.open_events.oldest_failed_at_least and not billing.open_events.oldest_pending_at_least
+
+    # And a Failed listing's first page carries that count, "at least"; a Pending one its exact count
+    def first_page(status: str) -> Any:
+        reads = desk.reads()
+        return reads.events(
+            ENDPOINT,
+            bucket=status,
+            event_type_ids=[],
+            oldest=None,
+            newest=None,
+            page_size=1,
+            continuation=None,
+        )
+
+    assert first_page("Failed").count == Capped(3, at_least=True)
+    assert first_page("Pending").count == Capped(1, at_least=False)
 
 
 def test_a_dismissed_poison_message_is_not_replayed(desk: Desk) -> None:
