@@ -87,7 +87,11 @@ class Reconciler(EndpointPass):
         return report
 
     def reconcile_endpoint(self, endpoint_id: str, report: ReconcileReport) -> None:
-        self._queue_claims(endpoint_id, report)
+        try:
+            self._queue_claims(endpoint_id, report)
+        except Exception as exc:  # the queue's read failed: the reconcile rows are still followed up
+            log.warning("reading the due queue marks of %s failed", endpoint_id, exc_info=True)
+            report.errors.setdefault(endpoint_id, {})["*"] = f"{type(exc).__name__}: {exc}"
         for due in self.store.due_reconcile(endpoint_id, self.clock(), limit=self.rows_per_endpoint):
             try:
                 if due.task == ids.IDS_TASK:

@@ -165,3 +165,25 @@ def test_a_claim_given_a_later_look_moves_to_a_reconcile_row_and_its_mark_is_han
     assert desk.reconcile_rows() == [claim.reconcile_key]  # looked at again through its own row
     assert desk.queued().reconcile_at == claims.RECONCILED
     assert desk.broker.delivered == []
+
+
+def test_a_failed_read_of_the_queue_marks_does_not_stop_the_reconcile_rows() -> None:
+    desk = Desk()
+    desk.settle("agent", "lost-before")
+    # A claim with a reconcile row of its own (an operator action's, or one given a later look)
+    claim = desk.claim()
+    assert claim is not None
+    desk.now = T0 + timedelta(minutes=3)
+    desk.settlement.follow_up.reschedule(ENDPOINT, claim, T0 + timedelta(minutes=2, seconds=30))
+    assert len(desk.reconcile_rows()) == 1
+
+    def queue_unreadable(call: str, args: tuple[Any, ...]) -> None:
+        if call == "query_entities" and "hq|" in str(args[1]):
+            raise ConnectionError("the queue's read timed out (test)")
+
+    desk.tables.gate = queue_unreadable
+    report = desk.reconciler.run([ENDPOINT])
+    desk.tables.gate = None
+
+    assert "*" in report.errors[ENDPOINT]
+    assert report.resent == [EVENT] and len(desk.broker.delivered) == 1 and desk.reconcile_rows() == []
