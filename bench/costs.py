@@ -109,8 +109,8 @@ STATE_PREPARATION = Step(
     "the minute's marker inserted in the record's partition, its level-1 row in `statelocks` written",
 )
 # Context beside the hand-off's total (documented, not measured here): NimBus on Cosmos DB keeps a hand-off
-# in about 9 documents, and the floor of a design that keeps the messages, the event and exactly-once
-# settlement in Table Storage.
+# in about 9 documents, the floor of a design that keeps the messages, the event and exactly-once
+# settlement in Table Storage, and the bound of one that also keeps every feature issue 46 lists.
 NIMBUS_DOCUMENTS = Step(
     "NimBus on Cosmos DB: documents per hand-off",
     9,
@@ -123,6 +123,14 @@ FLOOR = Step(
     "a history row per message, whose insert is the duplicate check (4); the event row inserted, then "
     "replaced per message (4); the claim, the outbox that makes the control message exactly once, its "
     "audit rendered from it (1); every listing, count and lookup served by reads",
+)
+FEATURE_BOUND = Step(
+    "lower bound with every feature kept: entity writes per hand-off",
+    25,
+    "the floor (9) + find by any id, 7 ids each in a partition chosen by the id (7) + the listing by "
+    "change, inserted and moved at each of 3 changes because a key cannot change (7) + the oldest-first "
+    "agent queue, inserted and deleted (2); before exact closed counts, the queue's claim mark and the "
+    '`sent` mark (ADR-0022, "The lower bound")',
 )
 
 
@@ -319,6 +327,7 @@ def run(env: Environment) -> list[Figure]:
         ),
         _context(NIMBUS_DOCUMENTS, warm.total()),
         _context(FLOOR, warm.total()),
+        _context(FEATURE_BOUND, warm.total()),
     ]
     documented_state = (*STATE_ITEM, STATE_PREPARATION)
     figures += [

@@ -96,7 +96,8 @@ def render_costs() -> str:
     lines = rows("one full hand-off, step", costs.HANDOFF)
     lines += rows("one state item, step", (*costs.STATE_ITEM, costs.STATE_PREPARATION))
     lines += ["| context | per hand-off | what |", "|---|---|---|"]
-    lines += [f"| {s.name} | {s.writes} | {_cell(s.rows)} |" for s in (costs.NIMBUS_DOCUMENTS, costs.FLOOR)]
+    context = (costs.NIMBUS_DOCUMENTS, costs.FLOOR, costs.FEATURE_BOUND)
+    lines += [f"| {s.name} | {s.writes} | {_cell(s.rows)} |" for s in context]
     return "\n".join(lines)
 
 
