@@ -5,6 +5,8 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -126,3 +128,18 @@ def _error() -> Any:
 
 
 STATUS = ResolutionStatus
+
+
+@contextmanager
+def a_second_apart(start: datetime) -> Iterator[None]:
+    """The resolver's clock a second further at each reading, from ``start``: the storage clock's own
+    readings may repeat (they never step back), and tests that order events by when they changed need each
+    projection at its own time."""
+    resolver = service.resolver_service()
+    ticks = iter(range(100_000))
+    original = resolver.clock
+    resolver.clock = lambda: start + timedelta(seconds=next(ticks))
+    try:
+        yield
+    finally:
+        resolver.clock = original

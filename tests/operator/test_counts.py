@@ -5,8 +5,6 @@ from __future__ import annotations
 import random
 import threading
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -20,7 +18,7 @@ from handoff.storage import overview as overview_module
 from handoff.storage.counts import Capped
 from tests.support.handoff_flows import Flow, nimbus
 
-from .conftest import counted, counts_partitions, event_statuses, listing_rows, recount
+from .conftest import a_second_apart, counted, counts_partitions, event_statuses, listing_rows, recount
 
 
 def test_counts_follow_every_transition_of_an_event(resolve, flow: Flow):
@@ -120,25 +118,10 @@ def test_reading_the_counts_costs_two_round_trips_per_tally_and_three_per_shard(
     assert tally.requests == 2 * counts_partitions(handoff_shards) + 3 * handoff_shards
 
 
-@contextmanager
-def a_second_apart() -> Iterator[None]:
-    """The resolver's clock a second further at each reading, from two hours ago: the storage clock's own
-    readings may repeat (they never step back), and these tests order events by when they changed."""
-    resolver = service.resolver_service()
-    start = datetime.now(UTC) - timedelta(hours=2)
-    ticks = iter(range(100_000))
-    original = resolver.clock
-    resolver.clock = lambda: start + timedelta(seconds=next(ticks))
-    try:
-        yield
-    finally:
-        resolver.clock = original
-
-
 def test_open_counts_and_ages_are_read_from_the_open_events_rows(resolve, flow: Flow, handoff_shards: int):
     # Given events in every open status but Unsupported, one parked, one completed, in that order
     endpoint = flow.endpoint
-    with a_second_apart():
+    with a_second_apart(datetime.now(UTC) - timedelta(hours=2)):
         resolve(nimbus(MessageType.EventRequest, endpoint=endpoint, event_id="p", message_id="p1"))
         resolve(nimbus(MessageType.EventRequest, endpoint=endpoint, event_id="h", message_id="h1"))
         park = MessageType.PendingHandoffResponse
@@ -335,7 +318,7 @@ OPEN_LISTED = 5  # open statuses with listing rows: Pending, Deferred, Failed, D
 def seed_past_the_cap(resolve, endpoint: str, failed: int) -> None:
     """``failed`` Failed events, then p0 Pending, p1 parked and d Deferred, a second apart: the listing rows
     (newest change first) hold the newest failures first."""
-    with a_second_apart():
+    with a_second_apart(datetime.now(UTC) - timedelta(hours=2)):
         for i in range(failed):
             failure = nimbus(
                 MessageType.ErrorResponse, endpoint=endpoint, event_id=f"f{i:03d}", message_id=f"f{i}"

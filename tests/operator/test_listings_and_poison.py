@@ -11,7 +11,7 @@ from handoff.messages.contract import MessageType
 from tests.support.handoff_flows import Flow, nimbus
 from tests.support.operator_calls import _day, _poison_after_budget
 
-from .conftest import counts_partitions, principal_headers
+from .conftest import a_second_apart, counts_partitions, principal_headers
 
 
 def listing(call, endpoint: str, **params: str):
@@ -21,15 +21,8 @@ def listing(call, endpoint: str, **params: str):
 def seed(resolve, endpoint: str) -> None:
     """e0 Pending, e1 parked, e2 Failed, e3 Completed (of another type): projected in that order, one
     second apart by the resolver's clock (the storage clock's estimate may step back by milliseconds)."""
-    resolver = service.resolver_service()
-    start = datetime.now(UTC) - timedelta(minutes=10)
-    ticks = iter(range(1000))
-    original = resolver.clock
-    resolver.clock = lambda: start + timedelta(seconds=next(ticks))
-    try:
+    with a_second_apart(datetime.now(UTC) - timedelta(minutes=10)):
         _seed(resolve, endpoint)
-    finally:
-        resolver.clock = original
 
 
 def _seed(resolve, endpoint: str) -> None:
