@@ -52,9 +52,9 @@ MINIMUM: dict[str, int] = {
     "resolver: PendingHandoffResponse": 4,
     "resolver: HandoffCompletedRequest": 3,
     "resolver: ResolutionResponse": 3,
-    # Read the event row 1 + one transaction (the claim, its own audit; reconcile row; queue mark) 1, then the
-    # send; over SETTLE_LOOPBACK=true the send is the in-process projection's 3 (with its message id's index
-    # insert).
+    # Read the event row 1 + one transaction (the claim, its own audit; the queue mark, which says when the
+    # reconciler first looks) 1, then the send; over SETTLE_LOOPBACK=true the send is the in-process
+    # projection's 3 (with its message id's index insert).
     "settlement (handoff_complete, loopback)": 6,
 }
 WHY = {

@@ -386,9 +386,9 @@ def pinned(claim: ClaimRow, answer: dict[str, Any], *, now: datetime, count: boo
 @dataclass(frozen=True)
 class Release:
     """Undo a claim whose send certainly reached nothing: the claim (``If-Match`` the ETag its sender
-    wrote) and with it the audit rendered from it, its reconcile row, the audit row of a claim written
-    before the audit was rendered (``audit_key``), and the queue mark (``mark``: its position, None without
-    one)."""
+    wrote) and with it the audit rendered from it, its reconcile row (if it has one), the audit row of a
+    claim written before the audit was rendered (``audit_key``), and the queue mark (``mark``: its position,
+    None without one)."""
 
     ops: list[Operation]
     mark: int | None
