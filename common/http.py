@@ -177,12 +177,38 @@ def parse_body[M: BaseModel](req: func.HttpRequest, model: type[M]) -> M:
                 limit=MAX_JSON_DEPTH,
             ) from exc
         if any(e["type"] == "json_invalid" for e in exc.errors()):
+            if unpaired_surrogate(text):
+                raise InvalidJson(
+                    "The body holds an unpaired UTF-16 surrogate escape (such as \\ud800 without its low "
+                    "half): it is no Unicode character, so no text can carry it (I-JSON, RFC 7493, refuses "
+                    "it). Send characters, or a surrogate pair.",
+                    field="body",
+                ) from exc
             raise InvalidJson("The body is not valid JSON.", field="body") from exc
         if any(e["type"] == "model_type" and not e["loc"] for e in exc.errors()):
             raise InvalidInput("The body must be a JSON object.", field="body") from exc
         raise validation_problem(exc) from exc
     refuse_non_finite(text)
     return parsed
+
+
+def unpaired_surrogate(text: str) -> bool:
+    """``text`` is JSON whose strings (or keys) hold an unpaired surrogate, which Python's parser accepts and
+    the body's parser refuses. Asked only after a refusal, to say why."""
+    try:
+        stack: list[Any] = [json.loads(text)]
+    except ValueError:
+        return False
+    while stack:
+        value = stack.pop()
+        if isinstance(value, str):
+            if any("\ud800" <= c <= "\udfff" for c in value):
+                return True
+        elif isinstance(value, dict):
+            stack += [*value.keys(), *value.values()]
+        elif isinstance(value, list):
+            stack += value
+    return False
 
 
 # What a number JSON cannot carry might look like: NaN / Infinity (accepted by Python's and pydantic's

@@ -92,3 +92,19 @@ def test_data_as_deep_as_the_limit_allows_is_stored_and_read_back(call: Caller) 
     got = call("state_get", {"key": key})
     assert got.status == 200, got.json
     assert got.json["data"]["data"] == data
+
+
+def test_an_unpaired_surrogate_is_a_400_saying_so_and_a_pair_is_a_character(call: Caller) -> None:
+    # JSON's grammar lets "\ud800" through, but it is no character: the body's parser refuses it, and the
+    # answer says why rather than "not valid JSON"
+    lone = json.dumps({"key": {**_key(), "itemEntityKey": "inv\ud800oice"}}).encode()
+    refused = call("state_exists", raw=lone)
+    assert refused.status == 400 and refused.json["type"].endswith("invalid-json")
+    assert "unpaired UTF-16 surrogate" in refused.json["detail"] and refused.json["field"] == "body"
+    # A pair of escapes is one character (U+1F600), taken as it is
+    paired = json.dumps({"key": {**_key(), "itemEntityKey": "inv\U0001f600oice"}}).encode()
+    assert b"\\ud83d\\ude00" in paired
+    assert call("state_exists", raw=paired).status == 200
+    # Broken JSON still says it is broken
+    broken = call("state_exists", raw=b'{"key": ')
+    assert broken.status == 400 and broken.json["detail"] == "The body is not valid JSON."
